@@ -1,0 +1,58 @@
+//! The vramtrace trace format, shared by the writer (the preload, inside the traced process) and
+//! every reader (the CLI, the live view).
+//!
+//! A trace directory holds one file per traced process, `<pid>.vtr` (or `<pid>-<n>.vtr` if a pid
+//! was reused). Each file is a [`Header`] followed by framed, checksummed records
+//! ([`Record`]), appended one `write(2)` per record.
+//!
+//! ```
+//! use vramtrace_format::{Event, EventKind, Header, Record, TraceFile, EVENT_RECORD_LEN, Api};
+//! let mut bytes = Vec::new();
+//! Header { pid: 42, ..Header::default() }.encode(&mut bytes);
+//! let ev = Event { kind: EventKind::Alloc, api: Api::from_name("cuMemAlloc_v2").unwrap(),
+//!                  ptr: 0x7000_0000, size: 1 << 20, ..Event::default() };
+//! let mut rec = [0u8; EVENT_RECORD_LEN];
+//! ev.encode(&mut rec);
+//! bytes.extend_from_slice(&rec);
+//! let t = TraceFile::from_bytes("mem".as_ref(), &bytes).unwrap();
+//! assert_eq!(t.header.pid, 42);
+//! assert_eq!(t.records, vec![Record::Event(ev)]);
+//! assert!(t.problems.is_empty());
+//! ```
+//!
+//! # Design constraints
+//! - **Survives any death.** Records are appended with single writes; the page cache keeps what
+//!   was written when the process is killed. A record cut short is detected by its length and
+//!   CRC and reported as [`Problem::TornTail`], never decoded.
+//! - **Readable while growing.** [`Follower`] holds back an unfinished last record until its
+//!   bytes arrive.
+//! - **Compatible.** Records are length-framed, so readers skip kinds they do not know; ids in
+//!   [`API_NAMES`] are append-only.
+//! - **std only**, and the encoding side never allocates, so the preload can use it in hooks.
+
+mod api;
+mod crc;
+mod header;
+mod reader;
+mod record;
+
+pub use api::{API_NAMES, Api};
+pub use crc::{Crc32, crc32};
+pub use header::{FILE_EXTENSION, Header, HeaderError, MAGIC, VERSION};
+pub use reader::{Follower, Problem, ReadError, Scan, TraceFile, scan_records};
+pub use record::{
+    Annotation, DeviceInfo, EVENT_PAYLOAD_LEN, EVENT_RECORD_LEN, Encoder, Event, EventKind,
+    FRAME_HEADER_LEN, FRAME_MAGIC, MAX_PAYLOAD, MemKind, ModuleInfo, Record, kind,
+};
+
+/// File name of the trace of process `pid`; `attempt` > 0 when that name was already taken.
+pub fn trace_file_name(pid: u32, attempt: u32) -> String {
+    if attempt == 0 {
+        format!("{pid}.{FILE_EXTENSION}")
+    } else {
+        format!("{pid}-{attempt}.{FILE_EXTENSION}")
+    }
+}
+
+#[cfg(test)]
+mod tests;
