@@ -1,1 +1,5 @@
-//! vramtrace
+//! vramtrace: GPU memory profiler and allocation tracer.
+
+pub mod cli;
+pub mod commands;
+pub mod model;

@@ -1,0 +1,30 @@
+//! The command-line surface: one clap `Args` struct per subcommand, each owned by its module
+//! under `commands/`, which turns it into plain options before calling the library.
+
+use clap::{Parser, Subcommand};
+
+use crate::commands;
+
+/// GPU memory profiler: records every device allocation the CUDA driver sees, attributes peaks
+/// and out-of-memory failures to named tensors, and compares them with analytical models.
+#[derive(Parser, Debug)]
+#[command(name = "vramtrace", version, about, long_about = None)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Predict a kernel's tensors and peak from a model's config.json.
+    Model(commands::model::ModelArgs),
+}
+
+/// Runs the chosen subcommand and returns the process exit code.
+pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Model(a) => commands::model::run(a),
+    }
+}

@@ -1,0 +1,1 @@
+//! Analytical memory models (placeholder until the models land).
