@@ -18,6 +18,12 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run a program with the recorder preloaded, then summarise what it allocated.
+    Run(commands::run::RunArgs),
+    /// Print every recorded event as one JSON object per line, in time order.
+    Events(commands::events::EventsArgs),
+    /// Peaks, the allocations live at each peak, and every failed allocation.
+    Summary(commands::summary::SummaryArgs),
     /// Predict a kernel's tensors and peak from a model's config.json.
     Model(commands::model::ModelArgs),
 }
@@ -25,6 +31,9 @@ pub enum Command {
 /// Runs the chosen subcommand and returns the process exit code.
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        Command::Run(a) => commands::run::run(a),
+        Command::Events(a) => commands::events::run(a),
+        Command::Summary(a) => commands::summary::run(a),
         Command::Model(a) => commands::model::run(a),
     }
 }

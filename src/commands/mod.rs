@@ -1,3 +1,6 @@
 //! One module per subcommand: its clap arguments and its action.
 
+pub mod events;
 pub mod model;
+pub mod run;
+pub mod summary;

@@ -1,0 +1,31 @@
+//! `vramtrace summary`: peaks, the live set at each peak, and every failed allocation.
+
+use std::path::PathBuf;
+
+use crate::summary::{SummaryOptions, render, summarize};
+use crate::trace::Trace;
+
+/// Arguments of `vramtrace summary`.
+#[derive(clap::Args, Debug)]
+pub struct SummaryArgs {
+    /// A trace directory (every process in it) or one trace file.
+    pub trace: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// How many of the largest live allocations to list at a peak or failure.
+    #[arg(long, default_value_t = crate::summary::DEFAULT_TOP)]
+    pub top: usize,
+}
+
+/// Runs `vramtrace summary`.
+pub fn run(args: SummaryArgs) -> anyhow::Result<i32> {
+    let trace = Trace::open(&args.trace)?;
+    let s = summarize(&trace, SummaryOptions { top: args.top });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", render(&s, true));
+    }
+    Ok(0)
+}

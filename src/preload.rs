@@ -1,0 +1,146 @@
+//! Finding the preload library and running a program under it.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+
+use anyhow::{Context, bail};
+
+/// File name of the preload library.
+pub const PRELOAD_FILE: &str = "libvramtrace_preload.so";
+
+/// Recording options passed to the preload through its environment.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Capture native stacks.
+    pub stacks: bool,
+}
+
+/// Finds the preload: the explicit path if given, else next to the running binary (the same
+/// `target/` directory after `cargo build`), else `../lib/` beside it (an installed layout).
+pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        if p.is_file() {
+            return std::path::absolute(p)
+                .with_context(|| format!("cannot resolve {}", p.display()));
+        }
+        bail!(
+            "the preload library {} does not exist (from --preload or VRAMTRACE_PRELOAD)",
+            p.display()
+        );
+    }
+    let exe = std::env::current_exe().context("cannot find the vramtrace binary's own path")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let mut tried = Vec::new();
+    for cand in [
+        dir.join(PRELOAD_FILE),
+        dir.join("../lib").join(PRELOAD_FILE),
+        dir.join("..").join(PRELOAD_FILE),
+    ] {
+        if cand.is_file() {
+            return Ok(cand.canonicalize().unwrap_or(cand));
+        }
+        tried.push(cand.display().to_string());
+    }
+    bail!(
+        "cannot find {PRELOAD_FILE} (looked in {}). Build it with `cargo build --release --workspace` \
+         (it lands next to the vramtrace binary), or pass --preload PATH or set VRAMTRACE_PRELOAD.",
+        tried.join(", ")
+    )
+}
+
+/// `LD_PRELOAD` with the preload appended to whatever the caller already preloads.
+pub fn ld_preload_value(existing: Option<&OsStr>, preload: &Path) -> OsString {
+    let mut v = OsString::new();
+    if let Some(e) = existing.filter(|e| !e.is_empty()) {
+        v.push(e);
+        v.push(":");
+    }
+    v.push(preload.as_os_str());
+    v
+}
+
+/// Runs `command` with the preload recording into `dir`, with extra environment `env`, and
+/// waits for it. Interrupts (Ctrl-C) reach the program, not vramtrace, so the summary still
+/// prints after it exits.
+pub fn run_traced(
+    preload: &Path,
+    dir: &Path,
+    command: &[OsString],
+    env: &[(OsString, OsString)],
+    opts: Options,
+) -> anyhow::Result<ExitStatus> {
+    let Some((prog, args)) = command.split_first() else {
+        bail!("no command given to run");
+    };
+    let mut cmd = std::process::Command::new(prog);
+    cmd.args(args);
+    cmd.env(
+        "LD_PRELOAD",
+        ld_preload_value(std::env::var_os("LD_PRELOAD").as_deref(), preload),
+    );
+    cmd.env("VRAMTRACE_DIR", dir);
+    cmd.env("VRAMTRACE_STACKS", if opts.stacks { "1" } else { "0" });
+    if std::env::var_os("NVTX_INJECTION64_PATH").is_none() {
+        cmd.env("NVTX_INJECTION64_PATH", preload);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
+    let _guard = IgnoreInterrupts::new();
+    child
+        .wait()
+        .with_context(|| format!("waiting for {}", prog.to_string_lossy()))
+}
+
+/// Ignores SIGINT and SIGQUIT while alive (as a shell does while it waits for a job), restoring
+/// the previous dispositions on drop.
+struct IgnoreInterrupts {
+    old: [libc::sighandler_t; 2],
+}
+
+impl IgnoreInterrupts {
+    fn new() -> Self {
+        // Safety: signal() with SIG_IGN is async-signal-safe and affects only this process; the
+        // child was already spawned, so it keeps its default dispositions.
+        let old = unsafe {
+            [
+                libc::signal(libc::SIGINT, libc::SIG_IGN),
+                libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+            ]
+        };
+        IgnoreInterrupts { old }
+    }
+}
+
+impl Drop for IgnoreInterrupts {
+    fn drop(&mut self) {
+        // Safety: restores the dispositions saved in new().
+        unsafe {
+            libc::signal(libc::SIGINT, self.old[0]);
+            libc::signal(libc::SIGQUIT, self.old[1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_to_existing_preload() {
+        let p = Path::new("/x/libvramtrace_preload.so");
+        assert_eq!(ld_preload_value(None, p), "/x/libvramtrace_preload.so");
+        assert_eq!(
+            ld_preload_value(Some("".as_ref()), p),
+            "/x/libvramtrace_preload.so"
+        );
+        assert_eq!(
+            ld_preload_value(Some("/a.so".as_ref()), p),
+            "/a.so:/x/libvramtrace_preload.so"
+        );
+    }
+}

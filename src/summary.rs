@@ -1,0 +1,417 @@
+//! Per-process, per-device summary of a trace: allocation counts, the peak of live device bytes
+//! and what was live then, and every failed allocation with the free memory at that moment and
+//! the live set it met.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use vramtrace_format::EventKind;
+
+use crate::replay::{LiveAlloc, Pool, Replayer, Step};
+use crate::trace::Trace;
+use crate::units::{fmt_bytes, fmt_secs};
+
+/// How many allocations to list at a peak or a failure.
+pub const DEFAULT_TOP: usize = 10;
+/// Failures whose live set is captured in full; later ones keep counts only.
+const MAX_DETAILED_FAILURES: usize = 64;
+
+/// One allocation as shown in a summary.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AllocItem {
+    /// Pointer or handle, hex.
+    pub ptr: String,
+    /// Bytes.
+    pub size: u64,
+    /// Driver function that made it.
+    pub api: &'static str,
+    /// Seconds since the trace began.
+    pub t_s: f64,
+    /// Thread.
+    pub tid: u32,
+    /// Label (annotation or range stack) active when it was made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Stack id in its process (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stack: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// A failed allocation.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Failure {
+    /// Seconds since the trace began.
+    pub t_s: f64,
+    /// Driver function.
+    pub api: &'static str,
+    /// Bytes requested.
+    pub size: u64,
+    /// The driver's result code.
+    pub result: i32,
+    /// Free device memory the driver reported at that moment.
+    pub free_bytes: u64,
+    /// Total device memory the driver reported.
+    pub total_bytes: u64,
+    /// Label active when it was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Device bytes this process held at that moment.
+    pub live_bytes: u64,
+    /// Number of live allocations at that moment.
+    pub live_count: usize,
+    /// The largest of them.
+    pub live: Vec<AllocItem>,
+    /// Stack id (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stack: u32,
+}
+
+/// Peak bytes of a non-device bucket.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PoolPeak {
+    /// The bucket.
+    pub pool: Pool,
+    /// Its highest live bytes.
+    pub peak_bytes: u64,
+    /// Live at the end of the trace.
+    pub live_at_end: u64,
+}
+
+/// One device as seen by one process.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeviceSummary {
+    /// Device ordinal (-1: host-only memory).
+    pub device: i32,
+    /// Device name, if the process reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Device memory in total, if reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_bytes: Option<u64>,
+    /// Successful device allocations (`cuMemAlloc*`, `cuMemCreate`, arrays).
+    pub allocations: u64,
+    /// Device releases paired with an allocation.
+    pub frees: u64,
+    /// Highest live device bytes.
+    pub peak_bytes: u64,
+    /// When the peak was reached (seconds since the trace began).
+    pub peak_t_s: f64,
+    /// Number of allocations live at the peak.
+    pub peak_live_count: usize,
+    /// The largest allocations live at the peak.
+    pub peak_live: Vec<AllocItem>,
+    /// Live device bytes when the trace ends.
+    pub live_at_end: u64,
+    /// Failed allocations, in time order.
+    pub failures: Vec<Failure>,
+    /// Failed allocations in all (beyond those detailed).
+    pub failed_allocations: u64,
+    /// Other buckets (host, managed, address space, mapped).
+    pub other_pools: Vec<PoolPeak>,
+}
+
+/// One process.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProcessSummary {
+    /// Process id.
+    pub pid: u32,
+    /// Parent process id.
+    pub ppid: u32,
+    /// Command line.
+    pub command: Vec<String>,
+    /// Trace file.
+    pub file: String,
+    /// Driver version, if reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<i32>,
+    /// Per device.
+    pub devices: Vec<DeviceSummary>,
+    /// What the reader stepped over (torn tail after a crash).
+    pub problems: Vec<String>,
+}
+
+/// The summary of a whole trace.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Summary {
+    /// Per process, in start order.
+    pub processes: Vec<ProcessSummary>,
+}
+
+/// Options for [`summarize`].
+#[derive(Debug, Clone, Copy)]
+pub struct SummaryOptions {
+    /// Allocations listed at a peak or failure.
+    pub top: usize,
+}
+
+impl Default for SummaryOptions {
+    fn default() -> Self {
+        SummaryOptions { top: DEFAULT_TOP }
+    }
+}
+
+/// Computes the summary of a trace.
+pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
+    let events = trace.events_in_time_order();
+    let t0 = trace
+        .processes
+        .iter()
+        .map(|p| p.header.start_mono_ns)
+        .min()
+        .unwrap_or(0);
+    let item = |a: &LiveAlloc| -> AllocItem {
+        let p = &trace.processes[a.process];
+        AllocItem {
+            ptr: format!("{:#x}", a.event.ptr),
+            size: a.event.size,
+            api: a.event.api.name(),
+            t_s: rel(a.event.t_ns, t0),
+            tid: a.event.tid,
+            label: p.string(a.event.label).map(str::to_owned),
+            stack: a.event.stack,
+        }
+    };
+
+    #[derive(Default)]
+    struct Acc {
+        allocations: u64,
+        frees: u64,
+        failed: u64,
+        failures: Vec<Failure>,
+    }
+    let mut acc: BTreeMap<(usize, i32), Acc> = BTreeMap::new();
+    let mut replay = Replayer::new();
+    for (seq, (pi, e)) in events.iter().enumerate() {
+        match replay.apply(*pi, seq, e) {
+            Step::Allocated { pool: Pool::Device } => {
+                acc.entry((*pi, e.device)).or_default().allocations += 1
+            }
+            Step::Allocated { .. } => {
+                acc.entry((*pi, e.device)).or_default();
+            }
+            Step::Released { freed: Some(f) } if f.pool == Pool::Device => {
+                acc.entry((*pi, f.event.device)).or_default().frees += 1
+            }
+            Step::Failed if e.kind == EventKind::AllocFailed => {
+                let a = acc.entry((*pi, e.device)).or_default();
+                a.failed += 1;
+                if a.failures.len() < MAX_DETAILED_FAILURES {
+                    let live = replay.live_set(*pi, e.device, Pool::Device);
+                    a.failures.push(Failure {
+                        t_s: rel(e.t_ns, t0),
+                        api: e.api.name(),
+                        size: e.size,
+                        result: e.result,
+                        free_bytes: e.free_bytes,
+                        total_bytes: e.total_bytes,
+                        label: trace.processes[*pi].string(e.label).map(str::to_owned),
+                        live_bytes: replay.level(*pi, e.device, Pool::Device).live,
+                        live_count: live.len(),
+                        live: live.iter().take(opts.top).map(item).collect(),
+                        stack: e.stack,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // Second pass: the live set at each device peak.
+    let mut peak_at: HashMap<usize, Vec<(usize, i32)>> = HashMap::new();
+    for ((pi, dev, pool), level) in replay.levels() {
+        if pool == Pool::Device && level.peak > 0 {
+            peak_at.entry(level.peak_seq).or_default().push((pi, dev));
+        }
+    }
+    let mut peak_sets: HashMap<(usize, i32), Vec<LiveAlloc>> = HashMap::new();
+    if !peak_at.is_empty() {
+        let mut again = Replayer::new();
+        for (seq, (pi, e)) in events.iter().enumerate() {
+            again.apply(*pi, seq, e);
+            if let Some(keys) = peak_at.get(&seq) {
+                for &(p, d) in keys {
+                    peak_sets.insert((p, d), again.live_set(p, d, Pool::Device));
+                }
+            }
+        }
+    }
+
+    let mut processes = Vec::new();
+    for (pi, p) in trace.processes.iter().enumerate() {
+        let mut devices = Vec::new();
+        for ((_, dev), a) in acc.range((pi, i32::MIN)..=(pi, i32::MAX)) {
+            let level = replay.level(pi, *dev, Pool::Device);
+            let set = peak_sets.remove(&(pi, *dev)).unwrap_or_default();
+            let info = p.devices.iter().find(|d| d.ordinal == *dev);
+            let other_pools = [Pool::Managed, Pool::Host, Pool::Address, Pool::Mapped]
+                .into_iter()
+                .filter_map(|pool| {
+                    let l = replay.level(pi, *dev, pool);
+                    (l.peak > 0).then_some(PoolPeak {
+                        pool,
+                        peak_bytes: l.peak,
+                        live_at_end: l.live,
+                    })
+                })
+                .collect();
+            devices.push(DeviceSummary {
+                device: *dev,
+                name: info.map(|d| d.name.clone()),
+                total_bytes: info.map(|d| d.total_bytes),
+                allocations: a.allocations,
+                frees: a.frees,
+                peak_bytes: level.peak,
+                peak_t_s: if level.peak > 0 {
+                    rel(level.peak_t_ns, t0)
+                } else {
+                    0.0
+                },
+                peak_live_count: set.len(),
+                peak_live: set.iter().take(opts.top).map(item).collect(),
+                live_at_end: level.live,
+                failures: a.failures.clone(),
+                failed_allocations: a.failed,
+                other_pools,
+            });
+        }
+        processes.push(ProcessSummary {
+            pid: p.header.pid,
+            ppid: p.header.ppid,
+            command: p.header.cmdline.clone(),
+            file: p.path.display().to_string(),
+            driver_version: p.driver_version,
+            devices,
+            problems: p.problems.iter().map(|x| x.to_string()).collect(),
+        });
+    }
+    Summary { processes }
+}
+
+fn rel(t_ns: u64, t0: u64) -> f64 {
+    t_ns.saturating_sub(t0) as f64 / 1e9
+}
+
+/// Renders the summary as text. `detail` adds the live sets at peaks and failures.
+pub fn render(s: &Summary, detail: bool) -> String {
+    let mut out = String::new();
+    if s.processes.is_empty() {
+        out.push_str("no traced process recorded anything\n");
+    }
+    for p in &s.processes {
+        let cmd = p.command.join(" ");
+        let _ = writeln!(
+            out,
+            "process {} (parent {}): {}",
+            p.pid,
+            p.ppid,
+            shorten(&cmd, 100)
+        );
+        for prob in &p.problems {
+            let _ = writeln!(out, "  warning: {prob}");
+        }
+        if p.devices.is_empty() {
+            let _ = writeln!(out, "  no device memory activity recorded");
+        }
+        for d in &p.devices {
+            let name = match (&d.name, d.total_bytes) {
+                (Some(n), Some(t)) => format!(" ({n}, {})", fmt_bytes(t)),
+                (Some(n), None) => format!(" ({n})"),
+                _ => String::new(),
+            };
+            let dev = if d.device < 0 {
+                "host".to_string()
+            } else {
+                format!("device {}", d.device)
+            };
+            let _ = writeln!(
+                out,
+                "  {dev}{name}: {} allocations, {} frees, peak {} at {}, {} live at end",
+                d.allocations,
+                d.frees,
+                fmt_bytes(d.peak_bytes),
+                fmt_secs(d.peak_t_s),
+                fmt_bytes(d.live_at_end)
+            );
+            for o in &d.other_pools {
+                let _ = writeln!(
+                    out,
+                    "    {}: peak {}, {} live at end",
+                    o.pool.name(),
+                    fmt_bytes(o.peak_bytes),
+                    fmt_bytes(o.live_at_end)
+                );
+            }
+            if detail && !d.peak_live.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    largest of the {} allocations live at the peak:",
+                    d.peak_live_count
+                );
+                render_items(&mut out, &d.peak_live);
+            }
+            if d.failed_allocations > 0 {
+                let _ = writeln!(out, "    {} failed allocation(s):", d.failed_allocations);
+            }
+            for f in &d.failures {
+                let label = f
+                    .label
+                    .as_deref()
+                    .map(|l| format!(" in {l}"))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "      at {}: {} of {} failed (result {}){label}; driver said {} free of {}; this process held {} in {} allocations",
+                    fmt_secs(f.t_s),
+                    f.api,
+                    fmt_bytes(f.size),
+                    f.result,
+                    fmt_bytes(f.free_bytes),
+                    fmt_bytes(f.total_bytes),
+                    fmt_bytes(f.live_bytes),
+                    f.live_count,
+                );
+                if detail && !f.live.is_empty() {
+                    let _ = writeln!(out, "      largest allocations live then:");
+                    render_items(&mut out, &f.live);
+                }
+            }
+            if d.failures.len() < d.failed_allocations as usize {
+                let _ = writeln!(
+                    out,
+                    "      ... {} more not shown",
+                    d.failed_allocations as usize - d.failures.len()
+                );
+            }
+        }
+    }
+    out
+}
+
+fn render_items(out: &mut String, items: &[AllocItem]) {
+    for i in items {
+        let label = i.label.as_deref().unwrap_or("");
+        let _ = writeln!(
+            out,
+            "        {:>12}  {:<24} {:<16} t={} {label}",
+            fmt_bytes(i.size),
+            i.api,
+            i.ptr,
+            fmt_secs(i.t_s)
+        );
+    }
+}
+
+fn shorten(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(3)).collect();
+        t.push_str("...");
+        t
+    }
+}
