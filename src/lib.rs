@@ -13,3 +13,6 @@ pub mod units;
 
 pub use error::Error;
 pub use trace::{Process, Trace};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Library tests on synthetic traces (no GPU, no files).
+
+use vramtrace_format::{Api, DeviceInfo, Event, EventKind, Header, MemKind, Record, TraceFile};
+
+use crate::replay::Pool;
+use crate::summary::{SummaryOptions, summarize};
+use crate::trace::Trace;
+
+fn ev(t: u64, kind: EventKind, mem: MemKind, api: &str, ptr: u64, size: u64) -> Event {
+    Event {
+        t_ns: t,
+        tid: 1,
+        device: if mem == MemKind::Host { -1 } else { 0 },
+        kind,
+        mem,
+        api: Api::from_name(api).unwrap(),
+        result: if kind == EventKind::AllocFailed { 2 } else { 0 },
+        ptr,
+        size,
+        ..Event::default()
+    }
+}
+
+fn trace_of(pid: u32, records: Vec<Record>) -> Trace {
+    let f = TraceFile {
+        path: format!("{pid}.vtr").into(),
+        header: Header { pid, ppid: 1, cmdline: vec!["test".into()], ..Header::default() },
+        driver_version: Some(13000),
+        devices: vec![DeviceInfo { ordinal: 0, total_bytes: 24 << 30, name: "stand-in".into() }],
+        records,
+        problems: vec![],
+    };
+    Trace::from_files(vec![f])
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A known sequence: 10 MiB, 20 MiB, free 10, 30 MiB (peak 50 MiB), then a failed 50 MiB
+/// request while 20+30 are live, then frees.
+fn known_sequence() -> Vec<Record> {
+    use EventKind::*;
+    use MemKind::*;
+    let mut failed = ev(50, AllocFailed, Device, "cuMemAlloc_v2", 0, 50 * MIB);
+    failed.free_bytes = 30 * MIB + MIB / 2;
+    failed.total_bytes = 24 << 30;
+    failed.label = 7;
+    vec![
+        Record::String { id: 7, text: "prefill/gdn".into() },
+        Record::Event(ev(10, Alloc, Device, "cuMemAlloc_v2", 0x1000, 10 * MIB)),
+        Record::Event(ev(20, Alloc, Device, "cuMemAlloc_v2", 0x2000, 20 * MIB)),
+        Record::Event(ev(25, Alloc, Host, "cuMemHostAlloc", 0x9000, 64 * MIB)),
+        Record::Event(ev(26, Alloc, Address, "cuMemAddressReserve", 0x1_0000_0000, 1 << 30)),
+        Record::Event(ev(30, Free, Device, "cuMemFree_v2", 0x1000, 0)),
+        Record::Event(ev(40, Alloc, Device, "cuMemAllocAsync", 0x3000, 30 * MIB)),
+        Record::Event(failed),
+        Record::Event(ev(60, Free, Device, "cuMemFreeAsync", 0x3000, 0)),
+        Record::Event(ev(70, Free, Device, "cuMemFree_v2", 0xdead, 0)),
+        Record::Event(ev(80, Free, Host, "cuMemFreeHost", 0x9000, 0)),
+    ]
+}
+
+#[test]
+fn summary_reports_exact_peak_and_live_set_at_failure() {
+    let t = trace_of(100, known_sequence());
+    let s = summarize(&t, SummaryOptions::default());
+    assert_eq!(s.processes.len(), 1);
+    let d = s.processes[0].devices.iter().find(|d| d.device == 0).unwrap();
+    assert_eq!(d.allocations, 3);
+    assert_eq!(d.frees, 2, "the free of an unknown pointer pairs with nothing");
+    assert_eq!(d.peak_bytes, 50 * MIB);
+    assert_eq!(d.peak_live.iter().map(|a| a.size).collect::<Vec<_>>(), vec![30 * MIB, 20 * MIB]);
+    assert_eq!(d.live_at_end, 20 * MIB);
+    assert_eq!(d.failed_allocations, 1);
+    let f = &d.failures[0];
+    assert_eq!(f.size, 50 * MIB);
+    assert_eq!(f.free_bytes, 30 * MIB + MIB / 2);
+    assert_eq!(f.live_bytes, 50 * MIB);
+    assert_eq!(f.live_count, 2);
+    assert_eq!(f.label.as_deref(), Some("prefill/gdn"));
+    assert_eq!(f.live.iter().map(|a| a.ptr.as_str()).collect::<Vec<_>>(), vec!["0x3000", "0x2000"]);
+    // Host memory and address space are kept apart from device memory.
+    let host = s.processes[0].devices.iter().find(|d| d.device == -1).unwrap();
+    assert_eq!(host.peak_bytes, 0);
+    assert_eq!(host.other_pools[0].pool, Pool::Host);
+    assert_eq!(host.other_pools[0].peak_bytes, 64 * MIB);
+    assert!(d.other_pools.iter().any(|p| p.pool == Pool::Address && p.peak_bytes == 1 << 30));
+}
+
+#[test]
+fn events_carry_freed_sizes_in_time_order() {
+    let mut recs = known_sequence();
+    recs.reverse(); // file order must not matter: events are sorted by time
+    let t = trace_of(100, recs);
+    let mut out = Vec::new();
+    crate::events::write_events(&t, &mut out).unwrap();
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ts: Vec<u64> = lines.iter().map(|l| l["t_ns"].as_u64().unwrap()).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]));
+    let free = lines.iter().find(|l| l["api"] == "cuMemFreeAsync").unwrap();
+    assert_eq!(free["kind"], "free");
+    assert_eq!(free["size"], 30 * MIB);
+    let failed = lines.iter().find(|l| l["kind"] == "alloc_failed").unwrap();
+    assert_eq!(failed["free_bytes"], 30 * MIB + MIB / 2);
+    assert_eq!(failed["total_bytes"], 24u64 << 30);
+    assert_eq!(failed["label"], "prefill/gdn");
+    let unknown = lines.iter().find(|l| l["ptr"] == "0xdead").unwrap();
+    assert_eq!(unknown["unmatched"], true);
+    assert_eq!(unknown["size"], 0);
+}
+
+#[test]
+fn vmm_handles_and_mappings_pair_separately_from_pointers() {
+    use EventKind::*;
+    use MemKind::*;
+    // cuMemCreate handle 0x1000 and a cuMemAlloc pointer 0x1000 must not pair with each other.
+    let recs = vec![
+        Record::Event(ev(1, Alloc, Address, "cuMemAddressReserve", 0x1000, 1 << 30)),
+        Record::Event(ev(2, Alloc, Device, "cuMemCreate", 0x1000, 20 * MIB)),
+        Record::Event(ev(3, Map, Mapping, "cuMemMap", 0x1000, 20 * MIB)),
+        Record::Event(ev(4, Alloc, Device, "cuMemAlloc_v2", 0x1000, 2 * MIB)),
+        Record::Event(ev(5, Free, Device, "cuMemFree_v2", 0x1000, 0)),
+        Record::Event(ev(6, Unmap, Mapping, "cuMemUnmap", 0x1000, 20 * MIB)),
+        Record::Event(ev(7, Free, Device, "cuMemRelease", 0x1000, 0)),
+    ];
+    let t = trace_of(5, recs);
+    let s = summarize(&t, SummaryOptions::default());
+    let d = &s.processes[0].devices[0];
+    assert_eq!(d.peak_bytes, 22 * MIB);
+    assert_eq!(d.allocations, 2);
+    assert_eq!(d.frees, 2);
+    assert_eq!(d.live_at_end, 0);
+    let mapped = d.other_pools.iter().find(|p| p.pool == Pool::Mapped).unwrap();
+    assert_eq!((mapped.peak_bytes, mapped.live_at_end), (20 * MIB, 0));
+}
