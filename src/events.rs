@@ -7,10 +7,11 @@ use serde::Serialize;
 use vramtrace_format::{Event, EventKind};
 
 use crate::replay::{Replayer, Step};
+use crate::symbolize::StackSymbolizer;
 use crate::trace::Trace;
 
 /// One line of `vramtrace events` output.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct EventLine<'a> {
     /// `CLOCK_MONOTONIC` nanoseconds (comparable across processes of one boot).
     pub t_ns: u64,
@@ -51,6 +52,9 @@ pub struct EventLine<'a> {
     /// Stack id within the process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stack: Option<u32>,
+    /// Symbolised native frames, innermost first (with `--stacks`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frames: Option<Vec<crate::symbolize::Frame>>,
     /// For a release: true if no recorded allocation matched it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unmatched: bool,
@@ -59,7 +63,7 @@ pub struct EventLine<'a> {
 /// Calls `f` with each event line in time order.
 pub fn for_each_event<'t>(
     trace: &'t Trace,
-    mut f: impl FnMut(&EventLine<'t>, &Event) -> io::Result<()>,
+    mut f: impl FnMut(usize, &EventLine<'t>, &Event) -> io::Result<()>,
 ) -> io::Result<()> {
     let mut replay = Replayer::new();
     for (seq, (pi, e)) in trace.events_in_time_order().into_iter().enumerate() {
@@ -81,6 +85,7 @@ pub fn for_each_event<'t>(
             total_bytes: (e.kind == EventKind::AllocFailed).then_some(e.total_bytes),
             label: p.string(e.label),
             stack: (e.stack != 0).then_some(e.stack),
+            frames: None,
             unmatched: false,
         };
         if let Step::Released { freed } = replay.apply(pi, seq, e) {
@@ -93,15 +98,27 @@ pub fn for_each_event<'t>(
                 None => line.unmatched = e.result == 0,
             }
         }
-        f(&line, e)?;
+        f(pi, &line, e)?;
     }
     Ok(())
 }
 
-/// Writes every event as JSON lines. A closed pipe (`| head`) ends the output quietly.
-pub fn write_events(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
-    let r = for_each_event(trace, |line, _| {
-        serde_json::to_writer(&mut *out, line)?;
+/// Writes every event as JSON lines, with symbolised frames if `stacks`. A closed pipe
+/// (`| head`) ends the output quietly.
+pub fn write_events(trace: &Trace, stacks: bool, out: &mut dyn Write) -> io::Result<()> {
+    let mut syms: Vec<StackSymbolizer> = if stacks {
+        trace.processes.iter().map(StackSymbolizer::new).collect()
+    } else {
+        Vec::new()
+    };
+    let r = for_each_event(trace, |pi, line, e| {
+        if stacks && e.stack != 0 {
+            let mut l = line.clone();
+            l.frames = Some(syms[pi].stack(e.stack));
+            serde_json::to_writer(&mut *out, &l)?;
+        } else {
+            serde_json::to_writer(&mut *out, line)?;
+        }
         out.write_all(b"\n")
     });
     match r.and_then(|_| out.flush()) {

@@ -14,5 +14,6 @@ pub mod units;
 pub use error::Error;
 pub use trace::{Process, Trace};
 
+pub mod symbolize;
 #[cfg(test)]
 mod tests;

@@ -24,9 +24,18 @@ fn ev(t: u64, kind: EventKind, mem: MemKind, api: &str, ptr: u64, size: u64) -> 
 fn trace_of(pid: u32, records: Vec<Record>) -> Trace {
     let f = TraceFile {
         path: format!("{pid}.vtr").into(),
-        header: Header { pid, ppid: 1, cmdline: vec!["test".into()], ..Header::default() },
+        header: Header {
+            pid,
+            ppid: 1,
+            cmdline: vec!["test".into()],
+            ..Header::default()
+        },
         driver_version: Some(13000),
-        devices: vec![DeviceInfo { ordinal: 0, total_bytes: 24 << 30, name: "stand-in".into() }],
+        devices: vec![DeviceInfo {
+            ordinal: 0,
+            total_bytes: 24 << 30,
+            name: "stand-in".into(),
+        }],
         records,
         problems: vec![],
     };
@@ -45,11 +54,21 @@ fn known_sequence() -> Vec<Record> {
     failed.total_bytes = 24 << 30;
     failed.label = 7;
     vec![
-        Record::String { id: 7, text: "prefill/gdn".into() },
+        Record::String {
+            id: 7,
+            text: "prefill/gdn".into(),
+        },
         Record::Event(ev(10, Alloc, Device, "cuMemAlloc_v2", 0x1000, 10 * MIB)),
         Record::Event(ev(20, Alloc, Device, "cuMemAlloc_v2", 0x2000, 20 * MIB)),
         Record::Event(ev(25, Alloc, Host, "cuMemHostAlloc", 0x9000, 64 * MIB)),
-        Record::Event(ev(26, Alloc, Address, "cuMemAddressReserve", 0x1_0000_0000, 1 << 30)),
+        Record::Event(ev(
+            26,
+            Alloc,
+            Address,
+            "cuMemAddressReserve",
+            0x1_0000_0000,
+            1 << 30,
+        )),
         Record::Event(ev(30, Free, Device, "cuMemFree_v2", 0x1000, 0)),
         Record::Event(ev(40, Alloc, Device, "cuMemAllocAsync", 0x3000, 30 * MIB)),
         Record::Event(failed),
@@ -64,11 +83,21 @@ fn summary_reports_exact_peak_and_live_set_at_failure() {
     let t = trace_of(100, known_sequence());
     let s = summarize(&t, SummaryOptions::default());
     assert_eq!(s.processes.len(), 1);
-    let d = s.processes[0].devices.iter().find(|d| d.device == 0).unwrap();
+    let d = s.processes[0]
+        .devices
+        .iter()
+        .find(|d| d.device == 0)
+        .unwrap();
     assert_eq!(d.allocations, 3);
-    assert_eq!(d.frees, 2, "the free of an unknown pointer pairs with nothing");
+    assert_eq!(
+        d.frees, 2,
+        "the free of an unknown pointer pairs with nothing"
+    );
     assert_eq!(d.peak_bytes, 50 * MIB);
-    assert_eq!(d.peak_live.iter().map(|a| a.size).collect::<Vec<_>>(), vec![30 * MIB, 20 * MIB]);
+    assert_eq!(
+        d.peak_live.iter().map(|a| a.size).collect::<Vec<_>>(),
+        vec![30 * MIB, 20 * MIB]
+    );
     assert_eq!(d.live_at_end, 20 * MIB);
     assert_eq!(d.failed_allocations, 1);
     let f = &d.failures[0];
@@ -77,13 +106,24 @@ fn summary_reports_exact_peak_and_live_set_at_failure() {
     assert_eq!(f.live_bytes, 50 * MIB);
     assert_eq!(f.live_count, 2);
     assert_eq!(f.label.as_deref(), Some("prefill/gdn"));
-    assert_eq!(f.live.iter().map(|a| a.ptr.as_str()).collect::<Vec<_>>(), vec!["0x3000", "0x2000"]);
+    assert_eq!(
+        f.live.iter().map(|a| a.ptr.as_str()).collect::<Vec<_>>(),
+        vec!["0x3000", "0x2000"]
+    );
     // Host memory and address space are kept apart from device memory.
-    let host = s.processes[0].devices.iter().find(|d| d.device == -1).unwrap();
+    let host = s.processes[0]
+        .devices
+        .iter()
+        .find(|d| d.device == -1)
+        .unwrap();
     assert_eq!(host.peak_bytes, 0);
     assert_eq!(host.other_pools[0].pool, Pool::Host);
     assert_eq!(host.other_pools[0].peak_bytes, 64 * MIB);
-    assert!(d.other_pools.iter().any(|p| p.pool == Pool::Address && p.peak_bytes == 1 << 30));
+    assert!(
+        d.other_pools
+            .iter()
+            .any(|p| p.pool == Pool::Address && p.peak_bytes == 1 << 30)
+    );
 }
 
 #[test]
@@ -92,9 +132,12 @@ fn events_carry_freed_sizes_in_time_order() {
     recs.reverse(); // file order must not matter: events are sorted by time
     let t = trace_of(100, recs);
     let mut out = Vec::new();
-    crate::events::write_events(&t, &mut out).unwrap();
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    crate::events::write_events(&t, false, &mut out).unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let ts: Vec<u64> = lines.iter().map(|l| l["t_ns"].as_u64().unwrap()).collect();
     assert!(ts.windows(2).all(|w| w[0] <= w[1]));
     let free = lines.iter().find(|l| l["api"] == "cuMemFreeAsync").unwrap();
@@ -115,7 +158,14 @@ fn vmm_handles_and_mappings_pair_separately_from_pointers() {
     use MemKind::*;
     // cuMemCreate handle 0x1000 and a cuMemAlloc pointer 0x1000 must not pair with each other.
     let recs = vec![
-        Record::Event(ev(1, Alloc, Address, "cuMemAddressReserve", 0x1000, 1 << 30)),
+        Record::Event(ev(
+            1,
+            Alloc,
+            Address,
+            "cuMemAddressReserve",
+            0x1000,
+            1 << 30,
+        )),
         Record::Event(ev(2, Alloc, Device, "cuMemCreate", 0x1000, 20 * MIB)),
         Record::Event(ev(3, Map, Mapping, "cuMemMap", 0x1000, 20 * MIB)),
         Record::Event(ev(4, Alloc, Device, "cuMemAlloc_v2", 0x1000, 2 * MIB)),
@@ -130,6 +180,10 @@ fn vmm_handles_and_mappings_pair_separately_from_pointers() {
     assert_eq!(d.allocations, 2);
     assert_eq!(d.frees, 2);
     assert_eq!(d.live_at_end, 0);
-    let mapped = d.other_pools.iter().find(|p| p.pool == Pool::Mapped).unwrap();
+    let mapped = d
+        .other_pools
+        .iter()
+        .find(|p| p.pool == Pool::Mapped)
+        .unwrap();
     assert_eq!((mapped.peak_bytes, mapped.live_at_end), (20 * MIB, 0));
 }

@@ -13,6 +13,9 @@ use crate::trace::Trace;
 pub struct EventsArgs {
     /// A trace directory (every process in it) or one trace file.
     pub trace: PathBuf,
+    /// Add the symbolised native stack of each event (`frames`, innermost first).
+    #[arg(long)]
+    pub stacks: bool,
 }
 
 /// Runs `vramtrace events`.
@@ -25,6 +28,6 @@ pub fn run(args: EventsArgs) -> anyhow::Result<i32> {
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    write_events(&trace, &mut out)?;
+    write_events(&trace, args.stacks, &mut out)?;
     Ok(0)
 }

@@ -1,0 +1,173 @@
+//! Offline symbolisation of native stacks: addresses recorded in the traced process become
+//! function names and, where debug info exists, file:line, using the module map the preload
+//! wrote (path, address range, load bias, build id).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
+use serde::Serialize;
+use vramtrace_format::{ModuleInfo, Record};
+
+use crate::trace::Process;
+
+/// One symbolised frame.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Frame {
+    /// The return address as recorded, hex.
+    pub addr: String,
+    /// File name of the module it lies in (`?` if none).
+    pub module: String,
+    /// Function name, demangled, if the module's symbols know it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// Source file, if debug info has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Source line, if debug info has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+}
+
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.function {
+            Some(func) => write!(f, "{func}")?,
+            None => write!(f, "{} {}", self.module, self.addr)?,
+        }
+        if let Some(file) = &self.file {
+            let base = Path::new(file)
+                .file_name()
+                .map(|s| s.to_string_lossy())
+                .unwrap_or_default();
+            match self.line {
+                Some(l) => write!(f, " ({base}:{l})")?,
+                None => write!(f, " ({base})")?,
+            }
+        } else if self.function.is_some() {
+            write!(f, " [{}]", self.module)?;
+        }
+        Ok(())
+    }
+}
+
+/// Symbolises the stacks of one process, caching by address.
+pub struct StackSymbolizer<'p> {
+    process: &'p Process,
+    modules: Vec<ModuleInfo>,
+    blaze: Blaze,
+    cache: HashMap<u64, Frame>,
+    stacks: HashMap<u32, Vec<Frame>>,
+}
+
+/// Modules whose frames are the recorder itself, dropped from the top of every stack.
+const OWN_MODULE: &str = "libvramtrace_preload.so";
+
+impl<'p> StackSymbolizer<'p> {
+    /// A symboliser for `process`, using the modules it recorded.
+    pub fn new(process: &'p Process) -> Self {
+        let mut modules: Vec<ModuleInfo> = process
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Module(m) => Some(m.clone()),
+                _ => None,
+            })
+            .collect();
+        modules.sort_by_key(|m| m.start);
+        modules.dedup_by(|a, b| a.start == b.start && a.end == b.end && a.path == b.path);
+        StackSymbolizer {
+            process,
+            modules,
+            blaze: Blaze::new(),
+            cache: HashMap::new(),
+            stacks: HashMap::new(),
+        }
+    }
+
+    fn module_of(&self, addr: u64) -> Option<&ModuleInfo> {
+        let i = self.modules.partition_point(|m| m.start <= addr);
+        // Later records for the same range win; scan back over overlapping candidates.
+        self.modules[..i].iter().rev().find(|m| addr < m.end)
+    }
+
+    /// Symbolises one address. `is_return_address` moves it back into the call instruction.
+    pub fn frame(&mut self, addr: u64, is_return_address: bool) -> Frame {
+        let lookup = if is_return_address {
+            addr.saturating_sub(1)
+        } else {
+            addr
+        };
+        if let Some(f) = self.cache.get(&lookup) {
+            let mut f = f.clone();
+            f.addr = format!("{addr:#x}");
+            return f;
+        }
+        let mut frame = Frame {
+            addr: format!("{addr:#x}"),
+            module: "?".into(),
+            function: None,
+            file: None,
+            line: None,
+        };
+        if let Some(m) = self.module_of(lookup).cloned() {
+            frame.module = Path::new(&m.path)
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or(m.path.clone());
+            let path = if m.path.is_empty() {
+                None
+            } else {
+                Some(m.path.clone())
+            };
+            if let Some(path) = path.filter(|p| Path::new(p).exists()) {
+                let src = Source::Elf(Elf::new(&path));
+                let virt = lookup.wrapping_sub(m.bias);
+                if let Ok(Symbolized::Sym(sym)) =
+                    self.blaze.symbolize_single(&src, Input::VirtOffset(virt))
+                {
+                    // The innermost inlined function is where the call really is.
+                    let (name, info) = match sym.inlined.last() {
+                        Some(inl) => (
+                            inl.name.to_string(),
+                            inl.code_info.as_ref().or(sym.code_info.as_deref()),
+                        ),
+                        None => (sym.name.to_string(), sym.code_info.as_deref()),
+                    };
+                    frame.function = Some(name);
+                    if let Some(ci) = info {
+                        let file = match &ci.dir {
+                            Some(d) => d.join(&ci.file).to_string_lossy().into_owned(),
+                            None => ci.file.to_string_lossy().into_owned(),
+                        };
+                        frame.file = Some(file);
+                        frame.line = ci.line;
+                    }
+                }
+            }
+        }
+        self.cache.insert(lookup, frame.clone());
+        frame
+    }
+
+    /// The symbolised frames of a stack id, innermost first, without the recorder's own frames.
+    pub fn stack(&mut self, id: u32) -> Vec<Frame> {
+        if id == 0 {
+            return Vec::new();
+        }
+        if let Some(s) = self.stacks.get(&id) {
+            return s.clone();
+        }
+        let addrs = self.process.stacks.get(&id).cloned().unwrap_or_default();
+        let mut frames: Vec<Frame> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| self.frame(*a, i > 0))
+            .collect();
+        let own = frames.iter().take_while(|f| f.module == OWN_MODULE).count();
+        frames.drain(..own);
+        self.stacks.insert(id, frames.clone());
+        frames
+    }
+}
