@@ -2,6 +2,7 @@
 //! and what was live then, and every failed allocation with the free memory at that moment and
 //! the live set it met.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
@@ -9,6 +10,7 @@ use serde::Serialize;
 use vramtrace_format::EventKind;
 
 use crate::replay::{LiveAlloc, Pool, Replayer, Step};
+use crate::symbolize::StackSymbolizer;
 use crate::trace::Trace;
 use crate::units::{fmt_bytes, fmt_secs};
 
@@ -36,6 +38,10 @@ pub struct AllocItem {
     /// Stack id in its process (0: none).
     #[serde(skip_serializing_if = "is_zero")]
     pub stack: u32,
+    /// The outermost-but-relevant frames: the first [`SummaryOptions::frames`] frames of the
+    /// symbolised stack, innermost first, the recorder's own frames dropped.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<String>,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -69,6 +75,9 @@ pub struct Failure {
     /// Stack id (0: none).
     #[serde(skip_serializing_if = "is_zero")]
     pub stack: u32,
+    /// Symbolised frames of the failed request, innermost first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<String>,
 }
 
 /// Peak bytes of a non-device bucket.
@@ -147,11 +156,16 @@ pub struct Summary {
 pub struct SummaryOptions {
     /// Allocations listed at a peak or failure.
     pub top: usize,
+    /// Frames of each listed allocation's stack to symbolise and show (0: none).
+    pub frames: usize,
 }
 
 impl Default for SummaryOptions {
     fn default() -> Self {
-        SummaryOptions { top: DEFAULT_TOP }
+        SummaryOptions {
+            top: DEFAULT_TOP,
+            frames: 0,
+        }
     }
 }
 
@@ -164,6 +178,23 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
         .map(|p| p.header.start_mono_ns)
         .min()
         .unwrap_or(0);
+    let syms: Vec<RefCell<StackSymbolizer>> = trace
+        .processes
+        .iter()
+        .map(|p| RefCell::new(StackSymbolizer::new(p)))
+        .collect();
+    let frames_of = |pi: usize, stack: u32| -> Vec<String> {
+        if opts.frames == 0 || stack == 0 {
+            return Vec::new();
+        }
+        syms[pi]
+            .borrow_mut()
+            .stack(stack)
+            .iter()
+            .take(opts.frames)
+            .map(|f| f.to_string())
+            .collect()
+    };
     let item = |a: &LiveAlloc| -> AllocItem {
         let p = &trace.processes[a.process];
         AllocItem {
@@ -174,6 +205,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
             tid: a.event.tid,
             label: p.string(a.event.label).map(str::to_owned),
             stack: a.event.stack,
+            frames: frames_of(a.process, a.event.stack),
         }
     };
 
@@ -214,6 +246,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
                         live_count: live.len(),
                         live: live.iter().take(opts.top).map(item).collect(),
                         stack: e.stack,
+                        frames: frames_of(*pi, e.stack),
                     });
                 }
             }
@@ -375,6 +408,7 @@ pub fn render(s: &Summary, detail: bool) -> String {
                     fmt_bytes(f.live_bytes),
                     f.live_count,
                 );
+                render_frames(&mut out, &f.frames, "        ");
                 if detail && !f.live.is_empty() {
                     let _ = writeln!(out, "      largest allocations live then:");
                     render_items(&mut out, &f.live);
@@ -403,6 +437,13 @@ fn render_items(out: &mut String, items: &[AllocItem]) {
             i.ptr,
             fmt_secs(i.t_s)
         );
+        render_frames(out, &i.frames, "            ");
+    }
+}
+
+fn render_frames(out: &mut String, frames: &[String], indent: &str) {
+    for f in frames {
+        let _ = writeln!(out, "{indent}at {f}");
     }
 }
 

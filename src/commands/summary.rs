@@ -16,12 +16,21 @@ pub struct SummaryArgs {
     /// How many of the largest live allocations to list at a peak or failure.
     #[arg(long, default_value_t = crate::summary::DEFAULT_TOP)]
     pub top: usize,
+    /// How many symbolised frames to show per listed allocation (0: none).
+    #[arg(long, default_value_t = 8)]
+    pub frames: usize,
 }
 
 /// Runs `vramtrace summary`.
 pub fn run(args: SummaryArgs) -> anyhow::Result<i32> {
     let trace = Trace::open(&args.trace)?;
-    let s = summarize(&trace, SummaryOptions { top: args.top });
+    let s = summarize(
+        &trace,
+        SummaryOptions {
+            top: args.top,
+            frames: args.frames,
+        },
+    );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
