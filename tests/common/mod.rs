@@ -1,0 +1,107 @@
+//! Helpers for the end-to-end tests: the real CLI, the real preload and the stand-in driver,
+//! all from this workspace's target directory.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The `vramtrace` binary under test.
+pub fn vramtrace() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vramtrace"))
+}
+
+/// The target directory holding the binary, the preload and the stand-in driver.
+pub fn target_dir() -> PathBuf {
+    vramtrace().parent().unwrap().to_path_buf()
+}
+
+/// A directory holding the stand-in driver as `libcuda.so.1` and `libcuda.so`, for
+/// `LD_LIBRARY_PATH` and `-L`.
+pub fn fake_driver_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let lib = target_dir().join("libcuda.so");
+        assert!(
+            lib.is_file(),
+            "{} is missing: `cargo test --workspace` builds the stand-in driver (probes/fakecuda)",
+            lib.display()
+        );
+        let dir = scratch("fakecuda-lib");
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
+        }
+        dir
+    })
+}
+
+/// A fresh, empty scratch directory unique to this test process.
+pub fn scratch(name: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("vramtrace-e2e-{}-{n}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Compiles one of the C programs in `tests/c/` (linked against the stand-in driver when
+/// `link_cuda`), once per test process.
+pub fn c_program(name: &str, link_cuda: bool) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+    let out = scratch(&format!("cc-{name}")).join(name);
+    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cc.arg("-O1").arg("-g").arg("-o").arg(&out).arg(&src).arg("-lpthread").arg("-ldl");
+    if link_cuda {
+        cc.arg("-L").arg(fake_driver_dir()).arg("-lcuda");
+    }
+    let o = cc.output().expect("a C compiler (cc) is needed for the end-to-end tests");
+    assert!(o.status.success(), "compiling {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// `vramtrace run --out DIR -- program...` on the stand-in driver with `capacity` bytes.
+pub fn run_traced(out: &Path, capacity: &str, program: &[&std::ffi::OsStr]) -> Output {
+    Command::new(vramtrace())
+        .arg("run")
+        .arg("--out")
+        .arg(out)
+        .arg("--")
+        .args(program)
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env("VRAMTRACE_FAKE_CAPACITY", capacity)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap()
+}
+
+/// `vramtrace events PATH` parsed into JSON values.
+pub fn events(path: &Path) -> Vec<serde_json::Value> {
+    let o = Command::new(vramtrace()).arg("events").arg(path).output().unwrap();
+    assert!(o.status.success(), "vramtrace events failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// `(kind, api, size)` of every event, for exact comparisons.
+pub fn kinds_apis_sizes(ev: &[serde_json::Value]) -> Vec<(String, String, u64)> {
+    ev.iter()
+        .map(|e| (e["kind"].as_str().unwrap().to_string(), e["api"].as_str().unwrap().to_string(), e["size"].as_u64().unwrap()))
+        .collect()
+}
+
+/// Shorthand for one expected event.
+pub fn e(kind: &str, api: &str, size: u64) -> (String, String, u64) {
+    (kind.to_string(), api.to_string(), size)
+}
+
+/// Standard output and error of a run, for assertion messages.
+pub fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+pub const MIB: u64 = 1 << 20;

@@ -1,0 +1,147 @@
+//! End-to-end: programs reach the stand-in driver in each way real programs do, under the real
+//! preload and the real `vramtrace run` / `vramtrace events`.
+
+mod common;
+
+use common::*;
+use std::ffi::OsStr;
+
+#[test]
+fn linked_with_lcuda_every_event_exact() {
+    let prog = c_program("linked", true);
+    let out = scratch("linked").join("trace");
+    let o = run_traced(&out, "24GiB", &[prog.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n", "the preload must print nothing on stdout");
+    let ev = events(&out);
+    let main_tid = ev[0]["tid"].as_u64().unwrap();
+    let main: Vec<_> = ev.iter().filter(|e| e["tid"].as_u64() == Some(main_tid)).cloned().collect();
+    assert_eq!(
+        kinds_apis_sizes(&main),
+        vec![
+            e("alloc", "cuMemAlloc_v2", 10 * MIB),
+            e("alloc", "cuMemAlloc_v2", 20 * MIB),
+            e("free", "cuMemFree_v2", 10 * MIB),
+            e("alloc", "cuMemHostAlloc", MIB),
+            e("free", "cuMemFreeHost", MIB),
+            e("alloc_failed", "cuMemAlloc_v2", 1 << 40),
+            e("free", "cuMemFree_v2", 20 * MIB),
+        ]
+    );
+    // Host memory is kept apart from device memory.
+    assert_eq!(main[3]["mem"], "host");
+    assert_eq!(main[0]["mem"], "device");
+    // The failure carries the driver's view of free memory at that moment: 24 GiB minus the
+    // 20 MiB still held.
+    let failed = &main[5];
+    assert_eq!(failed["result"], 2);
+    assert_eq!(failed["total_bytes"], 24u64 << 30);
+    assert_eq!(failed["free_bytes"], (24u64 << 30) - 20 * MIB);
+    // Three worker threads, each 4 alloc/free pairs of (i+1) MiB, paired by size.
+    let workers: Vec<_> = ev.iter().filter(|e| e["tid"].as_u64() != Some(main_tid)).collect();
+    let mut tids: Vec<u64> = workers.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+    tids.sort();
+    tids.dedup();
+    assert_eq!(tids.len(), 3, "events of three worker threads");
+    for t in tids {
+        let mine: Vec<_> = workers.iter().filter(|e| e["tid"].as_u64() == Some(t)).cloned().cloned().collect();
+        let size = mine[0]["size"].as_u64().unwrap();
+        assert!([MIB, 2 * MIB, 3 * MIB].contains(&size));
+        let expect: Vec<_> = (0..4)
+            .flat_map(|_| [e("alloc", "cuMemAlloc_v2", size), e("free", "cuMemFree_v2", size)])
+            .collect();
+        assert_eq!(kinds_apis_sizes(&mine), expect);
+    }
+    // Time order across threads.
+    let ts: Vec<u64> = ev.iter().map(|e| e["t_ns"].as_u64().unwrap()).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]));
+    // The run's summary names the peak and the failure.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("failed allocation"), "{err}");
+    assert!(err.contains("1024.00 GiB"), "{err}");
+}
+
+#[test]
+fn dlopen_and_dlsym() {
+    let prog = c_program("dlopen", false);
+    let out = scratch("dlopen").join("trace");
+    let o = run_traced(&out, "24GiB", &[prog.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let ev = events(&out);
+    assert_eq!(
+        kinds_apis_sizes(&ev),
+        vec![
+            e("alloc", "cuMemAlloc_v2", 3 * MIB),
+            e("alloc", "cuMemAllocAsync", 5 * MIB),
+            e("free", "cuMemFreeAsync", 5 * MIB),
+            e("free", "cuMemFree_v2", 3 * MIB),
+        ]
+    );
+}
+
+#[test]
+fn get_proc_address_like_cudart_13() {
+    let prog = c_program("procaddr", false);
+    let out = scratch("procaddr").join("trace");
+    let o = run_traced(&out, "1GiB", &[prog.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let ev = events(&out);
+    let free_then = (1u64 << 30) - 16 * MIB;
+    assert_eq!(
+        kinds_apis_sizes(&ev),
+        vec![
+            e("alloc", "cuMemAlloc_v2", 7 * MIB),
+            e("alloc", "cuMemAllocAsync_ptsz", 9 * MIB),
+            e("alloc_failed", "cuMemAlloc_v2", free_then + 1),
+            e("free", "cuMemFreeAsync_ptsz", 9 * MIB),
+            e("free", "cuMemFree_v2", 7 * MIB),
+        ]
+    );
+    assert_eq!(ev[2]["free_bytes"], free_then);
+    assert_eq!(ev[2]["total_bytes"], 1u64 << 30);
+}
+
+#[test]
+fn exit_code_passes_through_and_output_dir_is_never_reused() {
+    let dir = scratch("exit");
+    let out = dir.join("trace");
+    let o = run_traced(&out, "1GiB", &[OsStr::new("sh"), OsStr::new("-c"), OsStr::new("exit 7")]);
+    assert_eq!(o.status.code(), Some(7), "{}", describe(&o));
+    std::fs::write(out.join("keep.vtr"), b"x").unwrap();
+    let o = run_traced(&out, "1GiB", &[OsStr::new("true")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("never overwrites"), "{}", describe(&o));
+}
+
+#[test]
+fn sigkill_while_allocating_leaves_a_readable_trace() {
+    use std::io::BufRead;
+    let prog = c_program("alloc_forever", true);
+    let out = scratch("sigkill").join("trace");
+    let mut child = std::process::Command::new(vramtrace())
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env("VRAMTRACE_FAKE_CAPACITY", "4TiB")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "1000\n");
+    // Kill the traced program itself (vramtrace run's child), mid-allocation.
+    let pid = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find_map(|e| e.path().file_stem()?.to_str()?.split('-').next()?.parse::<i32>().ok())
+        .expect("a trace file named after the traced pid");
+    // Safety: kill(2) on a pid we started; SIGKILL cannot be caught.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 9));
+    let ev = events(&out);
+    assert!(ev.len() > 1000, "every allocation before the kill is read back ({} events)", ev.len());
+    assert!(ev.iter().all(|e| e["kind"] == "alloc" && e["size"] == MIB));
+}
