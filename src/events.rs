@@ -4,11 +4,23 @@
 use std::io::{self, Write};
 
 use serde::Serialize;
-use vramtrace_format::{Event, EventKind};
+use vramtrace_format::EventKind;
 
 use crate::replay::{Replayer, Step};
 use crate::symbolize::StackSymbolizer;
-use crate::trace::Trace;
+use crate::trace::{Item, Trace};
+
+/// A tensor's name, dtype and shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorLine<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Element type, if given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<&'a str>,
+    /// Shape, outermost first.
+    pub shape: Vec<i64>,
+}
 
 /// One line of `vramtrace events` output.
 #[derive(Debug, Clone, Serialize)]
@@ -21,7 +33,7 @@ pub struct EventLine<'a> {
     pub tid: u32,
     /// Device ordinal (-1: host memory or unknown).
     pub device: i32,
-    /// `alloc`, `free`, `alloc_failed`, `map`, `unmap`, `free_failed`.
+    /// `alloc`, `free`, `alloc_failed`, `map`, `unmap`, `free_failed`, `annotate`.
     pub kind: &'static str,
     /// `device`, `managed`, `host`, `array`, `address`, `mapping`.
     pub mem: &'static str,
@@ -49,6 +61,10 @@ pub struct EventLine<'a> {
     /// Label active on the thread (annotation or range stack).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label: Option<&'a str>,
+    /// The tensor named through the annotation ABI: on `annotate` lines, and on the release of
+    /// a named allocation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<TensorLine<'a>>,
     /// Stack id within the process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stack: Option<u32>,
@@ -60,14 +76,48 @@ pub struct EventLine<'a> {
     pub unmatched: bool,
 }
 
-/// Calls `f` with each event line in time order.
+/// Calls `f` with each line in time order, with the index of its process and the stack id to
+/// symbolise (0: none).
 pub fn for_each_event<'t>(
     trace: &'t Trace,
-    mut f: impl FnMut(usize, &EventLine<'t>, &Event) -> io::Result<()>,
+    mut f: impl FnMut(usize, &EventLine<'t>, u32) -> io::Result<()>,
 ) -> io::Result<()> {
     let mut replay = Replayer::new();
-    for (seq, (pi, e)) in trace.events_in_time_order().into_iter().enumerate() {
+    for (seq, (pi, item)) in trace.timeline().into_iter().enumerate() {
         let p = &trace.processes[pi];
+        let e = match item {
+            Item::Event(e) => e,
+            Item::Annotate(a) => {
+                let size = replay.annotate(pi, a);
+                let line = EventLine {
+                    t_ns: a.t_ns,
+                    pid: p.header.pid,
+                    tid: a.tid,
+                    device: size.map_or(-1, |(_, d)| d),
+                    kind: "annotate",
+                    mem: "device",
+                    api: "vramtrace_annotate",
+                    ptr: format!("{:#x}", a.ptr),
+                    size: size.map_or(0, |(s, _)| s),
+                    result: 0,
+                    stream: None,
+                    aux: None,
+                    free_bytes: None,
+                    total_bytes: None,
+                    label: None,
+                    tensor: Some(TensorLine {
+                        name: p.string(a.name).unwrap_or("?"),
+                        dtype: p.string(a.dtype),
+                        shape: a.shape.clone(),
+                    }),
+                    stack: None,
+                    frames: None,
+                    unmatched: size.is_none(),
+                };
+                f(pi, &line, 0)?;
+                continue;
+            }
+        };
         let mut line = EventLine {
             t_ns: e.t_ns,
             pid: p.header.pid,
@@ -84,6 +134,7 @@ pub fn for_each_event<'t>(
             free_bytes: (e.kind == EventKind::AllocFailed).then_some(e.free_bytes),
             total_bytes: (e.kind == EventKind::AllocFailed).then_some(e.total_bytes),
             label: p.string(e.label),
+            tensor: None,
             stack: (e.stack != 0).then_some(e.stack),
             frames: None,
             unmatched: false,
@@ -94,11 +145,16 @@ pub fn for_each_event<'t>(
                     line.size = a.event.size;
                     line.device = a.event.device;
                     line.mem = a.event.mem.name();
+                    line.tensor = a.annotation.as_ref().map(|n| TensorLine {
+                        name: p.string(n.name).unwrap_or("?"),
+                        dtype: p.string(n.dtype),
+                        shape: n.shape.clone(),
+                    });
                 }
                 None => line.unmatched = e.result == 0,
             }
         }
-        f(pi, &line, e)?;
+        f(pi, &line, e.stack)?;
     }
     Ok(())
 }
@@ -111,10 +167,10 @@ pub fn write_events(trace: &Trace, stacks: bool, out: &mut dyn Write) -> io::Res
     } else {
         Vec::new()
     };
-    let r = for_each_event(trace, |pi, line, e| {
-        if stacks && e.stack != 0 {
+    let r = for_each_event(trace, |pi, line, stack| {
+        if stacks && stack != 0 {
             let mut l = line.clone();
-            l.frames = Some(syms[pi].stack(e.stack));
+            l.frames = Some(syms[pi].stack(stack));
             serde_json::to_writer(&mut *out, &l)?;
         } else {
             serde_json::to_writer(&mut *out, line)?;

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use vramtrace_format::{Api, Event, EventKind, MemKind};
+use vramtrace_format::{Annotation, Api, Event, EventKind, MemKind};
 
 /// The accounting bucket of an allocation. Buckets are never summed together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -99,6 +99,8 @@ pub struct LiveAlloc {
     pub event: Event,
     /// Its accounting bucket.
     pub pool: Pool,
+    /// The name, dtype and shape given to it through the annotation ABI, if any.
+    pub annotation: Option<Annotation>,
 }
 
 impl LiveAlloc {
@@ -146,6 +148,7 @@ pub struct Level {
 pub struct Replayer {
     live: HashMap<(usize, Namespace, u64), LiveAlloc>,
     levels: HashMap<(usize, i32, Pool), Level>,
+    names: HashMap<usize, Annotation>,
 }
 
 impl Replayer {
@@ -172,6 +175,7 @@ impl Replayer {
                 seq,
                 event: *e,
                 pool,
+                annotation: None,
             };
             // A pointer handed out again while we think it is live means a release we never
             // saw; the old one is gone.
@@ -193,6 +197,21 @@ impl Replayer {
             }
             Step::Released { freed }
         }
+    }
+
+    /// Attaches a name to the live allocation at the annotation's pointer; returns its size and
+    /// device, or `None` if nothing is live there.
+    pub fn annotate(&mut self, process: usize, a: &Annotation) -> Option<(u64, i32)> {
+        let l = self.live.get_mut(&(process, Namespace::Pointer, a.ptr))?;
+        l.annotation = Some(a.clone());
+        self.names.insert(l.seq, a.clone());
+        Some((l.event.size, l.event.device))
+    }
+
+    /// The annotation given at any time so far to the allocation made at replay index `seq`
+    /// (also after the moment a live set was captured, or after it was freed).
+    pub fn annotation_of(&self, seq: usize) -> Option<&Annotation> {
+        self.names.get(&seq)
     }
 
     fn sub(&mut self, a: &LiveAlloc) {

@@ -7,11 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use vramtrace_format::EventKind;
+use vramtrace_format::{Event, EventKind};
 
 use crate::replay::{LiveAlloc, Pool, Replayer, Step};
 use crate::symbolize::StackSymbolizer;
-use crate::trace::Trace;
+use crate::trace::{Item, Trace};
 use crate::units::{fmt_bytes, fmt_secs};
 
 /// How many allocations to list at a peak or a failure.
@@ -35,6 +35,9 @@ pub struct AllocItem {
     /// Label (annotation or range stack) active when it was made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// The tensor it holds, as named through the annotation ABI (`name dtype[shape]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<String>,
     /// Stack id in its process (0: none).
     #[serde(skip_serializing_if = "is_zero")]
     pub stack: u32,
@@ -171,7 +174,7 @@ impl Default for SummaryOptions {
 
 /// Computes the summary of a trace.
 pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
-    let events = trace.events_in_time_order();
+    let events = trace.timeline();
     let t0 = trace
         .processes
         .iter()
@@ -195,30 +198,24 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
             .map(|f| f.to_string())
             .collect()
     };
-    let item = |a: &LiveAlloc| -> AllocItem {
-        let p = &trace.processes[a.process];
-        AllocItem {
-            ptr: format!("{:#x}", a.event.ptr),
-            size: a.event.size,
-            api: a.event.api.name(),
-            t_s: rel(a.event.t_ns, t0),
-            tid: a.event.tid,
-            label: p.string(a.event.label).map(str::to_owned),
-            stack: a.event.stack,
-            frames: frames_of(a.process, a.event.stack),
-        }
-    };
-
     #[derive(Default)]
     struct Acc {
         allocations: u64,
         frees: u64,
         failed: u64,
-        failures: Vec<Failure>,
+        // The failed request, the live bytes and count then, and the largest live allocations.
+        failures: Vec<(Event, u64, usize, Vec<LiveAlloc>)>,
     }
     let mut acc: BTreeMap<(usize, i32), Acc> = BTreeMap::new();
     let mut replay = Replayer::new();
-    for (seq, (pi, e)) in events.iter().enumerate() {
+    for (seq, (pi, it)) in events.iter().enumerate() {
+        let e = match it {
+            Item::Event(e) => *e,
+            Item::Annotate(a) => {
+                replay.annotate(*pi, a);
+                continue;
+            }
+        };
         match replay.apply(*pi, seq, e) {
             Step::Allocated { pool: Pool::Device } => {
                 acc.entry((*pi, e.device)).or_default().allocations += 1
@@ -233,21 +230,11 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
                 let a = acc.entry((*pi, e.device)).or_default();
                 a.failed += 1;
                 if a.failures.len() < MAX_DETAILED_FAILURES {
-                    let live = replay.live_set(*pi, e.device, Pool::Device);
-                    a.failures.push(Failure {
-                        t_s: rel(e.t_ns, t0),
-                        api: e.api.name(),
-                        size: e.size,
-                        result: e.result,
-                        free_bytes: e.free_bytes,
-                        total_bytes: e.total_bytes,
-                        label: trace.processes[*pi].string(e.label).map(str::to_owned),
-                        live_bytes: replay.level(*pi, e.device, Pool::Device).live,
-                        live_count: live.len(),
-                        live: live.iter().take(opts.top).map(item).collect(),
-                        stack: e.stack,
-                        frames: frames_of(*pi, e.stack),
-                    });
+                    let mut live = replay.live_set(*pi, e.device, Pool::Device);
+                    let (bytes, count) =
+                        (replay.level(*pi, e.device, Pool::Device).live, live.len());
+                    live.truncate(opts.top);
+                    a.failures.push((*e, bytes, count, live));
                 }
             }
             _ => {}
@@ -264,8 +251,15 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
     let mut peak_sets: HashMap<(usize, i32), Vec<LiveAlloc>> = HashMap::new();
     if !peak_at.is_empty() {
         let mut again = Replayer::new();
-        for (seq, (pi, e)) in events.iter().enumerate() {
-            again.apply(*pi, seq, e);
+        for (seq, (pi, it)) in events.iter().enumerate() {
+            match it {
+                Item::Event(e) => {
+                    again.apply(*pi, seq, e);
+                }
+                Item::Annotate(a) => {
+                    again.annotate(*pi, a);
+                }
+            }
             if let Some(keys) = peak_at.get(&seq) {
                 for &(p, d) in keys {
                     peak_sets.insert((p, d), again.live_set(p, d, Pool::Device));
@@ -273,6 +267,39 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
             }
         }
     }
+
+    let item = |a: &LiveAlloc| -> AllocItem {
+        let p = &trace.processes[a.process];
+        AllocItem {
+            ptr: format!("{:#x}", a.event.ptr),
+            size: a.event.size,
+            api: a.event.api.name(),
+            t_s: rel(a.event.t_ns, t0),
+            tid: a.event.tid,
+            label: p.string(a.event.label).map(str::to_owned),
+            tensor: replay.annotation_of(a.seq).map(|n| p.tensor_name(n)),
+            stack: a.event.stack,
+            frames: frames_of(a.process, a.event.stack),
+        }
+    };
+
+    let failure =
+        |pi: usize, (e, live_bytes, live_count, live): &(Event, u64, usize, Vec<LiveAlloc>)| {
+            Failure {
+                t_s: rel(e.t_ns, t0),
+                api: e.api.name(),
+                size: e.size,
+                result: e.result,
+                free_bytes: e.free_bytes,
+                total_bytes: e.total_bytes,
+                label: trace.processes[pi].string(e.label).map(str::to_owned),
+                live_bytes: *live_bytes,
+                live_count: *live_count,
+                live: live.iter().map(item).collect(),
+                stack: e.stack,
+                frames: frames_of(pi, e.stack),
+            }
+        };
 
     let mut processes = Vec::new();
     for (pi, p) in trace.processes.iter().enumerate() {
@@ -307,7 +334,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
                 peak_live_count: set.len(),
                 peak_live: set.iter().take(opts.top).map(item).collect(),
                 live_at_end: level.live,
-                failures: a.failures.clone(),
+                failures: a.failures.iter().map(|f| failure(pi, f)).collect(),
                 failed_allocations: a.failed,
                 other_pools,
             });
@@ -428,7 +455,12 @@ pub fn render(s: &Summary, detail: bool) -> String {
 
 fn render_items(out: &mut String, items: &[AllocItem]) {
     for i in items {
-        let label = i.label.as_deref().unwrap_or("");
+        let label = match (&i.tensor, &i.label) {
+            (Some(t), Some(l)) => format!("{t}  [{l}]"),
+            (Some(t), None) => t.clone(),
+            (None, Some(l)) => format!("[{l}]"),
+            (None, None) => String::new(),
+        };
         let _ = writeln!(
             out,
             "        {:>12}  {:<24} {:<16} t={} {label}",

@@ -1,6 +1,8 @@
 //! Library tests on synthetic traces (no GPU, no files).
 
-use vramtrace_format::{Api, DeviceInfo, Event, EventKind, Header, MemKind, Record, TraceFile};
+use vramtrace_format::{
+    Annotation, Api, DeviceInfo, Event, EventKind, Header, MemKind, Record, TraceFile,
+};
 
 use crate::replay::Pool;
 use crate::summary::{SummaryOptions, summarize};
@@ -71,6 +73,22 @@ fn known_sequence() -> Vec<Record> {
         )),
         Record::Event(ev(30, Free, Device, "cuMemFree_v2", 0x1000, 0)),
         Record::Event(ev(40, Alloc, Device, "cuMemAllocAsync", 0x3000, 30 * MIB)),
+        Record::String {
+            id: 8,
+            text: "o".into(),
+        },
+        Record::String {
+            id: 9,
+            text: "bf16".into(),
+        },
+        Record::Annotate(Annotation {
+            t_ns: 41,
+            tid: 1,
+            ptr: 0x3000,
+            name: 8,
+            dtype: 9,
+            shape: vec![4128, 48, 128],
+        }),
         Record::Event(failed),
         Record::Event(ev(60, Free, Device, "cuMemFreeAsync", 0x3000, 0)),
         Record::Event(ev(70, Free, Device, "cuMemFree_v2", 0xdead, 0)),
@@ -98,6 +116,11 @@ fn summary_reports_exact_peak_and_live_set_at_failure() {
         d.peak_live.iter().map(|a| a.size).collect::<Vec<_>>(),
         vec![30 * MIB, 20 * MIB]
     );
+    assert_eq!(
+        d.peak_live[0].tensor.as_deref(),
+        Some("o bf16[4128, 48, 128]")
+    );
+    assert_eq!(d.peak_live[1].tensor, None);
     assert_eq!(d.live_at_end, 20 * MIB);
     assert_eq!(d.failed_allocations, 1);
     let f = &d.failures[0];
@@ -147,6 +170,11 @@ fn events_carry_freed_sizes_in_time_order() {
     assert_eq!(failed["free_bytes"], 30 * MIB + MIB / 2);
     assert_eq!(failed["total_bytes"], 24u64 << 30);
     assert_eq!(failed["label"], "prefill/gdn");
+    let ann = lines.iter().find(|l| l["kind"] == "annotate").unwrap();
+    assert_eq!(ann["size"], 30 * MIB);
+    assert_eq!(ann["tensor"]["name"], "o");
+    assert_eq!(ann["tensor"]["shape"], serde_json::json!([4128, 48, 128]));
+    assert_eq!(free["tensor"]["dtype"], "bf16");
     let unknown = lines.iter().find(|l| l["ptr"] == "0xdead").unwrap();
     assert_eq!(unknown["unmatched"], true);
     assert_eq!(unknown["size"], 0);

@@ -3,7 +3,28 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use vramtrace_format::{DeviceInfo, Event, FILE_EXTENSION, Header, Problem, Record, TraceFile};
+use vramtrace_format::{
+    Annotation, DeviceInfo, Event, FILE_EXTENSION, Header, Problem, Record, TraceFile,
+};
+
+/// A timed record that changes or describes the live set.
+#[derive(Debug, Clone, Copy)]
+pub enum Item<'a> {
+    /// An allocation-family event.
+    Event(&'a Event),
+    /// A name, dtype and shape given to a live allocation.
+    Annotate(&'a Annotation),
+}
+
+impl Item<'_> {
+    /// When it happened.
+    pub fn t_ns(&self) -> u64 {
+        match self {
+            Item::Event(e) => e.t_ns,
+            Item::Annotate(a) => a.t_ns,
+        }
+    }
+}
 
 use crate::error::Error;
 
@@ -92,6 +113,17 @@ impl Process {
         format!("{prog}[{}]", self.header.pid)
     }
 
+    /// `name dtype[d0, d1, ...]` for an annotation, with its strings resolved.
+    pub fn tensor_name(&self, a: &Annotation) -> String {
+        let name = self.string(a.name).unwrap_or("?");
+        let dims: Vec<String> = a.shape.iter().map(i64::to_string).collect();
+        match self.string(a.dtype) {
+            Some(dt) => format!("{name} {dt}[{}]", dims.join(", ")),
+            None if a.shape.is_empty() => name.to_string(),
+            None => format!("{name} [{}]", dims.join(", ")),
+        }
+    }
+
     /// The name of a device as the process reported it.
     pub fn device_name(&self, ordinal: i32) -> Option<&str> {
         self.devices
@@ -150,16 +182,34 @@ impl Trace {
         self.processes.iter().find(|p| p.pid() == pid)
     }
 
-    /// Every event of every process, each with the index of its process, in time order
-    /// (ties keep file order).
-    pub fn events_in_time_order(&self) -> Vec<(usize, &Event)> {
-        let mut all: Vec<(usize, &Event)> = self
+    /// Every event and annotation of every process, each with the index of its process, in time
+    /// order (ties keep file order).
+    pub fn timeline(&self) -> Vec<(usize, Item<'_>)> {
+        let mut all: Vec<(usize, Item<'_>)> = self
             .processes
             .iter()
             .enumerate()
-            .flat_map(|(i, p)| p.events().map(move |e| (i, e)))
+            .flat_map(|(i, p)| {
+                p.records.iter().filter_map(move |r| match r {
+                    Record::Event(e) => Some((i, Item::Event(e))),
+                    Record::Annotate(a) => Some((i, Item::Annotate(a))),
+                    _ => None,
+                })
+            })
             .collect();
-        all.sort_by_key(|(i, e)| (e.t_ns, *i));
+        all.sort_by_key(|(i, it)| (it.t_ns(), *i));
         all
+    }
+
+    /// Every event of every process, each with the index of its process, in time order
+    /// (ties keep file order).
+    pub fn events_in_time_order(&self) -> Vec<(usize, &Event)> {
+        self.timeline()
+            .into_iter()
+            .filter_map(|(i, it)| match it {
+                Item::Event(e) => Some((i, e)),
+                Item::Annotate(_) => None,
+            })
+            .collect()
     }
 }
