@@ -12,10 +12,18 @@ fn linked_with_lcuda_every_event_exact() {
     let out = scratch("linked").join("trace");
     let o = run_traced(&out, "24GiB", &[prog.as_os_str()]);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n", "the preload must print nothing on stdout");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "done\n",
+        "the preload must print nothing on stdout"
+    );
     let ev = events(&out);
     let main_tid = ev[0]["tid"].as_u64().unwrap();
-    let main: Vec<_> = ev.iter().filter(|e| e["tid"].as_u64() == Some(main_tid)).cloned().collect();
+    let main: Vec<_> = ev
+        .iter()
+        .filter(|e| e["tid"].as_u64() == Some(main_tid))
+        .cloned()
+        .collect();
     assert_eq!(
         kinds_apis_sizes(&main),
         vec![
@@ -38,17 +46,30 @@ fn linked_with_lcuda_every_event_exact() {
     assert_eq!(failed["total_bytes"], 24u64 << 30);
     assert_eq!(failed["free_bytes"], (24u64 << 30) - 20 * MIB);
     // Three worker threads, each 4 alloc/free pairs of (i+1) MiB, paired by size.
-    let workers: Vec<_> = ev.iter().filter(|e| e["tid"].as_u64() != Some(main_tid)).collect();
+    let workers: Vec<_> = ev
+        .iter()
+        .filter(|e| e["tid"].as_u64() != Some(main_tid))
+        .collect();
     let mut tids: Vec<u64> = workers.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
     tids.sort();
     tids.dedup();
     assert_eq!(tids.len(), 3, "events of three worker threads");
     for t in tids {
-        let mine: Vec<_> = workers.iter().filter(|e| e["tid"].as_u64() == Some(t)).cloned().cloned().collect();
+        let mine: Vec<_> = workers
+            .iter()
+            .filter(|e| e["tid"].as_u64() == Some(t))
+            .cloned()
+            .cloned()
+            .collect();
         let size = mine[0]["size"].as_u64().unwrap();
         assert!([MIB, 2 * MIB, 3 * MIB].contains(&size));
         let expect: Vec<_> = (0..4)
-            .flat_map(|_| [e("alloc", "cuMemAlloc_v2", size), e("free", "cuMemFree_v2", size)])
+            .flat_map(|_| {
+                [
+                    e("alloc", "cuMemAlloc_v2", size),
+                    e("free", "cuMemFree_v2", size),
+                ]
+            })
             .collect();
         assert_eq!(kinds_apis_sizes(&mine), expect);
     }
@@ -105,12 +126,20 @@ fn get_proc_address_like_cudart_13() {
 fn exit_code_passes_through_and_output_dir_is_never_reused() {
     let dir = scratch("exit");
     let out = dir.join("trace");
-    let o = run_traced(&out, "1GiB", &[OsStr::new("sh"), OsStr::new("-c"), OsStr::new("exit 7")]);
+    let o = run_traced(
+        &out,
+        "1GiB",
+        &[OsStr::new("sh"), OsStr::new("-c"), OsStr::new("exit 7")],
+    );
     assert_eq!(o.status.code(), Some(7), "{}", describe(&o));
     std::fs::write(out.join("keep.vtr"), b"x").unwrap();
     let o = run_traced(&out, "1GiB", &[OsStr::new("true")]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("never overwrites"), "{}", describe(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("never overwrites"),
+        "{}",
+        describe(&o)
+    );
 }
 
 #[test]
@@ -129,19 +158,33 @@ fn sigkill_while_allocating_leaves_a_readable_trace() {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert_eq!(line, "1000\n");
     // Kill the traced program itself (vramtrace run's child), mid-allocation.
     let pid = std::fs::read_dir(&out)
         .unwrap()
         .filter_map(|e| e.ok())
-        .find_map(|e| e.path().file_stem()?.to_str()?.split('-').next()?.parse::<i32>().ok())
+        .find_map(|e| {
+            e.path()
+                .file_stem()?
+                .to_str()?
+                .split('-')
+                .next()?
+                .parse::<i32>()
+                .ok()
+        })
         .expect("a trace file named after the traced pid");
     // Safety: kill(2) on a pid we started; SIGKILL cannot be caught.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + 9));
     let ev = events(&out);
-    assert!(ev.len() > 1000, "every allocation before the kill is read back ({} events)", ev.len());
+    assert!(
+        ev.len() > 1000,
+        "every allocation before the kill is read back ({} events)",
+        ev.len()
+    );
     assert!(ev.iter().all(|e| e["kind"] == "alloc" && e["size"] == MIB));
 }

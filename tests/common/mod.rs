@@ -48,15 +48,30 @@ pub fn scratch(name: &str) -> PathBuf {
 /// Compiles one of the C programs in `tests/c/` (linked against the stand-in driver when
 /// `link_cuda`), once per test process.
 pub fn c_program(name: &str, link_cuda: bool) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
     let out = scratch(&format!("cc-{name}")).join(name);
     let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    cc.arg("-O1").arg("-g").arg("-o").arg(&out).arg(&src).arg("-lpthread").arg("-ldl");
+    cc.arg("-O1")
+        .arg("-g")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .arg("-lpthread")
+        .arg("-ldl");
     if link_cuda {
         cc.arg("-L").arg(fake_driver_dir()).arg("-lcuda");
     }
-    let o = cc.output().expect("a C compiler (cc) is needed for the end-to-end tests");
-    assert!(o.status.success(), "compiling {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    let o = cc
+        .output()
+        .expect("a C compiler (cc) is needed for the end-to-end tests");
+    assert!(
+        o.status.success(),
+        "compiling {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
     out
 }
 
@@ -77,15 +92,33 @@ pub fn run_traced(out: &Path, capacity: &str, program: &[&std::ffi::OsStr]) -> O
 
 /// `vramtrace events PATH` parsed into JSON values.
 pub fn events(path: &Path) -> Vec<serde_json::Value> {
-    let o = Command::new(vramtrace()).arg("events").arg(path).output().unwrap();
-    assert!(o.status.success(), "vramtrace events failed: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    let o = Command::new(vramtrace())
+        .arg("events")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "vramtrace events failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// `(kind, api, size)` of every event, for exact comparisons.
 pub fn kinds_apis_sizes(ev: &[serde_json::Value]) -> Vec<(String, String, u64)> {
     ev.iter()
-        .map(|e| (e["kind"].as_str().unwrap().to_string(), e["api"].as_str().unwrap().to_string(), e["size"].as_u64().unwrap()))
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_string(),
+                e["api"].as_str().unwrap().to_string(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
         .collect()
 }
 
