@@ -1,1 +1,58 @@
-//! placeholder
+//! `libvramtrace_preload.so`: an `LD_PRELOAD` interposer that records every device allocation
+//! the CUDA driver sees into a vramtrace trace file (format: `vramtrace_format`).
+//!
+//! ```text
+//! VRAMTRACE_DIR=/tmp/trace LD_PRELOAD=target/debug/libvramtrace_preload.so python3 train.py
+//! vramtrace events /tmp/trace
+//! ```
+//!
+//! # What it hooks
+//! - `dlsym`, so that lookups on a driver handle (cudart, cudarc, anything that `dlopen`s
+//!   libcuda) get our wrappers; `cuGetProcAddress` and `cuGetProcAddress_v2`, including the
+//!   runtime's self-lookup, so that every entry point resolved through them does too.
+//! - The allocation entry points, also exported under their own names for programs linked to
+//!   libcuda directly: `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`,
+//!   `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`, `cuMemFree_v2`, `cuMemFreeAsync` (and the
+//!   `_ptsz` twins of the async ones), `cuMemCreate`, `cuMemRelease`, `cuMemMap`, `cuMemUnmap`,
+//!   `cuMemAddressReserve`, `cuMemAddressFree`, `cuMemAllocHost_v2`, `cuMemHostAlloc`,
+//!   `cuMemFreeHost`, `cuArrayCreate_v2`, `cuArray3DCreate_v2`, `cuArrayDestroy`.
+//!
+//! A wrapper handed out by `dlsym` or `cuGetProcAddress` is chosen by the *address* the real
+//! driver returned, so its ABI is the one the driver chose (version, `_ptsz` twin); see
+//! [`driver`](crate::driver) for the routing and what it assumes of the driver.
+//!
+//! # Environment
+//! - `VRAMTRACE_DIR`: the trace directory (created if missing). Unset or empty: the library
+//!   does nothing but pass calls through.
+//! - `VRAMTRACE_DISABLE`: any value but empty or `0` turns recording off.
+//!
+//! Each process writes `<dir>/<pid>.vtr` (`<pid>-<n>.vtr` if the name is taken), created
+//! exclusively on its first recorded event: a program that never allocates through CUDA writes
+//! nothing.
+//!
+//! # Design constraints
+//! - **Never changes what the program sees.** The real function is always called first and its
+//!   result returned unchanged; nothing goes to stdout; stderr gets one line if recording stops
+//!   because of an error. A recorder failure (write error, panic) stops recording, never the
+//!   host: panics are caught at every FFI boundary, errno is preserved.
+//! - **Cheap.** A process that never touches CUDA pays one comparison per `dlsym` on a handle
+//!   (`RTLD_NEXT`/`RTLD_DEFAULT` lookups are a tail jump). The hot path takes no lock and
+//!   allocates nothing: a record is encoded on the stack and appended with one `write(2)`
+//!   (`O_APPEND`), so every record written before a `SIGKILL` is in the page cache.
+//! - **Lazy and fork-aware.** Nothing happens in constructors (they run while the dynamic linker
+//!   sets the process up); the environment is read and the file created on first use. A fork
+//!   child forgets the parent's file and creates its own, with its own pid and ppid.
+//! - **Re-entrancy.** A per-thread RAII guard ([`guard`](crate::guard)) passes nested hooked
+//!   calls straight through.
+//! - Depends on `vramtrace-format` and `libc` only. x86-64 Linux with glibc.
+
+mod config;
+mod dlsym;
+mod driver;
+mod ffi;
+mod guard;
+mod hooks;
+mod recorder;
+
+pub use dlsym::dlsym;
+pub use hooks::*;

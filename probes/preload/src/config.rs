@@ -1,0 +1,88 @@
+//! Configuration from the environment, read once, lazily, on the first CUDA activity.
+//!
+//! - `VRAMTRACE_DIR`: the trace directory. Unset or empty: the library only passes calls through.
+//! - `VRAMTRACE_DISABLE`: any value but empty or `0` turns recording off.
+//!
+//! Read with `getenv` on first use, never in a constructor: constructors run while the dynamic
+//! linker is still setting the process up.
+
+use core::ffi::{CStr, c_char};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+const UNREAD: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(UNREAD);
+/// The trace directory, NUL-terminated, leaked once (`Box<[u8]>` turned raw).
+static DIR: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
+
+/// True when recording is configured on. Cheap after the first call.
+#[inline]
+pub(crate) fn enabled() -> bool {
+    match STATE.load(Ordering::Acquire) {
+        ON => true,
+        OFF => false,
+        _ => read(),
+    }
+}
+
+/// The trace directory (without its NUL), if recording is on.
+pub(crate) fn dir() -> Option<&'static [u8]> {
+    if !enabled() {
+        return None;
+    }
+    let p = DIR.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // Safety: DIR only ever holds a leaked, NUL-terminated buffer that is never freed.
+    Some(unsafe { CStr::from_ptr(p as *const c_char) }.to_bytes())
+}
+
+fn env(name: &CStr) -> Option<&'static [u8]> {
+    // Safety: getenv with a valid C string; the result points into the environment, which we
+    // only read (a concurrent setenv is the host's own race, as for any getenv).
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        None
+    } else {
+        // Safety: getenv returns a NUL-terminated string.
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+    }
+}
+
+/// Reads the environment. Threads racing here compute the same answer; the first to publish
+/// the directory wins and the others free theirs.
+#[cold]
+fn read() -> bool {
+    let disabled = matches!(env(c"VRAMTRACE_DISABLE"), Some(v) if !v.is_empty() && v != b"0");
+    let dir = env(c"VRAMTRACE_DIR").filter(|d| !d.is_empty());
+    let on = match (disabled, dir) {
+        (false, Some(d)) => {
+            let mut owned = Vec::with_capacity(d.len() + 1);
+            owned.extend_from_slice(d);
+            owned.push(0);
+            let raw = Box::into_raw(owned.into_boxed_slice()) as *mut u8;
+            if DIR
+                .compare_exchange(
+                    core::ptr::null_mut(),
+                    raw,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+            {
+                // Safety: `raw` came from Box::into_raw just above with this length and was
+                // never published.
+                drop(unsafe {
+                    Box::from_raw(core::ptr::slice_from_raw_parts_mut(raw, d.len() + 1))
+                });
+            }
+            true
+        }
+        _ => false,
+    };
+    STATE.store(if on { ON } else { OFF }, Ordering::Release);
+    on
+}

@@ -1,0 +1,133 @@
+//! The `dlsym` override.
+//!
+//! The CUDA runtime and cudarc find the driver with `dlopen` + `dlsym(handle, …)`; a lookup on
+//! a handle never sees LD_PRELOAD symbols, so the only way to hand them our wrappers is to be
+//! `dlsym`. The export is a naked function so that for the pseudo-handles it is not there at
+//! all: `RTLD_NEXT` and `RTLD_DEFAULT` lookups are resolved relative to the *caller's* object
+//! (its position in the search order, its local scope), and a C-level forwarder would make the
+//! preload the caller (the OpenMP loop of HAMi-core PR #315). It tail-jumps to the real `dlsym`
+//! with the registers and return address untouched. `RTLD_DEFAULT` needs no substitution anyway:
+//! the preload comes first in the global scope, so the real lookup already finds our exports.
+//!
+//! Every other handle goes to [`dlsym_on_handle`], which calls the real `dlsym` (for a real
+//! handle the result does not depend on the caller) and, for `cu[A-Z]…` names only, routes the
+//! result through [`crate::driver::route_dlsym`]. Nothing in this library ever calls the
+//! exported `dlsym`: the real one lives in [`REAL_DLSYM`], found with `dlvsym`.
+
+use core::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::driver::{name_bytes, route_dlsym};
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// glibc's own `dlsym`; null until first needed. Read by the naked function's fast path.
+static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Finds glibc's `dlsym` (`GLIBC_2.34` since libdl merged into libc, `GLIBC_2.2.5` before).
+/// Returns null only if neither exists, in which case `dlsym` answers null.
+extern "C" fn vramtrace_init_real_dlsym() -> *mut c_void {
+    let p = REAL_DLSYM.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // Safety: dlvsym with valid C strings. RTLD_NEXT from this object finds the next
+        // definition after the preload: glibc's. dlvsym is not overridden here.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p, Ordering::Release);
+            return p;
+        }
+    }
+    core::ptr::null_mut()
+}
+
+/// Calls glibc's `dlsym`. From here the caller glibc sees is the preload, which is what we
+/// want for our own lookups (`RTLD_NEXT` then means "after the preload").
+pub(crate) fn real_dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let p = vramtrace_init_real_dlsym();
+    if p.is_null() {
+        return core::ptr::null_mut();
+    }
+    // Safety: `p` is glibc's dlsym, whose signature is DlsymFn; arguments are passed through.
+    unsafe { core::mem::transmute::<*mut c_void, DlsymFn>(p)(handle, symbol) }
+}
+
+/// Cheap filter run on every lookup before any table work: driver API names are `cu[A-Z]…`.
+#[inline]
+fn is_driver_name(s: *const c_char) -> bool {
+    // Safety: `s` is a NUL-terminated string (dlsym's contract); the && chain stops at the NUL
+    // before reading past it.
+    unsafe {
+        *s == b'c' as c_char
+            && *s.add(1) == b'u' as c_char
+            && (*s.add(2) as u8).is_ascii_uppercase()
+    }
+}
+
+/// `dlsym` on a real handle: the real lookup, then our wrapper if the result is a driver entry
+/// point we wrap. Called only from the naked `dlsym`.
+extern "C" fn vramtrace_dlsym_on_handle(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    dlsym_on_handle(handle, symbol)
+}
+
+fn dlsym_on_handle(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let p = real_dlsym(handle, symbol);
+    if p.is_null() || symbol.is_null() || !is_driver_name(symbol) || !crate::config::enabled() {
+        return p;
+    }
+    std::panic::catch_unwind(|| {
+        // Safety: non-null, NUL-terminated (dlsym's contract).
+        let name = unsafe { name_bytes(symbol) };
+        route_dlsym(handle, name, p)
+    })
+    .unwrap_or_else(|_| {
+        crate::recorder::disable("internal error while routing dlsym");
+        p
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+/// The exported `dlsym`. See the module docs.
+///
+/// # Safety
+/// Same contract as glibc's `dlsym`.
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // rdi = handle, rsi = symbol. RTLD_NEXT is -1, RTLD_DEFAULT is 0.
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "je 2f",
+        "test rdi, rdi",
+        "je 2f",
+        "jmp {on_handle}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "je 3f",
+        "jmp rax",
+        "3:",
+        // First use: find the real dlsym, keeping the arguments. Entry rsp is 8 mod 16;
+        // two pushes and 8 more bytes align it for the call.
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {init}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "je 4f",
+        "jmp rax",
+        "4:",
+        "ret",
+        on_handle = sym vramtrace_dlsym_on_handle,
+        real = sym REAL_DLSYM,
+        init = sym vramtrace_init_real_dlsym,
+    )
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!("the vramtrace preload's dlsym override is written for x86-64 only");

@@ -1,0 +1,770 @@
+//! The exported wrappers: thin shims that call the real driver function first, pass its result
+//! through unchanged, and hand the operands to one recorder function per family
+//! ([`Call::alloc`], [`Call::free`], [`Call::map`], [`Call::unmap`]).
+//!
+//! The same functions are what `dlsym` and `cuGetProcAddress` hand out (see [`crate::driver`]),
+//! and the plain exports serve programs linked to libcuda directly.
+
+#![allow(non_snake_case)]
+
+use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+
+use vramtrace_format::MemKind;
+
+use crate::driver::{self, ENTRIES, Entry, name_bytes, route_proc};
+use crate::ffi::*;
+use crate::recorder::{Call, Dev, Op};
+
+/// The real function of `$entry` as `$ty`, or an early `CUDA_ERROR_NOT_INITIALIZED` when no
+/// driver can be found at all (nothing to pass the call to).
+macro_rules! real_fn {
+    ($entry:ident as $ty:ty) => {{
+        // Safety: REAL[$entry] only ever holds the driver's (or a later interposer's) address
+        // of the entry point of that exact name, whose C signature is `$ty`.
+        match unsafe { driver::real_fn::<$ty>(Entry::$entry) } {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_INITIALIZED,
+        }
+    }};
+}
+
+fn op(entry: Entry, mem: MemKind) -> Op {
+    Op::new(ENTRIES[entry as usize].api, mem)
+}
+
+/// Reads an out-parameter the driver filled; 0 when the call failed or the pointer is null.
+///
+/// # Safety
+/// When `result` is success, `p` is null or points at a value the driver wrote.
+unsafe fn out<T: Copy>(result: CuResult, p: *const T, to_u64: impl Fn(T) -> u64) -> u64 {
+    if result != CUDA_SUCCESS || p.is_null() {
+        0
+    } else {
+        // Safety: guaranteed by the caller.
+        to_u64(unsafe { p.read() })
+    }
+}
+
+fn id(v: u64) -> u64 {
+    v
+}
+
+fn addr<T>(p: *mut T) -> u64 {
+    p as usize as u64
+}
+
+// ---- device memory ----------------------------------------------------------------------
+
+/// `cuMemAlloc_v2`: device memory.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemAllocV2 as FnMemAlloc);
+    // Safety: arguments passed through unchanged to the function with this signature.
+    let r = unsafe { real(dptr, bytesize) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *dptr.
+        let ptr = unsafe { out(r, dptr, id) };
+        let size = bytesize as u64;
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                ..op(Entry::MemAllocV2, MemKind::Device)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemAllocPitch_v2`: size recorded as pitch × height (the bytes obtained), pitch in `aux`;
+/// on failure, width × height.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CuDevicePtr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemAllocPitchV2 as FnMemAllocPitch);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(dptr, pitch, width, height, element_size) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *dptr and *pitch.
+        let (ptr, p) = unsafe { (out(r, dptr, id), out(r, pitch, |v| v as u64)) };
+        let rows = height as u64;
+        let size = if r == CUDA_SUCCESS {
+            p * rows
+        } else {
+            width as u64 * rows
+        };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                aux: p,
+                ..op(Entry::MemAllocPitchV2, MemKind::Device)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemAllocManaged`: unified memory, flags in `aux`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemAllocManaged as FnMemAllocManaged);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(dptr, bytesize, flags) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *dptr.
+        let ptr = unsafe { out(r, dptr, id) };
+        let (size, aux) = (bytesize as u64, flags as u64);
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                aux,
+                ..op(Entry::MemAllocManaged, MemKind::Managed)
+            },
+        );
+    }
+    r
+}
+
+fn alloc_async(
+    entry: Entry,
+    real: FnMemAllocAsync,
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    stream: CuHandle,
+) -> CuResult {
+    let call = Call::begin();
+    // Safety: arguments passed through unchanged to the entry's real function.
+    let r = unsafe { real(dptr, bytesize, stream) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *dptr.
+        let ptr = unsafe { out(r, dptr, id) };
+        let (size, stream) = (bytesize as u64, addr(stream));
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                stream,
+                ..op(entry, MemKind::Device)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemAllocAsync`: stream-ordered device memory.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    stream: CuHandle,
+) -> CuResult {
+    let real = real_fn!(MemAllocAsync as FnMemAllocAsync);
+    alloc_async(Entry::MemAllocAsync, real, dptr, bytesize, stream)
+}
+
+/// `cuMemAllocAsync_ptsz`: the per-thread-default-stream twin.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    stream: CuHandle,
+) -> CuResult {
+    let real = real_fn!(MemAllocAsyncPtsz as FnMemAllocAsync);
+    alloc_async(Entry::MemAllocAsyncPtsz, real, dptr, bytesize, stream)
+}
+
+fn alloc_from_pool(
+    entry: Entry,
+    real: FnMemAllocFromPoolAsync,
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    pool: CuHandle,
+    stream: CuHandle,
+) -> CuResult {
+    let call = Call::begin();
+    // Safety: arguments passed through unchanged to the entry's real function.
+    let r = unsafe { real(dptr, bytesize, pool, stream) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *dptr.
+        let ptr = unsafe { out(r, dptr, id) };
+        let (size, stream, aux) = (bytesize as u64, addr(stream), addr(pool));
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                stream,
+                aux,
+                ..op(entry, MemKind::Device)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemAllocFromPoolAsync`: pool in `aux`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    pool: CuHandle,
+    stream: CuHandle,
+) -> CuResult {
+    let real = real_fn!(MemAllocFromPoolAsync as FnMemAllocFromPoolAsync);
+    alloc_from_pool(
+        Entry::MemAllocFromPoolAsync,
+        real,
+        dptr,
+        bytesize,
+        pool,
+        stream,
+    )
+}
+
+/// `cuMemAllocFromPoolAsync_ptsz`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    pool: CuHandle,
+    stream: CuHandle,
+) -> CuResult {
+    let real = real_fn!(MemAllocFromPoolAsyncPtsz as FnMemAllocFromPoolAsync);
+    alloc_from_pool(
+        Entry::MemAllocFromPoolAsyncPtsz,
+        real,
+        dptr,
+        bytesize,
+        pool,
+        stream,
+    )
+}
+
+/// `cuMemFree_v2`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemFreeV2 as FnMemFree);
+    // Safety: argument passed through unchanged.
+    let r = unsafe { real(dptr) };
+    if let Some(c) = call {
+        c.free(
+            r,
+            Op {
+                ptr: dptr,
+                ..op(Entry::MemFreeV2, MemKind::Device)
+            },
+        );
+    }
+    r
+}
+
+fn free_async(entry: Entry, real: FnMemFreeAsync, dptr: CuDevicePtr, stream: CuHandle) -> CuResult {
+    let call = Call::begin();
+    // Safety: arguments passed through unchanged to the entry's real function.
+    let r = unsafe { real(dptr, stream) };
+    if let Some(c) = call {
+        c.free(
+            r,
+            Op {
+                ptr: dptr,
+                stream: addr(stream),
+                ..op(entry, MemKind::Device)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemFreeAsync`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuHandle) -> CuResult {
+    let real = real_fn!(MemFreeAsync as FnMemFreeAsync);
+    free_async(Entry::MemFreeAsync, real, dptr, stream)
+}
+
+/// `cuMemFreeAsync_ptsz`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuHandle) -> CuResult {
+    let real = real_fn!(MemFreeAsyncPtsz as FnMemFreeAsync);
+    free_async(Entry::MemFreeAsyncPtsz, real, dptr, stream)
+}
+
+// ---- virtual memory management ----------------------------------------------------------
+
+/// `cuMemCreate`: physical memory behind a handle; the device is the allocation's location
+/// (host-located handles are host memory, device -1).
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CuMemHandle,
+    size: usize,
+    prop: *const CuMemAllocationPropPrefix,
+    flags: c_ulonglong,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemCreate as FnMemCreate);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(handle, size, prop, flags) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *handle.
+        let ptr = unsafe { out(r, handle, id) };
+        let (mem, device) = if prop.is_null() {
+            (MemKind::Device, Dev::Current)
+        } else {
+            // Safety: `prop` is the caller's CUmemAllocationProp, which begins with these fields.
+            let p = unsafe { &*prop };
+            if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
+                (MemKind::Device, Dev::Known(p.location_id))
+            } else {
+                (MemKind::Host, Dev::Known(-1))
+            }
+        };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size: size as u64,
+                device,
+                ..op(Entry::MemCreate, mem)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemRelease`: the handle in `ptr`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemRelease as FnMemRelease);
+    // Safety: argument passed through unchanged.
+    let r = unsafe { real(handle) };
+    if let Some(c) = call {
+        c.free(
+            r,
+            Op {
+                ptr: handle,
+                ..op(Entry::MemRelease, MemKind::Device)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemMap`: the mapped range, the physical handle in `aux`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CuDevicePtr,
+    size: usize,
+    offset: usize,
+    handle: CuMemHandle,
+    flags: c_ulonglong,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemMap as FnMemMap);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(ptr, size, offset, handle, flags) };
+    if let Some(c) = call {
+        let (size, aux) = (size as u64, handle);
+        c.map(
+            r,
+            Op {
+                ptr,
+                size,
+                aux,
+                ..op(Entry::MemMap, MemKind::Mapping)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemUnmap`: size 0 like every release, the range's size in `aux`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CuDevicePtr, size: usize) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemUnmap as FnMemUnmap);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(ptr, size) };
+    if let Some(c) = call {
+        c.unmap(
+            r,
+            Op {
+                ptr,
+                aux: size as u64,
+                ..op(Entry::MemUnmap, MemKind::Mapping)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemAddressReserve`: address space only, the alignment in `aux`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CuDevicePtr,
+    size: usize,
+    alignment: usize,
+    addr_hint: CuDevicePtr,
+    flags: c_ulonglong,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemAddressReserve as FnMemAddressReserve);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(ptr, size, alignment, addr_hint, flags) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *ptr.
+        let p = unsafe { out(r, ptr, id) };
+        let (size, aux) = (size as u64, alignment as u64);
+        c.alloc(
+            r,
+            Op {
+                ptr: p,
+                size,
+                aux,
+                ..op(Entry::MemAddressReserve, MemKind::Address)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemAddressFree`: the range's size in `aux`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemAddressFree as FnMemAddressFree);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(ptr, size) };
+    if let Some(c) = call {
+        c.free(
+            r,
+            Op {
+                ptr,
+                aux: size as u64,
+                ..op(Entry::MemAddressFree, MemKind::Address)
+            },
+        );
+    }
+    r
+}
+
+// ---- pinned host memory -----------------------------------------------------------------
+
+/// `cuMemAllocHost_v2`: page-locked host memory, device -1.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemAllocHostV2 as FnMemAllocHost);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(pp, bytesize) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *pp.
+        let ptr = unsafe { out(r, pp, addr) };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size: bytesize as u64,
+                ..op(Entry::MemAllocHostV2, MemKind::Host)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemHostAlloc`: page-locked host memory, its flags in `aux`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytesize: usize,
+    flags: c_uint,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemHostAlloc as FnMemHostAlloc);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(pp, bytesize, flags) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *pp.
+        let ptr = unsafe { out(r, pp, addr) };
+        let (size, aux) = (bytesize as u64, flags as u64);
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                aux,
+                ..op(Entry::MemHostAlloc, MemKind::Host)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemFreeHost`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(MemFreeHost as FnMemFreeHost);
+    // Safety: argument passed through unchanged.
+    let r = unsafe { real(p) };
+    if let Some(c) = call {
+        c.free(
+            r,
+            Op {
+                ptr: addr(p),
+                ..op(Entry::MemFreeHost, MemKind::Host)
+            },
+        );
+    }
+    r
+}
+
+// ---- arrays -----------------------------------------------------------------------------
+
+/// `cuArrayCreate_v2`: the handle in `ptr`; size estimated as width × height × channels ×
+/// channel bytes (the driver's padding is not visible).
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    handle: *mut CuHandle,
+    desc: *const CuArrayDescriptor,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(ArrayCreateV2 as FnArrayCreate);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(handle, desc) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *handle.
+        let ptr = unsafe { out(r, handle, addr) };
+        let size = if desc.is_null() {
+            0
+        } else {
+            // Safety: the caller's descriptor, valid for the call.
+            let d = unsafe { &*desc };
+            (d.width as u64)
+                .saturating_mul(d.height.max(1) as u64)
+                .saturating_mul(d.num_channels as u64)
+                .saturating_mul(array_format_bytes(d.format))
+        };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                ..op(Entry::ArrayCreateV2, MemKind::Array)
+            },
+        );
+    }
+    r
+}
+
+/// `cuArray3DCreate_v2`: as [`cuArrayCreate_v2`], times depth (or layers).
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    handle: *mut CuHandle,
+    desc: *const CuArray3dDescriptor,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(Array3dCreateV2 as FnArray3dCreate);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(handle, desc) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *handle.
+        let ptr = unsafe { out(r, handle, addr) };
+        let size = if desc.is_null() {
+            0
+        } else {
+            // Safety: the caller's descriptor, valid for the call.
+            let d = unsafe { &*desc };
+            (d.width as u64)
+                .saturating_mul(d.height.max(1) as u64)
+                .saturating_mul(d.depth.max(1) as u64)
+                .saturating_mul(d.num_channels as u64)
+                .saturating_mul(array_format_bytes(d.format))
+        };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size,
+                ..op(Entry::Array3dCreateV2, MemKind::Array)
+            },
+        );
+    }
+    r
+}
+
+/// `cuArrayDestroy`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayDestroy(handle: CuHandle) -> CuResult {
+    let call = Call::begin();
+    let real = real_fn!(ArrayDestroy as FnArrayDestroy);
+    // Safety: argument passed through unchanged.
+    let r = unsafe { real(handle) };
+    if let Some(c) = call {
+        c.free(
+            r,
+            Op {
+                ptr: addr(handle),
+                ..op(Entry::ArrayDestroy, MemKind::Array)
+            },
+        );
+    }
+    r
+}
+
+// ---- entry-point lookup -----------------------------------------------------------------
+
+/// Replaces the pointer the real `cuGetProcAddress` wrote with our wrapper where we have one.
+///
+/// # Safety
+/// `symbol` is a valid C string and `pfn` a valid out-pointer the driver just filled.
+unsafe fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+    if symbol.is_null() || pfn.is_null() || !crate::config::enabled() {
+        return;
+    }
+    // Safety: the driver filled *pfn (the call succeeded).
+    let p = unsafe { pfn.read() };
+    if p.is_null() {
+        return;
+    }
+    let routed = std::panic::catch_unwind(|| {
+        // Safety: guaranteed by the caller.
+        route_proc(unsafe { name_bytes(symbol) }, version, flags, p)
+    })
+    .unwrap_or_else(|_| {
+        crate::recorder::disable("internal error while routing cuGetProcAddress");
+        p
+    });
+    // Safety: valid out-pointer (caller's contract).
+    unsafe { pfn.write(routed) };
+}
+
+/// `cuGetProcAddress` (CUDA 11.3–11.8 ABI): the real lookup, then routing.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CuResult {
+    let real = real_fn!(GetProcAddress as FnGetProcAddress);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(symbol, pfn, cuda_version, flags) };
+    if r == CUDA_SUCCESS {
+        // Safety: the driver succeeded, so symbol and pfn are valid.
+        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+    }
+    r
+}
+
+/// `cuGetProcAddress_v2` (CUDA 12+): the real lookup, then routing. Asked for
+/// `"cuGetProcAddress"` itself (cudart's self-lookup) the driver returns its own
+/// `cuGetProcAddress_v2`, which routes back here.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    symbol_status: *mut c_int,
+) -> CuResult {
+    let real = real_fn!(GetProcAddressV2 as FnGetProcAddressV2);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(symbol, pfn, cuda_version, flags, symbol_status) };
+    if r == CUDA_SUCCESS {
+        // Safety: the driver succeeded, so symbol and pfn are valid.
+        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+    }
+    r
+}
