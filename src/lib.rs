@@ -1,5 +1,6 @@
 //! vramtrace: GPU memory profiler and allocation tracer.
 
+pub mod attribution;
 pub mod cli;
 pub mod commands;
 pub mod error;
