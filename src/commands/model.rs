@@ -1,13 +1,562 @@
-//! `vramtrace model`: placeholder until the models land.
+//! `vramtrace model`: predicted tensors, peak, sweep and cliff for a model's `config.json`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::model::{
+    DType, Kernel, ModelConfig, Tensor, Variant, WeightFormat, Workload, WorkloadOptions,
+    gdn_state_per_seq, kv_cache_per_token, naive_sum, peak, replay, rounding, weight_bytes,
+};
+use crate::units::{fmt_bytes, parse_bytes};
+
+const VARIANTS_HELP: &str = "\
+Variants (each read from one upstream version; never blended):
+  GDN chunk forward (--kernel gdn):
+    vllm-0.20.1  (default) vLLM 0.20.1 vendored fla: vllm/model_executor/layers/fla/ops/chunk.py;
+                 fp32 A from chunk_scaled_dot_kkt.py:144 freed after solve_tril.py:539 makes Ai;
+                 q/k keep the key heads; o = torch.empty_like(v) at chunk_o.py:161
+    vllm-0.10.2  vLLM 0.10.2 vendored fla as models/qwen3_next.py calls it: in-kernel l2norm
+                 copies of q and k, fp32 Ad [T,H,16] inside solve_tril.py
+    fla-0.6.0    flash-linear-attention 0.6.0 (fla-core wheel): fla/ops/gated_delta_rule/chunk.py,
+                 chunk_fwd.py fused kkt+solve_tril (one A in the input dtype), wy_fast.py,
+                 common/chunk_delta_h.py, common/chunk_o.py
+    fla-0.4.2    flash-linear-attention v0.4.2 (ca910f88): unfused fp32 A then Ai; no grouped
+                 value heads (q/k repeated to HV heads by the caller)
+  FlashAttention-2 varlen forward (--kernel fa):
+    fa-2.8.3     (default) Dao-AILab v2.8.3 csrc/flash_attn/flash_api.cpp mha_varlen_fwd:
+                 softmax_lse [H, total_q] fp32, as since v2.6.0
+    fa-2.5.9     Dao-AILab v2.5.9: softmax_lse [B, H, max_seqlen_q] (padded by the query side)
+    pytorch      PyTorch's copy behind aten::_flash_attention_forward (flash_attn/flash_api.cpp)
+  MLP (--kernel ffn):
+    vllm-0.20.1-mlp  vLLM 0.20.1 models/qwen2_moe.py Qwen2MoeMLP.forward (the dense MLP of
+                 qwen3_5.py / qwen3_next.py), eager: gate_up [T,2I], act [T,I], down [T,hidden]
+max_seqlen_k never sizes softmax_lse in any of them; it only feeds the split-KV heuristic of the
+decode path (one query token with GQA), which adds softmax_lse_accum and out_accum.";
 
 /// Arguments of `vramtrace model`.
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = VARIANTS_HELP, after_help = VARIANTS_HELP)]
 pub struct ModelArgs {
-    /// Path to the model's config.json.
-    pub config: std::path::PathBuf,
+    /// Path to the model's config.json (multimodal configs: its text_config is read).
+    pub config: PathBuf,
+    /// Which kernel to model: gdn, fa, ffn or all.
+    #[arg(long, default_value = "all", value_parser = ["gdn", "fa", "ffn", "all"])]
+    pub kernel: String,
+    /// A variant by name (see the list below); implies its kernel.
+    #[arg(long)]
+    pub variant: Option<String>,
+    /// Tokens of one sequence (a prefill chunk); vLLM's max-num-batched-tokens by default.
+    #[arg(long, conflicts_with = "seqlens")]
+    pub tokens: Option<u64>,
+    /// Tokens of each packed sequence, comma-separated (varlen batch).
+    #[arg(long, value_delimiter = ',')]
+    pub seqlens: Option<Vec<u64>>,
+    /// Tensor-parallel degree: heads and the MLP width are divided by it.
+    #[arg(long, default_value_t = 1)]
+    pub tp: u64,
+    /// Activation dtype (default: the config's torch_dtype).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// max_seqlen_k passed to FlashAttention (default: the longest sequence).
+    #[arg(long)]
+    pub max_seqlen_k: Option<u64>,
+    /// Streaming multiprocessors, for FlashAttention's split-KV heuristic (H200: 132, 3090: 82).
+    #[arg(long, default_value_t = 132)]
+    pub num_sms: u64,
+    /// Override use_qk_l2norm_in_kernel for the GDN variants (default: what each version's
+    /// Qwen3-Next layer passes).
+    #[arg(long)]
+    pub l2norm_in_kernel: Option<bool>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the peak against tokens for T0..T1 (one sequence of T tokens).
+    #[arg(long, value_name = "T0..T1")]
+    pub sweep: Option<String>,
+    /// Token step of --sweep (default: a multiple of 64 giving about 32 rows).
+    #[arg(long)]
+    pub step: Option<u64>,
+    /// Bytes available to the process (e.g. 24GiB); with --resident, names the cliff.
+    #[arg(long, requires = "resident")]
+    pub capacity: Option<String>,
+    /// Bytes already held when the kernel runs (weights, KV pool, other activations).
+    #[arg(long, requires = "capacity")]
+    pub resident: Option<String>,
+    /// Weight format for the model summary: bf16, fp8 or int4[:GROUP].
+    #[arg(long, default_value = "bf16")]
+    pub weights: String,
 }
 
+/// vLLM's default chunk for hybrid Qwen3-Next models in the field notes (max-num-batched-tokens).
+const DEFAULT_TOKENS: u64 = 4128;
+
 /// Runs `vramtrace model`.
-pub fn run(_args: ModelArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("vramtrace model is not implemented yet")
+pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
+    let cfg = ModelConfig::from_path(&args.config)?;
+    let variants = pick_variants(&args)?;
+    let dtype = match &args.dtype {
+        Some(d) => d.parse::<DType>().map_err(anyhow::Error::msg)?,
+        None => cfg.dtype,
+    };
+    let seqlens = match (&args.seqlens, args.tokens) {
+        (Some(s), _) => s.clone(),
+        (None, Some(t)) => vec![t],
+        (None, None) => vec![DEFAULT_TOKENS],
+    };
+    let opts = WorkloadOptions {
+        seqlens,
+        tp: args.tp,
+        dtype,
+        max_seqlen_k: args.max_seqlen_k,
+        num_sms: args.num_sms,
+        l2norm_in_kernel: args.l2norm_in_kernel,
+    };
+    let weights: WeightFormat = args.weights.parse().map_err(anyhow::Error::msg)?;
+
+    if let (Some(cap), Some(res)) = (&args.capacity, &args.resident) {
+        let cap = parse_bytes(cap)
+            .map_err(anyhow::Error::msg)
+            .context("--capacity")?;
+        let res = parse_bytes(res)
+            .map_err(anyhow::Error::msg)
+            .context("--resident")?;
+        return cliff(&cfg, &variants, &opts, cap, res, args.json);
+    }
+    if let Some(range) = &args.sweep {
+        let (t0, t1) = parse_range(range)?;
+        return sweep(&cfg, &variants, &opts, t0, t1, args.step, args.json);
+    }
+
+    let workload = Workload::from_config(&cfg, &opts)?;
+    let mut runs = Vec::new();
+    for v in &variants {
+        runs.push((*v, v.tensors(&workload)?));
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json_report(&cfg, &opts, &runs))?
+        );
+    } else {
+        print!("{}", human_report(&cfg, &opts, &runs, weights)?);
+    }
+    Ok(0)
+}
+
+fn pick_variants(args: &ModelArgs) -> anyhow::Result<Vec<Variant>> {
+    if let Some(name) = &args.variant {
+        let Some(v) = Variant::from_name(name) else {
+            let names: Vec<&str> = Variant::ALL.iter().map(|v| v.name()).collect();
+            bail!(
+                "there is no variant {name:?}; choose one of {}",
+                names.join(", ")
+            );
+        };
+        if args.kernel != "all" && args.kernel != v.kernel().to_string() {
+            bail!(
+                "variant {name} models the {} kernel, not {}; drop --kernel or pick a {} variant",
+                v.kernel(),
+                args.kernel,
+                args.kernel
+            );
+        }
+        return Ok(vec![v]);
+    }
+    Ok(match args.kernel.as_str() {
+        "gdn" => vec![Variant::default_for(Kernel::Gdn)],
+        "fa" => vec![Variant::default_for(Kernel::Fa)],
+        "ffn" => vec![Variant::default_for(Kernel::Ffn)],
+        _ => vec![
+            Variant::default_for(Kernel::Gdn),
+            Variant::default_for(Kernel::Fa),
+            Variant::default_for(Kernel::Ffn),
+        ],
+    })
+}
+
+fn parse_range(s: &str) -> anyhow::Result<(u64, u64)> {
+    let (a, b) = s.split_once("..").with_context(|| {
+        format!("--sweep {s:?} is not a range; write it as T0..T1, e.g. 1024..65536")
+    })?;
+    let a: u64 = a
+        .trim()
+        .parse()
+        .with_context(|| format!("{a:?} is not a token count"))?;
+    let b: u64 = b
+        .trim()
+        .parse()
+        .with_context(|| format!("{b:?} is not a token count"))?;
+    if a == 0 || b < a {
+        bail!("--sweep {s:?} must go from at least 1 token up to a larger count");
+    }
+    Ok((a, b))
+}
+
+/// The peak of each variant for one sequence of `tokens`, and the largest of them.
+fn peaks_at(
+    cfg: &ModelConfig,
+    variants: &[Variant],
+    opts: &WorkloadOptions,
+    tokens: u64,
+) -> anyhow::Result<Vec<u64>> {
+    let o = WorkloadOptions {
+        seqlens: vec![tokens],
+        ..opts.clone()
+    };
+    let w = Workload::from_config(cfg, &o)?;
+    variants
+        .iter()
+        .map(|v| Ok(peak(&v.tensors(&w)?).bytes))
+        .collect()
+}
+
+fn sweep(
+    cfg: &ModelConfig,
+    variants: &[Variant],
+    opts: &WorkloadOptions,
+    t0: u64,
+    t1: u64,
+    step: Option<u64>,
+    as_json: bool,
+) -> anyhow::Result<i32> {
+    let step = step.unwrap_or_else(|| ((t1 - t0) / 32).div_ceil(64).max(1) * 64);
+    if step == 0 {
+        bail!("--step must be at least 1");
+    }
+    let mut rows = Vec::new();
+    let mut t = t0;
+    loop {
+        rows.push((t, peaks_at(cfg, variants, opts, t)?));
+        if t >= t1 {
+            break;
+        }
+        t = (t + step).min(t1);
+    }
+    if as_json {
+        let list: Vec<Value> = rows
+            .iter()
+            .map(|(t, p)| {
+                let per: serde_json::Map<String, Value> = variants
+                    .iter()
+                    .zip(p)
+                    .map(|(v, b)| (v.name().to_string(), json!(b)))
+                    .collect();
+                json!({"tokens": t, "peak_bytes": p.iter().max(), "per_variant": per})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"model": cfg.display_name(), "tp": opts.tp, "sweep": list})
+            )?
+        );
+        return Ok(0);
+    }
+    let mut out = String::new();
+    let _ = write!(out, "{:>10}", "tokens");
+    for v in variants {
+        let _ = write!(out, "  {:>16}", v.name());
+    }
+    let _ = writeln!(out);
+    for (t, p) in &rows {
+        let _ = write!(out, "{t:>10}");
+        for b in p {
+            let _ = write!(out, "  {:>16}", fmt_bytes(*b));
+        }
+        let _ = writeln!(out);
+    }
+    print!("{out}");
+    Ok(0)
+}
+
+fn cliff(
+    cfg: &ModelConfig,
+    variants: &[Variant],
+    opts: &WorkloadOptions,
+    capacity: u64,
+    resident: u64,
+    as_json: bool,
+) -> anyhow::Result<i32> {
+    let Some(budget) = capacity.checked_sub(resident) else {
+        bail!(
+            "the resident bytes ({}) already exceed the capacity ({}); nothing fits",
+            fmt_bytes(resident),
+            fmt_bytes(capacity)
+        );
+    };
+    let peak_of = |t: u64| -> anyhow::Result<u64> {
+        Ok(peaks_at(cfg, variants, opts, t)?
+            .into_iter()
+            .max()
+            .unwrap_or(0))
+    };
+    // Every modelled peak grows with the token count, so the first failing count is found by
+    // doubling, then bisecting.
+    let mut cliff = None;
+    if peak_of(1)? > budget {
+        cliff = Some(1);
+    } else {
+        let (mut lo, mut hi) = (1u64, 2u64);
+        while peak_of(hi)? <= budget {
+            lo = hi;
+            hi = hi.saturating_mul(2);
+            if hi > 1 << 40 {
+                break;
+            }
+        }
+        if hi <= 1 << 40 {
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if peak_of(mid)? > budget {
+                    hi = mid
+                } else {
+                    lo = mid
+                }
+            }
+            cliff = Some(hi);
+        }
+    }
+    let names: Vec<&str> = variants.iter().map(|v| v.name()).collect();
+    match cliff {
+        Some(t) => {
+            let p = peak_of(t)?;
+            let below = if t > 1 { peak_of(t - 1)? } else { 0 };
+            if as_json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "model": cfg.display_name(), "variants": names, "tp": opts.tp,
+                        "capacity_bytes": capacity, "resident_bytes": resident,
+                        "budget_bytes": budget, "cliff_tokens": t,
+                        "peak_bytes_at_cliff": p, "peak_bytes_below_cliff": below,
+                    }))?
+                );
+            } else {
+                println!(
+                    "cliff: {t} tokens. At {t} tokens the peak of {} is {} ({} B), over the {} ({} B) left by capacity {} minus resident {}; at {} tokens it is {} and fits.",
+                    names.join(" / "),
+                    fmt_bytes(p),
+                    p,
+                    fmt_bytes(budget),
+                    budget,
+                    fmt_bytes(capacity),
+                    fmt_bytes(resident),
+                    t - 1,
+                    fmt_bytes(below)
+                );
+            }
+        }
+        None => {
+            if as_json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "model": cfg.display_name(), "variants": names, "budget_bytes": budget,
+                        "cliff_tokens": Value::Null,
+                    }))?
+                );
+            } else {
+                println!(
+                    "no cliff below 2^40 tokens: the peak stays within {}",
+                    fmt_bytes(budget)
+                );
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn tensor_json(t: &Tensor, kernel: Kernel, variant: Variant) -> Value {
+    let r = rounding(t.bytes);
+    json!({
+        "name": t.name, "shape": t.shape, "dtype": t.dtype, "bytes": t.bytes,
+        "alloc_at": t.alloc_at, "freed_at": t.freed_at,
+        "lifetime": if t.freed_at.is_some() { "freed" } else { "returned" },
+        "kernel": kernel, "variant": variant.name(), "source": t.source,
+        "block_bytes": r.block, "pool": r.pool, "segment_bytes": r.segment,
+    })
+}
+
+fn json_report(
+    cfg: &ModelConfig,
+    opts: &WorkloadOptions,
+    runs: &[(Variant, Vec<Tensor>)],
+) -> Value {
+    let mut all = Vec::new();
+    let mut kernels = Vec::new();
+    let mut overall = 0;
+    for (v, ts) in runs {
+        let p = peak(ts);
+        overall = overall.max(p.bytes);
+        let seg = replay(ts, None);
+        let list: Vec<Value> = ts.iter().map(|t| tensor_json(t, v.kernel(), *v)).collect();
+        all.extend(list.iter().cloned());
+        kernels.push(json!({
+            "kernel": v.kernel(), "variant": v.name(), "source": v.source(),
+            "tensors": list, "peak_bytes": p.bytes, "peak_step": p.step,
+            "peak_live": p.live.iter().map(|&i| ts[i].name.clone()).collect::<Vec<_>>(),
+            "naive_sum_bytes": naive_sum(ts),
+            "allocator": {"peak_reserved_bytes": seg.peak_reserved, "segments": seg.events},
+        }));
+    }
+    json!({
+        "model": cfg.display_name(), "config": cfg.path, "tp": opts.tp, "dtype": opts.dtype,
+        "seqlens": opts.seqlens, "max_seqlen_k": opts.max_seqlen_k, "num_sms": opts.num_sms,
+        "tensors": all, "peak_bytes": overall,
+        "peak_rule": "each kernel call is measured on its own, above its inputs; peak_bytes is the largest of them",
+        "kernels": kernels,
+    })
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.2}", b as f64 / 1048576.0)
+}
+
+fn human_report(
+    cfg: &ModelConfig,
+    opts: &WorkloadOptions,
+    runs: &[(Variant, Vec<Tensor>)],
+    weights: WeightFormat,
+) -> anyhow::Result<String> {
+    let mut o = String::new();
+    let seq = if opts.seqlens.len() == 1 {
+        format!("{} tokens", opts.seqlens[0])
+    } else {
+        format!(
+            "{} sequences ({:?}), {} tokens",
+            opts.seqlens.len(),
+            opts.seqlens,
+            opts.seqlens.iter().sum::<u64>()
+        )
+    };
+    let _ = writeln!(
+        o,
+        "{}: {} layers ({} GDN + {} attention), TP {}, {}, {}",
+        cfg.display_name(),
+        cfg.num_hidden_layers,
+        cfg.num_linear_layers(),
+        cfg.num_attention_layers(),
+        opts.tp,
+        opts.dtype,
+        seq
+    );
+    for (v, ts) in runs {
+        let p = peak(ts);
+        let _ = writeln!(o, "\n{} — {}", v.name(), v.source());
+        let _ = writeln!(
+            o,
+            "  {:>3}  {:<28} {:<24} {:<9} {:>13} {:>9}  {:>5}  {:>5}  at peak",
+            "#", "tensor", "shape", "dtype", "bytes", "MiB", "alloc", "free"
+        );
+        for (i, t) in ts.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "  {:>3}  {:<28} {:<24} {:<9} {:>13} {:>9}  {:>5}  {:>5}  {}",
+                i,
+                t.name,
+                t.shape_string(),
+                t.dtype.to_string(),
+                t.bytes,
+                mib(t.bytes),
+                t.alloc_at,
+                t.freed_at.map_or("ret".to_string(), |f| f.to_string()),
+                if p.live.contains(&i) { "live" } else { "" }
+            );
+        }
+        let _ = writeln!(
+            o,
+            "  peak: {} B ({}) after step {}, {} tensors live",
+            p.bytes,
+            fmt_bytes(p.bytes),
+            p.step,
+            p.live.len()
+        );
+        let naive = naive_sum(ts);
+        if naive > p.bytes {
+            let gone: Vec<String> = ts
+                .iter()
+                .enumerate()
+                .filter(|(i, t)| !p.live.contains(i) && t.freed_at.is_some_and(|f| f <= p.step))
+                .map(|(_, t)| {
+                    let freed = t.freed_at.unwrap_or(0);
+                    let next = ts.iter().find(|u| u.alloc_at > freed);
+                    match next {
+                        Some(n) => format!(
+                            "{} ({}) is freed at step {}, before {} is allocated at step {}",
+                            t.name,
+                            fmt_bytes(t.bytes),
+                            freed,
+                            n.name,
+                            n.alloc_at
+                        ),
+                        None => format!(
+                            "{} ({}) is freed before the peak",
+                            t.name,
+                            fmt_bytes(t.bytes)
+                        ),
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                o,
+                "  a naive sum of every tensor ({}) over-counts the peak by {}: {}.",
+                fmt_bytes(naive),
+                fmt_bytes(naive - p.bytes),
+                gone.join("; ")
+            );
+        }
+        let seg = replay(ts, None);
+        let _ = writeln!(
+            o,
+            "  PyTorch caching allocator, empty cache: {} reserved in {} segment(s) at most",
+            fmt_bytes(seg.peak_reserved),
+            seg.events.len()
+        );
+    }
+
+    let _ = writeln!(o, "\nper-model memory (TP {}):", opts.tp);
+    for kv in [DType::BF16, DType::F8] {
+        match kv_cache_per_token(cfg, opts.tp, kv) {
+            Ok(k) => {
+                let _ = writeln!(
+                    o,
+                    "  KV cache, {}: {} B per token ({} attention layers x {} B)",
+                    kv, k.bytes_per_token, k.layers, k.bytes_per_layer
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(o, "  KV cache: {e}");
+            }
+        }
+    }
+    match gdn_state_per_seq(cfg, opts.tp, opts.dtype, opts.dtype, 0) {
+        Ok(s) => {
+            let _ = writeln!(
+                o,
+                "  GDN state per sequence: {} ({} B; conv {:?} + recurrent {:?} {} per layer, {} layers)",
+                fmt_bytes(s.bytes_per_seq),
+                s.bytes_per_seq,
+                s.conv_shape,
+                s.ssm_shape,
+                s.ssm_dtype,
+                s.layers
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(o, "  GDN state: {e}");
+        }
+    }
+    let w = weight_bytes(cfg, weights, opts.tp)?;
+    let _ = writeln!(
+        o,
+        "  weights ({:?}, text model, estimated from the config): {} ({} linear + {} other parameters per rank)",
+        weights,
+        fmt_bytes(w.bytes),
+        w.linear_params,
+        w.other_params
+    );
+    Ok(o)
 }

@@ -184,7 +184,10 @@ impl ModelConfig {
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             attn_output_gate: f.opt_bool("attn_output_gate")?.unwrap_or(true),
         };
-        if cfg.linear_num_value_heads % cfg.linear_num_key_heads != 0 {
+        if !cfg
+            .linear_num_value_heads
+            .is_multiple_of(cfg.linear_num_key_heads)
+        {
             return Err(ModelError::InvalidField {
                 path: path.to_path_buf(),
                 field: "linear_num_value_heads",

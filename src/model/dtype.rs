@@ -10,21 +10,27 @@ use serde::Serialize;
 /// Only whole-byte types appear here: sub-byte weight formats (int4) are described by
 /// [`crate::model::WeightFormat`], whose packing is not a per-element size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
 pub enum DType {
     /// IEEE single precision, 4 bytes.
+    #[serde(rename = "float32")]
     F32,
     /// IEEE half precision, 2 bytes.
+    #[serde(rename = "float16")]
     F16,
     /// bfloat16, 2 bytes.
+    #[serde(rename = "bfloat16")]
     BF16,
     /// 8-bit float (e4m3 or e5m2), 1 byte.
+    #[serde(rename = "float8")]
     F8,
     /// 64-bit signed integer (index tensors), 8 bytes.
+    #[serde(rename = "int64")]
     I64,
     /// 32-bit signed integer, 4 bytes.
+    #[serde(rename = "int32")]
     I32,
     /// 64-bit unsigned integer (FlashAttention's RNG state), 8 bytes.
+    #[serde(rename = "uint64")]
     U64,
 }
 

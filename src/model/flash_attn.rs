@@ -72,7 +72,9 @@ impl FaShape {
     /// Whether the decode fast path applies (`seqlenq_ngroups_swapped`): one query token per
     /// sequence and grouped-query attention (no window, no dropout, no ALiBi assumed).
     pub fn ngroups_swapped(&self) -> bool {
-        self.max_seqlen_q() == 1 && self.num_heads > self.num_heads_k && self.head_dim % 8 == 0
+        self.max_seqlen_q() == 1
+            && self.num_heads > self.num_heads_k
+            && self.head_dim.is_multiple_of(8)
     }
 
     /// `round_multiple(head_size, head_size <= 128 ? 32 : 64)`.
@@ -107,7 +109,7 @@ impl FaShape {
                 "every sequence needs at least one query token".into(),
             ));
         }
-        if self.num_heads_k == 0 || self.num_heads % self.num_heads_k != 0 {
+        if self.num_heads_k == 0 || !self.num_heads.is_multiple_of(self.num_heads_k) {
             return Err(ModelError::Invalid(format!(
                 "{} query heads are not a multiple of {} KV heads",
                 self.num_heads, self.num_heads_k

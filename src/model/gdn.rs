@@ -88,7 +88,7 @@ impl GdnShape {
                     .into(),
             ));
         }
-        if self.num_k_heads == 0 || self.num_v_heads % self.num_k_heads != 0 {
+        if self.num_k_heads == 0 || !self.num_v_heads.is_multiple_of(self.num_k_heads) {
             return Err(ModelError::Invalid(format!(
                 "{} value heads are not a multiple of {} key heads",
                 self.num_v_heads, self.num_k_heads

@@ -75,7 +75,7 @@ pub fn tp_split(what: &'static str, count: u64, tp: u64) -> Result<u64, ModelErr
             "the TP degree must be at least 1".into(),
         ));
     }
-    if count % tp != 0 {
+    if !count.is_multiple_of(tp) {
         return Err(ModelError::TpNotDivisible { what, count, tp });
     }
     Ok(count / tp)
