@@ -1,0 +1,225 @@
+//! `vramtrace model` through the built binary: JSON tensors and peak, the cliff, TP errors.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const QWEN36: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/samples/models/Qwen3.6-27B/config.json"
+);
+const QWEN3_NEXT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/samples/models/Qwen3-Next-80B-A3B/config.json"
+);
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .arg("model")
+        .args(args)
+        .output()
+        .expect("the vramtrace binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(args: &[&str]) -> Value {
+    let (code, stdout, stderr) = run(args);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    serde_json::from_str(&stdout).expect("--json prints one JSON object")
+}
+
+#[test]
+fn json_lists_fla_0_6_0_tensors_in_allocation_order() {
+    // Qwen3.6-27B has 16 key heads; fla 0.6.0's GVA keeps the 48 value heads for A, w, u, h, o.
+    let v = json(&[
+        QWEN36,
+        "--variant",
+        "fla-0.6.0",
+        "--tokens",
+        "4128",
+        "--json",
+    ]);
+    let tensors = v["tensors"].as_array().unwrap();
+    let got: Vec<(&str, u64)> = tensors
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["bytes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("g (cumsum)", 792_576),
+            ("A", 25_362_432),
+            ("w", 50_724_864),
+            ("u", 50_724_864),
+            ("h", 102_236_160),
+            ("final_state", 3_145_728),
+            ("v_new", 50_724_864),
+            ("o", 50_724_864),
+        ]
+    );
+    assert_eq!(
+        tensors[4]["shape"],
+        serde_json::json!([1, 65, 48, 128, 128])
+    );
+    assert_eq!(tensors[0]["dtype"], "float32");
+    assert_eq!(tensors[1]["dtype"], "bfloat16");
+    assert_eq!(v["peak_bytes"], 334_436_352);
+}
+
+#[test]
+fn json_for_all_kernels_and_varlen() {
+    let v = json(&[QWEN36, "--seqlens", "1000,3000,128", "--json"]);
+    let kernels = v["kernels"].as_array().unwrap();
+    assert_eq!(kernels.len(), 3);
+    let gdn = &kernels[0];
+    assert_eq!(gdn["variant"], "vllm-0.20.1");
+    let h = gdn["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "h")
+        .unwrap();
+    assert_eq!(h["shape"], serde_json::json!([1, 65, 48, 128, 128]));
+    let fa = &kernels[1];
+    assert_eq!(fa["tensors"][1]["name"], "softmax_lse");
+    assert_eq!(fa["tensors"][1]["shape"], serde_json::json!([24, 4128]));
+    let max = kernels
+        .iter()
+        .map(|k| k["peak_bytes"].as_u64().unwrap())
+        .max();
+    assert_eq!(v["peak_bytes"].as_u64(), max);
+}
+
+#[test]
+fn max_seqlen_k_does_not_change_softmax_lse() {
+    let a = json(&[QWEN36, "--kernel", "fa", "--tokens", "4128", "--json"]);
+    let b = json(&[
+        QWEN36,
+        "--kernel",
+        "fa",
+        "--tokens",
+        "4128",
+        "--max-seqlen-k",
+        "196608",
+        "--json",
+    ]);
+    assert_eq!(a["tensors"], b["tensors"]);
+    assert_eq!(a["tensors"][1]["bytes"], 396_288);
+}
+
+#[test]
+fn cliff_is_the_first_token_count_that_does_not_fit() {
+    let v = json(&[
+        QWEN36,
+        "--kernel",
+        "gdn",
+        "--capacity",
+        "24GiB",
+        "--resident",
+        "23GiB",
+        "--json",
+    ]);
+    let t = v["cliff_tokens"].as_u64().unwrap();
+    let budget = v["budget_bytes"].as_u64().unwrap();
+    assert_eq!(budget, 1 << 30);
+    assert!(v["peak_bytes_at_cliff"].as_u64().unwrap() > budget);
+    assert!(v["peak_bytes_below_cliff"].as_u64().unwrap() <= budget);
+    // Check against the model directly at T and T - 1.
+    let at = json(&[
+        QWEN36,
+        "--kernel",
+        "gdn",
+        "--tokens",
+        &t.to_string(),
+        "--json",
+    ]);
+    let below = json(&[
+        QWEN36,
+        "--kernel",
+        "gdn",
+        "--tokens",
+        &(t - 1).to_string(),
+        "--json",
+    ]);
+    assert!(at["peak_bytes"].as_u64().unwrap() > budget);
+    assert!(below["peak_bytes"].as_u64().unwrap() <= budget);
+
+    let (code, stdout, _) = run(&[
+        QWEN36,
+        "--kernel",
+        "gdn",
+        "--capacity",
+        "24GiB",
+        "--resident",
+        "23GiB",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.starts_with(&format!("cliff: {t} tokens.")),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn human_output_names_the_naive_sum_over_count() {
+    let (code, stdout, stderr) = run(&[QWEN36, "--kernel", "gdn", "--tokens", "4128"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("peak: 334436352 B (318.94 MiB)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("over-counts the peak by 48.38 MiB: A (fp32, kkt) (48.38 MiB) is freed at step 3, before u is allocated at step 4"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn tp_that_does_not_divide_the_heads_is_refused() {
+    let (code, _, stderr) = run(&[QWEN3_NEXT, "--tp", "3"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("cannot split evenly"), "{stderr}");
+    let v = json(&[
+        QWEN3_NEXT, "--kernel", "gdn", "--tp", "2", "--tokens", "4128", "--json",
+    ]);
+    let h = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "h")
+        .cloned()
+        .unwrap();
+    assert_eq!(h["shape"], serde_json::json!([1, 65, 16, 128, 128]));
+}
+
+#[test]
+fn sweep_prints_one_row_per_step() {
+    let v = json(&[
+        QWEN36,
+        "--kernel",
+        "gdn",
+        "--sweep",
+        "1024..4096",
+        "--step",
+        "1024",
+        "--json",
+    ]);
+    let rows = v["sweep"].as_array().unwrap();
+    let tokens: Vec<u64> = rows.iter().map(|r| r["tokens"].as_u64().unwrap()).collect();
+    assert_eq!(tokens, [1024, 2048, 3072, 4096]);
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let dir = std::env::temp_dir().join(format!("vramtrace-model-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("config.json");
+    std::fs::write(&p, r#"{"num_hidden_layers": 4, "hidden_size": 8}"#).unwrap();
+    let (code, _, stderr) = run(&[p.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("has no `full_attention_interval`"), "{stderr}");
+}
