@@ -400,3 +400,23 @@ fn sigkill_while_allocating_leaves_a_readable_trace() {
         assert_eq!((pair[1].kind, pair[1].ptr), (EventKind::Free, pair[0].ptr));
     }
 }
+
+#[test]
+fn cudarc_loader() {
+    let s = Scratch::new("cudarc");
+    let exe = example("cudarc_client");
+    let out = run_ok(traced(&exe, &s.trace_dir()));
+    let t = only_trace(&s.trace_dir());
+    let evs = events(&t);
+    let a = &lines(&out, "cuMemAlloc_v2")[0];
+    let e = find(&evs, EventKind::Alloc, "cuMemAlloc_v2", num(a[0]));
+    assert_eq!((e.size, e.mem, e.device), (num(a[1]), MemKind::Device, 0));
+    let b = &lines(&out, "cuMemAllocAsync")[0];
+    let e = find(&evs, EventKind::Alloc, "cuMemAllocAsync", num(b[0]));
+    assert_eq!((e.size, e.stream), (12345, num(b[2])));
+    let h = &lines(&out, "cuMemHostAlloc")[0];
+    let e = find(&evs, EventKind::Alloc, "cuMemHostAlloc", num(h[0]));
+    assert_eq!((e.size, e.mem, e.device), (4096, MemKind::Host, -1));
+    assert_eq!(evs.len(), 6);
+    assert_paired(&evs);
+}

@@ -5,7 +5,8 @@
 //! `<target>/<profile>/deps/`: `libvramtrace_preload.so` and the stand-in's `libcuda.so` are in
 //! `<target>/<profile>/`. `cargo test` does not rebuild a cdylib-only package's library for its
 //! integration tests, so the harness runs `cargo build` for the two packages once first (cargo
-//! holds no lock while tests run); without that a stale preload would be tested silently.
+//! holds no lock while tests run); without that a stale preload would be tested silently. The
+//! cudarc client example is built with them.
 
 #![allow(dead_code)]
 
@@ -37,6 +38,9 @@ fn build_libraries() {
                 "vramtrace-preload",
                 "-p",
                 "vramtrace-fakecuda",
+                "--lib",
+                "--example",
+                "cudarc_client",
             ])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("CARGO_TARGET_DIR", target);
@@ -52,6 +56,14 @@ fn build_libraries() {
             Err(e) => eprintln!("could not run cargo ({e}); testing the libraries already built"),
         }
     });
+}
+
+/// An example program of this package, built with the libraries.
+pub fn example(name: &str) -> PathBuf {
+    build_libraries();
+    let exe = profile_dir().join("examples").join(name);
+    assert!(exe.exists(), "{} is missing", exe.display());
+    exe
 }
 
 /// The preload under test.

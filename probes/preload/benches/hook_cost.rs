@@ -1,0 +1,70 @@
+//! What the preload costs per `cuMemAlloc_v2` + `cuMemFree_v2` pair on the stand-in driver,
+//! side by side with the bare driver call, in one run:
+//!
+//! ```text
+//! cargo bench -p vramtrace-preload
+//! ```
+//!
+//! Each configuration runs the same C loop (`tests/c/bench_loop.c`) in its own process: bare,
+//! preloaded with recording off (pass-through only), and preloaded recording to a trace file.
+//! The configurations alternate over several trials and each keeps its best, so a noisy moment
+//! of the machine does not land on one side only.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+const PAIRS: &str = "20000";
+const ROUNDS: &str = "5";
+const TRIALS: usize = 3;
+
+fn run(mut cmd: Command) -> f64 {
+    cmd.args([PAIRS, ROUNDS]);
+    run_ok(cmd).trim().parse().expect("ns per pair")
+}
+
+fn main() {
+    let s = Scratch::new("bench");
+    let exe = compile(&s, "bench_loop", true);
+    let bare = || {
+        let mut c = Command::new(&exe);
+        c.env("LD_LIBRARY_PATH", driver_dir())
+            .env_remove("LD_PRELOAD");
+        c
+    };
+    let passthrough = || {
+        let mut c = traced(&exe, &s.trace_dir());
+        c.env_remove("VRAMTRACE_DIR");
+        c
+    };
+    let recording = || {
+        let _ = std::fs::remove_dir_all(s.trace_dir());
+        traced(&exe, &s.trace_dir())
+    };
+
+    let mut best = [f64::MAX; 3];
+    for _ in 0..TRIALS {
+        best[0] = best[0].min(run(bare()));
+        best[1] = best[1].min(run(passthrough()));
+        best[2] = best[2].min(run(recording()));
+    }
+    let [b, p, r] = best;
+    println!(
+        "cuMemAlloc_v2 + cuMemFree_v2 (1 MiB) on the stand-in driver, best of {TRIALS} trials:"
+    );
+    println!("  bare driver                 {b:>9.1} ns/pair");
+    println!(
+        "  preload, recording off      {p:>9.1} ns/pair  ({:.2}x, {:+.1} ns)",
+        p / b,
+        p - b
+    );
+    println!(
+        "  preload, recording          {r:>9.1} ns/pair  ({:.2}x, {:+.1} ns; {:.1} ns per event)",
+        r / b,
+        r - b,
+        (r - b) / 2.0
+    );
+}
