@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A path could not be read.
-    #[error("cannot read {0}: {1}")]
+    #[error("cannot read {0}")]
     Io(PathBuf, #[source] std::io::Error),
     /// A trace file is not valid.
     #[error(transparent)]

@@ -42,6 +42,32 @@ decode path (one query token with GQA), which adds softmax_lse_accum and out_acc
 pub struct ModelArgs {
     /// Path to the model's config.json (multimodal configs: its text_config is read).
     pub config: PathBuf,
+    /// Which kernel, variant and batch.
+    #[command(flatten)]
+    pub select: KernelArgs,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the peak against tokens for T0..T1 (one sequence of T tokens).
+    #[arg(long, value_name = "T0..T1")]
+    pub sweep: Option<String>,
+    /// Token step of --sweep (default: a multiple of 64 giving about 32 rows).
+    #[arg(long)]
+    pub step: Option<u64>,
+    /// Bytes available to the process (e.g. 24GiB); with --resident, names the cliff.
+    #[arg(long, requires = "resident")]
+    pub capacity: Option<String>,
+    /// Bytes already held when the kernel runs (weights, KV pool, other activations).
+    #[arg(long, requires = "capacity")]
+    pub resident: Option<String>,
+    /// Weight format for the model summary: bf16, fp8 or int4[:GROUP].
+    #[arg(long, default_value = "bf16")]
+    pub weights: String,
+}
+
+/// Which kernel, variant and batch to model: shared by `vramtrace model` and `vramtrace compare`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KernelArgs {
     /// Which kernel to model: gdn, fa, ffn or all.
     #[arg(long, default_value = "all", value_parser = ["gdn", "fa", "ffn", "all"])]
     pub kernel: String,
@@ -70,24 +96,102 @@ pub struct ModelArgs {
     /// Qwen3-Next layer passes).
     #[arg(long)]
     pub l2norm_in_kernel: Option<bool>,
-    /// Print JSON instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Print the peak against tokens for T0..T1 (one sequence of T tokens).
-    #[arg(long, value_name = "T0..T1")]
-    pub sweep: Option<String>,
-    /// Token step of --sweep (default: a multiple of 64 giving about 32 rows).
-    #[arg(long)]
-    pub step: Option<u64>,
-    /// Bytes available to the process (e.g. 24GiB); with --resident, names the cliff.
-    #[arg(long, requires = "resident")]
-    pub capacity: Option<String>,
-    /// Bytes already held when the kernel runs (weights, KV pool, other activations).
-    #[arg(long, requires = "capacity")]
-    pub resident: Option<String>,
-    /// Weight format for the model summary: bf16, fp8 or int4[:GROUP].
-    #[arg(long, default_value = "bf16")]
-    pub weights: String,
+    /// Override the config's GDN value heads (linear_num_value_heads).
+    #[arg(long, help_heading = "Shape overrides")]
+    pub value_heads: Option<u64>,
+    /// Override the config's GDN key heads (linear_num_key_heads).
+    #[arg(long, help_heading = "Shape overrides")]
+    pub key_heads: Option<u64>,
+    /// Override the config's GDN key head dim (linear_key_head_dim).
+    #[arg(long, help_heading = "Shape overrides")]
+    pub key_dim: Option<u64>,
+    /// Override the config's GDN value head dim (linear_value_head_dim).
+    #[arg(long, help_heading = "Shape overrides")]
+    pub value_dim: Option<u64>,
+    /// Override the config's attention query heads (num_attention_heads).
+    #[arg(long, help_heading = "Shape overrides")]
+    pub attention_heads: Option<u64>,
+    /// Override the config's attention KV heads (num_key_value_heads).
+    #[arg(long, help_heading = "Shape overrides")]
+    pub kv_heads: Option<u64>,
+    /// Override the config's attention head dim (head_dim).
+    #[arg(long, help_heading = "Shape overrides")]
+    pub head_dim: Option<u64>,
+}
+
+impl KernelArgs {
+    /// Reads the config, applies the overrides, and returns it with the chosen variants and the
+    /// batch options.
+    pub fn resolve(
+        &self,
+        config: &std::path::Path,
+    ) -> anyhow::Result<(ModelConfig, Vec<Variant>, WorkloadOptions)> {
+        let mut cfg = ModelConfig::from_path(config)?;
+        let set = |field: &mut u64, v: Option<u64>| {
+            if let Some(v) = v {
+                *field = v;
+            }
+        };
+        set(&mut cfg.linear_num_value_heads, self.value_heads);
+        set(&mut cfg.linear_num_key_heads, self.key_heads);
+        set(&mut cfg.linear_key_head_dim, self.key_dim);
+        set(&mut cfg.linear_value_head_dim, self.value_dim);
+        set(&mut cfg.num_attention_heads, self.attention_heads);
+        set(&mut cfg.num_key_value_heads, self.kv_heads);
+        set(&mut cfg.head_dim, self.head_dim);
+        let variants = self.variants()?;
+        let dtype = match &self.dtype {
+            Some(d) => d.parse::<DType>().map_err(anyhow::Error::msg)?,
+            None => cfg.dtype,
+        };
+        let seqlens = match (&self.seqlens, self.tokens) {
+            (Some(s), _) => s.clone(),
+            (None, Some(t)) => vec![t],
+            (None, None) => vec![DEFAULT_TOKENS],
+        };
+        let opts = WorkloadOptions {
+            seqlens,
+            tp: self.tp,
+            dtype,
+            max_seqlen_k: self.max_seqlen_k,
+            num_sms: self.num_sms,
+            l2norm_in_kernel: self.l2norm_in_kernel,
+        };
+        Ok((cfg, variants, opts))
+    }
+
+    /// The variants chosen by `--variant` or `--kernel`.
+    pub fn variants(&self) -> anyhow::Result<Vec<Variant>> {
+        let args = self;
+        if let Some(name) = &args.variant {
+            let Some(v) = Variant::from_name(name) else {
+                let names: Vec<&str> = Variant::ALL.iter().map(|v| v.name()).collect();
+                bail!(
+                    "there is no variant {name:?}; choose one of {}",
+                    names.join(", ")
+                );
+            };
+            if args.kernel != "all" && args.kernel != v.kernel().to_string() {
+                bail!(
+                    "variant {name} models the {} kernel, not {}; drop --kernel or pick a {} variant",
+                    v.kernel(),
+                    args.kernel,
+                    args.kernel
+                );
+            }
+            return Ok(vec![v]);
+        }
+        Ok(match args.kernel.as_str() {
+            "gdn" => vec![Variant::default_for(Kernel::Gdn)],
+            "fa" => vec![Variant::default_for(Kernel::Fa)],
+            "ffn" => vec![Variant::default_for(Kernel::Ffn)],
+            _ => vec![
+                Variant::default_for(Kernel::Gdn),
+                Variant::default_for(Kernel::Fa),
+                Variant::default_for(Kernel::Ffn),
+            ],
+        })
+    }
 }
 
 /// vLLM's default chunk for hybrid Qwen3-Next models in the field notes (max-num-batched-tokens).
@@ -95,25 +199,7 @@ const DEFAULT_TOKENS: u64 = 4128;
 
 /// Runs `vramtrace model`.
 pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
-    let cfg = ModelConfig::from_path(&args.config)?;
-    let variants = pick_variants(&args)?;
-    let dtype = match &args.dtype {
-        Some(d) => d.parse::<DType>().map_err(anyhow::Error::msg)?,
-        None => cfg.dtype,
-    };
-    let seqlens = match (&args.seqlens, args.tokens) {
-        (Some(s), _) => s.clone(),
-        (None, Some(t)) => vec![t],
-        (None, None) => vec![DEFAULT_TOKENS],
-    };
-    let opts = WorkloadOptions {
-        seqlens,
-        tp: args.tp,
-        dtype,
-        max_seqlen_k: args.max_seqlen_k,
-        num_sms: args.num_sms,
-        l2norm_in_kernel: args.l2norm_in_kernel,
-    };
+    let (cfg, variants, opts) = args.select.resolve(&args.config)?;
     let weights: WeightFormat = args.weights.parse().map_err(anyhow::Error::msg)?;
 
     if let (Some(cap), Some(res)) = (&args.capacity, &args.resident) {
@@ -144,37 +230,6 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
         print!("{}", human_report(&cfg, &opts, &runs, weights)?);
     }
     Ok(0)
-}
-
-fn pick_variants(args: &ModelArgs) -> anyhow::Result<Vec<Variant>> {
-    if let Some(name) = &args.variant {
-        let Some(v) = Variant::from_name(name) else {
-            let names: Vec<&str> = Variant::ALL.iter().map(|v| v.name()).collect();
-            bail!(
-                "there is no variant {name:?}; choose one of {}",
-                names.join(", ")
-            );
-        };
-        if args.kernel != "all" && args.kernel != v.kernel().to_string() {
-            bail!(
-                "variant {name} models the {} kernel, not {}; drop --kernel or pick a {} variant",
-                v.kernel(),
-                args.kernel,
-                args.kernel
-            );
-        }
-        return Ok(vec![v]);
-    }
-    Ok(match args.kernel.as_str() {
-        "gdn" => vec![Variant::default_for(Kernel::Gdn)],
-        "fa" => vec![Variant::default_for(Kernel::Fa)],
-        "ffn" => vec![Variant::default_for(Kernel::Ffn)],
-        _ => vec![
-            Variant::default_for(Kernel::Gdn),
-            Variant::default_for(Kernel::Fa),
-            Variant::default_for(Kernel::Ffn),
-        ],
-    })
 }
 
 fn parse_range(s: &str) -> anyhow::Result<(u64, u64)> {

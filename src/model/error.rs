@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// The config file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -15,7 +15,7 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// The config file is not JSON.
-    #[error("{path} is not valid JSON: {source}")]
+    #[error("{path} is not valid JSON")]
     Json {
         /// The file.
         path: PathBuf,

@@ -159,8 +159,8 @@ pub enum ReadError {
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ReadError::Io(p, e) => write!(f, "cannot read {}: {e}", p.display()),
-            ReadError::Header(p, e) => write!(f, "{}: {e}", p.display()),
+            ReadError::Io(p, _) => write!(f, "cannot read {}", p.display()),
+            ReadError::Header(p, _) => write!(f, "{} is not a readable trace", p.display()),
         }
     }
 }
