@@ -24,6 +24,8 @@ pub enum Command {
     Events(commands::events::EventsArgs),
     /// Peaks, the allocations live at each peak, and every failed allocation.
     Summary(commands::summary::SummaryArgs),
+    /// Set a model's predicted tensors beside what a trace shows at a peak or a failure.
+    Compare(commands::compare::CompareArgs),
     /// Predict a kernel's tensors and peak from a model's config.json.
     Model(commands::model::ModelArgs),
 }
@@ -35,5 +37,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Events(a) => commands::events::run(a),
         Command::Summary(a) => commands::summary::run(a),
         Command::Model(a) => commands::model::run(a),
+        Command::Compare(a) => commands::compare::run(a),
     }
 }

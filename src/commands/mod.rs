@@ -1,5 +1,6 @@
 //! One module per subcommand: its clap arguments and its action.
 
+pub mod compare;
 pub mod events;
 pub mod model;
 pub mod run;

@@ -1,0 +1,131 @@
+//! `vramtrace compare` on a synthetic trace whose allocations are fla 0.6.0's at T=4128, H=48,
+//! K=V=128 bf16 (the sizes ARCHITECTURE.md records as measured), plus an unnamed input.
+
+mod common;
+
+use common::*;
+use vramtrace_format::{Api, Event, EventKind, Header, MemKind, Record};
+
+const FLA: [u64; 8] = [
+    792576, 25362432, 50724864, 50724864, 102236160, 3145728, 50724864, 50724864,
+];
+
+fn write_trace(dir: &std::path::Path, fail_last: bool) {
+    let mut bytes = Vec::new();
+    Header {
+        version: 1,
+        pid: 77,
+        ppid: 1,
+        cmdline: vec!["python3".into()],
+        ..Header::default()
+    }
+    .encode(&mut bytes);
+    let mut buf = vec![0u8; 256];
+    let mut t = 1000;
+    let mut push = |bytes: &mut Vec<u8>, r: Record| bytes.extend_from_slice(r.encode(&mut buf));
+    // An input (v) allocated first, then the kernel's tensors in order.
+    let mut sizes = vec![50724864u64];
+    sizes.extend(FLA);
+    for (i, s) in sizes.iter().enumerate() {
+        t += 10;
+        let failed = fail_last && i == sizes.len() - 1;
+        push(
+            &mut bytes,
+            Record::Event(Event {
+                t_ns: t,
+                tid: 1,
+                device: 0,
+                kind: if failed {
+                    EventKind::AllocFailed
+                } else {
+                    EventKind::Alloc
+                },
+                mem: MemKind::Device,
+                api: Api::from_name("cuMemAlloc_v2").unwrap(),
+                result: if failed { 2 } else { 0 },
+                ptr: if failed {
+                    0
+                } else {
+                    0x7000_0000_0000 + i as u64 * (1 << 28)
+                },
+                size: *s,
+                free_bytes: if failed { 30 << 20 } else { 0 },
+                total_bytes: if failed { 24 << 30 } else { 0 },
+                ..Event::default()
+            }),
+        );
+    }
+    std::fs::write(dir.join("77.vtr"), bytes).unwrap();
+}
+
+fn compare(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/samples/models/Qwen3.6-27B/config.json"
+    );
+    std::process::Command::new(vramtrace())
+        .arg("compare")
+        .arg(dir)
+        .args([
+            "--model",
+            config,
+            "--variant",
+            "fla-0.6.0",
+            "--tokens",
+            "4128",
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn peak_is_attributed_tensor_by_tensor() {
+    let dir = scratch("compare-peak");
+    write_trace(&dir, false);
+    let o = compare(&dir, &["--json"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["attribution"]["rows"].as_array().unwrap();
+    let got: Vec<(u64, u64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["predicted_bytes"].as_u64().unwrap(),
+                r["observed_bytes"].as_u64().unwrap(),
+                r["difference"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(u64, u64, i64)> = FLA.iter().map(|&b| (b, b, 0)).collect();
+    assert_eq!(got, want);
+    // The input is the only thing the kernel model does not explain.
+    assert_eq!(v["attribution"]["unexplained_bytes"], 50724864);
+    assert_eq!(
+        v["attribution"]["attributed_bytes"],
+        FLA.iter().sum::<u64>()
+    );
+    let text = compare(&dir, &[]);
+    let s = String::from_utf8_lossy(&text.stdout);
+    assert!(s.contains("matched to the model 318.94 MiB"), "{s}");
+}
+
+#[test]
+fn failed_request_is_named() {
+    let dir = scratch("compare-oom");
+    write_trace(&dir, true);
+    let o = compare(&dir, &["--at", "oom"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("the failed request is o bfloat16 [1, 4128, 48, 128]"),
+        "{s}"
+    );
+    let bad = compare(&dir, &["--at", "oom:3"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("there is no failure #3"),
+        "{}",
+        describe(&bad)
+    );
+}
