@@ -52,7 +52,15 @@ mod driver;
 mod ffi;
 mod guard;
 mod hooks;
+mod intern;
+mod labels;
+mod nvtx;
 mod recorder;
 
 pub use dlsym::dlsym;
 pub use hooks::*;
+pub use labels::{
+    VRAMTRACE_ABI_VERSION, vramtrace_abi_version, vramtrace_annotate, vramtrace_mark,
+    vramtrace_range_pop, vramtrace_range_push,
+};
+pub use nvtx::InitializeInjectionNvtx2;

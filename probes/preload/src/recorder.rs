@@ -144,9 +144,28 @@ impl Call {
     }
 }
 
+/// True when recording is configured on and has not failed.
+#[inline]
+pub(crate) fn active() -> bool {
+    crate::config::enabled() && STATE.load(Ordering::Relaxed) != FAILED
+}
+
+/// Runs `f` with the trace file's descriptor (creating the file first if needed), with panics
+/// caught and errno preserved. Does nothing when recording is off or has failed.
+pub(crate) fn with_file(f: impl FnOnce(c_int)) {
+    if !active() {
+        return;
+    }
+    guarded(|| {
+        if let Some(fd) = ensure_open() {
+            f(fd)
+        }
+    });
+}
+
 /// Runs recorder code with panics caught and errno preserved: a bug here disables recording
 /// and never unwinds into the host or changes what it sees.
-fn guarded(f: impl FnOnce()) {
+pub(crate) fn guarded(f: impl FnOnce()) {
     let saved = errno();
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
         disable("internal error in the recorder");
@@ -248,7 +267,7 @@ fn emit(kind: EventKind, result: c_int, op: Op, free_bytes: u64, total_bytes: u6
         free_bytes,
         total_bytes,
         stack: 0,
-        label: 0,
+        label: crate::labels::current_label(fd),
     };
     let mut rec = [0u8; EVENT_RECORD_LEN];
     ev.encode(&mut rec);
@@ -483,4 +502,5 @@ extern "C" fn after_fork_child() {
     }
     let _ = TID.try_with(|c| c.set(0));
     ReentrancyGuard::reset_after_fork();
+    crate::labels::after_fork_child();
 }

@@ -151,7 +151,9 @@ pub fn compile(scratch: &Scratch, name: &str, link_cuda: bool) -> PathBuf {
         .arg(&out)
         .arg(source(&format!("{name}.c")))
         .arg("-I")
-        .arg(source(""));
+        .arg(source(""))
+        .arg("-I")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("include"));
     if link_cuda {
         cc.arg("-L").arg(driver_dir()).arg("-lcuda");
     }
@@ -236,6 +238,14 @@ pub fn events(t: &TraceFile) -> Vec<Event> {
             _ => None,
         })
         .collect()
+}
+
+/// The text of an interned string id (STRING records); `None` for 0 or an unknown id.
+pub fn string(t: &TraceFile, id: u32) -> Option<String> {
+    t.records.iter().find_map(|r| match r {
+        Record::String { id: i, text } if *i == id && id != 0 => Some(text.clone()),
+        _ => None,
+    })
 }
 
 /// Lines of the program's stdout that start with `word`, split on spaces (the word dropped).
