@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 /// libraries, thread stacks and the heap (0x55.., 0x7f..), so a real host
 /// pointer (pinned memory is real) is never mistaken for a device one.
 pub(crate) const ARENA_BASE: u64 = 0x1000_0000_0000;
-/// Size of each device's range: 4 TiB, four times the largest capacity, so
-/// address-space reservations and fragmentation never run it out first.
-pub(crate) const ARENA_SIZE: u64 = 1 << 42;
+/// Size of each device's range: 8 TiB, twice the largest capacity, so
+/// address-space reservations and fragmentation do not run it out first.
+pub(crate) const ARENA_SIZE: u64 = 1 << 43;
 
 /// Rounds `value` up to a multiple of `align` (a power of two); `None` on overflow.
 pub(crate) fn align_up(value: u64, align: u64) -> Option<u64> {

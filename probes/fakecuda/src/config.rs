@@ -17,9 +17,10 @@ pub(crate) const DEFAULT_CAPACITY: u64 = 24 << 30;
 /// Device name when nothing is configured.
 pub(crate) const DEFAULT_NAME: &str = "vramtrace stand-in GPU";
 /// Most devices the stand-in simulates (each gets its own address range).
-pub(crate) const MAX_DEVICES: usize = 16;
-/// Largest capacity of one device; the address range of a device is four times this.
-pub(crate) const MAX_CAPACITY: u64 = 1 << 40;
+pub(crate) const MAX_DEVICES: usize = 8;
+/// Largest capacity of one device (large enough to mean "never runs out");
+/// the address range of a device is twice this.
+pub(crate) const MAX_CAPACITY: u64 = 4 << 40;
 /// Longest device name, in bytes (`cuDeviceGetName` buffers are usually 256).
 const MAX_NAME_LEN: usize = 255;
 
@@ -78,7 +79,7 @@ impl Config {
                     return Err(error(
                         DEVICES_VAR,
                         &text,
-                        "expected a device count from 0 to 16",
+                        "expected a device count from 0 to 8",
                     ));
                 }
             },
@@ -95,7 +96,7 @@ impl Config {
                             return Err(error(
                                 CAPACITY_VAR,
                                 &text,
-                                "expected byte counts from 1 byte to 1 TiB such as 25769803776, 24GiB, 512MiB or 80GB, comma-separated for several devices",
+                                "expected byte counts from 1 byte to 4 TiB such as 25769803776, 24GiB, 512MiB or 80GB, comma-separated for several devices",
                             ));
                         }
                     }
@@ -245,6 +246,10 @@ mod tests {
         let capacities: Vec<u64> = config.devices.iter().map(|d| d.capacity).collect();
         assert_eq!(capacities, vec![24 << 30, 141_000_000_000]);
         assert!(parse(&[(DEVICES_VAR, "2"), (CAPACITY_VAR, "1GiB,2GiB")]).is_ok());
+        assert_eq!(
+            parse(&[(CAPACITY_VAR, "4TiB")]).unwrap().devices[0].capacity,
+            4 << 40
+        );
     }
 
     #[test]
@@ -265,7 +270,7 @@ mod tests {
             CAPACITY_VAR
         );
         assert_eq!(
-            parse(&[(CAPACITY_VAR, "2TiB")]).unwrap_err().variable,
+            parse(&[(CAPACITY_VAR, "5TiB")]).unwrap_err().variable,
             CAPACITY_VAR
         );
         assert_eq!(
@@ -273,7 +278,7 @@ mod tests {
             DEVICES_VAR
         );
         assert_eq!(
-            parse(&[(DEVICES_VAR, "17")]).unwrap_err().variable,
+            parse(&[(DEVICES_VAR, "9")]).unwrap_err().variable,
             DEVICES_VAR
         );
         assert_eq!(

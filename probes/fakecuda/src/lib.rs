@@ -29,7 +29,7 @@
 //!
 //! | Variable | Meaning | Default |
 //! |---|---|---|
-//! | `VRAMTRACE_FAKE_DEVICES` | device count, 0–16 (0: `cuInit` gives `CUDA_ERROR_NO_DEVICE`) | 1, or the length of a capacity list |
+//! | `VRAMTRACE_FAKE_DEVICES` | device count, 0–8 (0: `cuInit` gives `CUDA_ERROR_NO_DEVICE`) | 1, or the length of a capacity list |
 //! | `VRAMTRACE_FAKE_CAPACITY` | bytes per device: `25769803776`, `24GiB`, `512MiB`, `80GB`, ...; a comma-separated list gives one value per device | `24GiB` |
 //! | `VRAMTRACE_FAKE_NAME` | what `cuDeviceGetName` reports | `vramtrace stand-in GPU` |
 //!
@@ -48,7 +48,7 @@
 //!   reservations and mappings do not; pinned host memory is real and tracked
 //!   apart.
 //! - **Device addresses are fake.** Device *d* hands out 512-byte aligned
-//!   addresses in `0x1000_0000_0000 + d·2⁴²`, far from where Linux maps real
+//!   addresses in `0x1000_0000_0000 + d·2⁴³`, far from where Linux maps real
 //!   memory, never reusing an address still live. Dereferencing one faults.
 //! - **Work completes immediately.** Streams and events are validated handles;
 //!   synchronisation succeeds at once; a device-to-host copy writes zeros.

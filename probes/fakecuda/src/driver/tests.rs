@@ -95,7 +95,7 @@ fn addresses_are_aligned_distinct_and_in_the_device_range() {
     }
     for (i, &p) in live.iter().enumerate() {
         assert_eq!(p % 512, 0);
-        assert!((0x1000_0000_0000..0x1400_0000_0000).contains(&p), "{p:#x}");
+        assert!((0x1000_0000_0000..0x1800_0000_0000).contains(&p), "{p:#x}");
         assert!(live[i + 1..].iter().all(|&q| q != p));
     }
 }
@@ -472,7 +472,7 @@ fn pointer_attributes_of_device_memory() {
         Err(CUDA_ERROR_INVALID_VALUE)
     );
     assert_eq!(d.address_range(p + 5), Ok((p, 10_000)));
-    assert!(p >= 0x1000_0000_0000 + (1 << 42), "device 1's range");
+    assert!(p >= 0x1000_0000_0000 + (1 << 43), "device 1's range");
 }
 
 #[test]
