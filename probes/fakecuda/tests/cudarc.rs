@@ -98,6 +98,12 @@ fn context_stream_alloc_oom_and_free() {
     stream.synchronize().unwrap();
     assert_eq!(ctx.mem_get_info().unwrap(), (GIB, GIB));
 
+    // Empty slices: the stream-ordered allocator accepts zero bytes.
+    let empty = stream.alloc_zeros::<f32>(0).unwrap();
+    assert_eq!(stream.clone_dtoh(&empty).unwrap(), Vec::<f32>::new());
+    drop(empty);
+    drop(stream.null::<u8>().unwrap());
+
     // The default (null) stream works the same way.
     let d = ctx.default_stream().alloc_zeros::<u64>(1000).unwrap();
     assert_eq!(free(&ctx), GIB - 8000);
@@ -108,15 +114,15 @@ fn context_stream_alloc_oom_and_free() {
 
     // cudarc allocates stream-ordered when pools are supported, and frees what it allocated.
     assert_eq!(calls(c"cuMemAlloc_v2"), 0);
-    assert_eq!(calls(c"cuMemAllocAsync"), 8);
-    assert_eq!(calls(c"cuMemFreeAsync"), 6);
+    assert_eq!(calls(c"cuMemAllocAsync"), 10);
+    assert_eq!(calls(c"cuMemFreeAsync"), 8);
     assert_eq!(
         calls(c"cuMemsetD8Async"),
-        3,
+        4,
         "one per alloc_zeros that succeeded"
     );
     assert!(
-        calls(c"cuEventCreate") >= 12,
+        calls(c"cuEventCreate") >= 14,
         "two tracking events per slice"
     );
     assert!(

@@ -95,6 +95,8 @@ impl Driver {
     }
 
     /// `cuMemAllocAsync`: from the current pool of the stream's device.
+    /// Zero bytes succeed with address 0 (the stream-ordered allocator accepts
+    /// them on Linux, and cudarc's `alloc(0)` relies on it); `cuMemAlloc` refuses them.
     pub(crate) fn mem_alloc_async(
         &mut self,
         stack: &ContextStack,
@@ -104,10 +106,13 @@ impl Driver {
         let context = self.stream_context(stack, stream)?;
         let device = self.contexts[&context].device;
         let pool = self.devices[device].current_pool;
+        if size == 0 {
+            return Ok(0);
+        }
         self.allocate(device, context, size, AllocationKind::StreamOrdered, pool)
     }
 
-    /// `cuMemAllocFromPoolAsync`: from `pool`, on the pool's device.
+    /// `cuMemAllocFromPoolAsync`: from `pool`, on the pool's device. Zero bytes as `cuMemAllocAsync`.
     pub(crate) fn mem_alloc_from_pool(
         &mut self,
         stack: &ContextStack,
@@ -121,6 +126,9 @@ impl Driver {
             .get(&pool)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?
             .device;
+        if size == 0 {
+            return Ok(0);
+        }
         self.allocate(device, context, size, AllocationKind::StreamOrdered, pool)
     }
 

@@ -111,6 +111,13 @@ fn bad_frees_are_invalid_values() {
     assert_eq!(d.mem_free_async(p, 0), Err(CUDA_ERROR_INVALID_VALUE));
     assert_eq!(d.mem_free(0), Ok(()));
     assert_eq!(d.mem_alloc(&stack, 0), Err(CUDA_ERROR_INVALID_VALUE));
+    // The stream-ordered allocator hands out address 0 for zero bytes.
+    assert_eq!(d.mem_alloc_async(&stack, 0, 0), Ok(0));
+    assert_eq!(d.mem_free_async(0, 0), Ok(()));
+    assert_eq!(
+        d.mem_alloc_async(&stack, 0, 0xbad0),
+        Err(CUDA_ERROR_INVALID_HANDLE)
+    );
 }
 
 #[test]
