@@ -36,6 +36,10 @@ os.environ.setdefault("FLA_INTRACARD_CP", "0")
 
 import torch  # noqa: E402
 
+# Under `vramtrace run`, name the inputs and mark the measured call (no-op otherwise).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "probes", "python"))
+import vramtrace_probe as vt  # noqa: E402
+
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
           "float16": torch.float16}
 
@@ -71,7 +75,8 @@ def record(kernel, fn):
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     try:
-        result = fn()
+        with vt.range(f"{kernel}-measured"):
+            result = fn()
         torch.cuda.synchronize()
         snap = torch.cuda.memory._snapshot()
     finally:
@@ -123,6 +128,10 @@ def gdn(args, dtype, seqlens):
     cu = None
     if N > 1 or args.varlen:
         cu = torch.tensor([0] + list(torch.tensor(seqlens).cumsum(0).tolist()), dtype=torch.long, device=dev)
+    for name, t in (("input q", q), ("input k", k), ("input v", v), ("input g", g), ("input beta", beta),
+                    ("input initial_state", h0), ("input cu_seqlens", cu)):
+        if t is not None:
+            vt.annotate(t, name)
 
     def call():
         return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
@@ -142,6 +151,8 @@ def fa(args, dtype, seqlens):
     k = torch.randn(T, args.kv_heads, args.head_dim, dtype=dtype, device=dev)
     v = torch.randn(T, args.kv_heads, args.head_dim, dtype=dtype, device=dev)
     cu = torch.tensor([0] + list(torch.tensor(seqlens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
+    for name, t in (("input q", q), ("input k", k), ("input v", v), ("input cu_seqlens", cu)):
+        vt.annotate(t, name)
     max_q = max(seqlens)
     max_k = args.max_seqlen_k or max_q
 
