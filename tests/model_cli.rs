@@ -221,5 +221,8 @@ fn config_errors_name_the_field() {
     std::fs::write(&p, r#"{"num_hidden_layers": 4, "hidden_size": 8}"#).unwrap();
     let (code, _, stderr) = run(&[p.to_str().unwrap()]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("has no `full_attention_interval`"), "{stderr}");
+    assert!(
+        stderr.contains("has no `full_attention_interval`"),
+        "{stderr}"
+    );
 }
