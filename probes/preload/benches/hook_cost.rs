@@ -6,7 +6,9 @@
 //! ```
 //!
 //! Each configuration runs the same C loop (`tests/c/bench_loop.c`) in its own process: bare,
-//! preloaded with recording off (pass-through only), and preloaded recording to a trace file.
+//! preloaded with recording off (pass-through only), preloaded recording without native stacks
+//! (`VRAMTRACE_STACKS=0`), and recording with stacks (the default). The last two give the cost
+//! of capturing a stack per event.
 //! The configurations alternate over several trials and each keeps its best, so a noisy moment
 //! of the machine does not land on one side only.
 
@@ -40,18 +42,21 @@ fn main() {
         c.env_remove("VRAMTRACE_DIR");
         c
     };
-    let recording = || {
+    let recording = |stacks: bool| {
         let _ = std::fs::remove_dir_all(s.trace_dir());
-        traced(&exe, &s.trace_dir())
+        let mut c = traced(&exe, &s.trace_dir());
+        c.env("VRAMTRACE_STACKS", if stacks { "1" } else { "0" });
+        c
     };
 
-    let mut best = [f64::MAX; 3];
+    let mut best = [f64::MAX; 4];
     for _ in 0..TRIALS {
         best[0] = best[0].min(run(bare()));
         best[1] = best[1].min(run(passthrough()));
-        best[2] = best[2].min(run(recording()));
+        best[2] = best[2].min(run(recording(false)));
+        best[3] = best[3].min(run(recording(true)));
     }
-    let [b, p, r] = best;
+    let [b, p, r, st] = best;
     println!(
         "cuMemAlloc_v2 + cuMemFree_v2 (1 MiB) on the stand-in driver, best of {TRIALS} trials:"
     );
@@ -62,9 +67,16 @@ fn main() {
         p - b
     );
     println!(
-        "  preload, recording          {r:>9.1} ns/pair  ({:.2}x, {:+.1} ns; {:.1} ns per event)",
+        "  preload, recording, no stacks {r:>7.1} ns/pair  ({:.2}x, {:+.1} ns; {:.1} ns per event)",
         r / b,
         r - b,
         (r - b) / 2.0
     );
+    println!(
+        "  preload, recording, stacks  {st:>9.1} ns/pair  ({:.2}x, {:+.1} ns; {:.1} ns per event)",
+        st / b,
+        st - b,
+        (st - b) / 2.0
+    );
+    println!("  native stack capture: {:.1} ns per event", (st - r) / 2.0);
 }

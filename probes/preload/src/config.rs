@@ -2,6 +2,7 @@
 //!
 //! - `VRAMTRACE_DIR`: the trace directory. Unset or empty: the library only passes calls through.
 //! - `VRAMTRACE_DISABLE`: any value but empty or `0` turns recording off.
+//! - `VRAMTRACE_STACKS`: `0` (or `off`, `false`) records no native stacks; on by default.
 //!
 //! Read with `getenv` on first use, never in a constructor: constructors run while the dynamic
 //! linker is still setting the process up.
@@ -14,6 +15,7 @@ const OFF: u8 = 1;
 const ON: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNREAD);
+static STACKS: AtomicU8 = AtomicU8::new(UNREAD);
 /// The trace directory, NUL-terminated, leaked once (`Box<[u8]>` turned raw).
 static DIR: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 
@@ -24,6 +26,23 @@ pub(crate) fn enabled() -> bool {
         ON => true,
         OFF => false,
         _ => read(),
+    }
+}
+
+/// True when native stacks are to be recorded (`VRAMTRACE_STACKS` is not `0`/`off`/`false`).
+#[inline]
+pub(crate) fn stacks() -> bool {
+    match STACKS.load(Ordering::Acquire) {
+        ON => true,
+        OFF => false,
+        _ => {
+            let off = matches!(
+                env(c"VRAMTRACE_STACKS"),
+                Some(b"0") | Some(b"off") | Some(b"false") | Some(b"no")
+            );
+            STACKS.store(if off { OFF } else { ON }, Ordering::Release);
+            !off
+        }
     }
 }
 

@@ -54,8 +54,10 @@ mod guard;
 mod hooks;
 mod intern;
 mod labels;
+mod modules;
 mod nvtx;
 mod recorder;
+mod stacks;
 
 pub use dlsym::dlsym;
 pub use hooks::*;

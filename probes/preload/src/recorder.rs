@@ -266,7 +266,7 @@ fn emit(kind: EventKind, result: c_int, op: Op, free_bytes: u64, total_bytes: u6
         aux: op.aux,
         free_bytes,
         total_bytes,
-        stack: 0,
+        stack: crate::stacks::capture(fd),
         label: crate::labels::current_label(fd),
     };
     let mut rec = [0u8; EVENT_RECORD_LEN];
@@ -503,4 +503,5 @@ extern "C" fn after_fork_child() {
     let _ = TID.try_with(|c| c.set(0));
     ReentrancyGuard::reset_after_fork();
     crate::labels::after_fork_child();
+    crate::stacks::after_fork_child();
 }

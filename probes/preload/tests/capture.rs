@@ -363,6 +363,16 @@ fn a_fork_child_writes_its_own_file() {
     assert_eq!(sizes(p), vec![1111, 3333]);
     assert_eq!(sizes(c), vec![2222]);
     assert!(events(c).iter().all(|e| e.tid == child));
+    // The child's stacks resolve in its own file (its STACK and MODULE records).
+    for e in events(c) {
+        assert!(e.stack != 0);
+        assert!(
+            c.records
+                .iter()
+                .any(|r| matches!(r, Record::Stack { id, .. } if *id == e.stack))
+        );
+    }
+    assert!(c.records.iter().any(|r| matches!(r, Record::Module(_))));
     assert!(c.driver_version.is_some() && c.devices.len() == 1);
 }
 

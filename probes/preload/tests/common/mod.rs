@@ -142,9 +142,15 @@ fn source(name: &str) -> PathBuf {
 
 /// Compiles `tests/c/<name>.c` into the scratch directory; `link_cuda` links it with `-lcuda`.
 pub fn compile(scratch: &Scratch, name: &str, link_cuda: bool) -> PathBuf {
+    compile_with(scratch, name, link_cuda, &[])
+}
+
+/// [`compile`] with extra compiler flags.
+pub fn compile_with(scratch: &Scratch, name: &str, link_cuda: bool, flags: &[&str]) -> PathBuf {
     let out = scratch.path.join(name);
     let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    cc.arg("-O1")
+    cc.args(flags)
+        .arg("-O1")
         .arg("-g")
         .arg("-Wall")
         .arg("-o")

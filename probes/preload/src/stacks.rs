@@ -1,0 +1,309 @@
+//! Native stacks of the hooked calls, captured in-process with `framehop` from the modules'
+//! `.eh_frame` (frame pointers find nothing in libraries built without them), de-duplicated
+//! into the trace's STACK table by content, with MODULE records for offline symbolisation.
+//!
+//! - The unwinder, its rule cache, the module list and the stack table are shared behind one
+//!   spin lock ([`SpinLock`]), held only while unwinding and writing the new records, never
+//!   while the driver runs. A fork child resets it (the lock may have been held by a thread
+//!   that does not exist in the child).
+//! - The module list follows the loader: each capture compares `dl_iterate_phdr`'s counters of
+//!   objects added and removed, and rescans when they moved. MODULE records are written when the
+//!   first stack of a file is, and for each module that appears later.
+//! - Stack memory is read only between the captured stack pointer and the top of the thread's
+//!   stack (`pthread_getattr_np`, once per thread).
+//! - The recorder's own frames are dropped except the innermost one, so frame 0 is an
+//!   instruction pointer in the preload (which the reader drops) and every later frame a return
+//!   address in the program: the convention the CLI's symboliser expects.
+//! - A panic inside the unwinder turns stacks off, not recording.
+
+use core::cell::{Cell, UnsafeCell};
+use core::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{MustNotAllocateDuringUnwind, Unwinder};
+use vramtrace_format::{Encoder, FRAME_HEADER_LEN, kind};
+
+use crate::modules::{LoadedModule, Mapped, generation, scan};
+
+/// Deepest stack kept, in frames.
+pub(crate) const MAX_FRAMES: usize = 64;
+const TABLE_SLOTS: usize = 1 << 14;
+
+/// Set when the unwinder panicked: stacks stay off for the process.
+static BROKEN: AtomicBool = AtomicBool::new(false);
+/// Bumped in every fork child: the new file has no STACK or MODULE records yet.
+static FILE_GENERATION: AtomicU32 = AtomicU32::new(0);
+
+/// A minimal spin lock that a fork child can force open.
+struct SpinLock(AtomicBool);
+
+struct SpinGuard<'a>(&'a SpinLock);
+
+impl SpinLock {
+    fn lock(&self) -> SpinGuard<'_> {
+        let mut spins = 0u32;
+        while self
+            .0
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins.is_multiple_of(64) {
+                // Safety: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+        SpinGuard(self)
+    }
+}
+
+impl Drop for SpinGuard<'_> {
+    fn drop(&mut self) {
+        self.0.0.store(false, Ordering::Release);
+    }
+}
+
+static LOCK: SpinLock = SpinLock(AtomicBool::new(false));
+
+struct State {
+    unwinder: UnwinderX86_64<Mapped, MustNotAllocateDuringUnwind>,
+    cache: Box<CacheX86_64<MustNotAllocateDuringUnwind>>,
+    modules: Vec<(LoadedModule, u32)>, // with the file generation its record was written in
+    loader_counts: (u64, u64),
+    own: core::ops::Range<u64>,
+    /// Stack table: content hash and id per slot (0 = empty).
+    hashes: Vec<u64>,
+    ids: Vec<u32>,
+    next_id: u32,
+    /// File generation the table's ids were written in.
+    table_generation: u32,
+}
+
+struct Shared(UnsafeCell<Option<State>>);
+// Safety: only touched with LOCK held.
+unsafe impl Sync for Shared {}
+static STATE: Shared = Shared(UnsafeCell::new(None));
+
+thread_local! {
+    /// This thread's stack top (exclusive), 0 until known.
+    static STACK_TOP: Cell<u64> = const { Cell::new(0) };
+}
+
+fn stack_top() -> u64 {
+    STACK_TOP
+        .try_with(|top| {
+            if top.get() == 0 {
+                top.set(query_stack_top());
+            }
+            top.get()
+        })
+        .unwrap_or(0)
+}
+
+fn query_stack_top() -> u64 {
+    // Safety: a zeroed attr filled by pthread_getattr_np for the calling thread, then
+    // destroyed; the out-pointers are valid.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return 0;
+        }
+        let mut addr: *mut libc::c_void = core::ptr::null_mut();
+        let mut size: usize = 0;
+        let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        if ok { addr as u64 + size as u64 } else { 0 }
+    }
+}
+
+fn fnv(frames: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for f in frames {
+        for b in f.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h | 1
+}
+
+impl State {
+    fn new() -> State {
+        let own_addr = capture as *const () as usize as u64;
+        let mut s = State {
+            unwinder: UnwinderX86_64::new(),
+            cache: Box::new(CacheX86_64::new_in()),
+            modules: Vec::new(),
+            loader_counts: (u64::MAX, u64::MAX),
+            own: 0..0,
+            hashes: vec![0; TABLE_SLOTS],
+            ids: vec![0; TABLE_SLOTS],
+            next_id: 1,
+            table_generation: 0,
+        };
+        s.refresh(own_addr);
+        s
+    }
+
+    /// Brings the module list up to date with the loader.
+    fn refresh(&mut self, own_addr: u64) {
+        let counts = generation();
+        if counts == self.loader_counts {
+            return;
+        }
+        let now = scan();
+        // Modules gone: remove from the unwinder before their memory is unmapped for good.
+        let mut kept = Vec::with_capacity(now.len());
+        for (m, written) in self.modules.drain(..) {
+            if now.iter().any(|n| n.bias == m.bias && n.path == m.path) {
+                kept.push((m, written));
+            } else {
+                self.unwinder.remove_module(m.code.start);
+            }
+        }
+        for n in now {
+            if !kept
+                .iter()
+                .any(|(m, _)| m.bias == n.bias && m.path == n.path)
+            {
+                self.unwinder.add_module(n.unwind_module());
+                kept.push((n, u32::MAX));
+            }
+        }
+        self.modules = kept;
+        if let Some((m, _)) = self
+            .modules
+            .iter()
+            .find(|(m, _)| m.code.contains(&own_addr))
+        {
+            self.own = m.code.clone();
+        }
+        self.loader_counts = counts;
+    }
+
+    /// Writes the MODULE records this file does not have yet.
+    fn write_modules(&mut self, fd: c_int, file_generation: u32) {
+        for (m, written) in &mut self.modules {
+            if *written != file_generation {
+                m.write_record(fd);
+                *written = file_generation;
+            }
+        }
+    }
+
+    /// The id of a stack, writing its STACK record (and any missing MODULE records) first.
+    fn intern(&mut self, fd: c_int, frames: &[u64], file_generation: u32) -> u32 {
+        if self.table_generation != file_generation {
+            self.hashes.iter_mut().for_each(|h| *h = 0);
+            self.ids.iter_mut().for_each(|i| *i = 0);
+            self.table_generation = file_generation;
+        }
+        let h = fnv(frames);
+        let mut i = h as usize & (TABLE_SLOTS - 1);
+        for _ in 0..64 {
+            if self.hashes[i] == h {
+                return self.ids[i];
+            }
+            if self.hashes[i] == 0 {
+                self.write_modules(fd, file_generation);
+                let id = self.next_id;
+                self.next_id += 1;
+                let mut buf = [0u8; FRAME_HEADER_LEN + 4 + 8 * MAX_FRAMES];
+                let mut e = Encoder::new(&mut buf);
+                e.u32(id);
+                for f in frames {
+                    e.u64(*f);
+                }
+                crate::recorder::write_record(fd, e.finish(kind::STACK));
+                self.hashes[i] = h;
+                self.ids[i] = id;
+                return id;
+            }
+            i = (i + 1) & (TABLE_SLOTS - 1);
+        }
+        0
+    }
+}
+
+/// Captures the calling thread's stack and returns its id in the STACK table (0 when stacks
+/// are off or unavailable).
+#[inline(never)]
+pub(crate) fn capture(fd: c_int) -> u32 {
+    if !crate::config::stacks() || BROKEN.load(Ordering::Relaxed) {
+        return 0;
+    }
+    let (ip, sp, bp): (u64, u64, u64);
+    // Safety: reads three registers, touches nothing else.
+    unsafe {
+        core::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    let top = stack_top();
+    let file_generation = FILE_GENERATION.load(Ordering::Acquire);
+    let r = std::panic::catch_unwind(|| {
+        let _guard = LOCK.lock();
+        // Safety: LOCK is held: this is the only reference to the state.
+        let slot = unsafe { &mut *STATE.0.get() };
+        let state = slot.get_or_insert_with(State::new);
+        state.refresh(capture as *const () as usize as u64);
+        let mut frames = [0u64; MAX_FRAMES];
+        let mut n = 0;
+        let mut read_stack = |addr: u64| {
+            if addr >= sp
+                && addr.checked_add(8).is_some_and(|end| end <= top)
+                && addr.is_multiple_of(8)
+            {
+                // Safety: inside this thread's stack, between the captured sp and its top.
+                Ok(unsafe { (addr as usize as *const u64).read() })
+            } else {
+                Err(())
+            }
+        };
+        let mut iter = state.unwinder.iter_frames(
+            ip,
+            UnwindRegsX86_64::new(ip, sp, bp),
+            &mut state.cache,
+            &mut read_stack,
+        );
+        let mut own_seen = false;
+        while let Ok(Some(frame)) = iter.next() {
+            let addr = frame.address();
+            if state.own.contains(&addr) {
+                // Keep only the innermost of our own frames.
+                if own_seen {
+                    continue;
+                }
+                own_seen = true;
+            }
+            frames[n] = addr;
+            n += 1;
+            if n == MAX_FRAMES {
+                break;
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        state.intern(fd, &frames[..n], file_generation)
+    });
+    r.unwrap_or_else(|_| {
+        BROKEN.store(true, Ordering::Relaxed);
+        0
+    })
+}
+
+/// In a fork child: open the lock (its holder is gone) and start a new file's tables.
+pub(crate) fn after_fork_child() {
+    LOCK.0.store(false, Ordering::Release);
+    FILE_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
