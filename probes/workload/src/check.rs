@@ -1,14 +1,14 @@
 //! `--check`: compare what the kernels computed (captured from the device)
 //! with the CPU references, tensor by tensor.
 
-use std::collections::BTreeMap;
-
 use crate::dtype::DType;
 use crate::fa::FaConfig;
 use crate::fa::FaHostInputs;
 use crate::fa_ref;
 use crate::gdn::{GdnConfig, GdnHostInputs};
 use crate::gdn_ref::{self, max_abs_diff};
+use crate::tensor::Captured;
+#[cfg(test)]
 use crate::tensor::TensorSpec;
 
 /// One tensor's agreement with its reference.
@@ -51,8 +51,6 @@ pub fn gdn_tolerance(dtype: DType) -> f64 {
         _ => 2e-4,
     }
 }
-
-type Captured = BTreeMap<String, (TensorSpec, Vec<u8>)>;
 
 fn decode(captured: &Captured, name: &str) -> Option<Vec<f32>> {
     captured
@@ -176,4 +174,141 @@ pub fn render(title: &str, rows: &[Comparison]) -> (String, bool) {
         );
     }
     (s, ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::encode_i64;
+    use crate::fa::{FaApi, generate_inputs as fa_inputs};
+    use crate::gdn::generate_inputs as gdn_inputs;
+
+    fn gdn_cfg(dtype: DType) -> GdnConfig {
+        GdnConfig {
+            seqlens: vec![70, 3],
+            varlen: true,
+            heads: 2,
+            key_heads: 1,
+            key_dim: 16,
+            value_dim: 8,
+            dtype,
+            scale: None,
+            qk_l2norm: true,
+            initial_state: true,
+        }
+    }
+
+    /// A device whose tensors are the reference's, encoded as the device stores them.
+    fn perfect_gdn(cfg: &GdnConfig, host: &GdnHostInputs) -> Captured {
+        let r = gdn_ref::chunked(cfg, host);
+        let mut cap = Captured::new();
+        let t = cfg.tokens();
+        let (h, hk, kd, vd) = (cfg.heads, cfg.key_heads, cfg.key_dim, cfg.value_dim);
+        let (n, nt) = (cfg.sequences(), cfg.chunks());
+        let dt = cfg.dtype;
+        let specs = [
+            ("q_l2norm", dt, vec![1, t, hk, kd]),
+            ("k_l2norm", dt, vec![1, t, hk, kd]),
+            ("g_cumsum", DType::F32, vec![1, t, h]),
+            ("A", dt, vec![1, t, h, 64]),
+            ("w", dt, vec![1, t, h, kd]),
+            ("u", dt, vec![1, t, h, vd]),
+            ("h", dt, vec![1, nt, h, kd, vd]),
+            ("v_new", dt, vec![1, t, h, vd]),
+            ("final_state", DType::F32, vec![n, h, kd, vd]),
+            ("o", dt, vec![1, t, h, vd]),
+        ];
+        for (name, dtype, shape) in specs {
+            let values = r.by_name(name).unwrap();
+            let spec = TensorSpec::new(name, dtype, &shape);
+            assert_eq!(spec.numel(), values.len(), "{name}");
+            cap.insert(name.to_string(), (spec, dtype.encode(values)));
+        }
+        // Integer tensors are not compared.
+        let idx = TensorSpec::new("chunk_indices", DType::I64, &[2]);
+        cap.insert("chunk_indices".into(), (idx, encode_i64(&[0, 0])));
+        cap
+    }
+
+    #[test]
+    fn a_perfect_device_passes_and_a_corrupted_tensor_fails() {
+        for dtype in [DType::BF16, DType::F32] {
+            let cfg = gdn_cfg(dtype);
+            let host = gdn_inputs(&cfg, 3);
+            let mut cap = perfect_gdn(&cfg, &host);
+            let rows = gdn(&cfg, &host, &cap);
+            // 10 tensors plus o and final_state against the exact recurrence.
+            assert_eq!(rows.len(), 12, "{rows:?}");
+            for r in &rows {
+                if r.name.contains("exact") {
+                    assert!(r.passed(), "{r:?}");
+                } else {
+                    assert_eq!(r.max_abs_err, 0.0, "{r:?}");
+                }
+            }
+            let (spec, bytes) = cap.get_mut("h").unwrap();
+            let mut vals = spec.dtype.decode(bytes);
+            vals[5] += 1.0;
+            *bytes = spec.dtype.encode(&vals);
+            let rows = gdn(&cfg, &host, &cap);
+            let bad: Vec<&str> = rows
+                .iter()
+                .filter(|r| !r.passed())
+                .map(|r| r.name.as_str())
+                .collect();
+            assert_eq!(bad, ["h"]);
+            let (text, ok) = render("t", &rows);
+            assert!(!ok && text.contains("FAIL"), "{text}");
+        }
+    }
+
+    #[test]
+    fn fa_check_unpads_the_padded_layout() {
+        let cfg = FaConfig {
+            seqlens_q: vec![3, 9],
+            seqlens_k: vec![3, 9],
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            dtype: DType::BF16,
+            causal: true,
+            softmax_scale: None,
+            padded_lse: true,
+            max_seqlen_q: Some(12),
+            max_seqlen_k: None,
+            api: FaApi::FlashAttn,
+            preallocated_out: false,
+        };
+        let host = fa_inputs(&cfg, 1);
+        let r = fa_ref::online(&cfg, &host);
+        // Pad [H, total_q] into [B, H, 12], leaving the tail as garbage.
+        let mut padded = vec![-7.0f32; 2 * 4 * 12];
+        for hh in 0..4 {
+            for i in 0..3 {
+                padded[hh * 12 + i] = r.lse[hh * 12 + i];
+            }
+            for i in 0..9 {
+                padded[(4 + hh) * 12 + i] = r.lse[hh * 12 + 3 + i];
+            }
+        }
+        let mut cap = Captured::new();
+        cap.insert(
+            "out".into(),
+            (
+                TensorSpec::new("out", DType::BF16, &[12, 4, 16]),
+                DType::BF16.encode(&r.out),
+            ),
+        );
+        cap.insert(
+            "softmax_lse".into(),
+            (
+                TensorSpec::new("softmax_lse", DType::F32, &[2, 4, 12]),
+                DType::F32.encode(&padded),
+            ),
+        );
+        let rows = fa(&cfg, &host, &cap);
+        assert_eq!(rows.len(), 3);
+        assert!(rows.iter().all(|r| r.passed()), "{rows:?}");
+        assert_eq!(rows[1].max_abs_err, 0.0);
+    }
 }

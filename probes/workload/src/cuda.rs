@@ -80,6 +80,21 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// Whether the loaded driver is vramtrace's stand-in (probes/fakecuda), which
+/// exports `vramtrace_fake_call_count` beside the driver API.
+pub fn is_stand_in() -> bool {
+    if !driver_present() {
+        return false;
+    }
+    // Safety: `culib()` is the library cudarc resolves every driver call from
+    // (present, checked above); looking a symbol up does not call it.
+    unsafe {
+        cudarc::driver::sys::culib()
+            .get::<*const ()>(b"vramtrace_fake_call_count\0")
+            .is_ok()
+    }
+}
+
 /// A CUDA device reached through the driver API.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -104,10 +119,15 @@ impl CudaBackend {
     /// Open device `ordinal` and compile the kernels for `dtype` with NVRTC
     /// for the device's compute capability.
     pub fn real(ordinal: usize, dtype: DType) -> Result<Self> {
+        let (ctx, description) = open(ordinal)?;
+        if is_stand_in() {
+            // Also: NVRTC 13 probes a loaded libcuda.so.1 for cuGetExportTable,
+            // which the stand-in lacks, and crashes if it is asked to compile.
+            return Err(Error::StandInDriver);
+        }
         if !kernels::nvrtc_present() {
             return Err(Error::NoNvrtc);
         }
-        let (ctx, description) = open(ordinal)?;
         let major = guarded("cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)", || {
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
         })?;

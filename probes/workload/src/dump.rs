@@ -2,13 +2,14 @@
 //! little-endian files plus `manifest.json`, so other programs (the fla / torch
 //! comparison script) can load the identical bytes.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
+use crate::tensor::Captured;
+#[cfg(test)]
 use crate::tensor::TensorSpec;
 
 /// What a dumped tensor is to the call.
@@ -46,7 +47,7 @@ pub fn write(
     dir: &Path,
     kernel: &str,
     config: &Value,
-    captured: &BTreeMap<String, (TensorSpec, Vec<u8>)>,
+    captured: &Captured,
     role: impl Fn(&str) -> Role,
 ) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
@@ -83,7 +84,7 @@ mod tests {
     #[test]
     fn writes_files_and_manifest() {
         let dir = std::env::temp_dir().join(format!("vt-dump-test-{}", std::process::id()));
-        let mut cap = BTreeMap::new();
+        let mut cap = Captured::new();
         cap.insert(
             "o".to_string(),
             (TensorSpec::new("o", DType::BF16, &[2, 1]), vec![1, 2, 3, 4]),

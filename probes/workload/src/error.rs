@@ -20,6 +20,13 @@ pub enum Error {
         /// The ordinal that was asked for.
         ordinal: usize,
     },
+    /// The driver is vramtrace's stand-in, which allocates but cannot run kernels.
+    #[error(
+        "the CUDA driver loaded is vramtrace's stand-in (probes/fakecuda), which records \
+         allocations but cannot run kernels: add --simulate to use it, or run on a machine \
+         with an NVIDIA GPU"
+    )]
+    StandInDriver,
     /// `libnvrtc.so` could not be loaded.
     #[error(
         "NVRTC (libnvrtc.so.13) could not be loaded, so the kernels cannot be compiled: \

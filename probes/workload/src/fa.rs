@@ -139,13 +139,13 @@ impl FaConfig {
                 self.dtype
             ));
         }
-        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "--heads {} must be a positive multiple of --kv-heads {}",
                 self.heads, self.kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim > 256 || self.head_dim % 8 != 0 {
+        if self.head_dim == 0 || self.head_dim > 256 || !self.head_dim.is_multiple_of(8) {
             return bad(format!(
                 "--head-dim {} must be a multiple of 8 and at most 256 (FlashAttention's limits)",
                 self.head_dim

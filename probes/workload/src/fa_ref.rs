@@ -14,18 +14,16 @@ pub struct FaReference {
 }
 
 struct Row {
-    b: usize,
     i: usize,
     bq: usize,
     bk: usize,
-    lk: usize,
     nkeys: usize,
 }
 
 fn rows(cfg: &FaConfig) -> Vec<Row> {
     let mut out = Vec::new();
     let (mut bq, mut bk) = (0, 0);
-    for (b, (&lq, &lk)) in cfg.seqlens_q.iter().zip(&cfg.seqlens_k).enumerate() {
+    for (&lq, &lk) in cfg.seqlens_q.iter().zip(&cfg.seqlens_k) {
         for i in 0..lq {
             // Bottom-right aligned causal mask (FlashAttention >= 2.1).
             let nkeys = if cfg.causal {
@@ -33,14 +31,7 @@ fn rows(cfg: &FaConfig) -> Vec<Row> {
             } else {
                 lk
             };
-            out.push(Row {
-                b,
-                i,
-                bq,
-                bk,
-                lk,
-                nkeys,
-            });
+            out.push(Row { i, bq, bk, nkeys });
         }
         bq += lq;
         bk += lk;
@@ -48,45 +39,70 @@ fn rows(cfg: &FaConfig) -> Vec<Row> {
     out
 }
 
-/// The kernel's algorithm on the CPU.
+/// The kernel's algorithm on the CPU (heads in parallel).
 pub fn online(cfg: &FaConfig, x: &FaHostInputs) -> FaReference {
-    let (h, hkv, d, tq) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.total_q());
-    let scale = cfg.scale();
+    let (h, d, tq) = (cfg.heads, cfg.head_dim, cfg.total_q());
+    let rows = rows(cfg);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = h.div_ceil(workers);
+    let mut heads: Vec<(Vec<f32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); h];
+    std::thread::scope(|scope| {
+        for (w, slot) in heads.chunks_mut(per).enumerate() {
+            let rows = &rows;
+            scope.spawn(move || {
+                for (i, out) in slot.iter_mut().enumerate() {
+                    *out = online_head(cfg, x, rows, w * per + i);
+                }
+            });
+        }
+    });
     let mut out = vec![0f32; tq * h * d];
     let mut lse = vec![0f32; h * tq];
-    for r in rows(cfg) {
-        debug_assert!(r.lk >= r.nkeys);
-        let row = r.bq + r.i;
-        for hh in 0..h {
-            let hk = hh / (h / hkv);
-            let q = &x.q[(row * h + hh) * d..][..d];
-            let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);
-            let mut acc = vec![0f32; d];
-            for j in 0..r.nkeys {
-                let kv = ((r.bk + j) * hkv + hk) * d;
-                let s: f32 = q
-                    .iter()
-                    .zip(&x.k[kv..kv + d])
-                    .map(|(&a, &b)| a * b)
-                    .sum::<f32>()
-                    * scale;
-                let mnew = mx.max(s);
-                let corr = (mx - mnew).exp();
-                let p = (s - mnew).exp();
-                l = l * corr + p;
-                for (a, &vv) in acc.iter_mut().zip(&x.v[kv..kv + d]) {
-                    *a = *a * corr + p * vv;
-                }
-                mx = mnew;
-            }
-            for (o, a) in out[(row * h + hh) * d..][..d].iter_mut().zip(&acc) {
-                *o = cfg.dtype.round(if l > 0.0 { a / l } else { 0.0 });
-            }
-            lse[hh * tq + row] = if l > 0.0 { mx + l.ln() } else { f32::INFINITY };
+    for (hh, (o, l)) in heads.into_iter().enumerate() {
+        for row in 0..tq {
+            out[(row * h + hh) * d..][..d].copy_from_slice(&o[row * d..][..d]);
         }
-        let _ = r.b;
+        lse[hh * tq..][..tq].copy_from_slice(&l);
     }
     FaReference { out, lse }
+}
+
+/// One head: (out [total_q][D], lse [total_q]).
+fn online_head(cfg: &FaConfig, x: &FaHostInputs, rows: &[Row], hh: usize) -> (Vec<f32>, Vec<f32>) {
+    let (h, hkv, d, tq) = (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.total_q());
+    let scale = cfg.scale();
+    let hk = hh / (h / hkv);
+    let mut out = vec![0f32; tq * d];
+    let mut lse = vec![0f32; tq];
+    let mut acc = vec![0f32; d];
+    for r in rows {
+        let row = r.bq + r.i;
+        let q = &x.q[(row * h + hh) * d..][..d];
+        let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);
+        acc.fill(0.0);
+        for j in 0..r.nkeys {
+            let kv = ((r.bk + j) * hkv + hk) * d;
+            let s: f32 = q
+                .iter()
+                .zip(&x.k[kv..kv + d])
+                .map(|(&a, &b)| a * b)
+                .sum::<f32>()
+                * scale;
+            let mnew = mx.max(s);
+            let corr = (mx - mnew).exp();
+            let p = (s - mnew).exp();
+            l = l * corr + p;
+            for (a, &vv) in acc.iter_mut().zip(&x.v[kv..kv + d]) {
+                *a = *a * corr + p * vv;
+            }
+            mx = mnew;
+        }
+        for (o, a) in out[row * d..][..d].iter_mut().zip(&acc) {
+            *o = cfg.dtype.round(if l > 0.0 { a / l } else { 0.0 });
+        }
+        lse[row] = if l > 0.0 { mx + l.ln() } else { f32::INFINITY };
+    }
+    (out, lse)
 }
 
 /// Two-pass softmax attention in `f64`: (out [total_q, H, D], lse [H, total_q]).

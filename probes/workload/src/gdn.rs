@@ -38,8 +38,9 @@ use crate::tensor::{DeviceTensor, Session, TensorSpec, opt_arg};
 /// fla's chunk size for the gated delta rule (BT).
 pub const CHUNK: usize = 64;
 
-/// `fla/ops/utils/constant.py` RCP_LN2: fla keeps gates in log2 space.
-pub const RCP_LN2: f32 = 1.442_695_021_6;
+/// `fla/ops/utils/constant.py` RCP_LN2 = 1.4426950216 as the fp32 Triton
+/// receives, which is the fp32 nearest 1/ln 2: fla keeps gates in log2 space.
+pub const RCP_LN2: f32 = std::f32::consts::LOG2_E;
 
 /// fla's l2norm epsilon (`l2norm_fwd(x, eps=1e-6)`).
 pub const L2NORM_EPS: f32 = 1e-6;
@@ -108,7 +109,7 @@ impl GdnConfig {
         if self.heads == 0 || self.key_heads == 0 {
             return bad("--heads and --key-heads must be at least 1".into());
         }
-        if self.heads % self.key_heads != 0 {
+        if !self.heads.is_multiple_of(self.key_heads) {
             return bad(format!(
                 "--heads {} is not a multiple of --key-heads {}: fla requires HV % H == 0 (grouped value attention)",
                 self.heads, self.key_heads
@@ -842,6 +843,12 @@ mod tests {
         c.seqlens = vec![10];
         c.key_dim = 512;
         assert!(c.validate().unwrap_err().to_string().contains("K <= 256"));
+    }
+
+    #[test]
+    fn rcp_ln2_is_flas_constant_in_fp32() {
+        let fla: f64 = "1.4426950216".parse().unwrap();
+        assert_eq!(fla as f32, RCP_LN2);
     }
 
     #[test]

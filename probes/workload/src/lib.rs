@@ -29,7 +29,7 @@
 //!   the models are tested *against* this.
 //! - No panics: missing libraries and driver entry points become [`Error`]s.
 
-mod annotate;
+pub mod annotate;
 pub mod backend;
 pub mod check;
 pub mod cuda;
@@ -49,4 +49,4 @@ pub use backend::{Backend, Kernel, RecordingBackend};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gdn::GdnConfig;
-pub use tensor::{DeviceTensor, LedgerEvent, Session, TensorSpec};
+pub use tensor::{Captured, DeviceTensor, LedgerEvent, Session, TensorSpec};

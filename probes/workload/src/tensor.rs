@@ -77,13 +77,16 @@ pub enum LedgerEvent {
     },
 }
 
+/// Tensors copied to the host, by name: their spec and little-endian bytes.
+pub type Captured = BTreeMap<String, (TensorSpec, Vec<u8>)>;
+
 /// The context every tensor of one run belongs to.
 pub struct Session<'b> {
     backend: &'b dyn Backend,
     ledger: RefCell<Vec<LedgerEvent>>,
     ranges: RefCell<Vec<(String, Instant)>>,
     timings: RefCell<Vec<(String, f64)>>,
-    capture: Option<RefCell<BTreeMap<String, (TensorSpec, Vec<u8>)>>>,
+    capture: Option<RefCell<Captured>>,
 }
 
 impl<'b> Session<'b> {
@@ -209,7 +212,7 @@ impl<'b> Session<'b> {
     }
 
     /// Everything captured so far, by name.
-    pub fn captured(&self) -> BTreeMap<String, (TensorSpec, Vec<u8>)> {
+    pub fn captured(&self) -> Captured {
         self.capture
             .as_ref()
             .map(|c| c.borrow().clone())
