@@ -19,16 +19,35 @@
 //!
 //! A wrapper handed out by `dlsym` or `cuGetProcAddress` is chosen by the *address* the real
 //! driver returned, so its ABI is the one the driver chose (version, `_ptsz` twin); see
-//! [`driver`](crate::driver) for the routing and what it assumes of the driver.
+//! `src/driver.rs` for the routing and what it assumes of the driver.
+//!
+//! # What each event carries
+//! Monotonic time, thread, device (current context; `cuMemCreate`'s location; -1 for host
+//! memory), the driver function, pointer or handle, requested size (0 for releases: the reader
+//! pairs them), result code, stream, an extra operand (pool, pitch, physical handle, host flags,
+//! released range size), free and total device memory for failed allocations (our own
+//! `cuMemGetInfo_v2`), the native stack (`src/stacks.rs`, with MODULE records for
+//! offline symbolisation) and the label (the thread's open ranges, `src/labels.rs`).
+//!
+//! # Labels
+//! - The annotation C ABI, declared in `include/vramtrace.h`: `vramtrace_annotate`,
+//!   `vramtrace_range_push`, `vramtrace_range_pop`, `vramtrace_mark`, `vramtrace_abi_version`.
+//!   Callers find them with `dlsym(RTLD_DEFAULT, …)`; the header's `vramtrace_try_*` helpers
+//!   are no-ops without the preload.
+//! - NVTX: with `NVTX_INJECTION64_PATH` set to this library, `InitializeInjectionNvtx2` accepts
+//!   NVTX's injection and turns range pushes/pops and marks into the same ranges
+//!   (`src/nvtx.rs`).
 //!
 //! # Environment
 //! - `VRAMTRACE_DIR`: the trace directory (created if missing). Unset or empty: the library
 //!   does nothing but pass calls through.
 //! - `VRAMTRACE_DISABLE`: any value but empty or `0` turns recording off.
+//! - `VRAMTRACE_STACKS`: `0` (or `off`, `false`, `no`) records no native stacks.
 //!
 //! Each process writes `<dir>/<pid>.vtr` (`<pid>-<n>.vtr` if the name is taken), created
-//! exclusively on its first recorded event: a program that never allocates through CUDA writes
-//! nothing.
+//! exclusively on its first recorded event (or its first range, mark or annotation): a program
+//! that never touches CUDA writes nothing. Children made by `fork` write their own file; `exec`'d
+//! and spawned children inherit `LD_PRELOAD` and `VRAMTRACE_DIR` and do the same.
 //!
 //! # Design constraints
 //! - **Never changes what the program sees.** The real function is always called first and its
@@ -36,15 +55,17 @@
 //!   because of an error. A recorder failure (write error, panic) stops recording, never the
 //!   host: panics are caught at every FFI boundary, errno is preserved.
 //! - **Cheap.** A process that never touches CUDA pays one comparison per `dlsym` on a handle
-//!   (`RTLD_NEXT`/`RTLD_DEFAULT` lookups are a tail jump). The hot path takes no lock and
-//!   allocates nothing: a record is encoded on the stack and appended with one `write(2)`
-//!   (`O_APPEND`), so every record written before a `SIGKILL` is in the page cache.
+//!   (`RTLD_NEXT`/`RTLD_DEFAULT` lookups are a tail jump). The hot path allocates nothing: a
+//!   record is encoded on the stack and appended with one `write(2)` (`O_APPEND`), so every
+//!   record written before a `SIGKILL` is in the page cache. The only lock is the stack
+//!   unwinder's spin lock, never held while the driver runs.
 //! - **Lazy and fork-aware.** Nothing happens in constructors (they run while the dynamic linker
 //!   sets the process up); the environment is read and the file created on first use. A fork
-//!   child forgets the parent's file and creates its own, with its own pid and ppid.
-//! - **Re-entrancy.** A per-thread RAII guard ([`guard`](crate::guard)) passes nested hooked
+//!   child forgets the parent's file, strings and stacks and creates its own file, with its own
+//!   pid and ppid.
+//! - **Re-entrancy.** A per-thread RAII guard (`src/guard.rs`) passes nested hooked
 //!   calls straight through.
-//! - Depends on `vramtrace-format` and `libc` only. x86-64 Linux with glibc.
+//! - Depends on `vramtrace-format`, `libc` and `framehop`. x86-64 Linux with glibc.
 
 mod config;
 mod dlsym;
