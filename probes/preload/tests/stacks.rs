@@ -161,3 +161,41 @@ fn stacks_can_be_switched_off() {
     );
     assert_eq!(events(&t).len(), 8);
 }
+
+#[test]
+fn a_library_loaded_later_gets_its_module_record() {
+    let s = Scratch::new("late-load");
+    let lib = compile_shared(&s, "late_lib");
+    let exe = compile(&s, "late_load", true);
+    let mut cmd = traced(&exe, &s.trace_dir());
+    cmd.arg(&lib);
+    let out = run_ok(cmd);
+    let t = only_trace(&s.trace_dir());
+    let late_module = t
+        .records
+        .iter()
+        .position(|r| matches!(r, Record::Module(m) if Path::new(&m.path) == lib))
+        .expect("a MODULE record for the library loaded later");
+    let first_stack = t
+        .records
+        .iter()
+        .position(|r| matches!(r, Record::Stack { .. }))
+        .unwrap();
+    assert!(
+        late_module > first_stack,
+        "written when the library appeared, after the first stack"
+    );
+    let ptr = num(lines(&out, "late")[0][0]);
+    let e = events(&t)
+        .into_iter()
+        .find(|e| e.kind == EventKind::Alloc && e.ptr == ptr)
+        .unwrap();
+    let mods = modules(&t);
+    let funcs = functions(&lib);
+    let names: Vec<String> = stack(&t, e.stack)[1..]
+        .iter()
+        .map(|&a| locate(a, &mods, &lib, &funcs))
+        .collect();
+    assert_eq!(names[0], "vramtrace_late_alloc", "{names:?}");
+    assert!(names.contains(&"late_load".to_string()), "{names:?}");
+}

@@ -173,6 +173,14 @@ pub fn compile_with(scratch: &Scratch, name: &str, link_cuda: bool, flags: &[&st
     out
 }
 
+/// Compiles `tests/c/<name>.c` into a shared library linked with `-lcuda`.
+pub fn compile_shared(scratch: &Scratch, name: &str) -> PathBuf {
+    let out = scratch.path.join(format!("lib{name}.so"));
+    compile_with(scratch, name, true, &["-shared", "-fPIC"]);
+    std::fs::rename(scratch.path.join(name), &out).unwrap();
+    out
+}
+
 /// A command for `exe` with the preload, the stand-in driver and `VRAMTRACE_DIR` set.
 pub fn traced(exe: &Path, trace_dir: &Path) -> Command {
     let mut c = Command::new(exe);
