@@ -430,3 +430,56 @@ fn cudarc_loader() {
     assert_eq!(evs.len(), 6);
     assert_paired(&evs);
 }
+
+#[test]
+fn pointers_the_exports_do_not_show_are_routed_by_name() {
+    let s = Scratch::new("odd-driver");
+    // The odd driver replaces the stand-in for this program only.
+    let lib_dir = s.path.join("lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    let lib = compile_shared(&s, "odd_driver");
+    std::fs::rename(&lib, lib_dir.join("libcuda.so.1")).unwrap();
+    let exe = compile(&s, "odd_client", false);
+    let mut cmd = traced(&exe, &s.trace_dir());
+    cmd.env("LD_LIBRARY_PATH", &lib_dir);
+    let out = run_ok(cmd);
+    let resolved = lines(&out, "resolved");
+    let owner = |name: &str| {
+        resolved
+            .iter()
+            .find(|l| l[0] == name)
+            .map(|l| (l[1], l[2]))
+            .unwrap()
+    };
+    assert_eq!(owner("self"), ("preload", "cuGetProcAddress_v2"));
+    assert_eq!(owner("cuMemAlloc"), ("preload", "cuMemAlloc_v2"));
+    assert_eq!(
+        owner("cuMemAllocAsync/ptsz"),
+        ("preload", "cuMemAllocAsync_ptsz")
+    );
+    assert_eq!(
+        owner("cuMemFreeAsync/ptsz"),
+        ("preload", "cuMemFreeAsync_ptsz")
+    );
+    // cuMemAlloc_v2 is exported, so the wrapper calls the export; the _ptsz pair is not, so
+    // the wrappers call the addresses cuGetProcAddress handed out.
+    assert_eq!(
+        lines(&out, "ran")[0],
+        vec![
+            "exported_alloc=1",
+            "internal_alloc=0",
+            "internal_async=1",
+            "internal_free_async=1"
+        ]
+    );
+    let t = only_trace(&s.trace_dir());
+    let evs = events(&t);
+    for name in ["cuMemAlloc_v2", "cuMemAllocAsync_ptsz"] {
+        let l = &lines(&out, name)[0];
+        let e = find(&evs, EventKind::Alloc, name, num(l[0]));
+        assert_eq!(e.size, num(l[1]));
+    }
+    let b = num(lines(&out, "cuMemAllocAsync_ptsz")[0][0]);
+    find(&evs, EventKind::Free, "cuMemFreeAsync_ptsz", b);
+    assert_eq!(t.devices[0].name, "odd driver");
+}
