@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use vramtrace_workload::backend::{AllocError, Arg, Backend, DevicePtr, Kernel, LaunchConfig};
@@ -70,7 +70,7 @@ impl Emulator {
         Some(Self::load(&lib))
     }
 
-    fn load(lib: &PathBuf) -> Self {
+    fn load(lib: &Path) -> Self {
         let path = CString::new(lib.to_str().unwrap()).unwrap();
         // Safety: loading a library this test just built; it has no
         // constructors beyond the C++ runtime's.
