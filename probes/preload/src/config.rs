@@ -1,6 +1,7 @@
 //! Configuration from the environment, read once, lazily, on the first CUDA activity.
 //!
-//! - `VRAMTRACE_DIR`: the trace directory. Unset or empty: the library only passes calls through.
+//! - `VRAMTRACE_DIR`: the trace directory (a relative one is taken from the working directory
+//!   at the first CUDA activity). Unset or empty: the library only passes calls through.
 //! - `VRAMTRACE_DISABLE`: any value but empty or `0` turns recording off.
 //! - `VRAMTRACE_STACKS`: `0` (or `off`, `false`) records no native stacks; on by default.
 //!
@@ -80,8 +81,18 @@ fn read() -> bool {
     let on = match (disabled, dir) {
         (false, Some(d)) => {
             let mut owned = Vec::with_capacity(d.len() + 1);
+            // A relative directory is taken relative to the working directory of now, so that
+            // a later chdir does not move the trace.
+            if d[0] != b'/'
+                && let Ok(cwd) = std::env::current_dir()
+            {
+                use std::os::unix::ffi::OsStrExt;
+                owned.extend_from_slice(cwd.as_os_str().as_bytes());
+                owned.push(b'/');
+            }
             owned.extend_from_slice(d);
             owned.push(0);
+            let len = owned.len();
             let raw = Box::into_raw(owned.into_boxed_slice()) as *mut u8;
             if DIR
                 .compare_exchange(
@@ -94,9 +105,7 @@ fn read() -> bool {
             {
                 // Safety: `raw` came from Box::into_raw just above with this length and was
                 // never published.
-                drop(unsafe {
-                    Box::from_raw(core::ptr::slice_from_raw_parts_mut(raw, d.len() + 1))
-                });
+                drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(raw, len)) });
             }
             true
         }

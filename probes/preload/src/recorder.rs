@@ -355,11 +355,18 @@ fn ensure_open() -> Option<c_int> {
 fn open_trace() -> Result<c_int, String> {
     register_atfork();
     let dir = crate::config::dir().ok_or("no trace directory")?;
-    let mut dir_c = dir.to_vec();
-    dir_c.push(0);
-    // Safety: valid C string. EEXIST (the usual case) and other errors are ignored here: the
-    // open below reports what matters.
-    unsafe { libc::mkdir(dir_c.as_ptr() as *const c_char, 0o755) };
+    // Like `mkdir -p`. EEXIST (the usual case) and other errors are ignored here: the open
+    // below reports what matters.
+    let mut prefix = Vec::with_capacity(dir.len() + 1);
+    for (i, &b) in dir.iter().enumerate() {
+        if b == b'/' && i > 0 || i + 1 == dir.len() {
+            prefix.clear();
+            prefix.extend_from_slice(&dir[..if b == b'/' { i } else { i + 1 }]);
+            prefix.push(0);
+            // Safety: a valid C string.
+            unsafe { libc::mkdir(prefix.as_ptr() as *const c_char, 0o755) };
+        }
+    }
     // Safety: no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let mut fd = -1;

@@ -4,6 +4,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::Stdio;
 
 use common::*;
@@ -482,4 +483,30 @@ fn pointers_the_exports_do_not_show_are_routed_by_name() {
     let b = num(lines(&out, "cuMemAllocAsync_ptsz")[0][0]);
     find(&evs, EventKind::Free, "cuMemFreeAsync_ptsz", b);
     assert_eq!(t.devices[0].name, "odd driver");
+}
+
+#[test]
+fn an_unwritable_trace_directory_costs_one_warning_and_nothing_else() {
+    let s = Scratch::new("unwritable");
+    let exe = compile(&s, "threads", true);
+    let mut cmd = traced(&exe, Path::new("/proc/vramtrace-cannot-create-this"));
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one line, once: {stderr}");
+    assert!(
+        stderr.starts_with("vramtrace: recording stopped: cannot create a trace file in /proc/"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_relative_trace_directory_is_taken_from_the_working_directory() {
+    let s = Scratch::new("relative");
+    let exe = compile(&s, "dlopen_dlsym", false);
+    let mut cmd = traced(&exe, Path::new("rel/trace"));
+    cmd.current_dir(&s.path);
+    run_ok(cmd);
+    assert_eq!(events(&only_trace(&s.path.join("rel/trace"))).len(), 6);
 }
