@@ -111,6 +111,11 @@ fn read() -> bool {
         }
         _ => false,
     };
+    if on {
+        // Our panics are caught and end recording with one line on stderr; the default hook
+        // (of this library's own copy of std) would print more.
+        std::panic::set_hook(Box::new(|_| {}));
+    }
     STATE.store(if on { ON } else { OFF }, Ordering::Release);
     on
 }

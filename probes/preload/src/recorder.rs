@@ -485,8 +485,6 @@ pub(crate) fn disable(why: &str) {
 
 fn register_atfork() {
     if !ATFORK_REGISTERED.swap(true, Ordering::AcqRel) {
-        // Our panics are caught and reported in one line; the default hook would print more.
-        std::panic::set_hook(Box::new(|_| {}));
         // Safety: registering a child handler that only touches atomics and this thread's TLS.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     }
