@@ -119,15 +119,16 @@ fn query_stack_top() -> u64 {
     }
 }
 
-fn fnv(frames: &[u64]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for f in frames {
-        for b in f.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+/// A 64-bit hash of a stack's frames, a word at a time (multiply and fold, as in
+/// MurmurHash's finaliser): stacks are compared by this hash alone.
+fn stack_hash(frames: &[u64]) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ frames.len() as u64;
+    for &f in frames {
+        h = (h ^ f).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 32;
     }
-    h | 1
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    (h ^ (h >> 29)) | 1
 }
 
 impl State {
@@ -201,7 +202,7 @@ impl State {
             self.ids.iter_mut().for_each(|i| *i = 0);
             self.table_generation = file_generation;
         }
-        let h = fnv(frames);
+        let h = stack_hash(frames);
         let mut i = h as usize & (TABLE_SLOTS - 1);
         for _ in 0..64 {
             if self.hashes[i] == h {
