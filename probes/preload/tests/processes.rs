@@ -46,7 +46,7 @@ fn python_multiprocessing_spawn_workers() {
     let out = run_ok(cmd);
     let parent = num(lines(&out, "parent")[0][0]) as u32;
     let workers = lines(&out, "worker");
-    assert_eq!(workers.len(), 2);
+    assert_eq!(workers.len(), 2, "{out}");
     let all = traces(&s.trace_dir());
     assert_eq!(
         all.len(),

@@ -16,7 +16,9 @@ def work(size):
     ptr = ctypes.c_uint64()
     assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)) == 0
     assert cuda.cuMemFree_v2(ptr) == 0
-    print("worker", os.getpid(), ptr.value, size, flush=True)
+    # One write(2) per line: the two workers share the pipe, and print() writes the text and the
+    # newline separately, so their lines could interleave.
+    os.write(1, f"worker {os.getpid()} {ptr.value} {size}\n".encode())
 
 
 if __name__ == "__main__":
