@@ -54,6 +54,18 @@ pub(crate) fn real_dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_v
     unsafe { core::mem::transmute::<*mut c_void, DlsymFn>(p)(handle, symbol) }
 }
 
+/// [`real_dlsym`] for the preload's own lookups: a failed one leaves no error for the program's
+/// next `dlerror()` (glibc keeps one pending error per thread, which the program's own
+/// successful `dlsym` would have cleared).
+pub(crate) fn real_dlsym_quiet(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let p = real_dlsym(handle, symbol);
+    if p.is_null() {
+        // Safety: dlerror has no preconditions; it returns and clears the pending error.
+        unsafe { libc::dlerror() };
+    }
+    p
+}
+
 /// Cheap filter run on every lookup before any table work: driver API names are `cu[A-Z]…`.
 #[inline]
 fn is_driver_name(s: *const c_char) -> bool {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use vramtrace_format::{API_NAMES, Api};
 
-use crate::dlsym::real_dlsym;
+use crate::dlsym::real_dlsym_quiet;
 use crate::hooks;
 
 /// One wrapped or called driver entry point.
@@ -418,10 +418,10 @@ fn resolve(e: usize) -> *mut c_void {
     let mut p = core::ptr::null_mut();
     let handle = DRIVER_HANDLE.load(Ordering::Acquire);
     if !handle.is_null() {
-        p = real_dlsym(handle, name);
+        p = real_dlsym_quiet(handle, name);
     }
     if p.is_null() || is_wrapper(p) {
-        p = real_dlsym(libc::RTLD_NEXT, name);
+        p = real_dlsym_quiet(libc::RTLD_NEXT, name);
     }
     if p.is_null() || is_wrapper(p) {
         // Safety: dlopen with a valid name; RTLD_NOLOAD only finds an already loaded driver
@@ -432,14 +432,17 @@ fn resolve(e: usize) -> *mut c_void {
                 libc::RTLD_LAZY | libc::RTLD_NOLOAD,
             )
         };
-        if !h.is_null() {
+        if h.is_null() {
+            // Safety: clears the error the failed dlopen left (see real_dlsym_quiet).
+            unsafe { libc::dlerror() };
+        } else {
             let _ = DRIVER_HANDLE.compare_exchange(
                 core::ptr::null_mut(),
                 h,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             );
-            p = real_dlsym(h, name);
+            p = real_dlsym_quiet(h, name);
         }
     }
     publish(e, p)
@@ -459,7 +462,7 @@ pub(crate) fn adopt_handle(handle: *mut c_void) {
     );
     for (i, e) in ENTRIES.iter().enumerate() {
         if REAL[i].load(Ordering::Acquire).is_null() {
-            publish(i, real_dlsym(handle, e.name.as_ptr()));
+            publish(i, real_dlsym_quiet(handle, e.name.as_ptr()));
         }
     }
     ADOPTED.store(handle, Ordering::Release);

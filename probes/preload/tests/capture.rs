@@ -453,6 +453,11 @@ fn pointers_the_exports_do_not_show_are_routed_by_name() {
             .unwrap()
     };
     assert_eq!(owner("self"), ("preload", "cuGetProcAddress_v2"));
+    assert_eq!(
+        lines(&out, "dlerror")[0],
+        vec!["clean"],
+        "a successful dlsym leaves no error"
+    );
     assert_eq!(owner("cuMemAlloc"), ("preload", "cuMemAlloc_v2"));
     assert_eq!(
         owner("cuMemAllocAsync/ptsz"),
@@ -483,6 +488,10 @@ fn pointers_the_exports_do_not_show_are_routed_by_name() {
     let b = num(lines(&out, "cuMemAllocAsync_ptsz")[0][0]);
     find(&evs, EventKind::Free, "cuMemFreeAsync_ptsz", b);
     assert_eq!(t.devices[0].name, "odd driver");
+    assert_eq!(
+        t.driver_version, None,
+        "this driver has no cuDriverGetVersion"
+    );
 }
 
 #[test]

@@ -22,7 +22,12 @@ static void *look(gpa_t gpa, const char *name, unsigned long long flags, const c
 int main(void) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 12; }
+    /* The documented idiom: clear dlerror, look up, then dlerror says whether it failed. Our
+     * own lookups (many names this driver lacks) must not leave an error behind. */
+    dlerror();
     gpa_t gpa0 = (gpa_t)dlsym(h, "cuGetProcAddress_v2");
+    const char *err = dlerror();
+    printf("dlerror %s\n", err ? "dirty" : "clean");
     gpa_t gpa = look(gpa0, "cuGetProcAddress", 0, "self");
     CUresult (*init)(unsigned) = look(gpa, "cuInit", 0, "cuInit");
     CUresult (*get)(CUdevice *, int) = look(gpa, "cuDeviceGet", 0, "cuDeviceGet");

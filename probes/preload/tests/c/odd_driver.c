@@ -1,7 +1,8 @@
 /* A tiny libcuda.so.1 whose cuGetProcAddress_v2 hands out internal addresses that its exports
  * do not show (for cuMemAlloc) or that it does not export at all (the _ptsz async pair): the
  * preload must then fall back to routing by (name, version, flags). It counts which
- * implementation ran. Single device, single thread, bump allocation. */
+ * implementation ran. It lacks most exports (cuDriverGetVersion too), so the preload's own
+ * lookups fail, and must leave no dlerror behind. Single device and thread, bump allocation. */
 #include <string.h>
 #include <stdint.h>
 
@@ -14,7 +15,6 @@ static const size_t capacity = 1 << 30;
 static int ran_exported_alloc, ran_internal_alloc, ran_internal_async, ran_internal_free_async;
 
 CUresult cuInit(unsigned f) { (void)f; return 0; }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 CUresult cuDeviceGet(int *d, int o) { *d = o; return o == 0 ? 0 : 101; }
 CUresult cuDeviceGetName(char *n, int len, int d) { (void)d; strncpy(n, "odd driver", len); return 0; }
 CUresult cuDeviceTotalMem_v2(size_t *t, int d) { (void)d; *t = capacity; return 0; }
