@@ -515,14 +515,60 @@ pub(crate) fn route_proc(symbol: &[u8], version: c_int, flags: u64, p: *mut c_vo
     }
     // A pointer we do not know (the driver handed out an address its exports do not show):
     // pick the versioned name the headers would, and adopt `p` as that row's real address if
-    // the row has none.
+    // the row has none. Each such decision is noted in the trace, so a real driver's run shows
+    // whether routing by pointer held. But a version we do not wrap (a `_v3` a newer driver
+    // exports, say) keeps the driver's pointer: our wrapper would have another ABI.
     match versioned_by_name(symbol, version, flags) {
+        Some(_) if is_other_export(symbol, p) => p,
         Some(i) => {
             publish(i, p);
+            let mut msg = [0u8; 256];
+            let mut w = &mut msg[..];
+            use std::io::Write;
+            let _ = write!(
+                w,
+                "cuGetProcAddress({}, {version}, {flags}) returned an address no export shows; \
+                 routed by name to {}",
+                String::from_utf8_lossy(&symbol[..symbol.len().min(64)]),
+                ENTRIES[i].name.to_string_lossy()
+            );
+            let len = 256 - w.len();
+            crate::recorder::note(&msg[..len]);
             ENTRIES[i].wrapper as *mut c_void
         }
         None => p,
     }
+}
+
+/// Is `p` the export of another version of `base` (`base`, `base_vN`, with `_ptsz`/`_ptds`),
+/// one that we do not wrap?
+fn is_other_export(base: &[u8], p: *mut c_void) -> bool {
+    let handle = DRIVER_HANDLE.load(Ordering::Acquire);
+    let handle = if handle.is_null() {
+        libc::RTLD_NEXT
+    } else {
+        handle
+    };
+    if base.len() > 96 {
+        return false;
+    }
+    let mut name = [0u8; 112];
+    for version in ["", "_v2", "_v3", "_v4", "_v5", "_v6", "_v7", "_v8", "_v9"] {
+        for twin in ["", "_ptsz", "_ptds"] {
+            let len = base.len() + version.len() + twin.len();
+            name[..base.len()].copy_from_slice(base);
+            name[base.len()..base.len() + version.len()].copy_from_slice(version.as_bytes());
+            name[base.len() + version.len()..len].copy_from_slice(twin.as_bytes());
+            name[len] = 0;
+            if ENTRIES.iter().any(|e| e.name.to_bytes() == &name[..len]) {
+                continue;
+            }
+            if real_dlsym_quiet(handle, name.as_ptr() as *const c_char) == p {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// The wrapped row that (base name, version, flags) selects: the highest `since` not above

@@ -473,6 +473,16 @@ pub(crate) fn write_record(fd: c_int, rec: &[u8]) {
     }
 }
 
+/// Writes a NOTE record: something the recorder wants the reader to know.
+pub(crate) fn note(text: &[u8]) {
+    with_file(|fd| {
+        let mut buf = [0u8; FRAME_HEADER_LEN + 8 + 512];
+        let mut e = Encoder::new(&mut buf);
+        e.u64(mono_ns()).bytes(&text[..text.len().min(512)]);
+        write_record(fd, e.finish(kind::NOTE));
+    });
+}
+
 /// Stops recording for good in this process and says why on stderr, once.
 pub(crate) fn disable(why: &str) {
     STATE.store(FAILED, Ordering::Release);

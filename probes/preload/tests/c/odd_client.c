@@ -38,6 +38,7 @@ int main(void) {
         look(gpa, "cuMemAllocAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemAllocAsync/ptsz");
     CUresult (*fasync)(CUdeviceptr, CUstream) =
         look(gpa, "cuMemFreeAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemFreeAsync/ptsz");
+    look(gpa, "cuMemAllocHost", 0, "cuMemAllocHost");
     USE_DEVICE(init, get, retain, set, 0);
     CUdeviceptr a, b;
     CHECK(alloc(&a, 1234));

@@ -45,6 +45,14 @@ static CUresult free_async_ptsz_internal(CUdeviceptr p, void *s) {
     return 0;
 }
 
+/* A version the preload does not wrap (as a future driver might add): it must keep this. */
+CUresult cuMemAllocHost_v3(void **p, size_t n, unsigned flags) {
+    (void)flags;
+    static char buf[4096];
+    *p = buf;
+    return n <= sizeof buf ? 0 : 2;
+}
+
 void odd_driver_counts(int out[4]) {
     out[0] = ran_exported_alloc;
     out[1] = ran_internal_alloc;
@@ -64,6 +72,7 @@ CUresult cuGetProcAddress_v2(const char *s, void **pfn, int v, unsigned long lon
     else if (!strcmp(s, "cuMemFree") && v >= 3020) f = (void *)cuMemFree_v2;
     else if (!strcmp(s, "cuMemAllocAsync") && ptsz) f = (void *)alloc_async_ptsz_internal;
     else if (!strcmp(s, "cuMemFreeAsync") && ptsz) f = (void *)free_async_ptsz_internal;
+    else if (!strcmp(s, "cuMemAllocHost") && v >= 3020) f = (void *)cuMemAllocHost_v3;
     *pfn = f;
     if (status) *status = f ? 0 : 1;
     return f ? 0 : 500;
