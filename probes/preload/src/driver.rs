@@ -8,10 +8,14 @@
 //!   `RTLD_NEXT`, the handle already adopted, or `dlopen("libcuda.so.1", RTLD_NOLOAD)`;
 //! - as a last resort, the pointer `cuGetProcAddress` returned for a name we wrap.
 //!
-//! Routing ([`route`]) maps a pointer the real driver handed out to the wrapper of the entry
-//! point with that real address. A pointer is a function, so the wrapper's ABI matches whatever
-//! version or `_ptsz` twin the driver chose. Only a pointer we do not know falls back to the
-//! name: (base name, version, flags) → the versioned name the CUDA headers would pick.
+//! Routing ([`route_dlsym`], [`route_proc`]) maps a pointer the real driver handed out to the
+//! wrapper of the entry point with that real address. A pointer is a function, so the wrapper's
+//! ABI matches whatever version or `_ptsz` twin the driver chose. This assumes what the driver
+//! API promises and the stand-in does: `cuGetProcAddress` hands out the same addresses as the
+//! library's exports. Only a pointer we do not know falls back to the name: (base name, version,
+//! flags) → the versioned name the CUDA headers would pick, unless the pointer is the export of
+//! a version we do not wrap (a future `_v3`), which keeps the driver's pointer. Every routing by
+//! name is written to the trace as a NOTE, so a run on a real driver shows which rule applied.
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
