@@ -46,6 +46,14 @@ pub struct CuArrayDescriptor {
     pub num_channels: c_uint,
 }
 
+impl CuArrayDescriptor {
+    /// Estimated device bytes: width × height × channels × channel bytes (the driver's padding
+    /// and tiling are not visible).
+    pub fn bytes(&self) -> u64 {
+        array_bytes(self.width, self.height, 1, self.num_channels, self.format)
+    }
+}
+
 /// `CUDA_ARRAY3D_DESCRIPTOR` (`cuArray3DCreate_v2`).
 #[repr(C)]
 pub struct CuArray3dDescriptor {
@@ -55,6 +63,28 @@ pub struct CuArray3dDescriptor {
     pub format: c_int,
     pub num_channels: c_uint,
     pub flags: c_uint,
+}
+
+impl CuArray3dDescriptor {
+    /// Estimated device bytes, as [`CuArrayDescriptor::bytes`] times depth (or layers).
+    pub fn bytes(&self) -> u64 {
+        array_bytes(
+            self.width,
+            self.height,
+            self.depth,
+            self.num_channels,
+            self.format,
+        )
+    }
+}
+
+/// Elements × channels × channel bytes; a zero height or depth counts as 1 (1D and 2D arrays).
+fn array_bytes(width: usize, height: usize, depth: usize, channels: c_uint, format: c_int) -> u64 {
+    (width as u64)
+        .saturating_mul(height.max(1) as u64)
+        .saturating_mul(depth.max(1) as u64)
+        .saturating_mul(channels as u64)
+        .saturating_mul(array_format_bytes(format))
 }
 
 /// Bytes of one channel of a `CUarray_format`. Formats outside the classic integer/float set

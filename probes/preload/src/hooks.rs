@@ -597,8 +597,23 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CuResult {
 
 // ---- arrays -----------------------------------------------------------------------------
 
-/// `cuArrayCreate_v2`: the handle in `ptr`; size estimated as width × height × channels ×
-/// channel bytes (the driver's padding is not visible).
+/// Records an array creation: the handle in `ptr`, the descriptor's estimated bytes in `size`.
+fn array_created(call: Option<Call>, entry: Entry, r: CuResult, handle: *mut CuHandle, bytes: u64) {
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *handle.
+        let ptr = unsafe { out(r, handle, addr) };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                size: bytes,
+                ..op(entry, MemKind::Array)
+            },
+        );
+    }
+}
+
+/// `cuArrayCreate_v2`: size estimated from the descriptor (`CuArrayDescriptor::bytes`).
 ///
 /// # Safety
 /// Same contract as the driver's function.
@@ -611,28 +626,9 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     let real = real_fn!(ArrayCreateV2 as FnArrayCreate);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(handle, desc) };
-    if let Some(c) = call {
-        // Safety: on success the driver wrote *handle.
-        let ptr = unsafe { out(r, handle, addr) };
-        let size = if desc.is_null() {
-            0
-        } else {
-            // Safety: the caller's descriptor, valid for the call.
-            let d = unsafe { &*desc };
-            (d.width as u64)
-                .saturating_mul(d.height.max(1) as u64)
-                .saturating_mul(d.num_channels as u64)
-                .saturating_mul(array_format_bytes(d.format))
-        };
-        c.alloc(
-            r,
-            Op {
-                ptr,
-                size,
-                ..op(Entry::ArrayCreateV2, MemKind::Array)
-            },
-        );
-    }
+    // Safety: the caller's descriptor (or null), valid for the call.
+    let bytes = unsafe { desc.as_ref() }.map_or(0, CuArrayDescriptor::bytes);
+    array_created(call, Entry::ArrayCreateV2, r, handle, bytes);
     r
 }
 
@@ -649,29 +645,9 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     let real = real_fn!(Array3dCreateV2 as FnArray3dCreate);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(handle, desc) };
-    if let Some(c) = call {
-        // Safety: on success the driver wrote *handle.
-        let ptr = unsafe { out(r, handle, addr) };
-        let size = if desc.is_null() {
-            0
-        } else {
-            // Safety: the caller's descriptor, valid for the call.
-            let d = unsafe { &*desc };
-            (d.width as u64)
-                .saturating_mul(d.height.max(1) as u64)
-                .saturating_mul(d.depth.max(1) as u64)
-                .saturating_mul(d.num_channels as u64)
-                .saturating_mul(array_format_bytes(d.format))
-        };
-        c.alloc(
-            r,
-            Op {
-                ptr,
-                size,
-                ..op(Entry::Array3dCreateV2, MemKind::Array)
-            },
-        );
-    }
+    // Safety: the caller's descriptor (or null), valid for the call.
+    let bytes = unsafe { desc.as_ref() }.map_or(0, CuArray3dDescriptor::bytes);
+    array_created(call, Entry::Array3dCreateV2, r, handle, bytes);
     r
 }
 

@@ -175,14 +175,7 @@ fn dlopen_and_dlsym_get_the_wrappers() {
     let s = Scratch::new("dlopen");
     let exe = compile(&s, "dlopen_dlsym", false);
     let out = run_ok(traced(&exe, &s.trace_dir()));
-    let resolved = lines(&out, "resolved");
-    let owner = |name: &str| {
-        resolved
-            .iter()
-            .find(|l| l[0] == name)
-            .map(|l| (l[1], l[2]))
-            .unwrap()
-    };
+    let owner = |name: &str| resolved(&out, name);
     assert_eq!(owner("cuMemAlloc_v2"), ("preload", "cuMemAlloc_v2"));
     assert_eq!(owner("cuMemFree_v2"), ("preload", "cuMemFree_v2"));
     assert_eq!(owner("cuMemHostAlloc"), ("preload", "cuMemHostAlloc"));
@@ -214,14 +207,7 @@ fn cuda_runtime_style_get_proc_address() {
     let mut cmd = traced(&exe, &s.trace_dir());
     cmd.env("VRAMTRACE_FAKE_CAPACITY", "1073741824");
     let out = run_ok(cmd);
-    let resolved = lines(&out, "resolved");
-    let owner = |name: &str| {
-        resolved
-            .iter()
-            .find(|l| l[0] == name)
-            .map(|l| (l[1], l[2]))
-            .unwrap_or_else(|| panic!("{name} not resolved:\n{out}"))
-    };
+    let owner = |name: &str| resolved(&out, name);
     // The self-lookup hands back our cuGetProcAddress_v2, so every later lookup is ours too.
     assert_eq!(
         owner("dlsym:cuGetProcAddress_v2"),
@@ -248,8 +234,8 @@ fn cuda_runtime_style_get_proc_address() {
     );
     assert_eq!(owner("cuInit@2000").0, "driver");
     assert_eq!(owner("cuMemGetInfo@13000").0, "driver");
-    if let Some(old) = resolved
-        .iter()
+    if let Some(old) = lines(&out, "resolved")
+        .into_iter()
         .find(|l| l[0] == "self:cuGetProcAddress@11080")
     {
         // A driver that still serves the CUDA 11 lookup ABI gets the matching wrapper.
@@ -448,14 +434,7 @@ fn pointers_the_exports_do_not_show_are_routed_by_name() {
     let mut cmd = traced(&exe, &s.trace_dir());
     cmd.env("LD_LIBRARY_PATH", &lib_dir);
     let out = run_ok(cmd);
-    let resolved = lines(&out, "resolved");
-    let owner = |name: &str| {
-        resolved
-            .iter()
-            .find(|l| l[0] == name)
-            .map(|l| (l[1], l[2]))
-            .unwrap()
-    };
+    let owner = |name: &str| resolved(&out, name);
     assert_eq!(owner("self"), ("preload", "cuGetProcAddress_v2"));
     assert_eq!(
         lines(&out, "dlerror")[0],

@@ -273,6 +273,16 @@ pub fn lines<'a>(stdout: &'a str, word: &str) -> Vec<Vec<&'a str>> {
         .collect()
 }
 
+/// For a "resolved LABEL OWNER SYMBOL" line the program printed: (owner, symbol), where owner
+/// is `preload` or `driver` (which object the looked-up pointer lives in).
+pub fn resolved<'a>(stdout: &'a str, label: &str) -> (&'a str, &'a str) {
+    lines(stdout, "resolved")
+        .into_iter()
+        .find(|l| l[0] == label)
+        .map(|l| (l[1], l[2]))
+        .unwrap_or_else(|| panic!("{label} not resolved:\n{stdout}"))
+}
+
 /// Parses a decimal number the C program printed.
 pub fn num(s: &str) -> u64 {
     s.parse().unwrap_or_else(|_| panic!("not a number: {s:?}"))
