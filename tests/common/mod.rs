@@ -11,9 +11,44 @@ pub fn vramtrace() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vramtrace"))
 }
 
-/// The target directory holding the binary, the preload and the stand-in driver.
+/// The target directory holding the binary, the preload and the stand-in driver. The libraries
+/// are built first: `cargo test` builds binaries for integration tests but not the cdylibs of
+/// other packages (cargo holds no lock while tests run, so building here is safe).
 pub fn target_dir() -> PathBuf {
-    vramtrace().parent().unwrap().to_path_buf()
+    let dir = vramtrace().parent().unwrap().to_path_buf();
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .args([
+                "build",
+                "-p",
+                "vramtrace-preload",
+                "-p",
+                "vramtrace-fakecuda",
+                "-p",
+                "vramtrace-workload",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("CARGO_TARGET_DIR", dir.parent().unwrap());
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cargo.arg("--release");
+        }
+        match cargo.output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!(
+                "building the preload, the stand-in driver and the workload failed:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("could not run cargo ({e}); testing the libraries already built"),
+        }
+    });
+    dir
+}
+
+/// The preload library under test.
+pub fn preload() -> PathBuf {
+    target_dir().join("libvramtrace_preload.so")
 }
 
 /// A directory holding the stand-in driver as `libcuda.so.1` and `libcuda.so`, for

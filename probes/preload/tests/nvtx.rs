@@ -9,8 +9,10 @@ use std::process::Command;
 use common::*;
 use vramtrace_format::{EventKind, Record};
 
-/// Builds `tests/nvtx_client` into its own target directory and returns the binary.
-fn nvtx_client() -> std::path::PathBuf {
+/// Builds `tests/nvtx_client` into its own target directory and returns the binary; `None` (the
+/// test then says it skipped) when libclang, which bindgen needs, is missing and
+/// `VRAMTRACE_REQUIRE_NVTX` is not set (CI sets it after installing libclang-dev).
+fn nvtx_client() -> Option<std::path::PathBuf> {
     let target = profile_dir()
         .join("preload-tests")
         .join("nvtx-client-target");
@@ -22,19 +24,30 @@ fn nvtx_client() -> std::path::PathBuf {
         .env("CARGO_TARGET_DIR", &target)
         .output()
         .expect("running cargo");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success()
+        && stderr.contains("libclang")
+        && std::env::var_os("VRAMTRACE_REQUIRE_NVTX").is_none()
+    {
+        eprintln!(
+            "SKIPPED nvtx_ranges_label_allocations: libclang is not installed (bindgen needs it for the \
+             nvtx crate; `apt-get install libclang-dev`, or set VRAMTRACE_REQUIRE_NVTX=1 to fail instead)"
+        );
+        return None;
+    }
     assert!(
         o.status.success(),
         "building the NVTX client failed (nvtx-sys runs bindgen, which needs libclang: \
          `apt-get install libclang-dev`):\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    target.join("debug").join("vramtrace-nvtx-client")
+    Some(target.join("debug").join("vramtrace-nvtx-client"))
 }
 
 #[test]
 fn nvtx_ranges_label_allocations() {
     let s = Scratch::new("nvtx");
-    let exe = nvtx_client();
+    let Some(exe) = nvtx_client() else { return };
     let mut cmd = traced(&exe, &s.trace_dir());
     cmd.env("NVTX_INJECTION64_PATH", preload());
     let out = run_ok(cmd);
