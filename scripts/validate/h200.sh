@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# One whole validation run on a GPU machine (the H200 in docs/validation.md).
+#
+# Expects, relative to the repository root:
+#   .device/bin/  vramtrace, vramtrace-workload, libvramtrace_preload.so, and the C probes
+#                 procaddr, dlopen_dlsym, bench_loop (built by scripts/validate/prepare.sh)
+#   .device/whl/  fla_core-0.6.0-py3-none-any.whl
+# Writes every trace, log and comparison under $OUT/w and tars it into $OUT/results.tar.gz.
+# Each step runs on its own; a failing step is logged and the run goes on.
+#
+# Usage: scripts/validate/h200.sh [STEP...]   (default: every step)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=$ROOT/.device/bin
+VT=$BIN/vramtrace
+WL=$BIN/vramtrace-workload
+OUT=${OUT:-/tmp/vramtrace-validation}
+W=$OUT/w
+mkdir -p "$W"
+CFG=$ROOT/samples/models/Qwen3.6-27B/config.json
+VAL=$ROOT/scripts/validate
+export PYTHONUNBUFFERED=1
+# Leave NVLink multicast off (shared machines).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+step() { echo; echo "=== $1 ($(date +%T))"; }
+run_step() {
+  local name=$1
+  shift
+  step "$name"
+  if ! "$@"; then echo "!!! STEP $name FAILED"; fi
+}
+
+setup() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.device/whl/*.whl
+  export PYTHONPATH=/tmp/site
+  python3 -c 'import fla; print("fla", fla.__version__)'
+  $VT --version
+}
+
+preload_probes() {
+  rm -rf "$W/procaddr"
+  VRAMTRACE_DIR=$W/procaddr LD_PRELOAD=$BIN/libvramtrace_preload.so "$BIN/procaddr" | tee "$W/procaddr.out"
+  echo "routed-by-name notes: $(cat "$W"/procaddr/*.vtr | grep -a -c 'routed by name')"
+  $VT summary "$W/procaddr"
+  $VT events "$W/procaddr" > "$W/procaddr.jsonl"
+  rm -rf "$W/dlopen"
+  VRAMTRACE_DIR=$W/dlopen LD_PRELOAD=$BIN/libvramtrace_preload.so "$BIN/dlopen_dlsym" | tee "$W/dlopen.out"
+  $VT events "$W/dlopen" | head -20
+}
+
+torch_modes() {
+  local mode env
+  for mode in default expandable async nocache; do
+    case $mode in
+      default) env=() ;;
+      expandable) env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+      async) env=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
+      nocache) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+    esac
+    echo "--- torch mode $mode"
+    env "${env[@]}" $VT run --out "$W/torch-$mode" -- python3 "$VAL/torch_capture.py" "$W/torch-$mode.json" 2> "$W/torch-$mode.stderr"
+    echo "exit $?"; cat "$W/torch-$mode.stderr"
+    $VT events "$W/torch-$mode" > "$W/torch-$mode.jsonl"
+    python3 "$VAL/compare_snapshot.py" "$W/torch-$mode.json" "$W/torch-$mode.jsonl"
+  done
+  echo "--- summary with stacks (caching off)"
+  $VT summary --frames 14 "$W/torch-nocache" | tee "$W/torch-nocache.summary"
+  $VT summary --json "$W/torch-nocache" > "$W/torch-nocache.summary.json"
+  $VT events --stacks "$W/torch-nocache" > "$W/torch-nocache.stacks.jsonl"
+}
+
+nvtx_and_processes() {
+  cat > /tmp/nvtx_mp.py <<'EOF'
+import os, sys, torch, torch.multiprocessing as mp
+def worker(rank):
+    torch.cuda.set_device(0)
+    x = torch.empty((rank + 1) << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    print("worker", os.getpid(), "ppid", os.getppid(), x.numel(), flush=True)
+if __name__ == "__main__":
+    torch.cuda.nvtx.range_push("fwd")
+    a = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.nvtx.range_push("attention")
+    b = torch.empty(5 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.nvtx.range_pop()
+    torch.cuda.nvtx.range_pop()
+    c = torch.empty(7 << 20, dtype=torch.uint8, device="cuda")
+    print("parent", os.getpid(), flush=True)
+    mp.spawn(worker, nprocs=2, join=True)
+EOF
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 $VT run --out "$W/nvtx-mp" -- python3 /tmp/nvtx_mp.py
+  $VT events "$W/nvtx-mp" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    e = json.loads(l)
+    if e["kind"] == "alloc" and e["size"] in (3<<20, 5<<20, 7<<20, 1<<20, 2<<20):
+        print(e["pid"], e["api"], e["size"], e.get("label"))'
+  $VT summary --json "$W/nvtx-mp" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+for p in s["processes"]:
+    print("pid", p["pid"], "ppid", p["ppid"], " ".join(p["command"])[:80], [(d["device"], d["peak_bytes"]) for d in p["devices"]])'
+}
+
+fla_shapes() {
+  export PYTHONPATH=/tmp/site
+  local i=0 shape
+  # name | model_vs_torch args | vramtrace model shape args
+  while IFS='|' read -r name targs margs; do
+    [ -z "$name" ] && continue
+    echo "--- gdn $name"
+    $VT model "$CFG" --variant fla-0.6.0 $margs --json > "$W/model-gdn-$name.json"
+    timeout 300 python3 "$VAL/model_vs_torch.py" --kernel gdn $targs --compare "$W/model-gdn-$name.json" > "$W/snap-gdn-$name.jsonl"
+    echo "snapshot verdict: $(tail -1 "$W/snap-gdn-$name.jsonl")"
+    grep '"compare"' "$W/snap-gdn-$name.jsonl" | head -2
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 $VT run --quiet --out "$W/trace-gdn-$name" -- \
+      python3 "$VAL/model_vs_torch.py" --kernel gdn $targs > /dev/null
+    $VT compare "$W/trace-gdn-$name" --model "$CFG" --variant fla-0.6.0 $margs | tee "$W/compare-gdn-$name.txt"
+    $VT compare "$W/trace-gdn-$name" --model "$CFG" --variant fla-0.6.0 $margs --json > "$W/compare-gdn-$name.json"
+  done <<'EOF'
+t4128|--seqlens 4128 --hk 16 --hv 48 --k 128 --v 128|--tokens 4128
+t1000-kv|--seqlens 1000 --hk 8 --hv 24 --k 128 --v 64|--tokens 1000 --key-heads 8 --value-heads 24 --key-dim 128 --value-dim 64
+varlen|--seqlens 1000,3000,128 --hk 8 --hv 16 --k 64 --v 128|--seqlens 1000,3000,128 --key-heads 8 --value-heads 16 --key-dim 64 --value-dim 128
+t777-h4|--seqlens 777 --hk 4 --hv 4 --k 256 --v 128|--tokens 777 --key-heads 4 --value-heads 4 --key-dim 256 --value-dim 128
+EOF
+}
+
+fa_shapes() {
+  echo "--- fa, max_seqlen_k far above the real length"
+  $VT model "$CFG" --variant pytorch --tokens 4128 --max-seqlen-k 262144 --json > "$W/model-fa.json"
+  timeout 300 python3 "$VAL/model_vs_torch.py" --kernel fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 \
+    --max-seqlen-k 262144 --compare "$W/model-fa.json" > "$W/snap-fa.jsonl"
+  echo "snapshot verdict: $(tail -1 "$W/snap-fa.jsonl")"
+  grep '"compare"' "$W/snap-fa.jsonl"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 $VT run --quiet --out "$W/trace-fa" -- \
+    python3 "$VAL/model_vs_torch.py" --kernel fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 --max-seqlen-k 262144 > /dev/null
+  $VT compare "$W/trace-fa" --model "$CFG" --variant pytorch --tokens 4128 --max-seqlen-k 262144 | tee "$W/compare-fa.txt"
+  echo "--- fa varlen, 3 sequences"
+  $VT model "$CFG" --variant pytorch --seqlens 1000,3000,128 --max-seqlen-k 131072 --json > "$W/model-fa-varlen.json"
+  timeout 300 python3 "$VAL/model_vs_torch.py" --kernel fa --seqlens 1000,3000,128 --heads 24 --kv-heads 4 --head-dim 256 \
+    --max-seqlen-k 131072 --compare "$W/model-fa-varlen.json" > "$W/snap-fa-varlen.jsonl"
+  echo "snapshot verdict: $(tail -1 "$W/snap-fa-varlen.jsonl")"
+}
+
+workload() {
+  export PYTHONPATH=/tmp/site
+  $WL gdn --tokens 256 --heads 4 --key-dim 64 --value-dim 64 --check 2>&1 | tail -15
+  $WL fa --seqlens 100,300 --heads 8 --kv-heads 2 --head-dim 128 --check 2>&1 | tail -15
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --tokens 4128 --heads 48 --key-heads 16 --key-dim 128 --value-dim 128 2>&1 | tail -20
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --seqlens 1000,3000,128 --heads 16 --key-heads 8 --key-dim 64 --value-dim 128 2>&1 | tail -20
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 2>&1 | tail -20
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" fa --seqlens 1000,3000,128 --heads 24 --kv-heads 4 --head-dim 256 2>&1 | tail -20
+  $VT run --out "$W/workload-gdn" -- $WL gdn --tokens 4128 --heads 48 --key-heads 16 --key-dim 128 --value-dim 128
+  $VT summary "$W/workload-gdn" > "$W/workload-gdn.summary"
+  $VT compare "$W/workload-gdn" --model "$CFG" --variant fla-0.6.0 --tokens 4128 | tee "$W/workload-gdn.compare"
+  $VT run --out "$W/workload-fa" -- $WL fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256
+  $VT summary "$W/workload-fa" > "$W/workload-fa.summary"
+  $VT compare "$W/workload-fa" --model "$CFG" --variant fa-2.8.3 --tokens 4128 | tee "$W/workload-fa.compare"
+  $VT run --out "$W/workload-fa-padded" -- $WL fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 --padded-lse --max-seqlen-q 65536
+  $VT compare "$W/workload-fa-padded" --model "$CFG" --variant fa-2.5.9 --tokens 4128 | tee "$W/workload-fa-padded.compare"
+}
+
+costs() {
+  echo "--- cuMemAlloc_v2 + cuMemFree_v2 of 1 MiB, ns per pair (best of 5 rounds of 2000)"
+  echo "bare:            $($BIN/bench_loop 2000 5 0)"
+  echo "preload, off:    $(LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
+  rm -rf "$W/bench"; echo "recording:       $(VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
+  rm -rf "$W/bench"; echo "recording, no stacks: $(VRAMTRACE_STACKS=0 VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
+  rm -rf "$W/bench"; echo "recording, +40 frames: $(VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 40)"
+  rm -rf "$W/bench"
+  cat > /tmp/empty_del.py <<'EOF'
+import time, torch
+torch.empty(1, device="cuda")
+best = 1e9
+for _ in range(5):
+    t = time.perf_counter()
+    for _ in range(2000):
+        x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda"); del x
+    best = min(best, (time.perf_counter() - t) / 2000)
+print(f"{best*1e6:.2f} us")
+EOF
+  echo "--- torch.empty(1 MiB) + del, caching off, best of 5 x 2000"
+  echo "bare:        $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 /tmp/empty_del.py)"
+  rm -rf "$W/bench-torch"; echo "vramtrace:   $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $VT run --quiet --out "$W/bench-torch" -- python3 /tmp/empty_del.py)"
+  rm -rf "$W/bench-torch"; echo "no stacks:   $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $VT run --quiet --no-stacks --out "$W/bench-torch" -- python3 /tmp/empty_del.py)"
+  rm -rf "$W/bench-torch"
+}
+
+STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
+export PYTHONPATH=/tmp/site
+for s in $STEPS; do run_step "$s" "$s"; done
+step "pack"
+tar -C "$OUT" -czf "$OUT/results.tar.gz" w && ls -la "$OUT/results.tar.gz"
