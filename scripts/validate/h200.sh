@@ -5,7 +5,8 @@
 #   .device/bin/  vramtrace, vramtrace-workload, libvramtrace_preload.so, and the C probes
 #                 procaddr, dlopen_dlsym, bench_loop (built by scripts/validate/prepare.sh)
 #   .device/whl/  fla_core-0.6.0-py3-none-any.whl
-# Writes every trace, log and comparison under $OUT/w and tars it into $OUT/results.tar.gz.
+# Writes every trace, log and comparison under $WORK (default /tmp/vramtrace-validation/w) and
+# tars it into $OUT/results-<first step>.tar.gz.
 # Each step runs on its own; a failing step is logged and the run goes on.
 #
 # Usage: scripts/validate/h200.sh [STEP...]   (default: every step)
@@ -15,8 +16,8 @@ BIN=$ROOT/.device/bin
 VT=$BIN/vramtrace
 WL=$BIN/vramtrace-workload
 OUT=${OUT:-/tmp/vramtrace-validation}
-W=$OUT/w
-mkdir -p "$W"
+W=${WORK:-/tmp/vramtrace-validation/w}
+mkdir -p "$W" "$OUT"
 CFG=$ROOT/samples/models/Qwen3.6-27B/config.json
 VAL=$ROOT/scripts/validate
 export PYTHONUNBUFFERED=1
@@ -147,7 +148,8 @@ fa_shapes() {
 
 workload() {
   export PYTHONPATH=/tmp/site
-  $WL gdn --tokens 256 --heads 4 --key-dim 64 --value-dim 64 --check 2>&1 | tail -15
+  $WL selfcheck 2>&1 | tail -40
+  $WL gdn --seqlens 100,300,64 --heads 8 --key-heads 4 --key-dim 64 --value-dim 128 --check 2>&1 | tail -15
   $WL fa --seqlens 100,300 --heads 8 --kv-heads 2 --head-dim 128 --check 2>&1 | tail -15
   timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --tokens 4128 --heads 48 --key-heads 16 --key-dim 128 --value-dim 128 2>&1 | tail -20
   timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --seqlens 1000,3000,128 --heads 16 --key-heads 8 --key-dim 64 --value-dim 128 2>&1 | tail -20
@@ -158,7 +160,7 @@ workload() {
   $VT compare "$W/workload-gdn" --model "$CFG" --variant fla-0.6.0 --tokens 4128 | tee "$W/workload-gdn.compare"
   $VT run --out "$W/workload-fa" -- $WL fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256
   $VT summary "$W/workload-fa" > "$W/workload-fa.summary"
-  $VT compare "$W/workload-fa" --model "$CFG" --variant fa-2.8.3 --tokens 4128 | tee "$W/workload-fa.compare"
+  $VT compare "$W/workload-fa" --model "$CFG" --variant pytorch --tokens 4128 | tee "$W/workload-fa.compare"
   $VT run --out "$W/workload-fa-padded" -- $WL fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 --padded-lse --max-seqlen-q 65536
   $VT compare "$W/workload-fa-padded" --model "$CFG" --variant fa-2.5.9 --tokens 4128 | tee "$W/workload-fa-padded.compare"
 }
@@ -193,4 +195,5 @@ STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_sha
 export PYTHONPATH=/tmp/site
 for s in $STEPS; do run_step "$s" "$s"; done
 step "pack"
-tar -C "$OUT" -czf "$OUT/results.tar.gz" w && ls -la "$OUT/results.tar.gz"
+first=${STEPS%% *}
+tar -C "$(dirname "$W")" -czf "$OUT/results-$first.tar.gz" "$(basename "$W")" && ls -la "$OUT/results-$first.tar.gz"
