@@ -9,6 +9,9 @@
 //!    allocation (in time order) of the same size — a kernel allocates in program order;
 //! 3. **size**: what is left pairs by equal size regardless of order.
 //!
+//! An allocation named through the annotation ABI is only ever matched by its name: one named
+//! `input g` is not fla's `g (cumsum)`, even though both are fp32 `[T, H]`.
+//!
 //! Sizes compare after rounding both up to `align` bytes (1 for driver-level traces with
 //! PyTorch's caching off; 512 to compare with PyTorch's block sizes). The result lists every
 //! tensor with its predicted and observed bytes, and every observed allocation nothing explains.
@@ -186,9 +189,9 @@ fn match_set(
         if !open(ti, &taken) {
             continue;
         }
-        if let Some(oi) =
-            (cursor..observed.len()).find(|&oi| !used[oi] && size_ok(&tensors[ti], &observed[oi]))
-        {
+        if let Some(oi) = (cursor..observed.len()).find(|&oi| {
+            !used[oi] && observed[oi].name.is_none() && size_ok(&tensors[ti], &observed[oi])
+        }) {
             taken[ti] = Some((oi, MatchedBy::OrderAndSize));
             used[oi] = true;
             cursor = oi + 1;
@@ -199,9 +202,9 @@ fn match_set(
         if !open(ti, &taken) {
             continue;
         }
-        if let Some(oi) =
-            (0..observed.len()).find(|&oi| !used[oi] && size_ok(&tensors[ti], &observed[oi]))
-        {
+        if let Some(oi) = (0..observed.len()).find(|&oi| {
+            !used[oi] && observed[oi].name.is_none() && size_ok(&tensors[ti], &observed[oi])
+        }) {
             taken[ti] = Some((oi, MatchedBy::Size));
             used[oi] = true;
         }
@@ -640,6 +643,20 @@ mod tests {
         let a = attribute(&model(), observed, 512, Moment::Window);
         assert_eq!(a.rows[2].observed, Some(2));
         assert_eq!(a.rows[2].difference, Some(-100));
+    }
+
+    #[test]
+    fn a_named_allocation_is_never_taken_for_another_tensor_of_its_size() {
+        // The caller's own g is fp32 [T, H] like fla's g cumsum; only the unnamed one is the
+        // kernel's.
+        let mut tl = Timeline::new();
+        tl.alloc("g (cumsum)", &[100, 4], DType::F32, "test");
+        let model = tl.finish();
+        let observed = vec![obs(1600, 1, Some("input g")), obs(1600, 2, None)];
+        let a = attribute(&model, observed, 1, Moment::Window);
+        assert_eq!(a.rows[0].observed, Some(1));
+        assert_eq!(a.named_only_bytes, 1600);
+        assert_eq!(a.unexplained_bytes, 0);
     }
 
     #[test]
