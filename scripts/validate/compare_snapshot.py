@@ -21,7 +21,15 @@ def main() -> int:
     print(f"driver functions seen: {', '.join(apis)}")
     print(f"requested tensor bytes:        {cap['requested']}")
     print(f"snapshot alloc sizes:          {snap_allocs}")
-    print(f"driver allocations (kind,size): {[(e['api'], e['size'], e['kind']) for e in drv]}")
+    # Group repeats (expandable segments map thousands of 20 MiB chunks) so the line stays short.
+    groups = []
+    for e in drv:
+        key = (e["api"], e["size"], e["kind"])
+        if groups and groups[-1][0] == key:
+            groups[-1][1] += 1
+        else:
+            groups.append([key, 1])
+    print("driver allocations (api, size, kind) x count: " + ", ".join(f"{k} x{n}" if n > 1 else str(k) for k, n in groups))
     segs = [e["size"] for e in cap["snapshot_trace"] if e["action"] == "segment_alloc"]
     if segs:
         print(f"snapshot segment_alloc sizes:  {segs}")

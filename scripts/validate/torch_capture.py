@@ -23,7 +23,12 @@ SIZES = [4096, 512 * 1000, 3 << 20, 50 << 20, 48 * 4128 * 128 * 2, 1000]
 def main() -> None:
     out = sys.argv[1]
     torch.cuda.init()
-    torch.cuda.memory._record_memory_history(max_entries=100000)
+    try:
+        torch.cuda.memory._record_memory_history(max_entries=100000)
+        recording = True
+    except RuntimeError as e:  # backend:cudaMallocAsync has no history
+        print(f"torch_capture: no allocator history in this mode: {e}", file=sys.stderr)
+        recording = False
     keep = []
     tensors = []
     for i, n in enumerate(SIZES):
@@ -37,11 +42,12 @@ def main() -> None:
     failed = None
     try:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
-    except torch.OutOfMemoryError as e:
+    except (torch.OutOfMemoryError, RuntimeError) as e:  # caching off raises AcceleratorError
         failed = str(e).splitlines()[0]
     torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
+    snap = torch.cuda.memory._snapshot() if recording else {}
+    if recording:
+        torch.cuda.memory._record_memory_history(enabled=None)
     trace = []
     for dev in snap.get("device_traces", []):
         for e in dev:
