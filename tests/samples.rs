@@ -1,0 +1,130 @@
+//! The CLI on real traces recorded on the H200 (samples/h200): what was measured there stays
+//! what the tool reads and concludes here.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+fn sample(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("samples/h200")
+        .join(name)
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let o = Command::new(vramtrace()).args(args).output().unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+const CONFIG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/samples/models/Qwen3.6-27B/config.json"
+);
+
+#[test]
+fn pytorch_caching_off_allocates_each_tensor_exactly() {
+    let ev = events(&sample("torch-nocache"));
+    let allocs: Vec<u64> = ev
+        .iter()
+        .filter(|e| e["kind"] == "alloc")
+        .map(|e| e["size"].as_u64().unwrap())
+        .collect();
+    // The sizes torch_capture.py asked for, in order: one driver allocation per tensor.
+    assert_eq!(allocs, [4096, 512000, 3145728, 52428800, 50724864, 1000]);
+    let failed: Vec<_> = ev.iter().filter(|e| e["kind"] == "alloc_failed").collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["size"], 1u64 << 50);
+    assert_eq!(failed[0]["total_bytes"], 150_109_880_320u64);
+    assert_eq!(failed[0]["free_bytes"], 149_498_757_120u64);
+    let s = json(&[
+        "summary",
+        "--json",
+        sample("torch-nocache").to_str().unwrap(),
+    ]);
+    let d = &s["processes"][0]["devices"][0];
+    assert_eq!(d["name"], "NVIDIA H200");
+    assert_eq!(d["peak_bytes"], 4096 + 3145728 + 52428800);
+    assert_eq!(d["failures"][0]["live_bytes"], 4096 + 3145728 + 50724864);
+}
+
+#[test]
+fn fla_gdn_peak_is_attributed_byte_for_byte() {
+    let v = json(&[
+        "compare",
+        sample("fla-gdn-t4128").to_str().unwrap(),
+        "--model",
+        CONFIG,
+        "--variant",
+        "fla-0.6.0",
+        "--tokens",
+        "4128",
+        "--json",
+    ]);
+    let a = &v["attribution"];
+    for r in a["rows"].as_array().unwrap() {
+        assert_eq!(r["difference"], 0, "{r}");
+    }
+    assert_eq!(a["attributed_bytes"], 334_436_352u64);
+    assert_eq!(a["unexplained_bytes"], 0);
+    assert!(v["named_fraction"].as_f64().unwrap() >= 0.99);
+}
+
+#[test]
+fn torch_flash_attention_ignores_max_seqlen_k() {
+    // Recorded with max_seqlen_k = 262144 for 4128 real tokens: softmax_lse is [H, total_q].
+    let v = json(&[
+        "compare",
+        sample("torch-fa-t4128").to_str().unwrap(),
+        "--model",
+        CONFIG,
+        "--variant",
+        "pytorch",
+        "--tokens",
+        "4128",
+        "--max-seqlen-k",
+        "262144",
+        "--json",
+    ]);
+    let rows = v["attribution"]["rows"].as_array().unwrap();
+    let lse = rows.iter().find(|r| r["name"] == "softmax_lse").unwrap();
+    assert_eq!(lse["observed_bytes"], 24 * 4128 * 4);
+    assert_eq!(lse["difference"], 0);
+    assert_eq!(v["attribution"]["unexplained_bytes"], 0);
+}
+
+#[test]
+fn nvtx_ranges_and_spawned_workers() {
+    let ev = events(&sample("nvtx-multiprocess"));
+    let label = |size: u64| {
+        ev.iter()
+            .find(|e| e["kind"] == "alloc" && e["size"] == size)
+            .unwrap()["label"]
+            .clone()
+    };
+    assert_eq!(label(3 << 20), "fwd");
+    assert_eq!(label(5 << 20), "fwd/attention");
+    assert!(label(7 << 20).is_null());
+    let s = json(&[
+        "summary",
+        "--json",
+        sample("nvtx-multiprocess").to_str().unwrap(),
+    ]);
+    let procs = s["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 3);
+    let parent = procs
+        .iter()
+        .find(|p| {
+            p["command"][1]
+                .as_str()
+                .unwrap_or("")
+                .ends_with("nvtx_mp.py")
+        })
+        .unwrap();
+    let workers: Vec<_> = procs
+        .iter()
+        .filter(|p| p["ppid"] == parent["pid"])
+        .collect();
+    assert_eq!(workers.len(), 2, "both spawned workers link to the parent");
+}
