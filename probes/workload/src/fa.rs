@@ -208,6 +208,34 @@ pub fn generate_inputs(cfg: &FaConfig, seed: u64) -> FaHostInputs {
     }
 }
 
+/// The inputs on the device, allocated before the call by the caller.
+pub struct FaInputs<'s, 'b> {
+    /// q [total_q, H, D].
+    pub q: DeviceTensor<'s, 'b>,
+    /// k [total_k, Hkv, D].
+    pub k: DeviceTensor<'s, 'b>,
+    /// v [total_k, Hkv, D].
+    pub v: DeviceTensor<'s, 'b>,
+    /// cu_seqlens_q [B + 1] int32.
+    pub cu_seqlens_q: DeviceTensor<'s, 'b>,
+    /// cu_seqlens_k [B + 1] int32.
+    pub cu_seqlens_k: DeviceTensor<'s, 'b>,
+    /// out [total_q, H, D], when the caller provides it.
+    pub out: Option<DeviceTensor<'s, 'b>>,
+}
+
+/// What the call returns (all of it stays alive until the caller drops it).
+pub struct FaOutputs<'s, 'b> {
+    /// out, unless the caller provided it.
+    pub out: Option<DeviceTensor<'s, 'b>>,
+    /// softmax_lse fp32, [H, total_q] or [B, H, max_seqlen_q].
+    pub softmax_lse: DeviceTensor<'s, 'b>,
+    /// rng_state, two 64-bit words.
+    pub rng_state: DeviceTensor<'s, 'b>,
+    /// PyTorch's 0-dim `_unused` (philox offset).
+    pub philox_offset: Option<DeviceTensor<'s, 'b>>,
+}
+
 fn cumulative(lens: &[usize]) -> Vec<i32> {
     let mut cu = vec![0i32];
     for &l in lens {
@@ -216,10 +244,13 @@ fn cumulative(lens: &[usize]) -> Vec<i32> {
     cu
 }
 
-/// A whole run: inputs (q, k, v, cu_seqlens_q, cu_seqlens_k[, out]), the call,
-/// then the caller drops the results and the inputs, newest first.
-pub fn run(s: &Session<'_>, cfg: &FaConfig, host: Option<&FaHostInputs>) -> Result<RunTiming> {
-    cfg.validate()?;
+/// Allocate q, k, v, cu_seqlens_q, cu_seqlens_k (and `out` when the caller
+/// provides it), uploading `host` data when given.
+pub fn allocate_inputs<'s, 'b>(
+    s: &'s Session<'b>,
+    cfg: &FaConfig,
+    host: Option<&FaHostInputs>,
+) -> Result<FaInputs<'s, 'b>> {
     let (tq, tk, h, hkv, d, b) = (
         cfg.total_q(),
         cfg.total_k(),
@@ -229,15 +260,14 @@ pub fn run(s: &Session<'_>, cfg: &FaConfig, host: Option<&FaHostInputs>) -> Resu
         cfg.batch(),
     );
     let dt = cfg.dtype;
-    let t0 = Instant::now();
-    let input = |spec: TensorSpec, bytes: Vec<u8>| -> Result<DeviceTensor<'_, '_>> {
+    let input = |spec: TensorSpec, bytes: Vec<u8>| -> Result<DeviceTensor<'s, 'b>> {
         if !bytes.is_empty() {
             s.capture_host(&spec, bytes.clone());
         }
         s.from_host(spec, &bytes)
     };
     let enc = |v: Option<&Vec<f32>>| v.map(|v| dt.encode(v)).unwrap_or_default();
-    let inputs = s.range("inputs");
+    let _r = s.range("inputs");
     let q = input(
         TensorSpec::new("q", dt, &[tq, h, d]),
         enc(host.map(|x| &x.q)),
@@ -251,40 +281,61 @@ pub fn run(s: &Session<'_>, cfg: &FaConfig, host: Option<&FaHostInputs>) -> Resu
         enc(host.map(|x| &x.v)),
     )?;
     // PyTorch and flash-attn both require int32 cu_seqlens.
-    let cu_q = input(
+    let cu_seqlens_q = input(
         TensorSpec::new("cu_seqlens_q", DType::I32, &[b + 1]),
         encode_i32(&cumulative(&cfg.seqlens_q)),
     )?;
-    let cu_k = input(
+    let cu_seqlens_k = input(
         TensorSpec::new("cu_seqlens_k", DType::I32, &[b + 1]),
         encode_i32(&cumulative(&cfg.seqlens_k)),
     )?;
-    let given_out = if cfg.preallocated_out {
+    let out = if cfg.preallocated_out {
         Some(s.empty(TensorSpec::new("out", dt, &[tq, h, d]))?)
     } else {
         None
     };
-    drop(inputs);
-    s.backend().synchronize()?;
-    let t1 = Instant::now();
+    Ok(FaInputs {
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        out,
+    })
+}
 
-    let call = s.range(match cfg.api {
+/// `mha_varlen_fwd` as the chosen implementation allocates and computes it.
+pub fn forward<'s, 'b>(
+    s: &'s Session<'b>,
+    cfg: &FaConfig,
+    x: &FaInputs<'s, 'b>,
+) -> Result<FaOutputs<'s, 'b>> {
+    let (tq, h, hkv, d, b) = (
+        cfg.total_q(),
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.head_dim,
+        cfg.batch(),
+    );
+    let dt = cfg.dtype;
+    let _call = s.range(match cfg.api {
         FaApi::Torch => "_flash_attention_forward",
         FaApi::FlashAttn => "flash_attn_varlen_fwd",
     });
     // flash_api.cpp mha_varlen_fwd: `out = at::empty_like(q_padded)` when no `out_` is given.
-    let own_out = if given_out.is_none() {
+    let own_out = if x.out.is_none() {
         Some(s.empty(TensorSpec::new("out", dt, &[tq, h, d]))?)
     } else {
         None
     };
-    let out = given_out
+    let out = x
+        .out
         .as_ref()
         .or(own_out.as_ref())
         .expect("out exists either way");
     // flash_api.cpp: `softmax_lse = at::empty({num_heads, total_q}, opts.dtype(at::kFloat))`
     // (FA >= 2.6.0), or `torch::empty({batch_size, num_heads, max_seqlen_q}, ...)` (<= 2.5.9).
-    let lse = s.empty(TensorSpec::new("softmax_lse", DType::F32, &cfg.lse_shape()))?;
+    let softmax_lse = s.empty(TensorSpec::new("softmax_lse", DType::F32, &cfg.lse_shape()))?;
     // flash_api.cpp: `rng_state = at::empty({2}, at::dtype(c10::kUInt64))` (PyTorch),
     // `torch::empty({2}, options.dtype(torch::kInt64))` (flash-attn); made even without dropout.
     let rng_dtype = match cfg.api {
@@ -306,13 +357,13 @@ pub fn run(s: &Session<'_>, cfg: &FaConfig, host: Option<&FaHostInputs>) -> Resu
             block: (128, 1, 1),
         },
         &[
-            q.arg(),
-            k.arg(),
-            v.arg(),
-            cu_q.arg(),
-            cu_k.arg(),
+            x.q.arg(),
+            x.k.arg(),
+            x.v.arg(),
+            x.cu_seqlens_q.arg(),
+            x.cu_seqlens_k.arg(),
             out.arg(),
-            lse.arg(),
+            softmax_lse.arg(),
             Arg::I32(h as i32),
             Arg::I32(hkv as i32),
             Arg::I32(d as i32),
@@ -323,20 +374,50 @@ pub fn run(s: &Session<'_>, cfg: &FaConfig, host: Option<&FaHostInputs>) -> Resu
             Arg::I64(tq as i64),
         ],
     )?;
-    drop(call);
+    Ok(FaOutputs {
+        out: own_out,
+        softmax_lse,
+        rng_state,
+        philox_offset,
+    })
+}
+
+/// A whole run: inputs, the call, then the caller drops the results and the
+/// inputs, newest first.
+pub fn run(s: &Session<'_>, cfg: &FaConfig, host: Option<&FaHostInputs>) -> Result<RunTiming> {
+    cfg.validate()?;
+    let t0 = Instant::now();
+    let inputs = allocate_inputs(s, cfg, host)?;
+    s.backend().synchronize()?;
+    let t1 = Instant::now();
+    let out = forward(s, cfg, &inputs)?;
     s.backend().synchronize()?;
     let t2 = Instant::now();
-
-    s.capture(out)?;
-    s.capture(&lse)?;
-    // The caller lets go of the results, then of its inputs, newest first.
+    if let Some(o) = out.out.as_ref().or(inputs.out.as_ref()) {
+        s.capture(o)?;
+    }
+    s.capture(&out.softmax_lse)?;
+    let FaOutputs {
+        out,
+        softmax_lse,
+        rng_state,
+        philox_offset,
+    } = out;
     drop(philox_offset);
     drop(rng_state);
-    drop(lse);
-    drop(own_out);
-    drop(given_out);
-    drop(cu_k);
-    drop(cu_q);
+    drop(softmax_lse);
+    drop(out);
+    let FaInputs {
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        out,
+    } = inputs;
+    drop(out);
+    drop(cu_seqlens_k);
+    drop(cu_seqlens_q);
     drop(v);
     drop(k);
     drop(q);

@@ -134,6 +134,10 @@ impl Backend for Emulator {
             })
             .collect();
         let name = CString::new(kernel.symbol()).unwrap();
+        // Tests run in parallel; one emulated launch at a time keeps them fast
+        // to reason about (each launch already uses a thread per CUDA thread).
+        static ONE_LAUNCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = ONE_LAUNCH.lock().unwrap_or_else(|p| p.into_inner());
         let grid = [cfg.grid.0, cfg.grid.1, cfg.grid.2];
         let block = [cfg.block.0, cfg.block.1, cfg.block.2];
         // Safety: every pointer argument is a live allocation of this backend

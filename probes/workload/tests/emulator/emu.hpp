@@ -18,14 +18,17 @@ struct vt_dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
 
-inline thread_local vt_dim3 threadIdx;
-inline thread_local vt_dim3 blockIdx;
-inline vt_dim3 blockDim;
-inline vt_dim3 gridDim;
+// `static`, not `inline`: GCC makes inline variables STB_GNU_UNIQUE, which the
+// dynamic linker merges across libraries even under RTLD_LOCAL, so the bf16 and
+// f32 builds of the emulator would share one device.
+static thread_local vt_dim3 threadIdx;
+static thread_local vt_dim3 blockIdx;
+static vt_dim3 blockDim;
+static vt_dim3 gridDim;
 
-inline std::barrier<>* vt_block_barrier = nullptr;
-inline std::vector<std::unique_ptr<std::barrier<>>> vt_warp_barriers;
-inline std::vector<float> vt_warp_lanes;
+static std::barrier<>* vt_block_barrier = nullptr;
+static std::vector<std::unique_ptr<std::barrier<>>> vt_warp_barriers;
+static std::vector<float> vt_warp_lanes;
 
 #define __global__
 #define __device__

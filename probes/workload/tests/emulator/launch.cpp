@@ -8,6 +8,7 @@
 #include "kernels.cu"
 
 #include <functional>
+#include <mutex>
 #include <thread>
 
 namespace {
@@ -71,6 +72,10 @@ extern "C" int vt_emu_launch(const char* kernel, const unsigned grid[3], const u
                              const uint64_t* args, int nargs) {
     std::function<void()> body = bind(kernel, args, nargs);
     if (!body || block[1] != 1 || block[2] != 1 || block[0] % 32 != 0) return -1;
+    // The emulated device state (blockDim, barriers, __shared__ statics) is
+    // global: one launch at a time, whichever thread asks.
+    static std::mutex one_launch;
+    std::lock_guard<std::mutex> guard(one_launch);
     const unsigned nthreads = block[0];
     gridDim = {grid[0], grid[1], grid[2]};
     blockDim = {nthreads, 1, 1};
