@@ -108,7 +108,13 @@ impl Finish<'_> {
         };
         if let Err(e) = outcome {
             // Show what was allocated up to the failure, then the failure.
-            print!("{}", report.to_text());
+            if self.common.json {
+                let mut json = report.to_json();
+                json["error"] = json!(e.to_string());
+                println!("{}", serde_json::to_string_pretty(&json)?);
+            } else {
+                print!("{}", report.to_text());
+            }
             return Err(e.into());
         }
         let mut json = report.to_json();
