@@ -57,16 +57,23 @@ mod tests {
     use super::*;
     use crate::backend::Kernel;
 
+    /// Say a test skipped where a plain `cargo test` shows it: libtest captures
+    /// `println!`, not writes to the stderr handle.
+    fn skipped(why: &str) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
+    }
+
     /// Compiles the kernels to PTX for every dtype when NVRTC is on the loader
     /// path (CI installs the `nvidia-cuda-nvrtc` wheel); says so and passes
     /// when it is not.
     #[test]
     fn kernels_compile_to_ptx_with_nvrtc() {
         if !nvrtc_present() {
-            println!(
-                "SKIPPED kernels_compile_to_ptx_with_nvrtc: libnvrtc.so.13 is not on the loader \
-                 path (pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to \
-                 LD_LIBRARY_PATH to run it)"
+            skipped(
+                "kernels_compile_to_ptx_with_nvrtc: libnvrtc.so.13 is not on the loader path \
+                 (pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to \
+                 LD_LIBRARY_PATH to run it)",
             );
             return;
         }

@@ -7,6 +7,13 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// Say a test skipped where a plain `cargo test` shows it: libtest captures
+/// `println!`, not writes to the stderr handle.
+fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
+}
+
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vramtrace-workload"))
 }
@@ -17,10 +24,11 @@ fn stand_in() -> Option<PathBuf> {
     if dir.join("libcuda.so").exists() {
         Some(dir)
     } else {
-        println!(
-            "SKIPPED: no stand-in driver at {}/libcuda.so (build it with `cargo build -p vramtrace-fakecuda`, or run `cargo test --workspace`)",
+        skipped(&format!(
+            "{}: no stand-in driver at {}/libcuda.so (build it with `cargo build -p vramtrace-fakecuda`, or run `cargo test --workspace`)",
+            std::thread::current().name().unwrap_or("test"),
             dir.display()
-        );
+        ));
         None
     }
 }
@@ -213,7 +221,7 @@ fn no_driver_is_a_clear_error() {
     let out = run(Path::new("/nonexistent"), None, &GDN_4128);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
-        println!("SKIPPED: a CUDA driver is installed system-wide");
+        skipped("no_driver_is_a_clear_error: a CUDA driver is installed system-wide");
         return;
     }
     assert_eq!(out.status.code(), Some(2));

@@ -19,6 +19,13 @@ use vramtrace_workload::fa::{self, FaApi, FaConfig};
 use vramtrace_workload::gdn::{self, GdnConfig};
 use vramtrace_workload::{DType, Error, Result, Session, check};
 
+/// Say a test skipped where a plain `cargo test` shows it: libtest captures
+/// `println!`, not writes to the stderr handle.
+fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
+}
+
 type LaunchFn =
     unsafe extern "C" fn(*const c_char, *const u32, *const u32, *const u64, c_int) -> c_int;
 
@@ -47,7 +54,7 @@ impl Emulator {
                 .is_ok_and(|o| o.status.success())
         });
         let Some(compiler) = compiler else {
-            println!("SKIPPED: no C++ compiler (c++, g++ or clang++) to build the kernel emulator");
+            skipped("kernel emulation: no C++ compiler (c++, g++ or clang++) to build it");
             return None;
         };
         let out = Command::new(compiler)
@@ -61,10 +68,10 @@ impl Emulator {
             .output()
             .ok()?;
         if !out.status.success() {
-            println!(
-                "SKIPPED: {compiler} could not build the emulator (C++20 <barrier> needed):\n{}",
+            skipped(&format!(
+                "kernel emulation: {compiler} could not build it (C++20 <barrier> needed):\n{}",
                 String::from_utf8_lossy(&out.stderr)
-            );
+            ));
             return None;
         }
         Some(Self::load(&lib))
