@@ -70,6 +70,12 @@ mod tests {
     #[test]
     fn kernels_compile_to_ptx_with_nvrtc() {
         if !nvrtc_present() {
+            // CI installs NVRTC and sets this, so a broken set-up fails instead of skipping.
+            assert!(
+                std::env::var_os("VRAMTRACE_REQUIRE_NVRTC").is_none_or(|v| v != "1"),
+                "VRAMTRACE_REQUIRE_NVRTC=1 but libnvrtc.so.13 cannot be loaded (LD_LIBRARY_PATH={:?})",
+                std::env::var("LD_LIBRARY_PATH").unwrap_or_default()
+            );
             skipped(
                 "kernels_compile_to_ptx_with_nvrtc: libnvrtc.so.13 is not on the loader path \
                  (pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to \

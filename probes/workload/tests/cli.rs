@@ -21,8 +21,11 @@ fn bin() -> PathBuf {
 /// The directory holding the stand-in libcuda.so, if it was built.
 fn stand_in() -> Option<PathBuf> {
     let dir = bin().parent()?.to_path_buf();
-    if dir.join("libcuda.so").exists() {
-        Some(dir)
+    if let Some(found) = [dir.clone(), dir.join("deps")]
+        .into_iter()
+        .find(|d| d.join("libcuda.so").exists())
+    {
+        Some(found)
     } else {
         skipped(&format!(
             "{}: no stand-in driver at {}/libcuda.so (build it with `cargo build -p vramtrace-fakecuda`, or run `cargo test --workspace`)",
