@@ -18,6 +18,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Record a model-shaped prefill until it runs out of memory, and attribute the failure.
+    Demo(commands::demo::DemoArgs),
     /// Run a program with the recorder preloaded, then summarise what it allocated.
     Run(commands::run::RunArgs),
     /// Print every recorded event as one JSON object per line, in time order.
@@ -33,6 +35,7 @@ pub enum Command {
 /// Runs the chosen subcommand and returns the process exit code.
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        Command::Demo(a) => commands::demo::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Events(a) => commands::events::run(a),
         Command::Summary(a) => commands::summary::run(a),

@@ -1,6 +1,7 @@
 //! One module per subcommand: its clap arguments and its action.
 
 pub mod compare;
+pub mod demo;
 pub mod events;
 pub mod model;
 pub mod run;

@@ -53,7 +53,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 "{}",
                 render(&summarize(&trace, SummaryOptions::default()), false)
             ),
-            Err(e) => eprintln!("vramtrace: {e}"),
+            Err(e) => eprintln!("vramtrace: {e:#}"),
         }
     }
     Ok(code)
