@@ -2,18 +2,7 @@
  * vLLM's cumem allocator do. Allocates a known pattern from several threads, then asks for more
  * than the device has. Prints nothing on stdout but "done". */
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include "cuda_abi.h"
-
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemHostAlloc(void **, size_t, unsigned int);
-CUresult cuMemFreeHost(void *);
+#include "cuda_decls.h" /* probes/preload/tests/c: hand-written declarations of the driver ABI */
 
 static CUcontext ctx;
 

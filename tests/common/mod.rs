@@ -80,16 +80,22 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Compiles one of the C programs in `tests/c/` (linked against the stand-in driver when
-/// `link_cuda`), once per test process.
+/// Compiles a C test program (linked against the stand-in driver when `link_cuda`): one of
+/// `tests/c/` or, shared with the preload's own tests, `probes/preload/tests/c/`.
 pub fn c_program(name: &str, link_cuda: bool) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c")
-        .join(format!("{name}.c"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shared = root.join("probes/preload/tests/c");
+    let src = [root.join("tests/c"), shared.clone()]
+        .into_iter()
+        .map(|d| d.join(format!("{name}.c")))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no C test program {name}.c"));
     let out = scratch(&format!("cc-{name}")).join(name);
     let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
     cc.arg("-O1")
         .arg("-g")
+        .arg("-I")
+        .arg(&shared)
         .arg("-o")
         .arg(&out)
         .arg(&src)
