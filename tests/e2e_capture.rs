@@ -210,3 +210,92 @@ fn sigkill_while_allocating_leaves_a_readable_trace() {
         );
     }
 }
+
+#[test]
+fn stacks_are_symbolised_offline_with_the_programs_own_functions() {
+    let prog = c_program("stacks", true);
+    let out = scratch("stacks").join("trace");
+    let o = run_traced(&out, "1GiB", &[prog.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let o = std::process::Command::new(vramtrace())
+        .args(["events", "--stacks"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let ev: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let funcs = |e: &serde_json::Value| -> Vec<String> {
+        e["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .take(3)
+            .map(|f| f["function"].as_str().unwrap_or("?").to_string())
+            .collect()
+    };
+    let deep: Vec<_> = ev
+        .iter()
+        .filter(|e| e["kind"] == "alloc" && e["size"] == 1001)
+        .collect();
+    assert_eq!(deep.len(), 3);
+    for e in &deep {
+        assert_eq!(
+            funcs(e),
+            ["vramtrace_test_inner", "vramtrace_test_outer", "main"],
+            "{e}"
+        );
+        let f0 = &e["frames"][0];
+        assert!(f0["file"].as_str().unwrap().ends_with("stacks.c"), "{f0}");
+        assert!(f0["line"].as_u64().is_some(), "{f0}");
+    }
+    // One call site, one stack: the three allocations share a stack id.
+    assert!(deep.iter().all(|e| e["stack"] == deep[0]["stack"]));
+    let direct = ev
+        .iter()
+        .find(|e| e["kind"] == "alloc" && e["size"] == 5000)
+        .unwrap();
+    assert_eq!(funcs(direct)[..2], ["vramtrace_test_inner", "main"]);
+    assert_ne!(direct["stack"], deep[0]["stack"]);
+}
+
+#[test]
+fn summary_gives_the_exact_peak_and_the_live_set_at_the_failure() {
+    let prog = c_program("linked", true);
+    let out = scratch("linked-summary").join("trace");
+    let o = run_traced(&out, "24GiB", &[prog.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let o = std::process::Command::new(vramtrace())
+        .args(["summary", "--json"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = s["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .unwrap()
+        .clone();
+    // 10 MiB and 20 MiB are live together before the 10 MiB is freed; the workers' 1-3 MiB
+    // pairs come later, next to the 20 MiB alone (at most 26 MiB).
+    assert_eq!(d["peak_bytes"], 30 * MIB);
+    let sizes: Vec<u64> = d["peak_live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [20 * MIB, 10 * MIB]);
+    let f = &d["failures"][0];
+    assert_eq!(f["size"], 1u64 << 40);
+    assert_eq!(f["live_bytes"], 20 * MIB);
+    assert_eq!(f["live"][0]["size"], 20 * MIB);
+    assert_eq!(f["free_bytes"], (24u64 << 30) - 20 * MIB);
+    assert_eq!(d["name"], "vramtrace stand-in GPU");
+}
