@@ -46,7 +46,11 @@ impl Emulator {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let out_dir = std::env::temp_dir().join(format!("vt-emu-{}", std::process::id()));
         std::fs::create_dir_all(&out_dir).ok()?;
-        let lib = out_dir.join(format!("emu_{define}.so"));
+        // One file per build: tests run in parallel threads of this process, and a library being
+        // written by one must never be dlopened by another.
+        static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let lib = out_dir.join(format!("emu_{define}_{n}.so"));
         let compiler = ["c++", "g++", "clang++"].into_iter().find(|c| {
             Command::new(c)
                 .arg("--version")
