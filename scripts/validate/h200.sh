@@ -151,10 +151,10 @@ workload() {
   $WL selfcheck 2>&1 | tail -40
   $WL gdn --seqlens 100,300,64 --heads 8 --key-heads 4 --key-dim 64 --value-dim 128 --check 2>&1 | tail -15
   $WL fa --seqlens 100,300 --heads 8 --kv-heads 2 --head-dim 128 --check 2>&1 | tail -15
-  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --tokens 4128 --heads 48 --key-heads 16 --key-dim 128 --value-dim 128 2>&1 | tail -20
-  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --seqlens 1000,3000,128 --heads 16 --key-heads 8 --key-dim 64 --value-dim 128 2>&1 | tail -20
-  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 2>&1 | tail -20
-  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" fa --seqlens 1000,3000,128 --heads 24 --kv-heads 4 --head-dim 256 2>&1 | tail -20
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --tokens 4128 --heads 48 --key-heads 16 --key-dim 128 --value-dim 128 2>&1
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --seqlens 1000,3000,128 --heads 16 --key-heads 8 --key-dim 64 --value-dim 128 2>&1
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 2>&1
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" fa --seqlens 1000,3000,128 --heads 24 --kv-heads 4 --head-dim 256 2>&1
   $VT run --out "$W/workload-gdn" -- $WL gdn --tokens 4128 --heads 48 --key-heads 16 --key-dim 128 --value-dim 128
   $VT summary "$W/workload-gdn" > "$W/workload-gdn.summary"
   $VT compare "$W/workload-gdn" --model "$CFG" --variant fla-0.6.0 --tokens 4128 | tee "$W/workload-gdn.compare"
@@ -165,14 +165,7 @@ workload() {
   $VT compare "$W/workload-fa-padded" --model "$CFG" --variant fa-2.5.9 --tokens 4128 | tee "$W/workload-fa-padded.compare"
 }
 
-costs() {
-  echo "--- cuMemAlloc_v2 + cuMemFree_v2 of 1 MiB, ns per pair (best of 5 rounds of 2000)"
-  echo "bare:            $($BIN/bench_loop 2000 5 0)"
-  echo "preload, off:    $(LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
-  rm -rf "$W/bench"; echo "recording:       $(VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
-  rm -rf "$W/bench"; echo "recording, no stacks: $(VRAMTRACE_STACKS=0 VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
-  rm -rf "$W/bench"; echo "recording, +40 frames: $(VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 40)"
-  rm -rf "$W/bench"
+write_empty_del() {
   cat > /tmp/empty_del.py <<'EOF'
 import time, torch
 torch.empty(1, device="cuda")
@@ -184,6 +177,16 @@ for _ in range(5):
     best = min(best, (time.perf_counter() - t) / 2000)
 print(f"{best*1e6:.2f} us")
 EOF
+}
+
+costs() {
+  echo "--- cuMemAlloc_v2 + cuMemFree_v2 of 1 MiB, ns per pair (best of 5 rounds of 2000)"
+  echo "bare:            $($BIN/bench_loop 2000 5 0)"
+  echo "preload, off:    $(LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
+  rm -rf "$W/bench"; echo "recording:       $(VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
+  rm -rf "$W/bench"; echo "recording, no stacks: $(VRAMTRACE_STACKS=0 VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 0)"
+  rm -rf "$W/bench"; echo "recording, +40 frames: $(VRAMTRACE_DIR=$W/bench LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 5 40)"
+  rm -rf "$W/bench"
   echo "--- torch.empty(1 MiB) + del, caching off, best of 5 x 2000"
   echo "bare:        $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 /tmp/empty_del.py)"
   rm -rf "$W/bench-torch"; echo "vramtrace:   $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $VT run --quiet --out "$W/bench-torch" -- python3 /tmp/empty_del.py)"
@@ -191,8 +194,38 @@ EOF
   rm -rf "$W/bench-torch"
 }
 
+workload_h48() {
+  # The issue's shapes: gdn and fa at T=4128 with 48 heads.
+  $VT run --out "$W/workload-fa-h48" -- $WL fa --seqlens 4128 --heads 48 --kv-heads 8 --head-dim 128
+  $VT summary "$W/workload-fa-h48" > "$W/workload-fa-h48.summary"
+  $VT compare "$W/workload-fa-h48" --model "$CFG" --variant pytorch --tokens 4128 --attention-heads 48 --kv-heads 8 --head-dim 128 | tee "$W/workload-fa-h48.compare"
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" fa --seqlens 4128 --heads 48 --kv-heads 8 --head-dim 128
+  timeout 300 python3 "$VAL/workload_vs_fla.py" --workload "$WL" gdn --tokens 4128 --heads 48 --key-heads 16 --key-dim 128 --value-dim 128
+}
+
+demo_gpu() {
+  # The README's main job on a real GPU: real kernels, a 24 GiB limit enforced by a ballast.
+  timeout 500 $VT demo --out "$W/demo-gpu" 2>&1 | tee "$W/demo-gpu.txt"
+  $VT summary --frames 8 "$W/demo-gpu" > "$W/demo-gpu.summary"
+  tail -60 "$W/demo-gpu.summary"
+}
+
+costs_ab() {
+  # Interleaved A/B: bare and traced alternate, so drift of the machine hits both alike.
+  local i
+  for i in 1 2 3 4 5; do
+    echo "round $i bare:      $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 /tmp/empty_del.py)"
+    rm -rf "$W/ab"; echo "round $i vramtrace: $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $VT run --quiet --out "$W/ab" -- python3 /tmp/empty_del.py)"
+    rm -rf "$W/ab"; echo "round $i no stacks: $(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $VT run --quiet --no-stacks --out "$W/ab" -- python3 /tmp/empty_del.py)"
+    echo "round $i bench_loop bare: $($BIN/bench_loop 2000 3 0)"
+    rm -rf "$W/ab"; echo "round $i bench_loop traced: $(VRAMTRACE_DIR=$W/ab LD_PRELOAD=$BIN/libvramtrace_preload.so $BIN/bench_loop 2000 3 0)"
+  done
+  rm -rf "$W/ab"
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
+write_empty_del
 for s in $STEPS; do run_step "$s" "$s"; done
 step "pack"
 first=${STEPS%% *}
