@@ -91,6 +91,19 @@ pub trait Backend {
     fn upload(&self, ptr: DevicePtr, data: &[u8]) -> Result<()>;
     /// Copy device bytes to the host.
     fn download(&self, ptr: DevicePtr, out: &mut [u8]) -> Result<()>;
+    /// Copy `bytes` from `src` to `dst` on the device (`cuMemcpyDtoD_v2`).
+    ///
+    /// The default goes through the host, for backends whose memory is host
+    /// memory anyway (the kernel emulator in the tests).
+    fn copy_device(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        let mut buf = vec![0u8; bytes];
+        self.download(src, &mut buf)?;
+        self.upload(dst, &buf)
+    }
+    /// Free and total device memory (`cuMemGetInfo_v2`), when the device says.
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        None
+    }
     /// Launch a kernel (a no-op where [`Backend::executes_kernels`] is false).
     fn launch(&self, kernel: Kernel, cfg: LaunchConfig, args: &[Arg]) -> Result<()>;
     /// Wait for all launched work.
@@ -131,6 +144,15 @@ pub enum Recorded {
         /// Start of the region.
         ptr: DevicePtr,
         /// Its length.
+        bytes: usize,
+    },
+    /// Device bytes were copied.
+    Copy {
+        /// Destination.
+        dst: DevicePtr,
+        /// Source.
+        src: DevicePtr,
+        /// Length.
         bytes: usize,
     },
     /// A kernel would have been launched.
@@ -185,6 +207,15 @@ impl RecordingBackend {
     }
 }
 
+impl RecorderState {
+    /// Whether `ptr..ptr + bytes` lies inside one live allocation.
+    fn inside_live(&self, ptr: DevicePtr, bytes: usize) -> bool {
+        self.live
+            .iter()
+            .any(|&(p, b)| ptr >= p && ptr + bytes as u64 <= p + b as u64)
+    }
+}
+
 impl Backend for RecordingBackend {
     fn alloc(&self, bytes: usize) -> std::result::Result<DevicePtr, AllocError> {
         let mut s = self.state.borrow_mut();
@@ -235,6 +266,25 @@ impl Backend for RecordingBackend {
     fn download(&self, _ptr: DevicePtr, out: &mut [u8]) -> Result<()> {
         out.fill(0);
         Ok(())
+    }
+
+    fn copy_device(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        let mut s = self.state.borrow_mut();
+        if !s.inside_live(dst, bytes) || !s.inside_live(src, bytes) {
+            return Err(crate::error::Error::Driver {
+                call: "cuMemcpyDtoD_v2".into(),
+                message: format!(
+                    "recorder: {bytes} bytes from {src:#x} to {dst:#x} leave a live allocation"
+                ),
+            });
+        }
+        s.log.push(Recorded::Copy { dst, src, bytes });
+        Ok(())
+    }
+
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        let cap = self.capacity?;
+        Some((cap.saturating_sub(self.live_bytes()), cap))
     }
 
     fn launch(&self, kernel: Kernel, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {

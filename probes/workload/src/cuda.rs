@@ -229,6 +229,24 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn copy_device(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        guarded("cuMemcpyDtoD_v2", || {
+            // Safety: both ranges lie inside live allocations of this context
+            // (Session::copy checks them against the tensors' sizes); the copy
+            // is synchronous with respect to the host and orders after the
+            // kernels on the legacy stream.
+            unsafe { result::memcpy_dtod_sync(dst, src, bytes) }
+        })
+    }
+
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        guarded("cuMemGetInfo_v2", || {
+            self.ctx.bind_to_thread()?;
+            result::mem_get_info()
+        })
+        .ok()
+    }
+
     fn launch(&self, kernel: Kernel, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
         let Some(functions) = &self.functions else {
             return Ok(()); // --simulate: the allocations are the point.
@@ -269,12 +287,5 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         self.description.clone()
-    }
-}
-
-impl CudaBackend {
-    /// Free and total device memory (`cuMemGetInfo_v2`), when the driver says.
-    pub fn mem_info(&self) -> Option<(usize, usize)> {
-        guarded("cuMemGetInfo_v2", result::mem_get_info).ok()
     }
 }

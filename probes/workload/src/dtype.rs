@@ -19,12 +19,19 @@ pub enum DType {
     I64,
     /// 64-bit unsigned integer (PyTorch's FlashAttention `rng_state`).
     U64,
+    /// Bytes with no element type (`prefill`'s packed weight stand-ins, the
+    /// capacity ballast).
+    U8,
+    /// 8-bit float e4m3 (vLLM's `--kv-cache-dtype fp8`); storage only, no
+    /// kernel computes in it.
+    F8E4M3,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            DType::U8 | DType::F8E4M3 => 1,
             DType::BF16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::I64 | DType::U64 => 8,
@@ -40,6 +47,8 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::U64 => "u64",
+            DType::U8 => "u8",
+            DType::F8E4M3 => "fp8_e4m3",
         }
     }
 
@@ -73,8 +82,8 @@ impl DType {
             DType::F32 => values
                 .iter()
                 .for_each(|&x| out.extend_from_slice(&x.to_le_bytes())),
-            DType::I32 | DType::I64 | DType::U64 => {
-                unreachable!("integer tensors are encoded with encode_i32/encode_i64")
+            DType::I32 | DType::I64 | DType::U64 | DType::U8 | DType::F8E4M3 => {
+                unreachable!("integer and fp8 tensors are not encoded from f32 values")
             }
         }
         out
@@ -95,8 +104,8 @@ impl DType {
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect(),
-            DType::I32 | DType::I64 | DType::U64 => {
-                unreachable!("integer tensors are not decoded as floats")
+            DType::I32 | DType::I64 | DType::U64 | DType::U8 | DType::F8E4M3 => {
+                unreachable!("integer and fp8 tensors are not decoded as floats")
             }
         }
     }
@@ -213,6 +222,8 @@ mod tests {
         assert_eq!(DType::I32.size(), 4);
         assert_eq!(DType::I64.size(), 8);
         assert_eq!(DType::U64.size(), 8);
+        assert_eq!(DType::U8.size(), 1);
+        assert_eq!(DType::F8E4M3.size(), 1);
     }
 
     #[test]

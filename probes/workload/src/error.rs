@@ -51,24 +51,11 @@ pub enum Error {
         message: String,
     },
     /// A device allocation failed (for example out of memory).
-    #[error(
-        "allocating {name} ({dtype} {shape:?}, {bytes} bytes) failed: {message}{hint}",
-        hint = if *out_of_memory { "; the card does not have room for it (this is the OOM the trace records)" } else { "" }
-    )]
-    Alloc {
-        /// The tensor's name.
-        name: String,
-        /// Its element type name.
-        dtype: String,
-        /// Its shape.
-        shape: Vec<i64>,
-        /// Bytes requested.
-        bytes: usize,
-        /// The driver's message.
-        message: String,
-        /// Whether the driver said CUDA_ERROR_OUT_OF_MEMORY.
-        out_of_memory: bool,
-    },
+    #[error("{0}")]
+    Alloc(Box<AllocFailure>),
+    /// The model's config.json cannot be read or sized.
+    #[error("{0}")]
+    Model(String),
     /// The sizes given on the command line do not describe a valid problem.
     #[error("{0}")]
     InvalidShape(String),
@@ -80,6 +67,35 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+}
+
+/// A device allocation that failed: what was asked for, where, and what the
+/// session held then.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "allocating {name} ({dtype} {shape:?}, {bytes} bytes) failed: {message}{hint}",
+    hint = if *out_of_memory { "; the card does not have room for it (this is the OOM the trace records)" } else { "" }
+)]
+pub struct AllocFailure {
+    /// The tensor's name.
+    pub name: String,
+    /// Its element type name.
+    pub dtype: String,
+    /// Its shape.
+    pub shape: Vec<i64>,
+    /// Bytes requested.
+    pub bytes: usize,
+    /// The driver's message.
+    pub message: String,
+    /// Whether the driver said CUDA_ERROR_OUT_OF_MEMORY.
+    pub out_of_memory: bool,
+    /// The range path open at the request (`prefill/chunk.3/layer.7/gdn/...`),
+    /// the label the preload gives the failed request.
+    pub stage: String,
+    /// Bytes the session held when the request failed.
+    pub live_bytes: usize,
+    /// Free device memory then (`cuMemGetInfo_v2`), when the device says.
+    pub device_free: Option<usize>,
 }
 
 /// Shorthand for results of this crate.

@@ -244,12 +244,45 @@ fn cumulative(lens: &[usize]) -> Vec<i32> {
     cu
 }
 
+/// The inputs as the little-endian bytes the device takes, so that a caller
+/// uploading the same inputs many times (`prefill`) encodes them once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaInputBytes {
+    /// q in the input dtype.
+    pub q: Vec<u8>,
+    /// k in the input dtype.
+    pub k: Vec<u8>,
+    /// v in the input dtype.
+    pub v: Vec<u8>,
+}
+
+impl FaHostInputs {
+    /// Encode for a device run in `dtype`.
+    pub fn encode(&self, dtype: DType) -> FaInputBytes {
+        FaInputBytes {
+            q: dtype.encode(&self.q),
+            k: dtype.encode(&self.k),
+            v: dtype.encode(&self.v),
+        }
+    }
+}
+
 /// Allocate q, k, v, cu_seqlens_q, cu_seqlens_k (and `out` when the caller
 /// provides it), uploading `host` data when given.
 pub fn allocate_inputs<'s, 'b>(
     s: &'s Session<'b>,
     cfg: &FaConfig,
     host: Option<&FaHostInputs>,
+) -> Result<FaInputs<'s, 'b>> {
+    let bytes = host.map(|h| h.encode(cfg.dtype));
+    allocate_inputs_encoded(s, cfg, bytes.as_ref())
+}
+
+/// [`allocate_inputs`] from inputs already encoded with [`FaHostInputs::encode`].
+pub fn allocate_inputs_encoded<'s, 'b>(
+    s: &'s Session<'b>,
+    cfg: &FaConfig,
+    host: Option<&FaInputBytes>,
 ) -> Result<FaInputs<'s, 'b>> {
     let (tq, tk, h, hkv, d, b) = (
         cfg.total_q(),
@@ -260,34 +293,36 @@ pub fn allocate_inputs<'s, 'b>(
         cfg.batch(),
     );
     let dt = cfg.dtype;
-    let input = |spec: TensorSpec, bytes: Vec<u8>| -> Result<DeviceTensor<'s, 'b>> {
-        if !bytes.is_empty() {
-            s.capture_host(&spec, bytes.clone());
+    let input = |spec: TensorSpec, bytes: &[u8]| -> Result<DeviceTensor<'s, 'b>> {
+        if !bytes.is_empty() && s.is_capturing() {
+            s.capture_host(&spec, bytes.to_vec());
         }
-        s.from_host(spec, &bytes)
+        s.from_host(spec, bytes)
     };
-    let enc = |v: Option<&Vec<f32>>| v.map(|v| dt.encode(v)).unwrap_or_default();
+    fn bytes_of(v: Option<&Vec<u8>>) -> &[u8] {
+        v.map(Vec::as_slice).unwrap_or_default()
+    }
     let _r = s.range("inputs");
     let q = input(
         TensorSpec::new("q", dt, &[tq, h, d]),
-        enc(host.map(|x| &x.q)),
+        bytes_of(host.map(|x| &x.q)),
     )?;
     let k = input(
         TensorSpec::new("k", dt, &[tk, hkv, d]),
-        enc(host.map(|x| &x.k)),
+        bytes_of(host.map(|x| &x.k)),
     )?;
     let v = input(
         TensorSpec::new("v", dt, &[tk, hkv, d]),
-        enc(host.map(|x| &x.v)),
+        bytes_of(host.map(|x| &x.v)),
     )?;
     // PyTorch and flash-attn both require int32 cu_seqlens.
     let cu_seqlens_q = input(
         TensorSpec::new("cu_seqlens_q", DType::I32, &[b + 1]),
-        encode_i32(&cumulative(&cfg.seqlens_q)),
+        &encode_i32(&cumulative(&cfg.seqlens_q)),
     )?;
     let cu_seqlens_k = input(
         TensorSpec::new("cu_seqlens_k", DType::I32, &[b + 1]),
-        encode_i32(&cumulative(&cfg.seqlens_k)),
+        &encode_i32(&cumulative(&cfg.seqlens_k)),
     )?;
     let out = if cfg.preallocated_out {
         Some(s.empty(TensorSpec::new("out", dt, &[tq, h, d]))?)

@@ -239,6 +239,38 @@ pub struct GdnOutputs<'s, 'b> {
     pub chunk_offsets: Option<DeviceTensor<'s, 'b>>,
 }
 
+/// The inputs as the little-endian bytes the device takes, so that a caller
+/// uploading the same inputs many times (`prefill`) encodes them once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GdnInputBytes {
+    /// q in the input dtype.
+    pub q: Vec<u8>,
+    /// k in the input dtype.
+    pub k: Vec<u8>,
+    /// v in the input dtype.
+    pub v: Vec<u8>,
+    /// g, fp32.
+    pub g: Vec<u8>,
+    /// beta in the input dtype.
+    pub beta: Vec<u8>,
+    /// initial_state, fp32, when generated.
+    pub h0: Option<Vec<u8>>,
+}
+
+impl GdnHostInputs {
+    /// Encode for a device run in `dtype` (g and the state stay fp32).
+    pub fn encode(&self, dtype: DType) -> GdnInputBytes {
+        GdnInputBytes {
+            q: dtype.encode(&self.q),
+            k: dtype.encode(&self.k),
+            v: dtype.encode(&self.v),
+            g: DType::F32.encode(&self.g),
+            beta: dtype.encode(&self.beta),
+            h0: self.h0.as_ref().map(|h| DType::F32.encode(h)),
+        }
+    }
+}
+
 /// Allocate the inputs in the order q, k, v, g, beta, initial_state,
 /// cu_seqlens, uploading `host` data when given (it is skipped when kernels do
 /// not run).
@@ -246,6 +278,17 @@ pub fn allocate_inputs<'s, 'b>(
     s: &'s Session<'b>,
     cfg: &GdnConfig,
     host: Option<&GdnHostInputs>,
+) -> Result<GdnInputs<'s, 'b>> {
+    let bytes = host.map(|h| h.encode(cfg.dtype));
+    allocate_inputs_encoded(s, cfg, bytes.as_ref())
+}
+
+/// [`allocate_inputs`] from inputs already encoded with [`GdnHostInputs::encode`].
+/// A tensor whose bytes are absent (no `host`, or no `h0`) is left uninitialised.
+pub fn allocate_inputs_encoded<'s, 'b>(
+    s: &'s Session<'b>,
+    cfg: &GdnConfig,
+    host: Option<&GdnInputBytes>,
 ) -> Result<GdnInputs<'s, 'b>> {
     let (t, h, hk, kd, vd, n) = (
         cfg.tokens(),
@@ -256,12 +299,12 @@ pub fn allocate_inputs<'s, 'b>(
         cfg.sequences(),
     );
     let dt = cfg.dtype;
-    let input = |spec: TensorSpec, data: Option<&Vec<f32>>| -> Result<DeviceTensor<'s, 'b>> {
-        let bytes = data.map(|d| spec.dtype.encode(d)).unwrap_or_default();
-        if !bytes.is_empty() {
-            s.capture_host(&spec, bytes.clone());
+    let input = |spec: TensorSpec, data: Option<&Vec<u8>>| -> Result<DeviceTensor<'s, 'b>> {
+        let bytes = data.map(Vec::as_slice).unwrap_or_default();
+        if !bytes.is_empty() && s.is_capturing() {
+            s.capture_host(&spec, bytes.to_vec());
         }
-        s.from_host(spec, &bytes)
+        s.from_host(spec, bytes)
     };
     let _r = s.range("inputs");
     let q = input(

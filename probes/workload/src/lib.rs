@@ -47,6 +47,6 @@ mod tensor;
 
 pub use backend::{Backend, Kernel, RecordingBackend};
 pub use dtype::DType;
-pub use error::{Error, Result};
+pub use error::{AllocFailure, Error, Result};
 pub use gdn::GdnConfig;
-pub use tensor::{Captured, DeviceTensor, LedgerEvent, Session, TensorSpec};
+pub use tensor::{Captured, DeviceTensor, LedgerEvent, PeakMark, Session, TensorSpec};

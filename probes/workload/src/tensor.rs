@@ -6,7 +6,7 @@
 //! allocations and frees (for the report and the tests), names each tensor
 //! through the preload's annotation ABI, and opens the stage ranges.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Instant;
@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::annotate;
 use crate::backend::{Arg, Backend, DevicePtr, Kernel, LaunchConfig};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{AllocFailure, Error, Result};
 
 /// Name, element type and shape of a tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +80,17 @@ pub enum LedgerEvent {
 /// Tensors copied to the host, by name: their spec and little-endian bytes.
 pub type Captured = BTreeMap<String, (TensorSpec, Vec<u8>)>;
 
+/// The most bytes a session held at once, and the allocation that got there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeakMark {
+    /// Live bytes right after the allocation.
+    pub bytes: usize,
+    /// The tensor whose allocation set the peak.
+    pub spec: TensorSpec,
+    /// The range path open at that allocation.
+    pub stage: String,
+}
+
 /// The context every tensor of one run belongs to.
 pub struct Session<'b> {
     backend: &'b dyn Backend,
@@ -87,6 +98,9 @@ pub struct Session<'b> {
     ranges: RefCell<Vec<(String, Instant)>>,
     timings: RefCell<Vec<(String, f64)>>,
     capture: Option<RefCell<Captured>>,
+    live: Cell<usize>,
+    peak: RefCell<Option<PeakMark>>,
+    window_peak: Cell<usize>,
 }
 
 impl<'b> Session<'b> {
@@ -99,7 +113,26 @@ impl<'b> Session<'b> {
             ranges: RefCell::new(Vec::new()),
             timings: RefCell::new(Vec::new()),
             capture: capture.then(|| RefCell::new(BTreeMap::new())),
+            live: Cell::new(0),
+            peak: RefCell::new(None),
+            window_peak: Cell::new(0),
         }
+    }
+
+    /// Bytes of the tensors alive now.
+    pub fn live_bytes(&self) -> usize {
+        self.live.get()
+    }
+
+    /// The most bytes held at once so far, and by which allocation.
+    pub fn peak(&self) -> Option<PeakMark> {
+        self.peak.borrow().clone()
+    }
+
+    /// The most bytes held at once since the previous call (or since the
+    /// session began); the next window starts from the bytes alive now.
+    pub fn take_window_peak(&self) -> usize {
+        self.window_peak.replace(self.live.get())
     }
 
     /// The device.
@@ -120,19 +153,35 @@ impl<'b> Session<'b> {
                 "tensor {spec} would be empty; every dimension must be at least 1"
             )));
         }
-        let ptr = self.backend.alloc(bytes).map_err(|e| Error::Alloc {
-            name: spec.name.clone(),
-            dtype: spec.dtype.name().into(),
-            shape: spec.shape.clone(),
-            bytes,
-            message: e.message,
-            out_of_memory: e.out_of_memory,
+        let ptr = self.backend.alloc(bytes).map_err(|e| {
+            Error::Alloc(Box::new(AllocFailure {
+                name: spec.name.clone(),
+                dtype: spec.dtype.name().into(),
+                shape: spec.shape.clone(),
+                bytes,
+                message: e.message,
+                out_of_memory: e.out_of_memory,
+                stage: self.current_range(),
+                live_bytes: self.live.get(),
+                device_free: self.backend.mem_info().map(|(free, _)| free),
+            }))
         })?;
         annotate::annotate(ptr, &spec.name, spec.dtype.name(), &spec.shape);
+        let stage = self.current_range();
+        let live = self.live.get() + bytes;
+        self.live.set(live);
+        self.window_peak.set(self.window_peak.get().max(live));
+        if self.peak.borrow().as_ref().is_none_or(|p| live > p.bytes) {
+            *self.peak.borrow_mut() = Some(PeakMark {
+                bytes: live,
+                spec: spec.clone(),
+                stage: stage.clone(),
+            });
+        }
         self.ledger.borrow_mut().push(LedgerEvent::Alloc {
             spec: spec.clone(),
             ptr,
-            stage: self.current_range(),
+            stage,
         });
         Ok(DeviceTensor {
             session: self,
@@ -179,6 +228,37 @@ impl<'b> Session<'b> {
     /// order they closed.
     pub fn timings(&self) -> Vec<(String, f64)> {
         self.timings.borrow().clone()
+    }
+
+    /// Copy `bytes` from `src` at byte `src_offset` to `dst` at byte
+    /// `dst_offset`, on the device (`cuMemcpyDtoD_v2`).
+    pub fn copy(
+        &self,
+        dst: &DeviceTensor<'_, '_>,
+        dst_offset: usize,
+        src: &DeviceTensor<'_, '_>,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        for (t, off) in [(dst, dst_offset), (src, src_offset)] {
+            if off + bytes > t.bytes() {
+                return Err(Error::InvalidShape(format!(
+                    "copying {bytes} bytes at offset {off} would run past {} ({} bytes)",
+                    t.spec,
+                    t.bytes()
+                )));
+            }
+        }
+        self.backend.copy_device(
+            dst.ptr + dst_offset as u64,
+            src.ptr + src_offset as u64,
+            bytes,
+        )
+    }
+
+    /// Whether tensors are being copied to the host for `--dump` / `--check`.
+    pub fn is_capturing(&self) -> bool {
+        self.capture.is_some()
     }
 
     /// Launch a kernel.
@@ -287,6 +367,7 @@ impl Drop for DeviceTensor<'_, '_> {
             // Drop cannot fail; say so rather than abort the run.
             eprintln!("warning: freeing {}: {e}", self.spec);
         }
+        s.live.set(s.live.get() - self.spec.bytes());
         s.ledger.borrow_mut().push(LedgerEvent::Free {
             spec: self.spec.clone(),
             ptr: self.ptr,
