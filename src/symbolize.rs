@@ -59,6 +59,8 @@ pub struct StackSymbolizer<'p> {
     blaze: Blaze,
     cache: HashMap<u64, Frame>,
     stacks: HashMap<u32, Vec<Frame>>,
+    /// Per module path: whether the file on disk is the one the process had loaded.
+    usable: HashMap<String, bool>,
 }
 
 /// Modules whose frames are the recorder itself, dropped from the top of every stack.
@@ -83,6 +85,7 @@ impl<'p> StackSymbolizer<'p> {
             blaze: Blaze::new(),
             cache: HashMap::new(),
             stacks: HashMap::new(),
+            usable: HashMap::new(),
         }
     }
 
@@ -116,13 +119,8 @@ impl<'p> StackSymbolizer<'p> {
                 .file_name()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or(m.path.clone());
-            let path = if m.path.is_empty() {
-                None
-            } else {
-                Some(m.path.clone())
-            };
-            if let Some(path) = path.filter(|p| Path::new(p).exists()) {
-                let src = Source::Elf(Elf::new(&path));
+            if self.file_matches(&m) {
+                let src = Source::Elf(Elf::new(&m.path));
                 let virt = lookup.wrapping_sub(m.bias);
                 if let Ok(Symbolized::Sym(sym)) =
                     self.blaze.symbolize_single(&src, Input::VirtOffset(virt))
@@ -145,10 +143,29 @@ impl<'p> StackSymbolizer<'p> {
                         frame.line = ci.line;
                     }
                 }
+            } else if !m.path.is_empty() {
+                frame.module.push_str(" (not the traced file)");
             }
         }
         self.cache.insert(lookup, frame.clone());
         frame
+    }
+
+    /// Whether the module's file is on this machine and is the one the traced process had
+    /// loaded (same GNU build id, when one was recorded): symbols from another build would lie.
+    fn file_matches(&mut self, m: &ModuleInfo) -> bool {
+        if m.path.is_empty() {
+            return false;
+        }
+        if let Some(&ok) = self.usable.get(&m.path) {
+            return ok;
+        }
+        let ok = Path::new(&m.path).is_file()
+            && (m.build_id.is_empty()
+                || matches!(blazesym::helper::read_elf_build_id(&m.path),
+                            Ok(Some(id)) if id.as_ref() == m.build_id.as_slice()));
+        self.usable.insert(m.path.clone(), ok);
+        ok
     }
 
     /// The symbolised frames of a stack id, innermost first, without the recorder's own frames.

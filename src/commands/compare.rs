@@ -129,8 +129,8 @@ pub fn render(
     );
     let _ = writeln!(
         out,
-        "\n  {:<22} {:<22} {:<9} {:>12} {:>12} {:>10}  {:<10} {}",
-        "tensor", "shape", "dtype", "predicted", "observed", "diff", "matched by", "allocation"
+        "\n  {:<22} {:<22} {:<9} {:>12} {:>12} {:>10}  {:<10} allocation",
+        "tensor", "shape", "dtype", "predicted", "observed", "diff", "matched by"
     );
     for r in &a.rows {
         let (obs, diff, how, alloc) = match r.observed {
