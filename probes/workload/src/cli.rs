@@ -3,9 +3,11 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use vramtrace::model::WeightFormat;
 use vramtrace_workload::DType;
 use vramtrace_workload::fa::{FaApi, FaConfig};
 use vramtrace_workload::gdn::GdnConfig;
+use vramtrace_workload::prefill::{DEFAULT_CHUNK, KvCacheMode, PrefillOptions};
 
 /// vramtrace's reference workload: fla's gated delta rule chunk forward and
 /// FlashAttention's varlen forward on real CUDA kernels, one driver allocation
@@ -33,9 +35,21 @@ pub enum Command {
     /// Run every kernel at small sizes on the GPU for bf16, f16 and f32 and compare
     /// with the CPU references (needs a GPU and NVRTC).
     Selfcheck(SelfcheckArgs),
-    // `prefill` (a model-shaped chunked prefill from a HuggingFace config with
-    // --capacity) belongs here once vramtrace::model::ModelConfig is usable from
-    // this crate; it will drive gdn::forward / fa::run per layer on one Session.
+    /// A model-shaped chunked prefill of one prompt, from a HuggingFace config.json.
+    ///
+    /// First the persistent stand-ins (weights, GDN states, and with --kv-cache
+    /// preallocate the KV cache), sized from the config; then the prompt in chunks
+    /// of --chunk tokens through every layer in order: GDN layers run fla 0.6.0's
+    /// chunk forward (carrying the layer's recurrent state from chunk to chunk),
+    /// attention layers run FlashAttention over the chunk's own keys and write the
+    /// chunk's K and V into the KV cache, and every layer runs an MLP stand-in
+    /// that allocates what vLLM's dense MLP allocates (no GEMM is launched).
+    /// FlashAttention's outputs are sized by the chunk's tokens, not by the
+    /// context: what grows with the prompt is the KV cache.
+    ///
+    /// An allocation the device refuses ends the run with exit status 3 and a
+    /// report of the tensor, the chunk, the layer and what was held.
+    Prefill(PrefillArgs),
 }
 
 /// Options shared by `gdn` and `fa`.
@@ -207,6 +221,125 @@ impl FaArgs {
     }
 }
 
+fn parse_weight_format(s: &str) -> Result<WeightFormat, String> {
+    s.parse()
+}
+
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    match vramtrace::units::parse_bytes(s)? {
+        0 => Err("a capacity of 0 bytes holds nothing; give e.g. 24GiB".into()),
+        n => Ok(n),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvCacheArg {
+    /// A block per chunk and attention layer, allocated as the context grows
+    /// (a paged allocator on demand): memory fills with the prompt.
+    Grow,
+    /// One block per attention layer for --kv-tokens tokens, before the first chunk.
+    Preallocate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvDtypeArg {
+    /// The model's 16-bit activation dtype.
+    Bf16,
+    /// fp8 e4m3 (vLLM's --kv-cache-dtype fp8); a real run allocates it but does
+    /// not write it (no quantising kernel).
+    Fp8,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Labels (range paths the preload records with every allocation):
+  prefill/capacity                          the capacity ballast (real GPU with --capacity)
+  prefill/weights                           embed_tokens, layer.{l}.weights, norm, lm_head
+  prefill/gdn_state                         layer.{l}.conv_state, layer.{l}.ssm_state
+  prefill/kv_cache                          layer.{l}.kv.chunk.{i} (grow) or layer.{l}.kv (preallocate)
+  prefill/chunk.{i}/layer.{l}/gdn/...       fla 0.6.0's inputs and chunk_gated_delta_rule ranges
+  prefill/chunk.{i}/layer.{l}/attention/... FlashAttention's inputs and _flash_attention_forward
+  prefill/chunk.{i}/layer.{l}/mlp           gate_up, act (silu_and_mul), down
+
+Exit status: 0 when the whole prompt was prefilled, 3 when an allocation did not fit,
+2 for any other error.")]
+pub struct PrefillArgs {
+    /// The model's HuggingFace config.json (text_config is used for multimodal ones).
+    #[arg(long, value_name = "PATH")]
+    pub config: PathBuf,
+    /// Tokens of the prompt (one sequence).
+    #[arg(long, value_name = "N")]
+    pub prompt_tokens: usize,
+    /// Tokens per chunk (vLLM's --max-num-batched-tokens); the last chunk may be shorter.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CHUNK)]
+    pub chunk: usize,
+    /// Storage of the weight stand-ins: bf16, fp8 or int4[:GROUP] (an estimate from the
+    /// config; int4 because a 24 GiB card serves a 27B model in 4 bits).
+    #[arg(long, value_name = "FORMAT", default_value = "int4", value_parser = parse_weight_format)]
+    pub weights: WeightFormat,
+    /// How the KV cache gets its memory.
+    #[arg(long, value_enum, default_value = "grow")]
+    pub kv_cache: KvCacheArg,
+    /// Tokens the preallocated KV cache holds (default: the prompt).
+    #[arg(long, value_name = "N")]
+    pub kv_tokens: Option<usize>,
+    /// KV cache element type.
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub kv_dtype: KvDtypeArg,
+    /// Device memory the run may use, like a smaller card (24GiB, 25769803776, ...).
+    /// On a real GPU a ballast allocation leaves exactly this much free, so the driver
+    /// itself refuses what does not fit; with --simulate the stand-in's own capacity
+    /// (VRAMTRACE_FAKE_CAPACITY) limits and this is only reported.
+    #[arg(long, value_name = "BYTES", value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// Make the identical allocations without compiling or launching kernels
+    /// (for the stand-in driver: LD_LIBRARY_PATH=$CARGO_TARGET_DIR/debug).
+    #[arg(long)]
+    pub simulate: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json, list every allocation and free in order, with its label.
+    #[arg(long, requires = "json")]
+    pub ledger: bool,
+    /// No progress line per chunk on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Seed of the generated inputs (real runs).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+impl PrefillArgs {
+    pub fn options(&self) -> Result<PrefillOptions, String> {
+        let kv_cache = match (self.kv_cache, self.kv_tokens) {
+            (KvCacheArg::Grow, Some(_)) => {
+                return Err(
+                    "--kv-tokens sizes a preallocated cache; add --kv-cache preallocate".into(),
+                );
+            }
+            (KvCacheArg::Grow, None) => KvCacheMode::Grow,
+            (KvCacheArg::Preallocate, t) => KvCacheMode::Preallocate {
+                tokens: t.unwrap_or(self.prompt_tokens),
+            },
+        };
+        Ok(PrefillOptions {
+            prompt_tokens: self.prompt_tokens,
+            chunk: self.chunk,
+            weights: self.weights,
+            kv_cache,
+            kv_dtype: match self.kv_dtype {
+                KvDtypeArg::Bf16 => DType::BF16,
+                KvDtypeArg::Fp8 => DType::F8E4M3,
+            },
+            seed: self.seed,
+        })
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct SelfcheckArgs {
     /// CUDA device ordinal.
@@ -310,6 +443,60 @@ mod tests {
         assert_eq!(c.lse_shape(), vec![1, 24, 262_144]);
         assert_eq!(c.max_seqlen_k(), 262_144);
         assert_eq!(c.api, FaApi::FlashAttn);
+    }
+
+    #[test]
+    fn prefill_args_become_options() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec![
+                "vramtrace-workload",
+                "prefill",
+                "--config",
+                "c.json",
+                "--prompt-tokens",
+                "262144",
+            ];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        let Command::Prefill(a) = parse(&["--capacity", "24GiB", "--simulate"])
+            .unwrap()
+            .command
+        else {
+            panic!("not prefill")
+        };
+        assert_eq!(a.capacity, Some(24 << 30));
+        let o = a.options().unwrap();
+        assert_eq!(o.chunk, 4128);
+        assert_eq!(o.weights, WeightFormat::Int4 { group: 128 });
+        assert_eq!(o.kv_cache, KvCacheMode::Grow);
+        assert_eq!(o.kv_dtype, DType::BF16);
+
+        let Command::Prefill(a) = parse(&[
+            "--kv-cache",
+            "preallocate",
+            "--kv-dtype",
+            "fp8",
+            "--weights",
+            "int4:64",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not prefill")
+        };
+        let o = a.options().unwrap();
+        assert_eq!(o.kv_cache, KvCacheMode::Preallocate { tokens: 262_144 });
+        assert_eq!(o.kv_dtype, DType::F8E4M3);
+        assert_eq!(o.weights, WeightFormat::Int4 { group: 64 });
+
+        let Command::Prefill(a) = parse(&["--kv-tokens", "5"]).unwrap().command else {
+            panic!("not prefill")
+        };
+        assert!(a.options().unwrap_err().contains("--kv-cache preallocate"));
+        assert!(parse(&["--weights", "int3"]).is_err());
+        assert!(parse(&["--capacity", "lots"]).is_err());
+        assert!(parse(&["--ledger"]).is_err(), "--ledger needs --json");
     }
 
     #[test]

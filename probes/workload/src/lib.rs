@@ -2,7 +2,9 @@
 //! and FlashAttention-2's varlen forward on real CUDA kernels (compiled at run
 //! time with NVRTC), allocating, naming and freeing every tensor exactly as the
 //! upstream code does, so traces of it can be checked against ground truth on
-//! any NVIDIA GPU without PyTorch.
+//! any NVIDIA GPU without PyTorch; and [`prefill`], a model-shaped chunked
+//! prefill that drives both through every layer of a hybrid model until the
+//! prompt is in or the card is full.
 //!
 //! ```
 //! use vramtrace_workload::{DType, GdnConfig, RecordingBackend, Session, gdn};
@@ -26,7 +28,9 @@
 //! - Real runs, `--simulate` runs and tests share one code path through the
 //!   [`Backend`] trait; simulate's launches are no-ops.
 //! - Sizes come from what the kernels need, never from an analytical model:
-//!   the models are tested *against* this.
+//!   the models are tested *against* this. The exception is [`prefill`]'s
+//!   stand-ins for what no kernel here allocates (weights, KV cache, GDN state,
+//!   the MLP), sized with `vramtrace::model`.
 //! - No panics: missing libraries and driver entry points become [`Error`]s.
 
 pub mod annotate;
@@ -41,6 +45,8 @@ pub mod fa_ref;
 pub mod gdn;
 pub mod gdn_ref;
 pub mod kernels;
+pub mod prefill;
+pub mod prefill_report;
 pub mod report;
 mod rng;
 mod tensor;

@@ -12,10 +12,16 @@ use vramtrace_workload::cuda::CudaBackend;
 use vramtrace_workload::dump::{self, Role};
 use vramtrace_workload::fa::{self, FaApi, FaConfig};
 use vramtrace_workload::gdn::{self, GdnConfig, RunTiming};
+use vramtrace_workload::prefill::{self, ChunkReport, PrefillPlan};
+use vramtrace_workload::prefill_report::PrefillReport;
 use vramtrace_workload::report::Report;
 use vramtrace_workload::{DType, Session, annotate, check};
 
-use cli::{Cli, Command, Common, FaArgs, GdnArgs, SelfcheckArgs};
+use cli::{Cli, Command, Common, FaArgs, GdnArgs, PrefillArgs, SelfcheckArgs};
+
+/// Exit status of a prefill that ran out of device memory (2 is for usage and
+/// other errors).
+const EXIT_OUT_OF_MEMORY: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,6 +29,7 @@ fn main() -> ExitCode {
         Command::Gdn(a) => gdn_command(a),
         Command::Fa(a) => fa_command(a),
         Command::Selfcheck(a) => selfcheck_command(a),
+        Command::Prefill(a) => prefill_command(a),
     };
     match result {
         Ok(code) => code,
@@ -241,6 +248,71 @@ fn fa_command(a: &FaArgs) -> Result<ExitCode> {
             host.as_ref().expect("--check runs kernels"),
             &session.captured(),
         )
+    })
+}
+
+fn prefill_command(a: &PrefillArgs) -> Result<ExitCode> {
+    let options = a.options().map_err(anyhow::Error::msg)?;
+    let cfg = vramtrace::model::ModelConfig::from_path(&a.config)?;
+    let plan = PrefillPlan::new(&cfg, options)?;
+    let backend = if a.simulate {
+        CudaBackend::simulate(a.device)?
+    } else {
+        CudaBackend::real(a.device, plan.dtype)?
+    };
+    // Right after the context (and, for real runs, the kernel module) exists,
+    // before this run holds anything.
+    let capacity = prefill::plan_capacity(
+        a.capacity.map(|c| c as usize),
+        !a.simulate,
+        backend.mem_info(),
+    )?;
+    if let Some(note) = &capacity.note
+        && !a.quiet
+    {
+        eprintln!("prefill: {note}");
+    }
+    let session = Session::new(&backend, false);
+    let chunks = plan.chunks().len();
+    let quiet = a.quiet;
+    let mut progress = |c: &ChunkReport| {
+        if !quiet {
+            eprintln!(
+                "prefill: chunk {} done ({} of {chunks}): {} tokens, KV cache {}, live {} (chunk peak {}), {:.2} s",
+                c.span.index,
+                c.span.index + 1,
+                c.tokens_done,
+                vramtrace::units::fmt_bytes(c.kv_cache_bytes as u64),
+                vramtrace::units::fmt_bytes(c.live_bytes as u64),
+                vramtrace::units::fmt_bytes(c.peak_bytes as u64),
+                c.seconds
+            );
+        }
+    };
+    let started = std::time::Instant::now();
+    let outcome = prefill::run(&session, &plan, capacity.ballast, &mut progress)?;
+    let report = PrefillReport {
+        plan: &plan,
+        outcome: &outcome,
+        config_path: a.config.display().to_string(),
+        device: backend.describe(),
+        simulated: !backend.executes_kernels(),
+        annotated: annotate::available(),
+        capacity: &capacity,
+        seconds: started.elapsed().as_secs_f64(),
+        ledger: a.ledger.then(|| session.ledger()),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(match report.failure_line() {
+        Some(line) => {
+            eprintln!("error: {line}");
+            ExitCode::from(EXIT_OUT_OF_MEMORY)
+        }
+        None => ExitCode::SUCCESS,
     })
 }
 

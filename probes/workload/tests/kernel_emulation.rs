@@ -17,7 +17,8 @@ use std::process::Command;
 use vramtrace_workload::backend::{AllocError, Arg, Backend, DevicePtr, Kernel, LaunchConfig};
 use vramtrace_workload::fa::{self, FaApi, FaConfig};
 use vramtrace_workload::gdn::{self, GdnConfig};
-use vramtrace_workload::{DType, Error, Result, Session, check};
+use vramtrace_workload::prefill::{self, KvCacheMode, PrefillOptions, PrefillPlan};
+use vramtrace_workload::{DType, Error, Result, Session, check, gdn_ref};
 
 /// Say a test skipped where a plain `cargo test` shows it: libtest captures
 /// `println!`, not writes to the stderr handle.
@@ -97,14 +98,20 @@ impl Emulator {
         }
     }
 
+    /// The bytes of the live allocation holding `ptr`, from `ptr` on (copies
+    /// into a KV block start inside it).
     fn with_block<R>(&self, ptr: DevicePtr, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut mem = self.memory.borrow_mut();
-        let block = mem.get_mut(&ptr).expect("a live allocation");
+        let (base, block) = mem
+            .iter_mut()
+            .find(|(base, block)| ptr >= **base && ptr < **base + block.len() as u64 * 8)
+            .expect("a live allocation");
+        let offset = (ptr - base) as usize;
         // Safety: a Vec<u64> viewed as its bytes.
         let bytes = unsafe {
             std::slice::from_raw_parts_mut(block.as_mut_ptr() as *mut u8, block.len() * 8)
         };
-        f(bytes)
+        f(&mut bytes[offset..])
     }
 }
 
@@ -300,5 +307,103 @@ fn flash_attention_kernel_matches_the_cpu_reference() {
         println!("{text}");
         assert!(ok, "{text}");
         assert_eq!(rows.len(), 3, "{text}");
+    }
+}
+
+/// A two-chunk prefill of a tiny hybrid model on the emulated kernels: each GDN
+/// layer's recurrent state, carried from chunk to chunk through
+/// `initial_state` / `final_state` copies, ends equal to the exact recurrence
+/// over the whole prompt, and each attention layer's KV block holds the
+/// chunk's K then V, byte for byte.
+#[test]
+fn prefill_carries_the_gdn_state_and_writes_the_kv_cache() {
+    let Some(emu) = Emulator::build(DType::BF16) else {
+        return;
+    };
+    let config = serde_json::json!({
+        "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100,
+        "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+        "torch_dtype": "bfloat16"
+    });
+    let cfg =
+        vramtrace::model::ModelConfig::from_json(&config, Path::new("tiny/config.json")).unwrap();
+    // A short second chunk, so that the state carried in from the first one
+    // has decayed little by the end (fla's gates decay it by 0.5..0.73 a token).
+    let (t, rest, seed) = (40, 3, 7);
+    let plan = PrefillPlan::new(
+        &cfg,
+        PrefillOptions {
+            prompt_tokens: t + rest,
+            chunk: t,
+            weights: vramtrace::model::WeightFormat::Bf16,
+            kv_cache: KvCacheMode::Grow,
+            kv_dtype: DType::BF16,
+            seed,
+        },
+    )
+    .unwrap();
+    let session = Session::new(&emu, true);
+    let out = prefill::run(&session, &plan, 0, &mut |_| {}).unwrap();
+    assert!(out.failure.is_none());
+    assert_eq!(out.chunks.len(), 2);
+    assert!(emu.memory.borrow().is_empty(), "everything freed");
+    let captured = session.captured();
+
+    // Each chunk length gets its own generated inputs, the same in every layer.
+    let inputs = |tokens| {
+        let c = GdnConfig {
+            initial_state: false,
+            ..plan.gdn_config(tokens)
+        };
+        gdn::generate_inputs(&c, seed)
+    };
+    let (a, b) = (inputs(t), inputs(rest));
+    let join = |x: &Vec<f32>, y: &Vec<f32>| [x.as_slice(), y.as_slice()].concat();
+    let whole = gdn::GdnHostInputs {
+        q: join(&a.q, &b.q),
+        k: join(&a.k, &b.k),
+        v: join(&a.v, &b.v),
+        g: join(&a.g, &b.g),
+        beta: join(&a.beta, &b.beta),
+        h0: None,
+    };
+    let whole_cfg = GdnConfig {
+        initial_state: false,
+        ..plan.gdn_config(t + rest)
+    };
+    let (_, exact) = gdn_ref::naive_recurrent(&whole_cfg, &whole);
+    // Without the carry the state would be the second chunk's alone.
+    let last_cfg = GdnConfig {
+        initial_state: false,
+        ..plan.gdn_config(rest)
+    };
+    let (_, uncarried) = gdn_ref::naive_recurrent(&last_cfg, &b);
+    let (apart, _) = gdn_ref::max_abs_diff(&uncarried, &exact);
+    for layer in [0, 2] {
+        let (spec, bytes) = &captured[&format!("layer.{layer}.ssm_state")];
+        let got = spec.dtype.decode(bytes);
+        let (diff, max_ref) = gdn_ref::max_abs_diff(&got, &exact);
+        let tol = check::gdn_tolerance(DType::BF16) * max_ref.max(1.0);
+        assert!(
+            diff <= tol,
+            "layer {layer}: state differs from the recurrence by {diff} (tolerance {tol})"
+        );
+        assert!(
+            apart > 4.0 * tol,
+            "the carried part is visible: {apart} against a tolerance of {tol}"
+        );
+    }
+
+    for (chunk, tokens) in [(0, t), (1, rest)] {
+        let kv = fa::generate_inputs(&plan.fa_config(tokens), seed).encode(DType::BF16);
+        for layer in [1, 3] {
+            let (_, block) = &captured[&format!("layer.{layer}.kv.chunk.{chunk}")];
+            assert_eq!(block.len(), kv.k.len() + kv.v.len());
+            assert!(block[..kv.k.len()] == kv.k[..], "K of layer {layer}");
+            assert!(block[kv.k.len()..] == kv.v[..], "V of layer {layer}");
+        }
     }
 }
