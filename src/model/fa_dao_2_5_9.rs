@@ -7,6 +7,7 @@
 //! locals of that helper, so they are released when it returns, before the kernel runs (v2.6
 //! onwards returns them to keep them alive). Then `rng_state [2]` int64.
 
+use crate::model::flash_attn::{alloc_split_kv_accumulators, transpose_out_back};
 use crate::model::{DType, FaShape, ModelError, Tensor, Timeline};
 
 /// The variant's name on the command line.
@@ -16,48 +17,31 @@ pub const NAME: &str = "fa-2.5.9";
 pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
     s.check()?;
     let mut tl = Timeline::new();
-    let swapped = s.ngroups_swapped();
-    let (b, d) = (s.batch(), s.head_dim);
-    let (heads, tq, msq) = if swapped {
-        (
-            s.num_heads_k,
-            b * (s.num_heads / s.num_heads_k),
-            s.num_heads / s.num_heads_k,
-        )
-    } else {
-        (s.num_heads, s.total_q(), s.max_seqlen_q())
-    };
+    let q = s.kernel_dims();
     let out = tl.alloc(
         "out",
-        &[tq, heads, d],
+        &[q.total_q, q.heads, s.head_dim],
         s.dtype,
         "fa-2.5.9 csrc/flash_attn/flash_api.cpp mha_varlen_fwd: out = torch::empty_like(q_padded)",
     );
     tl.alloc(
         "softmax_lse",
-        &[b, heads, msq],
+        &[s.batch(), q.heads, q.max_seqlen_q],
         DType::F32,
         "fa-2.5.9 csrc/flash_attn/flash_api.cpp mha_varlen_fwd: torch::empty({batch_size, num_heads, max_seqlen_q}, float)",
     );
-    if swapped {
-        let splits = s.num_splits(heads, msq);
-        if splits > 1 {
-            let lse = tl.alloc(
-                "softmax_lse_accum",
-                &[splits, b, heads, msq],
-                DType::F32,
-                "fa-2.5.9 csrc/flash_attn/flash_api.cpp set_params_splitkv: torch::empty({num_splits, B, H, max_seqlen_q}, float)",
-            );
-            let acc = tl.alloc(
-                "out_accum",
-                &[splits, b, heads, msq, s.head_size_rounded()],
-                DType::F32,
-                "fa-2.5.9 csrc/flash_attn/flash_api.cpp set_params_splitkv: torch::empty({num_splits, B, H, max_seqlen_q, d_rounded}, float)",
-            );
-            // Locals of set_params_splitkv: gone when it returns, before the kernel launch.
-            tl.free(acc);
-            tl.free(lse);
-        }
+    let accum = alloc_split_kv_accumulators(
+        &mut tl,
+        s,
+        &q,
+        [
+            "fa-2.5.9 csrc/flash_attn/flash_api.cpp set_params_splitkv: torch::empty({num_splits, B, H, max_seqlen_q}, float)",
+            "fa-2.5.9 csrc/flash_attn/flash_api.cpp set_params_splitkv: torch::empty({num_splits, B, H, max_seqlen_q, d_rounded}, float)",
+        ],
+    );
+    // Locals of set_params_splitkv: gone when it returns, before the kernel launch.
+    for id in accum.into_iter().rev() {
+        tl.free(id);
     }
     tl.alloc(
         "rng_state",
@@ -65,15 +49,12 @@ pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
         DType::I64,
         "fa-2.5.9 csrc/flash_attn/flash_api.cpp mha_varlen_fwd: torch::empty({2}, int64)",
     );
-    if swapped && s.num_heads_k > 1 {
-        tl.alloc(
-            "out (transposed back)",
-            &[b, s.num_heads, d],
-            s.dtype,
-            "fa-2.5.9 csrc/flash_attn/flash_api.cpp mha_varlen_fwd: out.reshape(size_before).transpose(1, 2).reshape(size_after)",
-        );
-        tl.free(out);
-    }
+    transpose_out_back(
+        &mut tl,
+        s,
+        out,
+        "fa-2.5.9 csrc/flash_attn/flash_api.cpp mha_varlen_fwd: out.reshape(size_before).transpose(1, 2).reshape(size_after)",
+    );
     Ok(tl.finish())
 }
 

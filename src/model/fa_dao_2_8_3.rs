@@ -10,6 +10,7 @@
 //! path the output is transposed back with a copying `reshape`. `p` is `torch::empty({0})` and
 //! allocates nothing. `max_seqlen_k` appears only in the split heuristic.
 
+use crate::model::flash_attn::{alloc_split_kv_accumulators, transpose_out_back};
 use crate::model::{DType, FaShape, ModelError, Tensor, Timeline};
 
 /// The variant's name on the command line.
@@ -19,62 +20,40 @@ pub const NAME: &str = "fa-2.8.3";
 pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
     s.check()?;
     let mut tl = Timeline::new();
-    let swapped = s.ngroups_swapped();
-    let (b, d) = (s.batch(), s.head_dim);
-    let (heads, tq, msq) = if swapped {
-        (
-            s.num_heads_k,
-            b * (s.num_heads / s.num_heads_k),
-            s.num_heads / s.num_heads_k,
-        )
-    } else {
-        (s.num_heads, s.total_q(), s.max_seqlen_q())
-    };
+    let q = s.kernel_dims();
     let out = tl.alloc(
         "out",
-        &[tq, heads, d],
+        &[q.total_q, q.heads, s.head_dim],
         s.dtype,
         "fa-2.8.3 csrc/flash_attn/flash_api.cpp:643 out = torch::empty_like(q)",
     );
     tl.alloc(
         "softmax_lse",
-        &[heads, tq],
+        &[q.heads, q.total_q],
         DType::F32,
         "fa-2.8.3 csrc/flash_attn/flash_api.cpp:652 torch::empty({num_heads, total_q}, float)",
     );
-    let mut accum = Vec::new();
-    if swapped {
-        let splits = s.num_splits(heads, msq);
-        if splits > 1 {
-            accum.push(tl.alloc(
-                "softmax_lse_accum",
-                &[splits, b, heads, msq],
-                DType::F32,
-                "fa-2.8.3 csrc/flash_attn/flash_api.cpp:320 torch::empty({num_splits, B, H, max_seqlen_q}, float)",
-            ));
-            accum.push(tl.alloc(
-                "out_accum",
-                &[splits, b, heads, msq, s.head_size_rounded()],
-                DType::F32,
-                "fa-2.8.3 csrc/flash_attn/flash_api.cpp:321 torch::empty({num_splits, B, H, max_seqlen_q, d_rounded}, float)",
-            ));
-        }
-    }
+    let accum = alloc_split_kv_accumulators(
+        &mut tl,
+        s,
+        &q,
+        [
+            "fa-2.8.3 csrc/flash_attn/flash_api.cpp:320 torch::empty({num_splits, B, H, max_seqlen_q}, float)",
+            "fa-2.8.3 csrc/flash_attn/flash_api.cpp:321 torch::empty({num_splits, B, H, max_seqlen_q, d_rounded}, float)",
+        ],
+    );
     tl.alloc(
         "rng_state",
         &[2],
         DType::I64,
         "fa-2.8.3 csrc/flash_attn/flash_api.cpp:723 torch::empty({2}, int64)",
     );
-    if swapped && s.num_heads_k > 1 {
-        tl.alloc(
-            "out (transposed back)",
-            &[b, s.num_heads, d],
-            s.dtype,
-            "fa-2.8.3 csrc/flash_attn/flash_api.cpp:749 out.reshape(size_before).transpose(1, 2).reshape(size_after)",
-        );
-        tl.free(out);
-    }
+    transpose_out_back(
+        &mut tl,
+        s,
+        out,
+        "fa-2.8.3 csrc/flash_attn/flash_api.cpp:749 out.reshape(size_before).transpose(1, 2).reshape(size_after)",
+    );
     // Locals die in reverse order of declaration: out_accum, then softmax_lse_accum.
     for id in accum.into_iter().rev() {
         tl.free(id);

@@ -7,6 +7,7 @@
 //! return), then `rng_state = at::empty({2}, uint64)` and `_unused = at::empty({}, uint64)` (8
 //! bytes: PyTorch's philox offset). `debug_attn_mask` is `at::empty({0})` and allocates nothing.
 
+use crate::model::flash_attn::{alloc_split_kv_accumulators, transpose_out_back};
 use crate::model::{DType, FaShape, ModelError, Tensor, Timeline};
 
 /// The variant's name on the command line.
@@ -16,47 +17,28 @@ pub const NAME: &str = "pytorch";
 pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
     s.check()?;
     let mut tl = Timeline::new();
-    let swapped = s.ngroups_swapped();
-    let (b, d) = (s.batch(), s.head_dim);
-    let (heads, tq, msq) = if swapped {
-        (
-            s.num_heads_k,
-            b * (s.num_heads / s.num_heads_k),
-            s.num_heads / s.num_heads_k,
-        )
-    } else {
-        (s.num_heads, s.total_q(), s.max_seqlen_q())
-    };
+    let q = s.kernel_dims();
     let out = tl.alloc(
         "out",
-        &[tq, heads, d],
+        &[q.total_q, q.heads, s.head_dim],
         s.dtype,
         "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp mha_varlen_fwd: out = at::empty_like(q_padded)",
     );
     tl.alloc(
         "softmax_lse",
-        &[heads, tq],
+        &[q.heads, q.total_q],
         DType::F32,
         "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp mha_varlen_fwd: at::empty({num_heads, total_q}, float)",
     );
-    let mut accum = Vec::new();
-    if swapped {
-        let splits = s.num_splits(heads, msq);
-        if splits > 1 {
-            accum.push(tl.alloc(
-                "softmax_lse_accum",
-                &[splits, b, heads, msq],
-                DType::F32,
-                "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp set_params_splitkv: at::empty({num_splits, B, H, max_seqlen_q}, float)",
-            ));
-            accum.push(tl.alloc(
-                "out_accum",
-                &[splits, b, heads, msq, s.head_size_rounded()],
-                DType::F32,
-                "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp set_params_splitkv: at::empty({num_splits, B, H, max_seqlen_q, d_rounded}, float)",
-            ));
-        }
-    }
+    let accum = alloc_split_kv_accumulators(
+        &mut tl,
+        s,
+        &q,
+        [
+            "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp set_params_splitkv: at::empty({num_splits, B, H, max_seqlen_q}, float)",
+            "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp set_params_splitkv: at::empty({num_splits, B, H, max_seqlen_q, d_rounded}, float)",
+        ],
+    );
     tl.alloc(
         "rng_state",
         &[2],
@@ -69,15 +51,13 @@ pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
         DType::U64,
         "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp mha_varlen_fwd: at::empty({}, uint64)",
     );
-    if swapped && s.num_heads_k > 1 {
-        tl.alloc(
-            "out (transposed back)",
-            &[b, s.num_heads, d],
-            s.dtype,
-            "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp mha_varlen_fwd: out.reshape(size_before).transpose(1, 2).reshape(size_after)",
-        );
-        tl.free(out);
-    }
+    transpose_out_back(
+        &mut tl,
+        s,
+        out,
+        "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp mha_varlen_fwd: out.reshape(size_before).transpose(1, 2).reshape(size_after)",
+    );
+    // Kept until return; locals die in reverse order of declaration.
     for id in accum.into_iter().rev() {
         tl.free(id);
     }

@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use crate::model::{DType, ModelConfig, ModelError, tp_split};
+use crate::model::{DType, ModelConfig, ModelError, TensorId, Timeline, tp_split};
 
 /// The shape of one varlen forward call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -77,6 +77,25 @@ impl FaShape {
             && self.head_dim.is_multiple_of(8)
     }
 
+    /// The sizes the kernel sees: on the decode path (`seqlenq_ngroups_swapped`) the query groups
+    /// of each KV head are swapped into the sequence dimension; otherwise the call's own.
+    pub(crate) fn kernel_dims(&self) -> KernelDims {
+        if self.ngroups_swapped() {
+            let ngroups = self.num_heads / self.num_heads_k;
+            KernelDims {
+                heads: self.num_heads_k,
+                total_q: self.batch() * ngroups,
+                max_seqlen_q: ngroups,
+            }
+        } else {
+            KernelDims {
+                heads: self.num_heads,
+                total_q: self.total_q(),
+                max_seqlen_q: self.max_seqlen_q(),
+            }
+        }
+    }
+
     /// `round_multiple(head_size, head_size <= 128 ? 32 : 64)`.
     pub fn head_size_rounded(&self) -> u64 {
         let m = if self.head_dim <= 128 { 32 } else { 64 };
@@ -122,6 +141,70 @@ impl FaShape {
             )));
         }
         Ok(())
+    }
+}
+
+/// The shape of `q` as the kernel sees it ([`FaShape::kernel_dims`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KernelDims {
+    /// Query heads (`num_heads_k` after the decode swap).
+    pub(crate) heads: u64,
+    /// Query rows (`batch * ngroups` after the decode swap).
+    pub(crate) total_q: u64,
+    /// The longest query (`ngroups` after the decode swap).
+    pub(crate) max_seqlen_q: u64,
+}
+
+/// The split-KV accumulators `set_params_splitkv` allocates on the decode path when the
+/// heuristic splits: `softmax_lse_accum`, then `out_accum`, both fp32; none otherwise. The
+/// versions differ in when they are freed, so the caller frees them. `sources` cite the two
+/// allocations in the caller's upstream file.
+pub(crate) fn alloc_split_kv_accumulators(
+    tl: &mut Timeline,
+    s: &FaShape,
+    q: &KernelDims,
+    sources: [&'static str; 2],
+) -> Vec<TensorId> {
+    if !s.ngroups_swapped() {
+        return Vec::new();
+    }
+    let splits = s.num_splits(q.heads, q.max_seqlen_q);
+    if splits <= 1 {
+        return Vec::new();
+    }
+    let (b, heads, msq) = (s.batch(), q.heads, q.max_seqlen_q);
+    let [lse_source, out_source] = sources;
+    let lse = tl.alloc(
+        "softmax_lse_accum",
+        &[splits, b, heads, msq],
+        DType::F32,
+        lse_source,
+    );
+    let acc = tl.alloc(
+        "out_accum",
+        &[splits, b, heads, msq, s.head_size_rounded()],
+        DType::F32,
+        out_source,
+    );
+    vec![lse, acc]
+}
+
+/// On the decode path with more than one KV head, the copying `reshape` that transposes the
+/// output back to `[batch, num_heads, head_dim]`, after which the kernel's `out` is released.
+pub(crate) fn transpose_out_back(
+    tl: &mut Timeline,
+    s: &FaShape,
+    out: TensorId,
+    source: &'static str,
+) {
+    if s.ngroups_swapped() && s.num_heads_k > 1 {
+        tl.alloc(
+            "out (transposed back)",
+            &[s.batch(), s.num_heads, s.head_dim],
+            s.dtype,
+            source,
+        );
+        tl.free(out);
     }
 }
 
