@@ -161,7 +161,6 @@ struct Block {
     allocated: bool,
     prev: Option<usize>,
     next: Option<usize>,
-    live: bool,
 }
 
 /// A single-stream simulation of the default caching allocator.
@@ -228,7 +227,6 @@ impl CachingAllocator {
                     allocated: false,
                     prev: None,
                     next: None,
-                    live: true,
                 });
                 self.blocks.len() - 1
             }
@@ -242,7 +240,6 @@ impl CachingAllocator {
                 allocated: false,
                 prev: Some(idx),
                 next: b.next,
-                live: true,
             };
             self.blocks.push(rest);
             let rest_idx = self.blocks.len() - 1;
@@ -285,7 +282,6 @@ impl CachingAllocator {
                 }
             }
             self.blocks[idx].size += nb.size;
-            self.blocks[n].live = false;
         }
         let b = &self.blocks[idx];
         self.free.insert((b.pool, b.size, b.ptr, idx));
@@ -301,7 +297,6 @@ impl CachingAllocator {
             .collect();
         for k in whole {
             self.free.remove(&k);
-            self.blocks[k.3].live = false;
             self.reserved -= k.1;
             self.events.push(SegmentEvent::SegmentFree {
                 ptr: k.2,
