@@ -93,75 +93,41 @@ pub fn weight_bytes(
     let q_out = cfg.num_attention_heads * cfg.head_dim * if cfg.attn_output_gate { 2 } else { 1 };
     let kv_out = cfg.num_key_value_heads * cfg.head_dim;
     let mut linears: Vec<(Linear, u64)> = Vec::new();
+    // `copies` identical `inp -> out` linears (gate and up, k and v, the experts).
+    let mut linear = |inp: u64, out: u64, copies: u64| linears.push((Linear { inp, out }, copies));
     let mut other = 0u64;
     for kind in &cfg.layer_types {
         match kind {
             LayerKind::LinearAttention => {
-                linears.push((
-                    Linear {
-                        inp: h,
-                        out: 2 * key_dim + 2 * value_dim,
-                    },
-                    1,
-                ));
-                linears.push((
-                    Linear {
-                        inp: value_dim,
-                        out: h,
-                    },
-                    1,
-                ));
+                linear(h, 2 * key_dim + 2 * value_dim, 1);
+                linear(value_dim, h, 1);
                 // b and a projections are tiny; kept with the other (unquantised) parameters.
                 other += h * 2 * hv;
                 other += (2 * key_dim + value_dim) * cfg.linear_conv_kernel_dim;
                 other += 2 * hv + cfg.linear_value_head_dim;
             }
             LayerKind::FullAttention => {
-                linears.push((Linear { inp: h, out: q_out }, 1));
-                linears.push((
-                    Linear {
-                        inp: h,
-                        out: kv_out,
-                    },
-                    2,
-                ));
-                linears.push((
-                    Linear {
-                        inp: cfg.num_attention_heads * cfg.head_dim,
-                        out: h,
-                    },
-                    1,
-                ));
+                linear(h, q_out, 1);
+                linear(h, kv_out, 2);
+                linear(cfg.num_attention_heads * cfg.head_dim, h, 1);
                 other += 2 * cfg.head_dim;
             }
         }
         match (&cfg.moe, cfg.intermediate_size) {
             (Some(m), _) => {
-                linears.push((
-                    Linear {
-                        inp: h,
-                        out: m.moe_intermediate_size,
-                    },
-                    2 * m.num_experts,
-                ));
-                linears.push((
-                    Linear {
-                        inp: m.moe_intermediate_size,
-                        out: h,
-                    },
-                    m.num_experts,
-                ));
+                linear(h, m.moe_intermediate_size, 2 * m.num_experts);
+                linear(m.moe_intermediate_size, h, m.num_experts);
                 if m.shared_expert_intermediate_size > 0 {
                     let si = m.shared_expert_intermediate_size;
-                    linears.push((Linear { inp: h, out: si }, 2));
-                    linears.push((Linear { inp: si, out: h }, 1));
+                    linear(h, si, 2);
+                    linear(si, h, 1);
                     other += h; // shared_expert_gate
                 }
                 other += h * m.num_experts; // router
             }
             (None, Some(i)) => {
-                linears.push((Linear { inp: h, out: i }, 2));
-                linears.push((Linear { inp: i, out: h }, 1));
+                linear(h, i, 2);
+                linear(i, h, 1);
             }
             (None, None) => {}
         }
