@@ -142,14 +142,14 @@ impl ModelConfig {
                 s.parse::<DType>()
                     .map_err(|reason| ModelError::InvalidField {
                         path: path.to_path_buf(),
-                        field: if k == "dtype" { "dtype" } else { "torch_dtype" },
+                        field: k,
                         reason,
                     })?
             }
             Some((k, _)) => {
                 return Err(ModelError::InvalidField {
                     path: path.to_path_buf(),
-                    field: if k == "dtype" { "dtype" } else { "torch_dtype" },
+                    field: k,
                     reason: "it must be a string such as \"bfloat16\"".into(),
                 });
             }
