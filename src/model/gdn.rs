@@ -82,12 +82,7 @@ impl GdnShape {
     }
 
     pub(crate) fn check(&self) -> Result<(), ModelError> {
-        if self.seqlens.is_empty() || self.seqlens.contains(&0) {
-            return Err(ModelError::Invalid(
-                "every sequence needs at least one token; give --tokens T or --seqlens a,b,c"
-                    .into(),
-            ));
-        }
+        check_seqlens(&self.seqlens)?;
         if self.num_k_heads == 0 || !self.num_v_heads.is_multiple_of(self.num_k_heads) {
             return Err(ModelError::Invalid(format!(
                 "{} value heads are not a multiple of {} key heads",
@@ -96,6 +91,16 @@ impl GdnShape {
         }
         Ok(())
     }
+}
+
+/// Refuses a batch without sequences or with an empty one.
+pub(crate) fn check_seqlens(seqlens: &[u64]) -> Result<(), ModelError> {
+    if seqlens.is_empty() || seqlens.contains(&0) {
+        return Err(ModelError::Invalid(
+            "every sequence needs at least one token; give --tokens T or --seqlens a,b,c".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

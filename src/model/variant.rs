@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::model::gdn::check_seqlens;
 use crate::model::{
     DType, FaShape, FfnShape, GdnShape, ModelConfig, ModelError, Tensor, fa_dao_2_5_9,
     fa_dao_2_8_3, fa_pytorch, ffn, gdn_fla_0_4_2, gdn_fla_0_6_0, gdn_vllm_0_10_2, gdn_vllm_0_20_1,
@@ -187,12 +188,7 @@ pub struct Workload {
 impl Workload {
     /// Builds the per-kernel shapes; fails when TP cannot split a head count or the MLP.
     pub fn from_config(cfg: &ModelConfig, o: &WorkloadOptions) -> Result<Self, ModelError> {
-        if o.seqlens.is_empty() || o.seqlens.contains(&0) {
-            return Err(ModelError::Invalid(
-                "every sequence needs at least one token; give --tokens T or --seqlens a,b,c"
-                    .into(),
-            ));
-        }
+        check_seqlens(&o.seqlens)?;
         let mut gdn = GdnShape::from_config(cfg, &o.seqlens, o.tp, o.dtype)?;
         gdn.l2norm_in_kernel = o.l2norm_in_kernel;
         let fa = FaShape::from_config(cfg, &o.seqlens, o.max_seqlen_k, o.tp, o.dtype, o.num_sms)?;
