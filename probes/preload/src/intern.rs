@@ -5,14 +5,16 @@
 //! different texts with the same 64-bit hash would share an id; at our volumes that is a
 //! practical impossibility). The thread that claims a slot writes the STRING record, then
 //! publishes the id; a thread that finds the slot claimed but the id not yet published waits
-//! for it briefly. Nothing allocates. When the table is full, texts get id 0 (no label).
+//! for it briefly. Nothing allocates. When the table has no room near a text's slot, the text
+//! is written again under a fresh id instead of being deduplicated: a long run (a prefill
+//! names hundreds of distinct ranges per chunk) costs some trace space but never loses a label.
 
 use core::ffi::c_int;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use vramtrace_format::{Encoder, FRAME_HEADER_LEN, kind};
 
-const SLOTS: usize = 1 << 14;
+const SLOTS: usize = 1 << 16;
 const PROBES: usize = 64;
 /// Longest text kept; longer ones are cut (on a UTF-8 boundary is not needed: the reader
 /// decodes lossily).
@@ -47,11 +49,7 @@ pub(crate) fn intern(fd: c_int, text: &[u8]) -> u32 {
                 .compare_exchange(0, h, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-                let mut buf = [0u8; FRAME_HEADER_LEN + 4 + MAX_TEXT];
-                let mut e = Encoder::new(&mut buf);
-                e.u32(id).bytes(text);
-                crate::recorder::write_record(fd, e.finish(kind::STRING));
+                let id = write_string(fd, text);
                 IDS[i].store(id, Ordering::Release);
                 return id;
             }
@@ -61,7 +59,18 @@ pub(crate) fn intern(fd: c_int, text: &[u8]) -> u32 {
         i = (i + 1) & (SLOTS - 1);
         probes += 1;
     }
-    0
+    // No room to deduplicate: a fresh id for this occurrence.
+    write_string(fd, text)
+}
+
+/// Writes a STRING record for `text` under a new id and returns the id.
+fn write_string(fd: c_int, text: &[u8]) -> u32 {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let mut buf = [0u8; FRAME_HEADER_LEN + 4 + MAX_TEXT];
+    let mut e = Encoder::new(&mut buf);
+    e.u32(id).bytes(text);
+    crate::recorder::write_record(fd, e.finish(kind::STRING));
+    id
 }
 
 fn wait_for_id(slot: usize) -> u32 {
@@ -81,5 +90,30 @@ pub(crate) fn after_fork_child() {
     for (h, id) in HASHES.iter().zip(IDS.iter()) {
         h.store(0, Ordering::Relaxed);
         id.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_texts_than_slots_all_keep_an_id() {
+        // Safety: opening /dev/null write-only; the fd is closed below.
+        let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+        assert!(fd >= 0);
+        let first = intern(fd, b"prefill/chunk.0/layer.0/gdn");
+        assert_ne!(first, 0);
+        assert_eq!(
+            intern(fd, b"prefill/chunk.0/layer.0/gdn"),
+            first,
+            "deduplicated"
+        );
+        for i in 0..(SLOTS + SLOTS / 2) {
+            let text = format!("prefill/chunk.{}/layer.{}/gdn", i / 64, i % 64);
+            assert_ne!(intern(fd, text.as_bytes()), 0, "text {i} lost its id");
+        }
+        // Safety: fd was opened above.
+        unsafe { libc::close(fd) };
     }
 }
