@@ -102,262 +102,107 @@ const fn api(name: &str) -> Api {
     panic!("driver function missing from vramtrace_format::API_NAMES")
 }
 
-const fn row(
-    name: &'static CStr,
-    base: &'static str,
-    since: c_int,
-    ptsz: bool,
-    wrapper: *const c_void,
-    api: Api,
-) -> EntryInfo {
-    EntryInfo {
-        name,
-        base: base.as_bytes(),
-        since,
-        ptsz,
-        wrapper,
-        api,
+/// A NUL-terminated name as a `CStr`, at compile time.
+const fn c_name(with_nul: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(with_nul.as_bytes()) {
+        Ok(name) => name,
+        Err(_) => panic!("a driver entry name must not hold a NUL"),
     }
 }
 
-const NONE: *const c_void = core::ptr::null();
+/// A row for the driver function `$f`, named once: its exported name, its wrapper in
+/// [`hooks`] and its trace id all follow from the identifier.
+macro_rules! row {
+    ($f:ident, $base:literal, $since:literal, $ptsz:literal, $wrapper:expr, $api:expr) => {
+        EntryInfo {
+            name: c_name(concat!(stringify!($f), "\0")),
+            base: $base.as_bytes(),
+            since: $since,
+            ptsz: $ptsz,
+            wrapper: $wrapper,
+            api: $api,
+        }
+    };
+}
 
-/// The table, in [`Entry`] order. `since` follows the driver API's versioned-name macros:
-/// the `_v2` allocation family since 3.2, async/pool since 11.2, VMM since 10.2,
-/// `cuGetProcAddress` since 11.3 and its `_v2` since 12.0.
+/// A wrapped function whose calls are recorded under its own name; `ptsz` marks the
+/// per-thread-default-stream twin.
+macro_rules! recorded {
+    ($f:ident, $base:literal, $since:literal) => {
+        row!(
+            $f,
+            $base,
+            $since,
+            false,
+            hooks::$f as *const c_void,
+            api(stringify!($f))
+        )
+    };
+    ($f:ident, $base:literal, $since:literal, ptsz) => {
+        row!(
+            $f,
+            $base,
+            $since,
+            true,
+            hooks::$f as *const c_void,
+            api(stringify!($f))
+        )
+    };
+}
+
+/// A wrapped function that records nothing itself (`cuGetProcAddress` routes lookups).
+macro_rules! routed {
+    ($f:ident, $base:literal, $since:literal) => {
+        row!($f, $base, $since, false, hooks::$f as *const c_void, Api(0))
+    };
+}
+
+/// A driver function the recorder calls, never wrapped.
+macro_rules! called {
+    ($f:ident, $base:literal, $since:literal) => {
+        row!($f, $base, $since, false, core::ptr::null(), Api(0))
+    };
+}
+
+/// The table, in [`Entry`] order: function, base name, `since` and, for a
+/// `_ptsz` twin, `ptsz`. `since` follows the driver API's versioned-name macros: the `_v2`
+/// allocation family since 3.2, async/pool since 11.2, VMM since 10.2, `cuGetProcAddress` since
+/// 11.3 and its `_v2` since 12.0.
 pub(crate) static ENTRIES: [EntryInfo; N] = [
-    row(
-        c"cuMemAlloc_v2",
-        "cuMemAlloc",
-        3020,
-        false,
-        hooks::cuMemAlloc_v2 as *const c_void,
-        api("cuMemAlloc_v2"),
-    ),
-    row(
-        c"cuMemAllocPitch_v2",
-        "cuMemAllocPitch",
-        3020,
-        false,
-        hooks::cuMemAllocPitch_v2 as *const c_void,
-        api("cuMemAllocPitch_v2"),
-    ),
-    row(
-        c"cuMemAllocManaged",
-        "cuMemAllocManaged",
-        6000,
-        false,
-        hooks::cuMemAllocManaged as *const c_void,
-        api("cuMemAllocManaged"),
-    ),
-    row(
-        c"cuMemAllocAsync",
-        "cuMemAllocAsync",
-        11020,
-        false,
-        hooks::cuMemAllocAsync as *const c_void,
-        api("cuMemAllocAsync"),
-    ),
-    row(
-        c"cuMemAllocAsync_ptsz",
-        "cuMemAllocAsync",
-        11020,
-        true,
-        hooks::cuMemAllocAsync_ptsz as *const c_void,
-        api("cuMemAllocAsync_ptsz"),
-    ),
-    row(
-        c"cuMemAllocFromPoolAsync",
+    recorded!(cuMemAlloc_v2, "cuMemAlloc", 3020),
+    recorded!(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020),
+    recorded!(cuMemAllocManaged, "cuMemAllocManaged", 6000),
+    recorded!(cuMemAllocAsync, "cuMemAllocAsync", 11020),
+    recorded!(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, ptsz),
+    recorded!(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020),
+    recorded!(
+        cuMemAllocFromPoolAsync_ptsz,
         "cuMemAllocFromPoolAsync",
         11020,
-        false,
-        hooks::cuMemAllocFromPoolAsync as *const c_void,
-        api("cuMemAllocFromPoolAsync"),
+        ptsz
     ),
-    row(
-        c"cuMemAllocFromPoolAsync_ptsz",
-        "cuMemAllocFromPoolAsync",
-        11020,
-        true,
-        hooks::cuMemAllocFromPoolAsync_ptsz as *const c_void,
-        api("cuMemAllocFromPoolAsync_ptsz"),
-    ),
-    row(
-        c"cuMemFree_v2",
-        "cuMemFree",
-        3020,
-        false,
-        hooks::cuMemFree_v2 as *const c_void,
-        api("cuMemFree_v2"),
-    ),
-    row(
-        c"cuMemFreeAsync",
-        "cuMemFreeAsync",
-        11020,
-        false,
-        hooks::cuMemFreeAsync as *const c_void,
-        api("cuMemFreeAsync"),
-    ),
-    row(
-        c"cuMemFreeAsync_ptsz",
-        "cuMemFreeAsync",
-        11020,
-        true,
-        hooks::cuMemFreeAsync_ptsz as *const c_void,
-        api("cuMemFreeAsync_ptsz"),
-    ),
-    row(
-        c"cuMemCreate",
-        "cuMemCreate",
-        10020,
-        false,
-        hooks::cuMemCreate as *const c_void,
-        api("cuMemCreate"),
-    ),
-    row(
-        c"cuMemRelease",
-        "cuMemRelease",
-        10020,
-        false,
-        hooks::cuMemRelease as *const c_void,
-        api("cuMemRelease"),
-    ),
-    row(
-        c"cuMemMap",
-        "cuMemMap",
-        10020,
-        false,
-        hooks::cuMemMap as *const c_void,
-        api("cuMemMap"),
-    ),
-    row(
-        c"cuMemUnmap",
-        "cuMemUnmap",
-        10020,
-        false,
-        hooks::cuMemUnmap as *const c_void,
-        api("cuMemUnmap"),
-    ),
-    row(
-        c"cuMemAddressReserve",
-        "cuMemAddressReserve",
-        10020,
-        false,
-        hooks::cuMemAddressReserve as *const c_void,
-        api("cuMemAddressReserve"),
-    ),
-    row(
-        c"cuMemAddressFree",
-        "cuMemAddressFree",
-        10020,
-        false,
-        hooks::cuMemAddressFree as *const c_void,
-        api("cuMemAddressFree"),
-    ),
-    row(
-        c"cuMemAllocHost_v2",
-        "cuMemAllocHost",
-        3020,
-        false,
-        hooks::cuMemAllocHost_v2 as *const c_void,
-        api("cuMemAllocHost_v2"),
-    ),
-    row(
-        c"cuMemHostAlloc",
-        "cuMemHostAlloc",
-        2020,
-        false,
-        hooks::cuMemHostAlloc as *const c_void,
-        api("cuMemHostAlloc"),
-    ),
-    row(
-        c"cuMemFreeHost",
-        "cuMemFreeHost",
-        2000,
-        false,
-        hooks::cuMemFreeHost as *const c_void,
-        api("cuMemFreeHost"),
-    ),
-    row(
-        c"cuArrayCreate_v2",
-        "cuArrayCreate",
-        3020,
-        false,
-        hooks::cuArrayCreate_v2 as *const c_void,
-        api("cuArrayCreate_v2"),
-    ),
-    row(
-        c"cuArray3DCreate_v2",
-        "cuArray3DCreate",
-        3020,
-        false,
-        hooks::cuArray3DCreate_v2 as *const c_void,
-        api("cuArray3DCreate_v2"),
-    ),
-    row(
-        c"cuArrayDestroy",
-        "cuArrayDestroy",
-        2000,
-        false,
-        hooks::cuArrayDestroy as *const c_void,
-        api("cuArrayDestroy"),
-    ),
-    row(
-        c"cuGetProcAddress",
-        "cuGetProcAddress",
-        11030,
-        false,
-        hooks::cuGetProcAddress as *const c_void,
-        Api(0),
-    ),
-    row(
-        c"cuGetProcAddress_v2",
-        "cuGetProcAddress",
-        12000,
-        false,
-        hooks::cuGetProcAddress_v2 as *const c_void,
-        Api(0),
-    ),
-    row(
-        c"cuCtxGetDevice",
-        "cuCtxGetDevice",
-        2000,
-        false,
-        NONE,
-        Api(0),
-    ),
-    row(
-        c"cuMemGetInfo_v2",
-        "cuMemGetInfo",
-        3020,
-        false,
-        NONE,
-        Api(0),
-    ),
-    row(
-        c"cuDeviceGetName",
-        "cuDeviceGetName",
-        2000,
-        false,
-        NONE,
-        Api(0),
-    ),
-    row(
-        c"cuDeviceTotalMem_v2",
-        "cuDeviceTotalMem",
-        3020,
-        false,
-        NONE,
-        Api(0),
-    ),
-    row(
-        c"cuDriverGetVersion",
-        "cuDriverGetVersion",
-        2020,
-        false,
-        NONE,
-        Api(0),
-    ),
+    recorded!(cuMemFree_v2, "cuMemFree", 3020),
+    recorded!(cuMemFreeAsync, "cuMemFreeAsync", 11020),
+    recorded!(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, ptsz),
+    recorded!(cuMemCreate, "cuMemCreate", 10020),
+    recorded!(cuMemRelease, "cuMemRelease", 10020),
+    recorded!(cuMemMap, "cuMemMap", 10020),
+    recorded!(cuMemUnmap, "cuMemUnmap", 10020),
+    recorded!(cuMemAddressReserve, "cuMemAddressReserve", 10020),
+    recorded!(cuMemAddressFree, "cuMemAddressFree", 10020),
+    recorded!(cuMemAllocHost_v2, "cuMemAllocHost", 3020),
+    recorded!(cuMemHostAlloc, "cuMemHostAlloc", 2020),
+    recorded!(cuMemFreeHost, "cuMemFreeHost", 2000),
+    recorded!(cuArrayCreate_v2, "cuArrayCreate", 3020),
+    recorded!(cuArray3DCreate_v2, "cuArray3DCreate", 3020),
+    recorded!(cuArrayDestroy, "cuArrayDestroy", 2000),
+    routed!(cuGetProcAddress, "cuGetProcAddress", 11030),
+    routed!(cuGetProcAddress_v2, "cuGetProcAddress", 12000),
+    called!(cuCtxGetDevice, "cuCtxGetDevice", 2000),
+    called!(cuMemGetInfo_v2, "cuMemGetInfo", 3020),
+    called!(cuDeviceGetName, "cuDeviceGetName", 2000),
+    called!(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020),
+    called!(cuDriverGetVersion, "cuDriverGetVersion", 2020),
 ];
 
 #[allow(clippy::declare_interior_mutable_const)]
