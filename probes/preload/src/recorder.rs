@@ -90,7 +90,7 @@ impl Call {
     /// `None` when recording is off, has failed, or this thread is already inside a hook.
     #[inline]
     pub(crate) fn begin() -> Option<Call> {
-        if !crate::config::enabled() || STATE.load(Ordering::Relaxed) == FAILED {
+        if !active() {
             return None;
         }
         Some(Call {
@@ -98,45 +98,43 @@ impl Call {
         })
     }
 
-    /// The allocation family: `Alloc` on success, [`Call::alloc_failed`] otherwise.
+    /// The allocation family: `Alloc` on success, a failed allocation otherwise.
     pub(crate) fn alloc(self, result: c_int, op: Op) {
-        if result != 0 {
-            return self.alloc_failed(result, op);
-        }
-        guarded(|| emit(EventKind::Alloc, result, op, 0, 0));
-    }
-
-    /// A failed allocation, with the device's free and total memory as `cuMemGetInfo_v2`
-    /// reports them now (called by us; nothing the program sees changes).
-    pub(crate) fn alloc_failed(self, result: c_int, op: Op) {
-        guarded(|| {
-            let (free, total) = mem_info();
-            emit(EventKind::AllocFailed, result, op, free, total)
-        });
+        self.acquired(EventKind::Alloc, result, op);
     }
 
     /// The release family: `Free` (size 0; the reader pairs it) or `FreeFailed`.
     pub(crate) fn free(self, result: c_int, op: Op) {
-        let kind = if result == 0 {
-            EventKind::Free
-        } else {
-            EventKind::FreeFailed
-        };
-        guarded(|| emit(kind, result, Op { size: 0, ..op }, 0, 0));
+        self.released(EventKind::Free, result, op);
     }
 
     /// The mapping family: `Map` on success; a failed map is a failed allocation of mapping.
     pub(crate) fn map(self, result: c_int, op: Op) {
-        if result != 0 {
-            return self.alloc_failed(result, op);
-        }
-        guarded(|| emit(EventKind::Map, result, op, 0, 0));
+        self.acquired(EventKind::Map, result, op);
     }
 
     /// `Unmap` (size 0, the range's size in `aux`) or `FreeFailed`.
     pub(crate) fn unmap(self, result: c_int, op: Op) {
+        self.released(EventKind::Unmap, result, op);
+    }
+
+    /// `kind` on success; otherwise `AllocFailed`, with the device's free and total memory as
+    /// `cuMemGetInfo_v2` reports them now (called by us; nothing the program sees changes).
+    fn acquired(self, kind: EventKind, result: c_int, op: Op) {
+        guarded(|| {
+            if result == 0 {
+                emit(kind, result, op, 0, 0)
+            } else {
+                let (free, total) = mem_info();
+                emit(EventKind::AllocFailed, result, op, free, total)
+            }
+        });
+    }
+
+    /// `kind` on success, `FreeFailed` otherwise; size 0 either way.
+    fn released(self, kind: EventKind, result: c_int, op: Op) {
         let kind = if result == 0 {
-            EventKind::Unmap
+            kind
         } else {
             EventKind::FreeFailed
         };
