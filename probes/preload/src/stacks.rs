@@ -132,9 +132,9 @@ fn stack_hash(frames: &[u64]) -> u64 {
 }
 
 impl State {
+    /// An empty state; [`State::refresh`] fills the module list.
     fn new() -> State {
-        let own_addr = capture as *const () as usize as u64;
-        let mut s = State {
+        State {
             unwinder: UnwinderX86_64::new(),
             cache: Box::new(CacheX86_64::new_in()),
             modules: Vec::new(),
@@ -144,13 +144,11 @@ impl State {
             ids: vec![0; TABLE_SLOTS],
             next_id: 1,
             table_generation: 0,
-        };
-        s.refresh(own_addr);
-        s
+        }
     }
 
-    /// Brings the module list up to date with the loader.
-    fn refresh(&mut self, own_addr: u64) {
+    /// Brings the module list, and the range of our own code, up to date with the loader.
+    fn refresh(&mut self) {
         let counts = generation();
         if counts == self.loader_counts {
             return;
@@ -175,6 +173,7 @@ impl State {
             }
         }
         self.modules = kept;
+        let own_addr = capture as *const () as usize as u64;
         if let Some((m, _)) = self
             .modules
             .iter()
@@ -256,7 +255,7 @@ pub(crate) fn capture(fd: c_int) -> u32 {
         // Safety: LOCK is held: this is the only reference to the state.
         let slot = unsafe { &mut *STATE.0.get() };
         let state = slot.get_or_insert_with(State::new);
-        state.refresh(capture as *const () as usize as u64);
+        state.refresh();
         let mut frames = [0u64; MAX_FRAMES];
         let mut n = 0;
         let mut read_stack = |addr: u64| {
