@@ -94,8 +94,10 @@ const REGISTERED_SLOTS: usize = 1 << 13;
 static REGISTERED: [AtomicUsize; REGISTERED_SLOTS] =
     [const { AtomicUsize::new(0) }; REGISTERED_SLOTS];
 
+/// Fibonacci hashing: the top bits of the product index the table.
 fn registered_slot(handle: usize) -> usize {
-    (handle >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 13)
+    (handle >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        >> (usize::BITS - REGISTERED_SLOTS.trailing_zeros())
 }
 
 fn remember(handle: usize) {
