@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// The entry of an address-keyed map whose range, `base..base + len(entry)`, holds `ptr`.
+fn containing<T>(map: &BTreeMap<u64, T>, ptr: u64, len: impl Fn(&T) -> u64) -> Option<(u64, &T)> {
+    let (&base, entry) = map.range(..=ptr).next_back()?;
+    (ptr < base + len(entry)).then_some((base, entry))
+}
+
 impl Driver {
     /// Charges `size` bytes to `device` and places them in its address range.
     fn allocate(
@@ -167,8 +173,12 @@ impl Driver {
 
     /// The linear allocation containing `ptr`: (base, allocation).
     fn allocation_containing(&self, ptr: u64) -> Option<(u64, &Allocation)> {
-        let (&base, allocation) = self.allocations.range(..=ptr).next_back()?;
-        (ptr < base + allocation.size).then_some((base, allocation))
+        containing(&self.allocations, ptr, |a| a.size)
+    }
+
+    /// The VMM mapping containing `ptr`: (base, mapping).
+    fn mapping_containing(&self, ptr: u64) -> Option<(u64, &Mapping)> {
+        containing(&self.mappings, ptr, |m| m.size)
     }
 
     /// Whether `ptr..ptr + len` is covered by contiguous VMM mappings.
@@ -176,13 +186,10 @@ impl Driver {
         let Some(end) = ptr.checked_add(len) else {
             return false;
         };
-        let Some((&base, first)) = self.mappings.range(..=ptr).next_back() else {
+        let Some((base, first)) = self.mapping_containing(ptr) else {
             return false;
         };
         let mut covered = base + first.size;
-        if covered <= ptr {
-            return false;
-        }
         while covered < end {
             match self.mappings.get(&covered) {
                 Some(next) => covered += next.size,
@@ -216,9 +223,7 @@ impl Driver {
         if let Some((base, allocation)) = self.allocation_containing(ptr) {
             return Ok((base, allocation.size));
         }
-        if let Some((&base, mapping)) = self.mappings.range(..=ptr).next_back()
-            && ptr < base + mapping.size
-        {
+        if let Some((base, mapping)) = self.mapping_containing(ptr) {
             return Ok((base, mapping.size));
         }
         Err(CUDA_ERROR_NOT_FOUND)
@@ -258,8 +263,7 @@ impl Driver {
 
     /// The pinned host allocation containing `ptr`: (base, allocation).
     fn host_containing(&self, ptr: u64) -> Option<(u64, &HostAllocation)> {
-        let (&base, allocation) = self.host.range(..=ptr).next_back()?;
-        (ptr < base + allocation.size).then_some((base, allocation))
+        containing(&self.host, ptr, |h| h.size)
     }
 
     /// `cuMemHostGetDevicePointer`: with unified addressing, the host address itself.
@@ -317,14 +321,9 @@ impl Driver {
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             });
         }
-        if let Some((&base, reservation)) = self.reservations.range(..=ptr).next_back()
-            && ptr < base + reservation.span
-        {
+        if let Some((base, reservation)) = containing(&self.reservations, ptr, |r| r.span) {
             let mapping = self
-                .mappings
-                .range(..=ptr)
-                .next_back()
-                .filter(|(m, mapping)| ptr < **m + mapping.size)
+                .mapping_containing(ptr)
                 .map(|(_, mapping)| &self.physical[&mapping.handle]);
             return Ok(match (attribute, mapping) {
                 (a::MAPPED, mapping) => Bool(mapping.is_some()),
