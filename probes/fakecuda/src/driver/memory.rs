@@ -150,9 +150,7 @@ impl Driver {
 
     /// `cuMemFreeAsync`: frees at once; a named stream must exist.
     pub(crate) fn mem_free_async(&mut self, ptr: u64, stream: u64) -> Res<()> {
-        let special =
-            stream == 0 || stream == abi::CU_STREAM_LEGACY || stream == abi::CU_STREAM_PER_THREAD;
-        if !special && !self.streams.contains_key(&stream) {
+        if !is_default_stream(stream) && !self.streams.contains_key(&stream) {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
         self.mem_free(ptr)

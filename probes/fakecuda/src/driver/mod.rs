@@ -203,6 +203,11 @@ pub(crate) struct Driver {
     next_buffer_id: u64,
 }
 
+/// The null, legacy and per-thread default streams: they exist without being created.
+fn is_default_stream(stream: u64) -> bool {
+    stream == 0 || stream == abi::CU_STREAM_LEGACY || stream == abi::CU_STREAM_PER_THREAD
+}
+
 /// Whether `value` is a multiple of the VMM granularity.
 fn granular(value: u64) -> bool {
     value.is_multiple_of(GRANULARITY)

@@ -6,7 +6,7 @@ impl Driver {
     /// The context a stream belongs to. The null, legacy and per-thread
     /// streams belong to the current context.
     pub(super) fn stream_context(&self, stack: &ContextStack, stream: u64) -> Res<u64> {
-        if stream == 0 || stream == abi::CU_STREAM_LEGACY || stream == abi::CU_STREAM_PER_THREAD {
+        if is_default_stream(stream) {
             return self.current(stack).map(|(context, _)| context);
         }
         let stream = self.streams.get(&stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
