@@ -170,7 +170,9 @@ pub fn render(
             r.name, r.shape, r.dtype, r.predicted_bytes, obs, diff, how, alloc
         );
     }
-    if !a.unexplained.is_empty() {
+    if a.unexplained.len() > MAX_LISTED {
+        render_groups(&mut out, a);
+    } else if !a.unexplained.is_empty() {
         let _ = writeln!(out, "\n  observed, not in the model:");
         for &oi in &a.unexplained {
             let o = &a.observed[oi];
@@ -248,4 +250,88 @@ pub fn render(
         );
     }
     out
+}
+
+/// Observed allocations listed one by one; beyond this they are grouped.
+const MAX_LISTED: usize = 16;
+
+/// `layer.12.kv.chunk.3` → `layer.#.kv.chunk.#`: allocations that differ only in their
+/// numbers (one per layer, per chunk) are one group.
+fn pattern(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut in_digits = false;
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            if !in_digits {
+                out.push('#');
+            }
+            in_digits = true;
+        } else {
+            out.push(c);
+            in_digits = false;
+        }
+    }
+    out
+}
+
+/// The allocations nothing in the model explains, grouped by name and label pattern, largest
+/// groups first.
+fn render_groups(out: &mut String, a: &Attribution) {
+    let mut groups: Vec<(String, usize, u64)> = Vec::new();
+    for &oi in &a.unexplained {
+        let o = &a.observed[oi];
+        let key = if o.failed {
+            "THE FAILED REQUEST".to_string()
+        } else {
+            format!(
+                "{} [{}]",
+                o.name
+                    .as_deref()
+                    .map(pattern)
+                    .unwrap_or_else(|| "(unnamed)".into()),
+                o.label.as_deref().map(pattern).unwrap_or_default()
+            )
+        };
+        match groups.iter_mut().find(|g| g.0 == key) {
+            Some(g) => {
+                g.1 += 1;
+                g.2 += o.size;
+            }
+            None => groups.push((key, 1, o.size)),
+        }
+    }
+    groups.sort_by(|x, y| y.2.cmp(&x.2));
+    let _ = writeln!(
+        out,
+        "\n  observed, not in the model ({} allocations in {} groups; # stands for any number):",
+        a.unexplained.len(),
+        groups.len()
+    );
+    for (key, n, bytes) in groups.iter().take(MAX_LISTED) {
+        let _ = writeln!(out, "    {:>12}  x{n:<5} {key}", fmt_bytes(*bytes));
+    }
+    if groups.len() > MAX_LISTED {
+        let rest: u64 = groups[MAX_LISTED..].iter().map(|g| g.2).sum();
+        let _ = writeln!(
+            out,
+            "    {:>12}  in {} more groups",
+            fmt_bytes(rest),
+            groups.len() - MAX_LISTED
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pattern;
+
+    #[test]
+    fn numbers_become_one_placeholder() {
+        assert_eq!(pattern("layer.12.kv.chunk.3"), "layer.#.kv.chunk.#");
+        assert_eq!(
+            pattern("prefill/chunk.27/layer.0/gdn/inputs"),
+            "prefill/chunk.#/layer.#/gdn/inputs"
+        );
+        assert_eq!(pattern("lm_head"), "lm_head");
+    }
 }

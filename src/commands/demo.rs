@@ -73,7 +73,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     let config = match &args.model {
         Some(p) => std::path::absolute(p)?,
         None => {
-            let p = out.join("model-config.json");
+            // In a directory named after the model: the model's display name comes from it.
+            let dir = out.join("Qwen3.6-27B");
+            std::fs::create_dir_all(&dir)?;
+            let p = dir.join("config.json");
             std::fs::write(&p, QWEN36_27B)
                 .with_context(|| format!("cannot write {}", p.display()))?;
             p
@@ -165,6 +168,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             false
         )
     );
+    let mut failure_live: Option<Vec<String>> = None;
+    let mut resident = None;
+    let mut failed_kernel = None;
     for (at, what) in [
         (At::Failure(0), "the failed allocation"),
         (At::Peak, "the peak"),
@@ -176,6 +182,16 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
                 continue;
             }
         };
+        let live: Vec<String> = m
+            .observed
+            .iter()
+            .filter(|o| !o.failed)
+            .map(|o| o.ptr.clone())
+            .collect();
+        if m.moment == Moment::Peak && failure_live.as_deref() == Some(&live[..]) {
+            println!("\n=== the peak is the moment of the failure: the same live set as above ===");
+            continue;
+        }
         // The kernel that was running: from the label of the failed request, or of the
         // allocation that set the peak.
         let label = match m.moment {
@@ -206,27 +222,50 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             dtype: cfg.dtype,
             max_seqlen_k: None,
             num_sms: 132,
-            l2norm_in_kernel: None,
+            // The workload calls GDN as vLLM's layer does: q/k l2-normalised inside the kernel.
+            l2norm_in_kernel: Some(true),
         };
         let tensors = variant.tensors(&Workload::from_config(&cfg, &opts)?)?;
         let a = attribute(&tensors, m.observed.clone(), 1, m.moment);
+        if m.moment == Moment::Failure {
+            failure_live = Some(live);
+            // What the kernel had to fit beside: everything live that is not the kernel's own.
+            resident = Some(a.observed_bytes - a.attributed_bytes);
+            failed_kernel = Some((variant, tokens));
+        }
         println!("\n=== {what}, against {} ===", variant.name());
         print!(
             "{}",
             render(&m, variant, &cfg.display_name(), &[tokens], &a)
         );
     }
-    let cfg_arg = if args.model.is_some() {
-        config.display().to_string()
-    } else {
-        out.join("model-config.json").display().to_string()
-    };
+    let cfg_arg = config.display().to_string();
+    let dir = out.display();
+    println!("\nNext:");
     println!(
-        "\nNext:\n  vramtrace summary {dir}                 # every process, peak and failure, with stacks\n  vramtrace compare {dir} --model {cfg_arg} --kernel gdn --tokens {chunk} --at oom\n  vramtrace events {dir} | jq 'select(.kind == \"alloc_failed\")'\n  vramtrace model {cfg_arg} --sweep 1024..16384 --capacity {cap} --resident 23GiB",
-        dir = out.display(),
-        chunk = args.chunk,
-        cap = args.capacity,
+        "  vramtrace summary {dir}            # every process, peak and failure, with native stacks"
     );
+    println!("  vramtrace events {dir} | jq 'select(.kind == \"alloc_failed\")'");
+    if let Some((variant, tokens)) = failed_kernel {
+        let l2 = if variant.kernel() == crate::model::Kernel::Gdn {
+            " --l2norm-in-kernel true"
+        } else {
+            ""
+        };
+        println!(
+            "  vramtrace compare {dir} --model {cfg_arg} --variant {}{l2} --tokens {tokens} --at oom",
+            variant.name()
+        );
+        if let Some(res) = resident {
+            // The cliff: the chunk size from which this kernel no longer fits beside what was held.
+            println!(
+                "  vramtrace model {cfg_arg} --variant {}{l2} --capacity {} --resident {res}   # the cliff beside the {} held then",
+                variant.name(),
+                args.capacity,
+                crate::units::fmt_bytes(res)
+            );
+        }
+    }
     Ok(0)
 }
 
