@@ -210,6 +210,15 @@ demo_gpu() {
   tail -60 "$W/demo-gpu.summary"
 }
 
+prefill_sample() {
+  # A real-kernel prefill small enough to keep under samples/: an 18 GiB limit makes it fail
+  # in the first chunks.
+  $VT run --out "$W/prefill-18gib" -- $WL prefill --config "$CFG" --prompt-tokens 65536 --capacity 18GiB 2>&1 | tail -25
+  $VT summary --frames 6 "$W/prefill-18gib" > "$W/prefill-18gib.summary"
+  head -40 "$W/prefill-18gib.summary"
+  du -sh "$W/prefill-18gib"
+}
+
 costs_ab() {
   # Interleaved A/B: bare and traced alternate, so drift of the machine hits both alike.
   local i

@@ -8,7 +8,7 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 cargo build --release --workspace
 mkdir -p .device/bin .device/whl
 cp "$TARGET/release/vramtrace" "$TARGET/release/vramtrace-workload" "$TARGET/release/libvramtrace_preload.so" .device/bin/
-strip .device/bin/vramtrace-workload 2>/dev/null || true
+# Not stripped: the traces it records are symbolised from these very files.
 # The C probes, linked against the stand-in only for its soname (libcuda.so.1): there they load
 # the real driver.
 lib=$(mktemp -d)

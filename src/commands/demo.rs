@@ -21,6 +21,8 @@ use crate::trace::Trace;
 const QWEN36_27B: &str = include_str!("../../samples/models/Qwen3.6-27B/config.json");
 /// The workload binary, expected next to `vramtrace`.
 const WORKLOAD: &str = "vramtrace-workload";
+/// The name the workload gives the allocation that shrinks a real card to `--capacity`.
+const BALLAST: &str = "capacity ballast";
 /// The stand-in driver, built next to `vramtrace` as `libcuda.so`.
 const STAND_IN: &str = "libcuda.so";
 
@@ -229,8 +231,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         let a = attribute(&tensors, m.observed.clone(), 1, m.moment);
         if m.moment == Moment::Failure {
             failure_live = Some(live);
-            // What the kernel had to fit beside: everything live that is not the kernel's own.
-            resident = Some(a.observed_bytes - a.attributed_bytes);
+            // What the kernel had to fit beside: everything live that is not the kernel's own,
+            // nor the ballast that stands for the memory a smaller card does not have.
+            let ballast: u64 = a
+                .observed
+                .iter()
+                .filter(|o| !o.failed && o.name.as_deref() == Some(BALLAST))
+                .map(|o| o.size)
+                .sum();
+            resident = Some(a.observed_bytes - a.attributed_bytes - ballast);
             failed_kernel = Some((variant, tokens));
         }
         println!("\n=== {what}, against {} ===", variant.name());
