@@ -128,3 +128,63 @@ fn nvtx_ranges_and_spawned_workers() {
         .collect();
     assert_eq!(workers.len(), 2, "both spawned workers link to the parent");
 }
+
+#[test]
+fn pytorch_cuda_malloc_async_allocates_each_tensor_from_the_pool() {
+    let ev = events(&sample("torch-async"));
+    let allocs: Vec<(String, u64)> = ev
+        .iter()
+        .filter(|e| e["kind"] == "alloc")
+        .map(|e| {
+            (
+                e["api"].as_str().unwrap().to_string(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = [4096, 512000, 3145728, 52428800, 50724864, 1000]
+        .iter()
+        .map(|&s| ("cuMemAllocAsync".to_string(), s))
+        .collect();
+    assert_eq!(allocs, want);
+    assert!(
+        ev.iter()
+            .any(|e| e["kind"] == "alloc_failed" && e["api"] == "cuMemAllocAsync")
+    );
+}
+
+#[test]
+fn real_prefill_oom_is_attributed_to_h() {
+    // The reference workload's prefill on the H200 with real kernels, limited to 18 GiB by a
+    // ballast: the driver refused h of layer 0's GDN call in chunk 2.
+    let o = Command::new(vramtrace())
+        .arg("compare")
+        .arg(sample("prefill-18gib"))
+        .args([
+            "--model",
+            CONFIG,
+            "--variant",
+            "fla-0.6.0",
+            "--l2norm-in-kernel",
+            "true",
+            "--tokens",
+            "4128",
+        ])
+        .args(["--at", "oom", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let a = &v["attribution"];
+    let failed = a["failed_tensor"].as_u64().unwrap() as usize;
+    assert_eq!(a["rows"][failed]["name"], "h");
+    assert_eq!(a["rows"][failed]["predicted_bytes"], 102_236_160u64);
+    assert_eq!(a["unexplained_bytes"], 0);
+    let ev = events(&sample("prefill-18gib"));
+    let f = ev.iter().find(|e| e["kind"] == "alloc_failed").unwrap();
+    assert_eq!(
+        f["label"],
+        "prefill/chunk.2/layer.0/gdn/chunk_gated_delta_rule/chunk_gated_delta_rule_fwd_h"
+    );
+    assert_eq!(f["free_bytes"], 73u64 * 1024 * 1024 + 128 * 1024);
+}
