@@ -354,6 +354,19 @@ pub struct ObservedMoment {
     pub description: String,
 }
 
+/// The request a failed allocation made, as an observation.
+fn failed_request(p: &crate::trace::Process, e: &vramtrace_format::Event) -> Observed {
+    Observed {
+        size: e.size,
+        t_ns: e.t_ns,
+        ptr: "(failed)".into(),
+        api: e.api.name(),
+        name: None,
+        label: p.string(e.label).map(str::to_string),
+        failed: true,
+    }
+}
+
 fn observed_of(trace: &Trace, replay: &Replayer, a: &LiveAlloc) -> Observed {
     let p = &trace.processes[a.process];
     Observed {
@@ -476,15 +489,7 @@ pub fn observe(
                 .iter()
                 .map(|a| observed_of(trace, &replay, a))
                 .collect();
-            obs.push(Observed {
-                size: e.size,
-                t_ns: e.t_ns,
-                ptr: "(failed)".into(),
-                api: e.api.name(),
-                name: None,
-                label: p.string(e.label).map(str::to_string),
-                failed: true,
-            });
+            obs.push(failed_request(p, e));
             Ok(ObservedMoment {
                 observed: obs,
                 moment: Moment::Failure,
@@ -522,15 +527,7 @@ pub fn observe(
                         };
                         obs.push(observed_of(trace, &replay, &a));
                     }
-                    Step::Failed => obs.push(Observed {
-                        size: e.size,
-                        t_ns: e.t_ns,
-                        ptr: "(failed)".into(),
-                        api: e.api.name(),
-                        name: None,
-                        label: p.string(e.label).map(str::to_string),
-                        failed: true,
-                    }),
+                    Step::Failed => obs.push(failed_request(p, e)),
                     _ => {}
                 }
             }
