@@ -293,34 +293,25 @@ pub fn allocate_inputs_encoded<'s, 'b>(
         cfg.batch(),
     );
     let dt = cfg.dtype;
-    let input = |spec: TensorSpec, bytes: &[u8]| -> Result<DeviceTensor<'s, 'b>> {
-        if !bytes.is_empty() && s.is_capturing() {
-            s.capture_host(&spec, bytes.to_vec());
-        }
-        s.from_host(spec, bytes)
-    };
-    fn bytes_of(v: Option<&Vec<u8>>) -> &[u8] {
-        v.map(Vec::as_slice).unwrap_or_default()
-    }
     let _r = s.range("inputs");
-    let q = input(
+    let q = s.input(
         TensorSpec::new("q", dt, &[tq, h, d]),
-        bytes_of(host.map(|x| &x.q)),
+        host.map_or(&[], |x| &x.q),
     )?;
-    let k = input(
+    let k = s.input(
         TensorSpec::new("k", dt, &[tk, hkv, d]),
-        bytes_of(host.map(|x| &x.k)),
+        host.map_or(&[], |x| &x.k),
     )?;
-    let v = input(
+    let v = s.input(
         TensorSpec::new("v", dt, &[tk, hkv, d]),
-        bytes_of(host.map(|x| &x.v)),
+        host.map_or(&[], |x| &x.v),
     )?;
     // PyTorch and flash-attn both require int32 cu_seqlens.
-    let cu_seqlens_q = input(
+    let cu_seqlens_q = s.input(
         TensorSpec::new("cu_seqlens_q", DType::I32, &[b + 1]),
         &encode_i32(&cumulative(&cfg.seqlens_q)),
     )?;
-    let cu_seqlens_k = input(
+    let cu_seqlens_k = s.input(
         TensorSpec::new("cu_seqlens_k", DType::I32, &[b + 1]),
         &encode_i32(&cumulative(&cfg.seqlens_k)),
     )?;

@@ -299,44 +299,41 @@ pub fn allocate_inputs_encoded<'s, 'b>(
         cfg.sequences(),
     );
     let dt = cfg.dtype;
-    let input = |spec: TensorSpec, data: Option<&Vec<u8>>| -> Result<DeviceTensor<'s, 'b>> {
-        let bytes = data.map(Vec::as_slice).unwrap_or_default();
-        if !bytes.is_empty() && s.is_capturing() {
-            s.capture_host(&spec, bytes.to_vec());
-        }
-        s.from_host(spec, bytes)
-    };
     let _r = s.range("inputs");
-    let q = input(
+    let q = s.input(
         TensorSpec::new("q", dt, &[1, t, hk, kd]),
-        host.map(|x| &x.q),
+        host.map_or(&[], |x| &x.q),
     )?;
-    let k = input(
+    let k = s.input(
         TensorSpec::new("k", dt, &[1, t, hk, kd]),
-        host.map(|x| &x.k),
+        host.map_or(&[], |x| &x.k),
     )?;
-    let v = input(TensorSpec::new("v", dt, &[1, t, h, vd]), host.map(|x| &x.v))?;
-    let g = input(
+    let v = s.input(
+        TensorSpec::new("v", dt, &[1, t, h, vd]),
+        host.map_or(&[], |x| &x.v),
+    )?;
+    let g = s.input(
         TensorSpec::new("g", DType::F32, &[1, t, h]),
-        host.map(|x| &x.g),
+        host.map_or(&[], |x| &x.g),
     )?;
-    let beta = input(
+    let beta = s.input(
         TensorSpec::new("beta", dt, &[1, t, h]),
-        host.map(|x| &x.beta),
+        host.map_or(&[], |x| &x.beta),
     )?;
     let initial_state = if cfg.initial_state {
-        Some(input(
+        Some(s.input(
             TensorSpec::new("initial_state", DType::F32, &[n, h, kd, vd]),
-            host.and_then(|x| x.h0.as_ref()),
+            host.and_then(|x| x.h0.as_deref()).unwrap_or_default(),
         )?)
     } else {
         None
     };
     let cu_seqlens = if cfg.varlen {
         let (cu, _, _) = cfg.host_index_tensors();
-        let spec = TensorSpec::new("cu_seqlens", DType::I64, &[n + 1]);
-        s.capture_host(&spec, encode_i64(&cu));
-        Some(s.from_host(spec, &encode_i64(&cu))?)
+        Some(s.input(
+            TensorSpec::new("cu_seqlens", DType::I64, &[n + 1]),
+            &encode_i64(&cu),
+        )?)
     } else {
         None
     };

@@ -208,6 +208,16 @@ impl<'b> Session<'b> {
         Ok(t)
     }
 
+    /// Allocate a caller's input and fill it from `data` like
+    /// [`Session::from_host`], recording the bytes as captured when capturing
+    /// (the inputs' bytes are ours, so they are not read back).
+    pub fn input(&self, spec: TensorSpec, data: &[u8]) -> Result<DeviceTensor<'_, 'b>> {
+        if !data.is_empty() && self.is_capturing() {
+            self.capture_host(&spec, data.to_vec());
+        }
+        self.from_host(spec, data)
+    }
+
     /// Open a named range (a stage); it closes when the guard drops, and its
     /// wall time (synchronised when kernels run) goes into [`Session::timings`].
     pub fn range(&self, name: &str) -> RangeGuard<'_, 'b> {
