@@ -236,6 +236,42 @@ pub struct FaOutputs<'s, 'b> {
     pub philox_offset: Option<DeviceTensor<'s, 'b>>,
 }
 
+impl FaInputs<'_, '_> {
+    /// Free the inputs newest first, as the caller drops them.
+    pub fn free(self) {
+        let Self {
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            out,
+        } = self;
+        drop(out);
+        drop(cu_seqlens_k);
+        drop(cu_seqlens_q);
+        drop(v);
+        drop(k);
+        drop(q);
+    }
+}
+
+impl FaOutputs<'_, '_> {
+    /// Free the results newest first, as the caller drops them.
+    pub fn free(self) {
+        let Self {
+            out,
+            softmax_lse,
+            rng_state,
+            philox_offset,
+        } = self;
+        drop(philox_offset);
+        drop(rng_state);
+        drop(softmax_lse);
+        drop(out);
+    }
+}
+
 fn cumulative(lens: &[usize]) -> Vec<i32> {
     let mut cu = vec![0i32];
     for &l in lens {
@@ -423,30 +459,8 @@ pub fn run(s: &Session<'_>, cfg: &FaConfig, host: Option<&FaHostInputs>) -> Resu
         s.capture(o)?;
     }
     s.capture(&out.softmax_lse)?;
-    let FaOutputs {
-        out,
-        softmax_lse,
-        rng_state,
-        philox_offset,
-    } = out;
-    drop(philox_offset);
-    drop(rng_state);
-    drop(softmax_lse);
-    drop(out);
-    let FaInputs {
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        out,
-    } = inputs;
-    drop(out);
-    drop(cu_seqlens_k);
-    drop(cu_seqlens_q);
-    drop(v);
-    drop(k);
-    drop(q);
+    out.free();
+    inputs.free();
     Ok(RunTiming {
         inputs_ms: (t1 - t0).as_secs_f64() * 1e3,
         forward_ms: (t2 - t1).as_secs_f64() * 1e3,

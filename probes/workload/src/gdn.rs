@@ -239,6 +239,28 @@ pub struct GdnOutputs<'s, 'b> {
     pub chunk_offsets: Option<DeviceTensor<'s, 'b>>,
 }
 
+impl GdnInputs<'_, '_> {
+    /// Free the inputs newest first, as the caller drops them.
+    pub fn free(self) {
+        let Self {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state,
+            cu_seqlens,
+        } = self;
+        drop(cu_seqlens);
+        drop(initial_state);
+        drop(beta);
+        drop(g);
+        drop(v);
+        drop(k);
+        drop(q);
+    }
+}
+
 /// The inputs as the little-endian bytes the device takes, so that a caller
 /// uploading the same inputs many times (`prefill`) encodes them once.
 #[derive(Clone, Debug, PartialEq)]
@@ -653,22 +675,7 @@ pub fn run(s: &Session<'_>, cfg: &GdnConfig, host: Option<&GdnHostInputs>) -> Re
     drop(final_state);
     drop(chunk_offsets);
     drop(chunk_indices);
-    let GdnInputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state,
-        cu_seqlens,
-    } = inputs;
-    drop(cu_seqlens);
-    drop(initial_state);
-    drop(beta);
-    drop(g);
-    drop(v);
-    drop(k);
-    drop(q);
+    inputs.free();
     Ok(RunTiming {
         inputs_ms: (t1 - t0).as_secs_f64() * 1e3,
         forward_ms: (t2 - t1).as_secs_f64() * 1e3,

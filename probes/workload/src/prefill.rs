@@ -37,8 +37,8 @@ use vramtrace::model::{self, LayerKind, ModelConfig, WeightFormat};
 
 use crate::dtype::DType;
 use crate::error::{AllocFailure, Error, Result};
-use crate::fa::{self, FaApi, FaConfig, FaInputBytes, FaInputs, FaOutputs};
-use crate::gdn::{self, GdnConfig, GdnInputBytes, GdnInputs, GdnOutputs};
+use crate::fa::{self, FaApi, FaConfig, FaInputBytes};
+use crate::gdn::{self, GdnConfig, GdnInputBytes, GdnOutputs};
 use crate::tensor::{DeviceTensor, PeakMark, Session, TensorSpec};
 
 /// vLLM's chunk on a 24 GiB card (`--max-num-batched-tokens 4128`).
@@ -877,6 +877,7 @@ fn gdn_layer(
     s.copy(initial, 0, state, 0, state.bytes())?;
     let out = gdn::forward(s, &cfg, &inputs)?;
     s.copy(state, 0, &out.final_state, 0, state.bytes())?;
+    // final_state goes as soon as it is scattered back, before o.
     let GdnOutputs {
         o,
         final_state,
@@ -887,22 +888,7 @@ fn gdn_layer(
     drop(o);
     drop(chunk_offsets);
     drop(chunk_indices);
-    let GdnInputs {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state,
-        cu_seqlens,
-    } = inputs;
-    drop(cu_seqlens);
-    drop(initial_state);
-    drop(beta);
-    drop(g);
-    drop(v);
-    drop(k);
-    drop(q);
+    inputs.free();
     Ok(())
 }
 
@@ -927,31 +913,8 @@ fn attention_layer(
         s.copy(kv.block, kv.start * row, &inputs.k, 0, tokens * row)?;
         s.copy(kv.block, half + kv.start * row, &inputs.v, 0, tokens * row)?;
     }
-    let out = fa::forward(s, &cfg, &inputs)?;
-    let FaOutputs {
-        out,
-        softmax_lse,
-        rng_state,
-        philox_offset,
-    } = out;
-    drop(philox_offset);
-    drop(rng_state);
-    drop(softmax_lse);
-    drop(out);
-    let FaInputs {
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        out,
-    } = inputs;
-    drop(out);
-    drop(cu_seqlens_k);
-    drop(cu_seqlens_q);
-    drop(v);
-    drop(k);
-    drop(q);
+    fa::forward(s, &cfg, &inputs)?.free();
+    inputs.free();
     Ok(())
 }
 
