@@ -29,7 +29,7 @@
 
 use std::time::Instant;
 
-use crate::backend::{Arg, LaunchConfig};
+use crate::backend::{Arg, Kernel, LaunchConfig};
 use crate::dtype::{DType, encode_i64};
 use crate::error::{Error, Result};
 use crate::rng::{Rng, log_sigmoid, sigmoid};
@@ -370,10 +370,11 @@ pub fn allocate_inputs_encoded<'s, 'b>(
     })
 }
 
-fn cfg1(blocks: usize, threads: u32) -> LaunchConfig {
+/// A launch of `grid` blocks of `threads` threads (one-dimensional blocks).
+fn launch_cfg((x, y, z): (usize, usize, usize), threads: usize) -> LaunchConfig {
     LaunchConfig {
-        grid: (blocks as u32, 1, 1),
-        block: (threads, 1, 1),
+        grid: (x as u32, y as u32, z as u32),
+        block: (threads as u32, 1, 1),
     }
 }
 
@@ -407,37 +408,36 @@ pub fn forward<'s, 'b>(
     // chunk.py:282-284: `if use_qk_l2norm_in_kernel: q, q_rstd = l2norm_fwd(q);
     // k, k_rstd = l2norm_fwd(k)`; l2norm.py:117 `y = torch.empty_like(x)`,
     // l2norm.py:128 `rstd = torch.empty((T,), dtype=torch.float32)`.
+    let l2norm = |src: &DeviceTensor<'_, '_>, name: &str| -> Result<_> {
+        let y = s.empty(TensorSpec::new(
+            format!("{name}_l2norm"),
+            dt,
+            &[1, t, hk, kd],
+        ))?;
+        let rstd = s.empty(TensorSpec::new(
+            format!("{name}_rstd"),
+            DType::F32,
+            &[1, t, hk],
+        ))?;
+        let rows = t * hk;
+        s.launch(
+            Kernel::L2Norm,
+            launch_cfg((rows.div_ceil(8), 1, 1), 256),
+            &[
+                src.arg(),
+                y.arg(),
+                rstd.arg(),
+                Arg::I64(rows as i64),
+                kdi,
+                Arg::F32(L2NORM_EPS),
+            ],
+        )?;
+        Ok((y, rstd))
+    };
     let l2 = if cfg.qk_l2norm {
         let _r = s.range("l2norm_fwd");
-        let mut made = Vec::new();
-        for (src, name) in [(&x.q, "q"), (&x.k, "k")] {
-            let y = s.empty(TensorSpec::new(
-                format!("{name}_l2norm"),
-                dt,
-                &[1, t, hk, kd],
-            ))?;
-            let rstd = s.empty(TensorSpec::new(
-                format!("{name}_rstd"),
-                DType::F32,
-                &[1, t, hk],
-            ))?;
-            let rows = t * hk;
-            s.launch(
-                crate::backend::Kernel::L2Norm,
-                cfg1(rows.div_ceil(8), 256),
-                &[
-                    src.arg(),
-                    y.arg(),
-                    rstd.arg(),
-                    Arg::I64(rows as i64),
-                    kdi,
-                    Arg::F32(L2NORM_EPS),
-                ],
-            )?;
-            made.push((y, rstd));
-        }
-        let (k2, q2) = (made.pop(), made.pop());
-        Some((q2.expect("q l2norm"), k2.expect("k l2norm")))
+        let q2 = l2norm(&x.q, "q")?;
+        Some((q2, l2norm(&x.k, "k")?))
     } else {
         None
     };
@@ -467,8 +467,8 @@ pub fn forward<'s, 'b>(
         let _r = s.range("chunk_local_cumsum");
         let gc = s.empty(TensorSpec::new("g_cumsum", DType::F32, &[1, t, h]))?;
         s.launch(
-            crate::backend::Kernel::ChunkLocalCumsum,
-            cfg1(nt, h.next_multiple_of(32).min(256) as u32),
+            Kernel::ChunkLocalCumsum,
+            launch_cfg((nt, 1, 1), h.next_multiple_of(32).min(256)),
             &[x.g.arg(), gc.arg(), cu, ci, ti, hi, Arg::F32(RCP_LN2)],
         )?;
         gc
@@ -481,11 +481,8 @@ pub fn forward<'s, 'b>(
         let _r = s.range("kkt_solve");
         let a = s.zeros(TensorSpec::new("A", dt, &[1, t, h, CHUNK]))?;
         s.launch(
-            crate::backend::Kernel::KktSolve,
-            LaunchConfig {
-                grid: (nt as u32, h as u32, 1),
-                block: (256, 1, 1),
-            },
+            Kernel::KktSolve,
+            launch_cfg((nt, h, 1), 256),
             &[
                 k.arg(),
                 g_cumsum.arg(),
@@ -508,11 +505,8 @@ pub fn forward<'s, 'b>(
         let w = s.empty(TensorSpec::new("w", dt, &[1, t, h, kd]))?;
         let u = s.empty(TensorSpec::new("u", dt, &[1, t, h, vd]))?;
         s.launch(
-            crate::backend::Kernel::RecomputeWU,
-            LaunchConfig {
-                grid: (nt as u32, h as u32, 1),
-                block: (256, 1, 1),
-            },
+            Kernel::RecomputeWU,
+            launch_cfg((nt, h, 1), 256),
             &[
                 k.arg(),
                 x.v.arg(),
@@ -553,11 +547,8 @@ pub fn forward<'s, 'b>(
         // chunk_delta_h.py:725 `v_new = torch.empty_like(u)`.
         let v_new = s.empty(TensorSpec::new("v_new", dt, &[1, t, h, vd]))?;
         s.launch(
-            crate::backend::Kernel::ChunkFwdH,
-            LaunchConfig {
-                grid: (vd.div_ceil(32) as u32, n as u32, h as u32),
-                block: (256, 1, 1),
-            },
+            Kernel::ChunkFwdH,
+            launch_cfg((vd.div_ceil(32), n, h), 256),
             &[
                 k.arg(),
                 w.arg(),
@@ -584,11 +575,8 @@ pub fn forward<'s, 'b>(
         let _r = s.range("chunk_fwd_o");
         let o = s.empty(TensorSpec::new("o", dt, &[1, t, h, vd]))?;
         s.launch(
-            crate::backend::Kernel::ChunkFwdO,
-            LaunchConfig {
-                grid: (nt as u32, h as u32, 1),
-                block: (256, 1, 1),
-            },
+            Kernel::ChunkFwdO,
+            launch_cfg((nt, h, 1), 256),
             &[
                 q.arg(),
                 k.arg(),
@@ -685,7 +673,7 @@ pub fn run(s: &Session<'_>, cfg: &GdnConfig, host: Option<&GdnHostInputs>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Kernel, Recorded, RecordingBackend};
+    use crate::backend::{Recorded, RecordingBackend};
     use crate::tensor::LedgerEvent;
 
     fn cfg(seqlens: &[usize], varlen: bool) -> GdnConfig {
