@@ -750,7 +750,9 @@ fn body<'s, 'b>(
             out.persistent.gdn_state += st.conv.bytes() + st.ssm.bytes();
         }
     }
-    let mut preallocated: Vec<Option<usize>> = vec![None; layers];
+    // Each attention layer's KV block: one for the run when preallocated, the
+    // current chunk's when the cache grows.
+    let mut kv_block: Vec<Option<usize>> = vec![None; layers];
     if let KvCacheMode::Preallocate { tokens } = plan.options.kv_cache {
         let _r = s.range("kv_cache");
         for (l, kind) in plan.layers.iter().enumerate() {
@@ -759,7 +761,7 @@ fn body<'s, 'b>(
                 let spec = plan.kv_block(l, None, tokens);
                 out.persistent.kv_cache += spec.bytes();
                 persistent.push(s.empty(spec)?);
-                preallocated[l] = Some(persistent.len() - 1);
+                kv_block[l] = Some(persistent.len() - 1);
             }
         }
         at.layer = None;
@@ -774,7 +776,6 @@ fn body<'s, 'b>(
     for span in plan.chunks() {
         let started = Instant::now();
         at.chunk = Some(span);
-        let mut grown: Vec<Option<usize>> = vec![None; layers];
         if plan.options.kv_cache == KvCacheMode::Grow {
             let _r = s.range("kv_cache");
             for (l, kind) in plan.layers.iter().enumerate() {
@@ -784,7 +785,7 @@ fn body<'s, 'b>(
                     let bytes = spec.bytes();
                     persistent.push(s.empty(spec)?);
                     out.persistent.kv_cache += bytes;
-                    grown[l] = Some(persistent.len() - 1);
+                    kv_block[l] = Some(persistent.len() - 1);
                 }
             }
             at.layer = None;
@@ -801,21 +802,19 @@ fn body<'s, 'b>(
                         gdn_layer(s, plan, span.tokens, state, host)?;
                     }
                     LayerKind::FullAttention => {
-                        let target = match (grown[l], preallocated[l]) {
-                            (Some(i), _) => KvTarget {
-                                block: &persistent[i],
+                        let block =
+                            &persistent[kv_block[l].expect("every attention layer has a KV block")];
+                        let target = match plan.options.kv_cache {
+                            KvCacheMode::Grow => KvTarget {
+                                block,
                                 capacity: span.tokens,
                                 start: 0,
                             },
-                            (None, Some(i)) => KvTarget {
-                                block: &persistent[i],
-                                capacity: match plan.options.kv_cache {
-                                    KvCacheMode::Preallocate { tokens } => tokens,
-                                    KvCacheMode::Grow => span.tokens,
-                                },
+                            KvCacheMode::Preallocate { tokens } => KvTarget {
+                                block,
+                                capacity: tokens,
                                 start: span.start,
                             },
-                            (None, None) => unreachable!("every attention layer has a KV block"),
                         };
                         let host = hosts.fa(s, plan, span.tokens);
                         attention_layer(s, plan, span.tokens, &target, host)?;
