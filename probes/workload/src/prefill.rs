@@ -939,7 +939,6 @@ mod tests {
     use super::*;
     use crate::backend::{Recorded, RecordingBackend};
     use crate::tensor::LedgerEvent;
-    use std::path::Path;
 
     fn qwen36() -> ModelConfig {
         let path = concat!(
@@ -950,16 +949,9 @@ mod tests {
     }
 
     /// Two GDN layers then one attention layer, twice; small enough to read.
-    pub(crate) fn tiny() -> ModelConfig {
-        let v = serde_json::json!({
-            "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100,
-            "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 32, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
-            "linear_key_head_dim": 16, "linear_value_head_dim": 8,
-            "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-            "torch_dtype": "bfloat16"
-        });
-        ModelConfig::from_json(&v, Path::new("tiny/config.json")).unwrap()
+    fn tiny() -> ModelConfig {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tiny/config.json");
+        ModelConfig::from_path(path).unwrap()
     }
 
     fn options(prompt: usize, chunk: usize) -> PrefillOptions {

@@ -2,21 +2,13 @@
 //! (probes/fakecuda's libcuda.so, which `cargo test --workspace` builds next to
 //! this binary), out-of-memory, and the errors a user meets first.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::{bin, describe, run, skipped};
 use serde_json::Value;
-
-/// Say a test skipped where a plain `cargo test` shows it: libtest captures
-/// `println!`, not writes to the stderr handle.
-fn skipped(why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-}
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vramtrace-workload"))
-}
 
 /// The directory holding the stand-in libcuda.so, if it was built.
 fn stand_in() -> Option<PathBuf> {
@@ -36,27 +28,8 @@ fn stand_in() -> Option<PathBuf> {
     }
 }
 
-fn run(lib_dir: &Path, capacity: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(bin());
-    cmd.args(args)
-        .env("LD_LIBRARY_PATH", lib_dir)
-        .env_remove("LD_PRELOAD")
-        .env_remove("VRAMTRACE_FAKE_DEVICES")
-        .env_remove("VRAMTRACE_FAKE_CAPACITY");
-    if let Some(c) = capacity {
-        cmd.env("VRAMTRACE_FAKE_CAPACITY", c);
-    }
-    cmd.output().expect("the workload binary runs")
-}
-
 fn json(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", describe(out));
     serde_json::from_slice(&out.stdout).expect("--json prints JSON")
 }
 

@@ -8,24 +8,20 @@
 //! PTX `cvt` instructions and is left to the GPU. Skipped, saying so, when no
 //! C++20 compiler is found.
 
+mod common;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
 use std::path::Path;
 use std::process::Command;
 
+use common::skipped;
 use vramtrace_workload::backend::{AllocError, Arg, Backend, DevicePtr, Kernel, LaunchConfig};
 use vramtrace_workload::fa::{self, FaApi, FaConfig};
 use vramtrace_workload::gdn::{self, GdnConfig};
 use vramtrace_workload::prefill::{self, KvCacheMode, PrefillOptions, PrefillPlan};
 use vramtrace_workload::{DType, Error, Result, Session, check, gdn_ref};
-
-/// Say a test skipped where a plain `cargo test` shows it: libtest captures
-/// `println!`, not writes to the stderr handle.
-fn skipped(why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-}
 
 type LaunchFn =
     unsafe extern "C" fn(*const c_char, *const u32, *const u32, *const u64, c_int) -> c_int;
@@ -320,16 +316,7 @@ fn prefill_carries_the_gdn_state_and_writes_the_kv_cache() {
     let Some(emu) = Emulator::build(DType::BF16) else {
         return;
     };
-    let config = serde_json::json!({
-        "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100,
-        "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 32, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16, "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-        "torch_dtype": "bfloat16"
-    });
-    let cfg =
-        vramtrace::model::ModelConfig::from_json(&config, Path::new("tiny/config.json")).unwrap();
+    let cfg = vramtrace::model::ModelConfig::from_path(common::TINY_CONFIG).unwrap();
     // A short second chunk, so that the state carried in from the first one
     // has decayed little by the end (fla's gates decay it by 0.5..0.73 a token).
     let (t, rest, seed) = (40, 3, 7);

@@ -3,23 +3,15 @@
 //! persistent stand-ins' sizes, one chunk's allocations and labels layer by
 //! layer, the KV cache's growth, and the out-of-memory report.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use common::{TINY_CONFIG, bin, command, describe, run, skipped};
 use serde_json::{Value, json};
 use vramtrace::model::{self, ModelConfig, WeightFormat};
-
-/// Say a test skipped where a plain `cargo test` shows it: libtest captures
-/// `println!`, not writes to the stderr handle.
-fn skipped(why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-}
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vramtrace-workload"))
-}
 
 /// The directory holding the stand-in driver and the preload, built once:
 /// `cargo test` builds this package's binary but not other packages' cdylibs
@@ -74,54 +66,10 @@ fn libs() -> Option<&'static Path> {
     .as_deref()
 }
 
-/// Two GDN layers and two attention layers, alternating (full_attention_interval 2).
-fn tiny_config() -> PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("vt-prefill-tiny-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.json");
-        let cfg = json!({
-            "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100,
-            "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 32, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
-            "linear_key_head_dim": 16, "linear_value_head_dim": 8,
-            "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-            "torch_dtype": "bfloat16"
-        });
-        std::fs::write(&path, cfg.to_string()).unwrap();
-        path
-    })
-    .clone()
-}
-
 const QWEN36: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../samples/models/Qwen3.6-27B/config.json"
 );
-
-fn run(libs: &Path, capacity: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(bin());
-    cmd.arg("prefill")
-        .args(args)
-        .env("LD_LIBRARY_PATH", libs)
-        .env_remove("LD_PRELOAD")
-        .env_remove("VRAMTRACE_FAKE_DEVICES")
-        .env_remove("VRAMTRACE_FAKE_CAPACITY");
-    if let Some(c) = capacity {
-        cmd.env("VRAMTRACE_FAKE_CAPACITY", c);
-    }
-    cmd.output().expect("the workload binary runs")
-}
-
-fn describe(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn json_of(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(o)))
@@ -130,8 +78,7 @@ fn json_of(o: &Output) -> Value {
 /// The tiny model prefilled with `extra` options; `--json --ledger`, bf16
 /// weights unless `extra` says otherwise.
 fn tiny(libs: &Path, extra: &[&str]) -> Value {
-    let config = tiny_config();
-    let mut args = vec!["--config", config.to_str().unwrap()];
+    let mut args = vec!["prefill", "--config", TINY_CONFIG];
     if !extra.contains(&"--weights") {
         args.extend(["--weights", "bf16"]);
     }
@@ -198,7 +145,7 @@ fn persistent_tensors_have_the_models_sizes() {
     assert_eq!(allocs, expected);
 
     // The same numbers as the models the attribution uses.
-    let cfg = ModelConfig::from_path(tiny_config()).unwrap();
+    let cfg = ModelConfig::from_path(TINY_CONFIG).unwrap();
     let weights = model::weight_bytes(&cfg, WeightFormat::Bf16, 1)
         .unwrap()
         .bytes;
@@ -376,7 +323,7 @@ fn one_chunk_layer_by_layer_in_order_with_labels() {
 fn the_kv_cache_grows_by_a_chunk_of_tokens_per_attention_layer() {
     let Some(libs) = libs() else { return };
     let j = tiny(libs, &["--prompt-tokens", "100", "--chunk", "32"]);
-    let cfg = ModelConfig::from_path(tiny_config()).unwrap();
+    let cfg = ModelConfig::from_path(TINY_CONFIG).unwrap();
     let per_token = model::kv_cache_per_token(&cfg, 1, model::DType::BF16)
         .unwrap()
         .bytes_per_layer;
@@ -457,6 +404,7 @@ fn the_kv_cache_grows_by_a_chunk_of_tokens_per_attention_layer() {
 fn a_24gib_card_runs_out_in_chunk_27_on_h() {
     let Some(libs) = libs() else { return };
     let args = [
+        "prefill",
         "--config",
         QWEN36,
         "--prompt-tokens",
@@ -520,21 +468,48 @@ fn a_24gib_card_runs_out_in_chunk_27_on_h() {
     assert_eq!(j["chunks"].as_array().unwrap().len(), 27);
 }
 
+/// (size, label, free bytes) of every request the driver refused.
+type FailedRequest = (u64, Option<String>, Option<u64>);
+
+/// `args` under the preload on a stand-in of `capacity` bytes, recording into
+/// a fresh `vt-prefill-{name}-{pid}`: the output, and the failed requests the
+/// trace holds.
+fn traced(libs: &Path, name: &str, capacity: &str, args: &[&str]) -> (Output, Vec<FailedRequest>) {
+    let trace = std::env::temp_dir().join(format!("vt-prefill-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&trace);
+    std::fs::create_dir_all(&trace).unwrap();
+    let o = command(libs, Some(capacity))
+        .args(args)
+        .env("LD_PRELOAD", libs.join("libvramtrace_preload.so"))
+        .env("VRAMTRACE_DIR", &trace)
+        .output()
+        .unwrap();
+    let t = vramtrace::Trace::open(&trace).unwrap_or_else(|e| panic!("{e}: {}", describe(&o)));
+    let mut failed = Vec::new();
+    vramtrace::events::for_each_event(&t, |_, e, _| {
+        if e.kind == "alloc_failed" {
+            failed.push((e.size, e.label.map(str::to_string), e.free_bytes));
+        }
+        Ok(())
+    })
+    .unwrap();
+    (o, failed)
+}
+
 /// A small card fails on a named tensor with status 3, and the preload records
 /// the failed request under the label `prefill/chunk.{i}/layer.{l}/...`.
 #[test]
 fn a_small_card_fails_with_status_3_and_a_labelled_request() {
     let Some(libs) = libs() else { return };
-    let config = tiny_config();
-    let trace = std::env::temp_dir().join(format!("vt-prefill-trace-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&trace);
-    std::fs::create_dir_all(&trace).unwrap();
     // Room for the persistent tensors (350144 + 5248 bytes) and two chunks.
-    let o = Command::new(bin())
-        .args([
+    let (o, failed) = traced(
+        libs,
+        "trace",
+        "1000000",
+        &[
             "prefill",
             "--config",
-            config.to_str().unwrap(),
+            TINY_CONFIG,
             "--prompt-tokens",
             "4000",
             "--chunk",
@@ -544,14 +519,8 @@ fn a_small_card_fails_with_status_3_and_a_labelled_request() {
             "--simulate",
             "--json",
             "--quiet",
-        ])
-        .env("LD_LIBRARY_PATH", libs)
-        .env("LD_PRELOAD", libs.join("libvramtrace_preload.so"))
-        .env("VRAMTRACE_DIR", &trace)
-        .env("VRAMTRACE_FAKE_CAPACITY", "1000000")
-        .env_remove("VRAMTRACE_FAKE_DEVICES")
-        .output()
-        .unwrap();
+        ],
+    );
     assert_eq!(o.status.code(), Some(3), "{}", describe(&o));
     let j = json_of(&o);
     let f = &j["failure"];
@@ -575,15 +544,6 @@ fn a_small_card_fails_with_status_3_and_a_labelled_request() {
     assert_eq!(f["tokens_prefilled"], 512);
     assert_eq!(f["held"]["kv_cache"], 3 * 2 * 256 * 256);
 
-    let t = vramtrace::Trace::open(&trace).unwrap();
-    let mut failed = Vec::new();
-    vramtrace::events::for_each_event(&t, |_, e, _| {
-        if e.kind == "alloc_failed" {
-            failed.push((e.size, e.label.map(str::to_string), e.free_bytes));
-        }
-        Ok(())
-    })
-    .unwrap();
     assert_eq!(failed.len(), 1, "{failed:?}");
     let (size, label, free) = &failed[0];
     assert_eq!(*size, f["bytes"].as_u64().unwrap());
@@ -599,11 +559,11 @@ fn a_small_card_fails_with_status_3_and_a_labelled_request() {
 #[test]
 fn the_demo_run_labels_its_failed_request() {
     let Some(libs) = libs() else { return };
-    let trace = std::env::temp_dir().join(format!("vt-prefill-demo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&trace);
-    std::fs::create_dir_all(&trace).unwrap();
-    let o = Command::new(bin())
-        .args([
+    let (o, failed) = traced(
+        libs,
+        "demo",
+        "24GiB",
+        &[
             "prefill",
             "--config",
             QWEN36,
@@ -613,23 +573,10 @@ fn the_demo_run_labels_its_failed_request() {
             "24GiB",
             "--simulate",
             "--quiet",
-        ])
-        .env("LD_LIBRARY_PATH", libs)
-        .env("LD_PRELOAD", libs.join("libvramtrace_preload.so"))
-        .env("VRAMTRACE_DIR", &trace)
-        .env("VRAMTRACE_FAKE_CAPACITY", "24GiB")
-        .output()
-        .unwrap();
+        ],
+    );
     assert_eq!(o.status.code(), Some(3), "{}", describe(&o));
-    let t = vramtrace::Trace::open(&trace).unwrap();
-    let mut label = None;
-    vramtrace::events::for_each_event(&t, |_, e, _| {
-        if e.kind == "alloc_failed" {
-            label = Some(e.label.map(str::to_string));
-        }
-        Ok(())
-    })
-    .unwrap();
+    let label = failed.last().map(|f| f.1.clone());
     assert_eq!(
         label,
         Some(Some(
