@@ -40,11 +40,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn open_backend(common: &Common, dtype: DType) -> Result<CudaBackend> {
-    Ok(if common.simulate {
-        CudaBackend::simulate(common.device)?
+/// Device `device` for `--simulate` (driver calls only), or with the kernels
+/// compiled for `dtype`.
+fn open_backend(simulate: bool, device: usize, dtype: DType) -> Result<CudaBackend> {
+    Ok(if simulate {
+        CudaBackend::simulate(device)?
     } else {
-        CudaBackend::real(common.device, dtype)?
+        CudaBackend::real(device, dtype)?
     })
 }
 
@@ -183,7 +185,7 @@ impl Finish<'_> {
 fn gdn_command(a: &GdnArgs) -> Result<ExitCode> {
     let cfg = a.config();
     cfg.validate()?;
-    let backend = open_backend(&a.common, cfg.dtype)?;
+    let backend = open_backend(a.common.simulate, a.common.device, cfg.dtype)?;
     let host = backend
         .executes_kernels()
         .then(|| gdn::generate_inputs(&cfg, a.common.seed));
@@ -214,7 +216,7 @@ fn gdn_command(a: &GdnArgs) -> Result<ExitCode> {
 fn fa_command(a: &FaArgs) -> Result<ExitCode> {
     let cfg = a.config();
     cfg.validate()?;
-    let backend = open_backend(&a.common, cfg.dtype)?;
+    let backend = open_backend(a.common.simulate, a.common.device, cfg.dtype)?;
     let host = backend
         .executes_kernels()
         .then(|| fa::generate_inputs(&cfg, a.common.seed));
@@ -255,11 +257,7 @@ fn prefill_command(a: &PrefillArgs) -> Result<ExitCode> {
     let options = a.options().map_err(anyhow::Error::msg)?;
     let cfg = vramtrace::model::ModelConfig::from_path(&a.config)?;
     let plan = PrefillPlan::new(&cfg, options)?;
-    let backend = if a.simulate {
-        CudaBackend::simulate(a.device)?
-    } else {
-        CudaBackend::real(a.device, plan.dtype)?
-    };
+    let backend = open_backend(a.simulate, a.device, plan.dtype)?;
     // Right after the context (and, for real runs, the kernel module) exists,
     // before this run holds anything.
     let capacity = prefill::plan_capacity(
