@@ -300,7 +300,7 @@ fn render_groups(out: &mut String, a: &Attribution) {
             None => groups.push((key, 1, o.size)),
         }
     }
-    groups.sort_by(|x, y| y.2.cmp(&x.2));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.2));
     let _ = writeln!(
         out,
         "\n  observed, not in the model ({} allocations in {} groups; # stands for any number):",
