@@ -759,8 +759,11 @@ fn body<'s, 'b>(
             if *kind == LayerKind::FullAttention {
                 at.layer = Some(l);
                 let spec = plan.kv_block(l, None, tokens);
-                out.persistent.kv_cache += spec.bytes();
+                let bytes = spec.bytes();
+                // Counted once allocated, as the grow path does: a block that fails to
+                // allocate is not held.
                 persistent.push(s.empty(spec)?);
+                out.persistent.kv_cache += bytes;
                 kv_block[l] = Some(persistent.len() - 1);
             }
         }
