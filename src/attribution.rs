@@ -18,9 +18,9 @@
 
 use serde::Serialize;
 
-use crate::model::Tensor;
 use crate::replay::{LiveAlloc, Pool, Replayer, Step};
 use crate::trace::{Item, Trace};
+use vramtrace_models::Tensor;
 
 /// One allocation seen in a trace, as attribution needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -228,7 +228,7 @@ pub fn attribute(
     align: u64,
     moment: Moment,
 ) -> Attribution {
-    let peak = crate::model::peak(tensors);
+    let peak = vramtrace_models::peak(tensors);
     let all = vec![true; tensors.len()];
     let (taken, used) = match moment {
         Moment::Window => match_set(tensors, &all, &observed, align),
@@ -462,7 +462,7 @@ pub fn observe(
                 description: format!(
                     "the peak of process {} on device {dev}: {} live",
                     p.pid(),
-                    crate::units::fmt_bytes(level.peak)
+                    vramtrace_models::units::fmt_bytes(level.peak)
                 ),
             })
         }
@@ -500,9 +500,9 @@ pub fn observe(
                     "failed allocation #{n} of process {} on device {dev}: {} of {} ({} free of {})",
                     p.pid(),
                     e.api.name(),
-                    crate::units::fmt_bytes(e.size),
-                    crate::units::fmt_bytes(e.free_bytes),
-                    crate::units::fmt_bytes(e.total_bytes)
+                    vramtrace_models::units::fmt_bytes(e.size),
+                    vramtrace_models::units::fmt_bytes(e.free_bytes),
+                    vramtrace_models::units::fmt_bytes(e.total_bytes)
                 ),
             })
         }
@@ -549,7 +549,7 @@ pub fn observe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{DType, Timeline};
+    use vramtrace_models::{DType, Timeline};
 
     fn obs(size: u64, t: u64, name: Option<&str>) -> Observed {
         Observed {

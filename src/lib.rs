@@ -3,11 +3,11 @@
 //! The preload (`probes/preload`) records every allocation the CUDA driver sees into one trace
 //! file per process; this crate reads those files ([`Trace`]), replays them into live sets,
 //! peaks and failures ([`replay`], [`summary`]), symbolises native stacks offline
-//! ([`symbolize`]), predicts what kernels allocate ([`model`]) and matches the two
+//! ([`symbolize`]), predicts what kernels allocate (the `vramtrace-models` crate) and matches the two
 //! ([`attribution`]). The `vramtrace` binary is a thin layer over it ([`cli`], [`commands`]).
 //!
 //! ```
-//! use vramtrace::model::{DType, GdnShape, gdn_fla_0_6_0, peak};
+//! use vramtrace_models::{DType, GdnShape, gdn_fla_0_6_0, peak};
 //! use vramtrace::attribution::{Moment, Observed, attribute};
 //!
 //! // fla 0.6.0's chunk forward at T=4128, 48 heads, K=V=128, bf16 ...
@@ -40,13 +40,11 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod events;
-pub mod model;
 pub mod preload;
 pub mod replay;
 pub mod summary;
 pub mod symbolize;
 pub mod trace;
-pub mod units;
 
 pub use error::Error;
 pub use trace::{Process, Trace};

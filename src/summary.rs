@@ -12,7 +12,7 @@ use vramtrace_format::{Event, EventKind};
 use crate::replay::{LiveAlloc, Pool, Replayer, Step};
 use crate::symbolize::StackSymbolizer;
 use crate::trace::{Item, Trace};
-use crate::units::{fmt_bytes, fmt_secs};
+use vramtrace_models::units::{fmt_bytes, fmt_secs};
 
 /// How many allocations to list at a peak or a failure.
 pub const DEFAULT_TOP: usize = 10;

@@ -8,9 +8,9 @@ use anyhow::{Context, bail};
 
 use crate::attribution::{At, Attribution, ObservedMoment, attribute, observe};
 use crate::commands::model::KernelArgs;
-use crate::model::{Variant, Workload};
 use crate::trace::Trace;
-use crate::units::fmt_bytes;
+use vramtrace_models::units::fmt_bytes;
+use vramtrace_models::{Variant, Workload};
 
 /// Arguments of `vramtrace compare`.
 #[derive(clap::Args, Debug)]

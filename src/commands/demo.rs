@@ -12,10 +12,10 @@ use anyhow::{Context, bail};
 use crate::attribution::{At, Moment, attribute, observe};
 use crate::commands::compare::render;
 use crate::commands::run::{new_out_dir, prepare_out_dir, report_exit};
-use crate::model::{ModelConfig, Variant, Workload, WorkloadOptions};
 use crate::preload;
 use crate::summary::{SummaryOptions, render as render_summary, summarize};
 use crate::trace::Trace;
+use vramtrace_models::{ModelConfig, Variant, Workload, WorkloadOptions};
 
 /// The config the demo uses unless told otherwise (shipped in `samples/models/`).
 const QWEN36_27B: &str = include_str!("../../samples/models/Qwen3.6-27B/config.json");
@@ -256,7 +256,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     );
     println!("  vramtrace events {dir} | jq 'select(.kind == \"alloc_failed\")'");
     if let Some((variant, tokens)) = failed_kernel {
-        let l2 = if variant.kernel() == crate::model::Kernel::Gdn {
+        let l2 = if variant.kernel() == vramtrace_models::Kernel::Gdn {
             " --l2norm-in-kernel true"
         } else {
             ""
@@ -271,7 +271,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
                 "  vramtrace model {cfg_arg} --variant {}{l2} --capacity {} --resident {res}   # the cliff beside the {} held then",
                 variant.name(),
                 args.capacity,
-                crate::units::fmt_bytes(res)
+                vramtrace_models::units::fmt_bytes(res)
             );
         }
     }

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::model::{
+use vramtrace_models::units::{fmt_bytes, parse_bytes};
+use vramtrace_models::{
     DType, Kernel, ModelConfig, Tensor, Variant, WeightFormat, Workload, WorkloadOptions,
     gdn_state_per_seq, kv_cache_per_token, naive_sum, peak, replay, rounding, weight_bytes,
 };
-use crate::units::{fmt_bytes, parse_bytes};
 
 const VARIANTS_HELP: &str = "\
 Variants (each read from one upstream version; never blended):

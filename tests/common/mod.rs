@@ -59,7 +59,7 @@ pub fn fake_driver_dir() -> &'static Path {
         let lib = target_dir().join("libcuda.so");
         assert!(
             lib.is_file(),
-            "{} is missing: `cargo test --workspace` builds the stand-in driver (probes/fakecuda)",
+            "{} is missing: `cargo test --workspace` builds the stand-in driver (testbed/fakecuda)",
             lib.display()
         );
         let dir = scratch("fakecuda-lib");

@@ -1,0 +1,99 @@
+//! Analytical memory models: for a model's `config.json` and a batch, the tensors a kernel
+//! allocates — in allocation order, with shape, dtype, bytes, lifetime and the upstream line they
+//! come from — and the live set and peak that follow.
+//!
+//! Each kernel version is its own named [`Variant`], modelled from its upstream source and never
+//! blended with another: the Gated DeltaNet chunk forward of fla 0.6.0, fla 0.4.2, vLLM 0.10.2 and
+//! vLLM 0.20.1; FlashAttention-2's varlen forward in v2.5.9 (padded `softmax_lse`), v2.8.3
+//! (unpadded, as since v2.6) and PyTorch's copy; vLLM's dense MLP. Beside them: KV-cache and GDN
+//! state per token and per sequence, weight bytes by format, and PyTorch's caching allocator
+//! (request → block → segment, and a simulation of the segments `cudaMalloc` sees).
+//!
+//! ```
+//! use vramtrace_models::{DType, GdnShape, Variant, Workload, peak, gdn_vllm_0_20_1};
+//!
+//! // One Qwen3.6-27B GDN layer (16 key heads, 48 value heads, K = V = 128) on a 4128-token chunk.
+//! let mut shape = GdnShape::new(&[4128], 16, 128, 128, DType::BF16);
+//! shape.num_v_heads = 48;
+//! let tensors = gdn_vllm_0_20_1::tensors(&shape).unwrap();
+//! let h = tensors.iter().find(|t| t.name == "h").unwrap();
+//! assert_eq!(h.bytes, 102_236_160); // 97.5 MiB
+//! let p = peak(&tensors);
+//! assert_eq!(p.bytes, 334_436_352); // the fp32 A is freed before u exists
+//! assert_eq!(Variant::from_name("vllm-0.20.1"), Some(Variant::GdnVllm0201));
+//! # let _ = Workload::from_config;
+//! ```
+//!
+//! # Design constraints
+//! * Byte sizes are exact for the shapes given; what is not modelled is said in each variant's
+//!   documentation, not approximated.
+//! * One function computes the peak ([`peak`]); variants only describe allocation order.
+//! * Tensor lists carry enough (name, shape, bytes, order, lifetime, source line) to be matched
+//!   against a trace later.
+
+pub mod caching_allocator;
+mod config;
+mod dtype;
+mod error;
+pub mod fa_dao_2_5_9;
+pub mod fa_dao_2_8_3;
+pub mod fa_pytorch;
+pub mod ffn;
+mod flash_attn;
+mod gdn;
+pub mod gdn_fla_0_4_2;
+pub mod gdn_fla_0_6_0;
+pub mod gdn_state;
+pub mod gdn_vllm_0_10_2;
+pub mod gdn_vllm_0_20_1;
+pub mod kv_cache;
+
+mod peak;
+mod tensor;
+pub mod units;
+mod variant;
+pub mod weights;
+
+pub use caching_allocator::{
+    CachingAllocator, Oom, Pool, Rounding, SegmentEvent, SegmentReplay, replay, rounding,
+};
+pub use config::{LayerKind, ModelConfig, MoeConfig};
+pub use dtype::DType;
+pub use error::ModelError;
+pub use ffn::FfnShape;
+pub use flash_attn::{FaShape, num_splits_heuristic};
+pub use gdn::{CHUNK, GdnShape};
+pub use gdn_state::{GdnStatePerSeq, gdn_state_per_seq};
+pub use kv_cache::{KvCachePerToken, kv_cache_per_token};
+pub use peak::{Peak, live_at, naive_sum, peak};
+pub use tensor::{Event, Tensor, TensorId, Timeline, events};
+pub use variant::{Kernel, Variant, Workload, WorkloadOptions};
+pub use weights::{WeightEstimate, WeightFormat, weight_bytes};
+
+/// Divides a count by the tensor-parallel degree, or says why it cannot.
+pub fn tp_split(what: &'static str, count: u64, tp: u64) -> Result<u64, ModelError> {
+    if tp == 0 {
+        return Err(ModelError::Invalid(
+            "the TP degree must be at least 1".into(),
+        ));
+    }
+    if !count.is_multiple_of(tp) {
+        return Err(ModelError::TpNotDivisible { what, count, tp });
+    }
+    Ok(count / tp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tp_divides_heads_or_fails_with_a_sentence() {
+        assert_eq!(tp_split("linear_num_value_heads", 48, 2).unwrap(), 24);
+        let e = tp_split("num_key_value_heads", 4, 3).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the model has 4 num_key_value_heads, which tensor parallelism of 3 cannot split evenly; choose a TP degree that divides 4"
+        );
+    }
+}

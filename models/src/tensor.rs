@@ -1,0 +1,157 @@
+//! Predicted tensors and the timeline that orders their allocations and frees.
+
+use serde::Serialize;
+
+use crate::DType;
+
+/// One tensor a kernel allocates, in the order the upstream code allocates it.
+///
+/// `alloc_at` and `freed_at` are steps on one timeline shared by every allocation and free of a
+/// prediction, so that the live set at any moment, and the order a trace must show, follow from
+/// the list alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Tensor {
+    /// The tensor's name in the upstream code (`A`, `h`, `softmax_lse`).
+    pub name: String,
+    /// Its shape, outermost dimension first.
+    pub shape: Vec<u64>,
+    /// Its element type.
+    pub dtype: DType,
+    /// Its size in bytes: the product of the shape times the element size.
+    pub bytes: u64,
+    /// The step at which it is allocated.
+    pub alloc_at: usize,
+    /// The step at which it is freed, or `None` when it outlives the call (returned to the caller).
+    pub freed_at: Option<usize>,
+    /// The upstream file, line and version the allocation was read from.
+    pub source: &'static str,
+}
+
+impl Tensor {
+    /// Whether the tensor is live just after `step` has happened.
+    pub fn is_live_after(&self, step: usize) -> bool {
+        self.alloc_at <= step && self.freed_at.is_none_or(|f| f > step)
+    }
+
+    /// `"[4128, 48, 64]"`, the shape as PyTorch prints it.
+    pub fn shape_string(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
+        format!("[{}]", dims.join(", "))
+    }
+}
+
+/// What happens at one step of a prediction's timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Event {
+    /// The tensor at this index of the list is allocated.
+    Alloc {
+        /// Index into the tensor list.
+        tensor: usize,
+    },
+    /// The tensor at this index of the list is freed.
+    Free {
+        /// Index into the tensor list.
+        tensor: usize,
+    },
+}
+
+/// A handle to a tensor being recorded on a [`Timeline`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorId(usize);
+
+/// Records allocations and frees in program order and numbers them.
+///
+/// Every model variant describes its kernel as a sequence of `alloc` and `free` calls in the order
+/// the upstream code performs them; the timeline turns that into a [`Tensor`] list.
+#[derive(Debug, Default)]
+pub struct Timeline {
+    tensors: Vec<Tensor>,
+    step: usize,
+}
+
+impl Timeline {
+    /// An empty timeline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records the allocation of a tensor of `shape` and `dtype`.
+    pub fn alloc(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        dtype: DType,
+        source: &'static str,
+    ) -> TensorId {
+        let numel: u64 = shape.iter().product();
+        self.tensors.push(Tensor {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            dtype,
+            bytes: numel * dtype.size_bytes(),
+            alloc_at: self.step,
+            freed_at: None,
+            source,
+        });
+        self.step += 1;
+        TensorId(self.tensors.len() - 1)
+    }
+
+    /// Records the free of a tensor recorded earlier.
+    ///
+    /// # Panics
+    /// When the tensor was already freed: a model that does so has a bug.
+    pub fn free(&mut self, id: TensorId) {
+        let t = &mut self.tensors[id.0];
+        assert!(t.freed_at.is_none(), "tensor {} freed twice", t.name);
+        t.freed_at = Some(self.step);
+        self.step += 1;
+    }
+
+    /// The recorded tensors, in allocation order.
+    pub fn finish(self) -> Vec<Tensor> {
+        self.tensors
+    }
+}
+
+/// The allocation and free events of a tensor list, in timeline order.
+pub fn events(tensors: &[Tensor]) -> Vec<Event> {
+    let mut ev: Vec<(usize, Event)> = Vec::with_capacity(tensors.len() * 2);
+    for (i, t) in tensors.iter().enumerate() {
+        ev.push((t.alloc_at, Event::Alloc { tensor: i }));
+        if let Some(f) = t.freed_at {
+            ev.push((f, Event::Free { tensor: i }));
+        }
+    }
+    ev.sort_by_key(|(s, _)| *s);
+    ev.into_iter().map(|(_, e)| e).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeline_numbers_allocs_and_frees_in_order() {
+        let mut tl = Timeline::new();
+        let a = tl.alloc("a", &[2, 3], DType::F32, "test");
+        let b = tl.alloc("b", &[4], DType::BF16, "test");
+        tl.free(a);
+        let _ = b;
+        let t = tl.finish();
+        assert_eq!(t[0].bytes, 24);
+        assert_eq!(t[1].bytes, 8);
+        assert_eq!((t[0].alloc_at, t[0].freed_at), (0, Some(2)));
+        assert_eq!((t[1].alloc_at, t[1].freed_at), (1, None));
+        assert_eq!(
+            events(&t),
+            vec![
+                Event::Alloc { tensor: 0 },
+                Event::Alloc { tensor: 1 },
+                Event::Free { tensor: 0 }
+            ]
+        );
+        assert_eq!(t[0].shape_string(), "[2, 3]");
+    }
+}
