@@ -1,8 +1,17 @@
 //! Element types of the tensors the workload allocates, and the host-side
-//! conversions that let the CPU references round exactly where the kernels do.
+//! conversions (the `half` crate's, round to nearest even) that let the CPU
+//! references round exactly where the kernels do.
+//!
+//! The sizes and the bridge to `vramtrace_models::DType` live here too: the
+//! models' type has no `u8` and one fp8 for both e4m3 and e5m2, so the
+//! workload keeps its own enum for what it stores and converts at the one
+//! place it meets the models (`prefill`'s plan).
 
 use std::fmt;
 use std::str::FromStr;
+
+use half::{bf16, f16};
+use vramtrace_models::DType as ModelDType;
 
 /// The element type of a device tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,14 +37,9 @@ pub enum DType {
 }
 
 impl DType {
-    /// Bytes per element.
+    /// Bytes per element: the models' size of the same type, 1 for `U8`.
     pub fn size(self) -> usize {
-        match self {
-            DType::U8 | DType::F8E4M3 => 1,
-            DType::BF16 | DType::F16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::I64 | DType::U64 => 8,
-        }
+        ModelDType::try_from(self).map_or(1, |m| m.size_bytes() as usize)
     }
 
     /// The short name used in tables, JSON, annotations and dump manifests.
@@ -62,8 +66,8 @@ impl DType {
     /// rounded here.
     pub fn round(self, x: f32) -> f32 {
         match self {
-            DType::BF16 => bf16_to_f32(f32_to_bf16(x)),
-            DType::F16 => f16_to_f32(f32_to_f16(x)),
+            DType::BF16 => bf16::from_f32(x).to_f32(),
+            DType::F16 => f16::from_f32(x).to_f32(),
             _ => x,
         }
     }
@@ -75,10 +79,10 @@ impl DType {
         match self {
             DType::BF16 => values
                 .iter()
-                .for_each(|&x| out.extend_from_slice(&f32_to_bf16(x).to_le_bytes())),
+                .for_each(|&x| out.extend_from_slice(&bf16::from_f32(x).to_le_bytes())),
             DType::F16 => values
                 .iter()
-                .for_each(|&x| out.extend_from_slice(&f32_to_f16(x).to_le_bytes())),
+                .for_each(|&x| out.extend_from_slice(&f16::from_f32(x).to_le_bytes())),
             DType::F32 => values
                 .iter()
                 .for_each(|&x| out.extend_from_slice(&x.to_le_bytes())),
@@ -94,11 +98,11 @@ impl DType {
         match self {
             DType::BF16 => bytes
                 .chunks_exact(2)
-                .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
             DType::F16 => bytes
                 .chunks_exact(2)
-                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
             DType::F32 => bytes
                 .chunks_exact(4)
@@ -141,72 +145,36 @@ pub fn encode_i64(values: &[i64]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// `f32` → bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
-pub fn f32_to_bf16(x: f32) -> u16 {
-    let u = x.to_bits();
-    if (u & 0x7fff_ffff) > 0x7f80_0000 {
-        return ((u >> 16) | 0x40) as u16;
-    }
-    let rounded = u.wrapping_add(0x7fff + ((u >> 16) & 1));
-    (rounded >> 16) as u16
-}
-
-/// bfloat16 bits → `f32` (exact).
-pub fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
-
-/// `f32` → IEEE half bits, round to nearest even, with subnormals, overflow to
-/// infinity and quiet NaN.
-pub fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        // Subnormal half (or zero): the value is m * 2^(exp-150) with the
-        // implicit bit, and the half subnormal unit is 2^-24.
-        if e < -10 {
-            return sign;
+/// The models' fp8 is read as e4m3, the only fp8 the workload stores; every
+/// other models type has a namesake here.
+impl From<ModelDType> for DType {
+    fn from(d: ModelDType) -> Self {
+        match d {
+            ModelDType::F32 => DType::F32,
+            ModelDType::F16 => DType::F16,
+            ModelDType::BF16 => DType::BF16,
+            ModelDType::F8 => DType::F8E4M3,
+            ModelDType::I64 => DType::I64,
+            ModelDType::I32 => DType::I32,
+            ModelDType::U64 => DType::U64,
         }
-        let m = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let mut r = m >> shift;
-        let rem = m & ((1u32 << shift) - 1);
-        if rem > half || (rem == half && (r & 1) == 1) {
-            r += 1;
-        }
-        return sign | r as u16;
     }
-    let mut r = ((e as u32) << 10) | (man >> 13);
-    let rem = man & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && (r & 1) == 1) {
-        // A carry into the exponent is the correct rounding (up to infinity).
-        r += 1;
-    }
-    sign | r as u16
 }
 
-/// IEEE half bits → `f32` (exact).
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h & 0x8000) as u32) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    if exp == 0 {
-        let v = man as f32 * f32::powi(2.0, -24);
-        if sign != 0 { -v } else { v }
-    } else if exp == 0x1f {
-        f32::from_bits(sign | 0x7f80_0000 | (man << 13))
-    } else {
-        f32::from_bits(sign | ((exp + 112) << 23) | (man << 13))
+/// Fails for `U8` only, which the models do not have.
+impl TryFrom<DType> for ModelDType {
+    type Error = String;
+    fn try_from(d: DType) -> Result<Self, Self::Error> {
+        Ok(match d {
+            DType::F32 => ModelDType::F32,
+            DType::F16 => ModelDType::F16,
+            DType::BF16 => ModelDType::BF16,
+            DType::F8E4M3 => ModelDType::F8,
+            DType::I64 => ModelDType::I64,
+            DType::I32 => ModelDType::I32,
+            DType::U64 => ModelDType::U64,
+            DType::U8 => return Err("the models have no u8 type".into()),
+        })
     }
 }
 
@@ -226,16 +194,32 @@ mod tests {
         assert_eq!(DType::F8E4M3.size(), 1);
     }
 
+    /// The bits `DType::encode` writes for one value.
+    fn bits(dt: DType, x: f32) -> u16 {
+        let b = dt.encode(&[x]);
+        u16::from_le_bytes([b[0], b[1]])
+    }
+
+    /// The value `DType::decode` reads from one element's bits.
+    fn value(dt: DType, h: u16) -> f32 {
+        dt.decode(&h.to_le_bytes())[0]
+    }
+
     #[test]
     fn bf16_rounds_to_nearest_even() {
-        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        let bf = DType::BF16;
+        assert_eq!(bits(bf, 1.0), 0x3f80);
         // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even 1.0.
-        assert_eq!(f32_to_bf16(1.0 + f32::powi(2.0, -8)), 0x3f80);
+        assert_eq!(bits(bf, 1.0 + f32::powi(2.0, -8)), 0x3f80);
         // 1 + 3*2^-8 is halfway between 1+2^-7 (odd) and 1+2^-6: goes up.
-        assert_eq!(f32_to_bf16(1.0 + 3.0 * f32::powi(2.0, -8)), 0x3f82);
-        assert_eq!(bf16_to_f32(0xc000), -2.0);
-        assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
-        assert_eq!(f32_to_bf16(f32::INFINITY), 0x7f80);
+        assert_eq!(bits(bf, 1.0 + 3.0 * f32::powi(2.0, -8)), 0x3f82);
+        assert_eq!(value(bf, 0xc000), -2.0);
+        assert!(bf.round(f32::NAN).is_nan());
+        assert_eq!(bits(bf, f32::INFINITY), 0x7f80);
+        assert_eq!(
+            bf.round(1.0 + 3.0 * f32::powi(2.0, -8)),
+            1.0 + f32::powi(2.0, -6)
+        );
     }
 
     #[test]
@@ -245,8 +229,8 @@ mod tests {
             if exp == 0x1f {
                 continue;
             }
-            let x = f16_to_f32(h);
-            let back = f32_to_f16(x);
+            let x = value(DType::F16, h);
+            let back = bits(DType::F16, x);
             // -0 and +0 keep their sign bits.
             assert_eq!(back, h, "half bits {h:#06x} -> {x} -> {back:#06x}");
         }
@@ -254,14 +238,33 @@ mod tests {
 
     #[test]
     fn f16_known_values() {
-        assert_eq!(f32_to_f16(1.0), 0x3c00);
-        assert_eq!(f32_to_f16(65504.0), 0x7bff);
-        assert_eq!(f32_to_f16(65520.0), 0x7c00); // rounds to infinity
-        assert_eq!(f32_to_f16(f32::powi(2.0, -24)), 0x0001);
-        assert_eq!(f32_to_f16(f32::powi(2.0, -25)), 0x0000); // tie to even 0
-        assert_eq!(f32_to_f16(1.5 * f32::powi(2.0, -24)), 0x0002); // tie to even 2
-        assert_eq!(f32_to_f16(-2.0), 0xc000);
-        assert!(f16_to_f32(f32_to_f16(f32::NAN)).is_nan());
+        let f = |x| bits(DType::F16, x);
+        assert_eq!(f(1.0), 0x3c00);
+        assert_eq!(f(65504.0), 0x7bff);
+        assert_eq!(f(65520.0), 0x7c00); // rounds to infinity
+        assert_eq!(f(f32::powi(2.0, -24)), 0x0001);
+        assert_eq!(f(f32::powi(2.0, -25)), 0x0000); // tie to even 0
+        assert_eq!(f(1.5 * f32::powi(2.0, -24)), 0x0002); // tie to even 2
+        assert_eq!(f(-2.0), 0xc000);
+        assert!(DType::F16.round(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn the_models_types_map_both_ways() {
+        for d in [
+            DType::BF16,
+            DType::F16,
+            DType::F32,
+            DType::I32,
+            DType::I64,
+            DType::U64,
+            DType::F8E4M3,
+        ] {
+            let m = ModelDType::try_from(d).unwrap();
+            assert_eq!(DType::from(m), d);
+            assert_eq!(m.size_bytes() as usize, d.size());
+        }
+        assert!(ModelDType::try_from(DType::U8).is_err());
     }
 
     #[test]

@@ -135,25 +135,6 @@ fn model_err(e: model::ModelError) -> Error {
     Error::Model(e.to_string())
 }
 
-fn workload_dtype(d: model::DType) -> Result<DType> {
-    match d {
-        model::DType::BF16 => Ok(DType::BF16),
-        model::DType::F16 => Ok(DType::F16),
-        other => Err(Error::Model(format!(
-            "the model's dtype is {other}; prefill runs FlashAttention, which takes bfloat16 or \
-             float16 only"
-        ))),
-    }
-}
-
-fn kv_model_dtype(d: DType) -> model::DType {
-    match d {
-        DType::F8E4M3 => model::DType::F8,
-        DType::F16 => model::DType::F16,
-        _ => model::DType::BF16,
-    }
-}
-
 /// The name of a weight format as `--weights` takes it.
 pub fn weight_format_name(f: WeightFormat) -> String {
     match f {
@@ -234,7 +215,14 @@ impl PrefillPlan {
         if options.chunk == 0 {
             return bad("--chunk must be at least 1".into());
         }
-        let dtype = workload_dtype(cfg.dtype)?;
+        let dtype = DType::from(cfg.dtype);
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            return Err(Error::Model(format!(
+                "the model's dtype is {}; prefill runs FlashAttention, which takes bfloat16 or \
+                 float16 only",
+                cfg.dtype
+            )));
+        }
         options.kv_dtype = match options.kv_dtype {
             DType::BF16 | DType::F16 => dtype,
             DType::F8E4M3 => DType::F8E4M3,
@@ -284,8 +272,8 @@ impl PrefillPlan {
             )));
         }
 
-        let kv = model::kv_cache_per_token(cfg, 1, kv_model_dtype(options.kv_dtype))
-            .map_err(model_err)?;
+        let kv_dtype = model::DType::try_from(options.kv_dtype).map_err(Error::Model)?;
+        let kv = model::kv_cache_per_token(cfg, 1, kv_dtype).map_err(model_err)?;
         let ffn = model::FfnShape::from_config(cfg, options.chunk as u64, 1, cfg.dtype)
             .map_err(model_err)?;
         let plan = PrefillPlan {
