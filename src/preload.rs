@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 use anyhow::{Context, bail};
+use vramtrace_models::units::fmt_bytes;
 
 /// File name of the preload library.
 pub const PRELOAD_FILE: &str = "libvramtrace_preload.so";
@@ -15,6 +16,9 @@ pub struct Options {
     /// Capture native stacks.
     pub stacks: bool,
 }
+
+/// File name of the stand-in driver as cargo builds it (`testbed/fakecuda`).
+pub const STAND_IN_FILE: &str = "libcuda.so";
 
 /// Finds the preload: the explicit path if given, else next to the running binary (the same
 /// `target/` directory after `cargo build`), else `../lib/` beside it (an installed layout).
@@ -29,24 +33,69 @@ pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
             p.display()
         );
     }
-    let exe = std::env::current_exe().context("cannot find the vramtrace binary's own path")?;
+    beside_binary(PRELOAD_FILE).map_err(|tried| {
+        anyhow::anyhow!(
+            "cannot find {PRELOAD_FILE} (looked in {tried}). Build it with `cargo build --release --workspace` \
+             (it lands next to the vramtrace binary), or pass --preload PATH or set VRAMTRACE_PRELOAD."
+        )
+    })
+}
+
+/// A library shipped beside the `vramtrace` binary: in its directory (the `target/` directory
+/// after `cargo build`), in `../lib/` (an installed layout) or one level up. The error lists
+/// where it looked.
+fn beside_binary(file: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("nowhere: no own path ({e})"))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let mut tried = Vec::new();
     for cand in [
-        dir.join(PRELOAD_FILE),
-        dir.join("../lib").join(PRELOAD_FILE),
-        dir.join("..").join(PRELOAD_FILE),
+        dir.join(file),
+        dir.join("../lib").join(file),
+        dir.join("..").join(file),
     ] {
         if cand.is_file() {
             return Ok(cand.canonicalize().unwrap_or(cand));
         }
         tried.push(cand.display().to_string());
     }
-    bail!(
-        "cannot find {PRELOAD_FILE} (looked in {}). Build it with `cargo build --release --workspace` \
-         (it lands next to the vramtrace binary), or pass --preload PATH or set VRAMTRACE_PRELOAD.",
-        tried.join(", ")
-    )
+    Err(tried.join(", "))
+}
+
+/// Environment that makes a program load vramtrace's stand-in driver instead of a GPU's: a
+/// `libcuda.so.1` that keeps host-side books and fails with real out-of-memory errors once
+/// `capacity` bytes are in use (24 GiB when `None`). The link the loader follows is made in
+/// `dir/.stand-in-driver`; an existing `LD_LIBRARY_PATH` stays searched after it.
+pub fn stand_in_env(
+    dir: &Path,
+    capacity: Option<u64>,
+) -> anyhow::Result<Vec<(OsString, OsString)>> {
+    let lib = beside_binary(STAND_IN_FILE).map_err(|tried| {
+        anyhow::anyhow!(
+            "the stand-in driver {STAND_IN_FILE} is missing (looked in {tried}): build it with \
+             `cargo build --release --workspace`"
+        )
+    })?;
+    let lib_dir = dir.join(".stand-in-driver");
+    std::fs::create_dir_all(&lib_dir)
+        .with_context(|| format!("cannot create {}", lib_dir.display()))?;
+    let link = lib_dir.join("libcuda.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&lib, &link)
+        .with_context(|| format!("cannot link {} to {}", link.display(), lib.display()))?;
+    let mut search = lib_dir.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        search.push(":");
+        search.push(old);
+    }
+    let mut env = vec![("LD_LIBRARY_PATH".into(), search)];
+    if let Some(bytes) = capacity {
+        env.push(("VRAMTRACE_FAKE_CAPACITY".into(), bytes.to_string().into()));
+        env.push((
+            "VRAMTRACE_FAKE_NAME".into(),
+            format!("stand-in {} card", fmt_bytes(bytes)).into(),
+        ));
+    }
+    Ok(env)
 }
 
 /// `LD_PRELOAD` with the preload appended to whatever the caller already preloads.

@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use std::ffi::OsStr;
+use std::process::Command;
 
 #[test]
 fn linked_with_lcuda_every_event_exact() {
@@ -298,4 +299,48 @@ fn summary_gives_the_exact_peak_and_the_live_set_at_the_failure() {
     assert_eq!(f["live"][0]["size"], 20 * MIB);
     assert_eq!(f["free_bytes"], (24u64 << 30) - 20 * MIB);
     assert_eq!(d["name"], "vramtrace stand-in GPU");
+}
+
+/// `vramtrace run --simulate` needs no GPU and no environment: it points the program at the
+/// stand-in driver itself, sized by `--capacity` (fractional units included).
+#[test]
+fn run_simulate_records_without_a_gpu() {
+    let prog = c_program("linked", true);
+    let out = scratch("simulate").join("trace");
+    let o = Command::new(vramtrace())
+        .args(["run", "--simulate", "--capacity", "23.5GiB", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VRAMTRACE_FAKE_CAPACITY")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let ev = events(&out);
+    let failed: Vec<_> = ev.iter().filter(|e| e["kind"] == "alloc_failed").collect();
+    assert_eq!(failed.len(), 1, "{}", describe(&o));
+    let total = 23 * (1u64 << 30) + (1 << 29);
+    assert_eq!(failed[0]["total_bytes"], total);
+    assert_eq!(failed[0]["size"], 1u64 << 40);
+    assert!(
+        ev.iter()
+            .any(|e| e["kind"] == "alloc" && e["size"] == 20 * MIB)
+    );
+}
+
+/// `--capacity` means nothing without the stand-in and is refused rather than ignored.
+#[test]
+fn run_capacity_needs_simulate() {
+    let o = Command::new(vramtrace())
+        .args(["run", "--capacity", "24GiB", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--simulate"),
+        "{}",
+        describe(&o)
+    );
 }

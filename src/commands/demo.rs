@@ -15,6 +15,7 @@ use crate::commands::run::{new_out_dir, prepare_out_dir, report_exit};
 use crate::preload;
 use crate::summary::{SummaryOptions, render as render_summary, summarize};
 use crate::trace::Trace;
+use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_models::{ModelConfig, Variant, Workload, WorkloadOptions};
 
 /// The config the demo uses unless told otherwise (shipped in `samples/models/`).
@@ -23,8 +24,6 @@ const QWEN36_27B: &str = include_str!("../../samples/models/Qwen3.6-27B/config.j
 const WORKLOAD: &str = "vramtrace-workload";
 /// The name the workload gives the allocation that shrinks a real card to `--capacity`.
 const BALLAST: &str = "capacity ballast";
-/// The stand-in driver, built next to `vramtrace` as `libcuda.so`.
-const STAND_IN: &str = "libcuda.so";
 
 /// Arguments of `vramtrace demo`.
 #[derive(clap::Args, Debug)]
@@ -38,9 +37,9 @@ pub struct DemoArgs {
     /// Run on the stand-in driver even if a GPU is present.
     #[arg(long)]
     pub simulate: bool,
-    /// Device memory the run may use, like a smaller card.
-    #[arg(long, default_value = "24GiB")]
-    pub capacity: String,
+    /// Device memory the run may use, like a smaller card (`24GiB`, `23.5GiB`, `22000MB`).
+    #[arg(long, default_value = "24GiB", value_parser = parse_bytes)]
+    pub capacity: u64,
     /// Prompt length in tokens (long enough to reach the cliff on the default card).
     #[arg(long, default_value_t = 262_144)]
     pub prompt_tokens: u64,
@@ -100,35 +99,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         "--weights".into(),
         args.weights.clone().into(),
         "--capacity".into(),
-        args.capacity.clone().into(),
+        args.capacity.to_string().into(),
     ];
     if gpu {
         eprintln!(
             "vramtrace demo: a GPU is present: running the real kernels, limited to {}",
-            args.capacity
+            fmt_bytes(args.capacity)
         );
     } else {
-        let stand_in = bin_dir.join(STAND_IN);
-        if !stand_in.is_file() {
-            bail!(
-                "no GPU, and the stand-in driver {} is missing: build it with `cargo build --release --workspace`",
-                stand_in.display()
-            );
-        }
-        let lib_dir = out.join(".stand-in-driver");
-        std::fs::create_dir_all(&lib_dir)?;
-        let link = lib_dir.join("libcuda.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&stand_in, &link)?;
-        env.push(("LD_LIBRARY_PATH".into(), lib_dir.into()));
-        env.push((
-            "VRAMTRACE_FAKE_CAPACITY".into(),
-            args.capacity.clone().into(),
-        ));
-        env.push((
-            "VRAMTRACE_FAKE_NAME".into(),
-            format!("stand-in {} card", args.capacity).into(),
-        ));
+        env = preload::stand_in_env(&out, Some(args.capacity))?;
         cmd.push("--simulate".into());
         eprintln!(
             "vramtrace demo: no GPU{}: the same allocations on the stand-in driver, a {} card",
@@ -137,7 +116,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             } else {
                 " found"
             },
-            args.capacity
+            fmt_bytes(args.capacity)
         );
     }
     eprintln!(
@@ -250,11 +229,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     }
     let cfg_arg = config.display().to_string();
     let dir = out.display();
+    // The binary as it can be typed from here, so every line runs as printed.
+    let vt = shown_path(&exe);
     println!("\nNext:");
     println!(
-        "  vramtrace summary {dir}            # every process, peak and failure, with native stacks"
+        "  {vt} summary {dir}            # every process, peak and failure, with native stacks"
     );
-    println!("  vramtrace events {dir} | jq 'select(.kind == \"alloc_failed\")'");
+    println!("  {vt} events {dir} | jq 'select(.kind == \"alloc_failed\")'");
     if let Some((variant, tokens)) = failed_kernel {
         let l2 = if variant.kernel() == vramtrace_models::Kernel::Gdn {
             " --l2norm-in-kernel true"
@@ -262,13 +243,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             ""
         };
         println!(
-            "  vramtrace compare {dir} --model {cfg_arg} --variant {}{l2} --tokens {tokens} --at oom",
+            "  {vt} compare {dir} --model {cfg_arg} --variant {}{l2} --tokens {tokens} --at oom",
             variant.name()
         );
         if let Some(res) = resident {
             // The cliff: the chunk size from which this kernel no longer fits beside what was held.
             println!(
-                "  vramtrace model {cfg_arg} --variant {}{l2} --capacity {} --resident {res}   # the cliff beside the {} held then",
+                "  {vt} model {cfg_arg} --variant {}{l2} --capacity {} --resident {res}   # the cliff beside the {} held then",
                 variant.name(),
                 args.capacity,
                 vramtrace_models::units::fmt_bytes(res)
@@ -276,6 +257,16 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `path` relative to the current directory when it lies below it (`target/release/vramtrace`),
+/// else whole: a command a user can paste as printed.
+fn shown_path(path: &Path) -> String {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .map(|rel| rel.display().to_string())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// The modelled kernel a range label is inside, if any.

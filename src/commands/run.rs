@@ -9,11 +9,12 @@ use anyhow::{Context, bail};
 use crate::preload;
 use crate::summary::{SummaryOptions, render, summarize};
 use crate::trace::Trace;
+use vramtrace_models::units::parse_bytes;
 
 /// Arguments of `vramtrace run`.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  vramtrace run -- python3 serve.py --model Qwen/Qwen3.6-27B\n  vramtrace run --out oom-trace -- ./llama-server -m model.gguf\n\nEvery process the program starts (workers, forks, exec'd children) is recorded into the same\ndirectory, one file per process. Read it with `vramtrace summary DIR` or `vramtrace events DIR`."
+    after_help = "Examples:\n  vramtrace run -- python3 serve.py --model Qwen/Qwen3.6-27B\n  vramtrace run --out oom-trace -- ./llama-server -m model.gguf\n  vramtrace run --simulate --capacity 24GiB -- ./prog      # no GPU: the stand-in driver\n\nEvery process the program starts (workers, forks, exec'd children) is recorded into the same\ndirectory, one file per process. Read it with `vramtrace summary DIR` or `vramtrace events DIR`."
 )]
 pub struct RunArgs {
     /// Directory to write the trace into. It is created; an existing directory must be empty.
@@ -26,6 +27,13 @@ pub struct RunArgs {
     /// Do not capture native stacks (faster, smaller traces).
     #[arg(long)]
     pub no_stacks: bool,
+    /// Run the program against vramtrace's stand-in driver instead of a GPU: a `libcuda.so.1`
+    /// that keeps host-side books and fails with real out-of-memory errors. No GPU needed.
+    #[arg(long)]
+    pub simulate: bool,
+    /// With --simulate: the stand-in card's memory, e.g. `24GiB` (the default) or `23.5GiB`.
+    #[arg(long, requires = "simulate", value_name = "BYTES", value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
     /// Do not print the summary when the program exits.
     #[arg(long, short)]
     pub quiet: bool,
@@ -44,7 +52,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let opts = preload::Options {
         stacks: !args.no_stacks,
     };
-    let status = preload::run_traced(&preload, &out, &args.command, &[], opts)?;
+    let env = if args.simulate {
+        preload::stand_in_env(&out, args.capacity)?
+    } else {
+        Vec::new()
+    };
+    let status = preload::run_traced(&preload, &out, &args.command, &env, opts)?;
     let code = report_exit(&args.command[0], status);
     if !args.quiet {
         eprintln!("vramtrace: trace written to {}", out.display());
@@ -130,29 +143,12 @@ pub fn new_out_dir(cmd: &std::ffi::OsStr) -> anyhow::Result<PathBuf> {
     bail!("could not find a free directory name for the trace; pass --out")
 }
 
-/// `YYYYmmdd-HHMMSS` in UTC.
+/// `YYYYmmdd-HHMMSS` in UTC (the epoch for a clock set before it).
 fn utc_stamp(t: std::time::SystemTime) -> String {
-    let secs = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    jiff::Timestamp::try_from(t)
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+        .strftime("%Y%m%d-%H%M%S")
+        .to_string()
 }
 
 #[cfg(test)]
