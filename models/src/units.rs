@@ -27,7 +27,13 @@ pub fn fmt_secs(s: f64) -> String {
 }
 
 /// Parses a byte count: a plain integer or a number with a unit (`24GiB`, `512 MiB`, `80GB`,
-/// `1.5G`; binary for `KiB/MiB/GiB/TiB` and bare `K/M/G/T`, decimal for `KB/MB/GB/TB`).
+/// `1.5G`, `23.5GiB`; binary for `KiB/MiB/GiB/TiB` and bare `K/M/G/T`, decimal for
+/// `KB/MB/GB/TB`). Units are case-insensitive and may follow a space; `_` may group digits.
+///
+/// The arithmetic is on integers, so the result is exact: `24GiB` is 25769803776 and `1.5GiB`
+/// is 1610612736. A fraction that does not come to whole bytes (`0.1KiB`) rounds to the nearest
+/// byte, halves up. A bare number or one in `B` must be whole. Counts above `u64::MAX` are refused,
+/// never wrapped.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -35,16 +41,17 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let num = num.replace('_', "");
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
+    let unit = unit.trim();
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         other => {
             return Err(format!(
                 "unknown unit {other:?} in {s:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
@@ -56,17 +63,43 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
             "{s:?} is not a byte count (expected e.g. 24GiB or 1048576)"
         ));
     }
-    if unit.trim().is_empty() || unit.trim().eq_ignore_ascii_case("b") {
-        return num
-            .parse::<u64>()
-            .map_err(|_| format!("{s:?} is not a whole number of bytes"));
+    let out_of_range = || {
+        format!(
+            "{s:?} is out of range: byte counts go up to {} (16 EiB)",
+            u64::MAX
+        )
+    };
+    let (whole, frac) = num.split_once('.').unwrap_or((&num, ""));
+    if mult == 1 {
+        if !frac.is_empty() || num.contains('.') {
+            return Err(format!("{s:?} is not a whole number of bytes"));
+        }
+        return whole.parse::<u64>().map_err(|_| out_of_range());
     }
-    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a number"))?;
-    let bytes = v * mult;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("{s:?} is out of range"));
+    if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(format!("{s:?} is not a number"));
     }
-    Ok(bytes.round() as u64)
+    // 18 digits keep `fraction * unit` within u128 and are far finer than one byte.
+    if frac.len() > 18 {
+        return Err(format!(
+            "{s:?} has more than 18 digits after the decimal point"
+        ));
+    }
+    let whole: u64 = match whole {
+        "" => 0,
+        w => w.parse().map_err(|_| out_of_range())?,
+    };
+    let whole_bytes = whole.checked_mul(mult).ok_or_else(out_of_range)?;
+    let frac_bytes = match frac {
+        "" => 0,
+        f => {
+            let digits: u128 = f.parse().map_err(|_| format!("{s:?} is not a number"))?;
+            let den = 10u128.pow(f.len() as u32);
+            // Rounds half up; the quotient is below `mult`, so it fits in a u64.
+            ((digits * u128::from(mult) + den / 2) / den) as u64
+        }
+    };
+    whole_bytes.checked_add(frac_bytes).ok_or_else(out_of_range)
 }
 
 #[cfg(test)]
@@ -90,5 +123,50 @@ mod tests {
         assert_eq!(parse_bytes("1.5G"), Ok(3 << 29));
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn units_are_exact_integers() {
+        assert_eq!(parse_bytes("24GiB"), Ok(25_769_803_776));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(1_610_612_736));
+        assert_eq!(parse_bytes("23.5GiB"), Ok(25_232_932_864));
+        assert_eq!(parse_bytes("23.5 gib"), Ok(47 << 29));
+        assert_eq!(parse_bytes("141gb"), Ok(141_000_000_000));
+        assert_eq!(parse_bytes("0.5KB"), Ok(500));
+        assert_eq!(parse_bytes(".5K"), Ok(512));
+        assert_eq!(parse_bytes("2.K"), Ok(2048));
+        assert_eq!(parse_bytes("4096B"), Ok(4096));
+        assert_eq!(parse_bytes("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_bytes("4_096 MiB"), Ok(4 << 30));
+        // A value past 2^53 that a float would round: 16 EiB less one KiB, exactly.
+        assert_eq!(parse_bytes("18014398509481983K"), Ok(u64::MAX - 1023));
+        assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
+        // Fractions of a byte round to the nearest byte, halves up.
+        assert_eq!(parse_bytes("0.1KiB"), Ok(102));
+        assert_eq!(parse_bytes("0.0005KB"), Ok(1));
+        assert_eq!(parse_bytes("0.0004KB"), Ok(0));
+    }
+
+    #[test]
+    fn bad_and_huge_counts_are_refused_not_wrapped() {
+        for bad in ["", "GiB", "-1", ".", "1.2.3G", "1.5", "1.5B", "12 parsecs"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+        for huge in [
+            "18446744073709551616",
+            "99999999999TiB",
+            "16777216TiB",
+            "17179869184GiB",
+            "16777215.99999999999999999TiB",
+            "99999999999999999999999G",
+        ] {
+            let e = parse_bytes(huge).unwrap_err();
+            assert!(e.contains("out of range"), "{huge:?}: {e}");
+        }
+        assert!(
+            parse_bytes("1.0000000000000000001G")
+                .unwrap_err()
+                .contains("18 digits")
+        );
     }
 }

@@ -11,7 +11,8 @@
 use std::path::Path;
 
 use vramtrace_models::{
-    DType, GdnShape, gdn_fla_0_4_2, gdn_fla_0_6_0, gdn_vllm_0_10_2, gdn_vllm_0_20_1,
+    DType, GdnShape, ModelError, Tensor, gdn_fla_0_4_2, gdn_fla_0_6_0, gdn_vllm_0_10_2,
+    gdn_vllm_0_20_1,
 };
 
 fn shape(seqlens: &[u64], hk: u64, hv: u64, k: u64, v: u64, dtype: DType) -> GdnShape {
@@ -45,8 +46,11 @@ fn cases() -> Vec<(&'static str, GdnShape)> {
     ]
 }
 
+/// A variant's `tensors` function.
+type TensorsFn = fn(&GdnShape) -> Result<Vec<Tensor>, ModelError>;
+
 fn all_lines() -> Vec<String> {
-    let variants: [(&str, fn(&GdnShape) -> _); 4] = [
+    let variants: [(&str, TensorsFn); 4] = [
         (gdn_fla_0_6_0::NAME, gdn_fla_0_6_0::tensors),
         (gdn_fla_0_4_2::NAME, gdn_fla_0_4_2::tensors),
         (gdn_vllm_0_10_2::NAME, gdn_vllm_0_10_2::tensors),

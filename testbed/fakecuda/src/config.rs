@@ -5,6 +5,8 @@ use std::fmt;
 use std::io::Write;
 use std::sync::OnceLock;
 
+use vramtrace_models::units::parse_bytes;
+
 /// Device count variable.
 pub(crate) const DEVICES_VAR: &str = "VRAMTRACE_FAKE_DEVICES";
 /// Capacity variable: one byte count, or a comma-separated list (one per device).
@@ -90,13 +92,13 @@ impl Config {
             Some(text) => {
                 let mut list = Vec::new();
                 for item in text.split(',') {
-                    match parse_bytes(item) {
+                    match parse_bytes(item).ok() {
                         Some(bytes) if bytes > 0 && bytes <= MAX_CAPACITY => list.push(bytes),
                         _ => {
                             return Err(error(
                                 CAPACITY_VAR,
                                 &text,
-                                "expected byte counts from 1 byte to 4 TiB such as 25769803776, 24GiB, 512MiB or 80GB, comma-separated for several devices",
+                                "expected byte counts from 1 byte to 4 TiB such as 25769803776, 24GiB, 23.5GiB, 512MiB or 80GB, comma-separated for several devices",
                             ));
                         }
                     }
@@ -135,35 +137,6 @@ impl Config {
     }
 }
 
-/// Parses a byte count: a plain integer, or an integer with a unit. Binary
-/// units: `K`, `KiB`, `M`, `MiB`, `G`, `GiB`, `T`, `TiB`; decimal units: `KB`,
-/// `MB`, `GB`, `TB`; `B` is bytes. Units are case-insensitive and may follow a
-/// space. Returns `None` for anything else or on overflow.
-pub(crate) fn parse_bytes(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    if number.is_empty() {
-        return None;
-    }
-    let number: u64 = number.parse().ok()?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return None,
-    };
-    number.checked_mul(multiplier)
-}
-
 /// The process's configuration, read from the environment on first use. An
 /// invalid variable is reported on stderr once, on the first call.
 pub(crate) fn get() -> Result<&'static Config, &'static ConfigError> {
@@ -192,23 +165,39 @@ mod tests {
         })
     }
 
+    /// The capacities `VRAMTRACE_FAKE_CAPACITY` accepts are those of the models crate's
+    /// `parse_bytes`, the parser the CLI's `--capacity` uses too.
     #[test]
     fn byte_counts_with_and_without_units() {
-        assert_eq!(parse_bytes("25769803776"), Some(24 << 30));
-        assert_eq!(parse_bytes("24GiB"), Some(24 << 30));
-        assert_eq!(parse_bytes("24 gib"), Some(24 << 30));
-        assert_eq!(parse_bytes("24G"), Some(24 << 30));
-        assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
-        assert_eq!(parse_bytes("80GB"), Some(80_000_000_000));
-        assert_eq!(parse_bytes("141gb"), Some(141_000_000_000));
-        assert_eq!(parse_bytes("4096B"), Some(4096));
-        assert_eq!(parse_bytes("1TiB"), Some(1 << 40));
-        assert_eq!(parse_bytes(""), None);
-        assert_eq!(parse_bytes("GiB"), None);
-        assert_eq!(parse_bytes("1.5GiB"), None);
-        assert_eq!(parse_bytes("-1"), None);
-        assert_eq!(parse_bytes("12 parsecs"), None);
-        assert_eq!(parse_bytes("99999999999TiB"), None);
+        let bytes = |s: &str| parse_bytes(s).ok();
+        assert_eq!(bytes("25769803776"), Some(24 << 30));
+        assert_eq!(bytes("24GiB"), Some(24 << 30));
+        assert_eq!(bytes("24 gib"), Some(24 << 30));
+        assert_eq!(bytes("24G"), Some(24 << 30));
+        assert_eq!(bytes("512MiB"), Some(512 << 20));
+        assert_eq!(bytes("80GB"), Some(80_000_000_000));
+        assert_eq!(bytes("141gb"), Some(141_000_000_000));
+        assert_eq!(bytes("4096B"), Some(4096));
+        assert_eq!(bytes("1TiB"), Some(1 << 40));
+        assert_eq!(bytes("1.5GiB"), Some(3 << 29));
+        assert_eq!(bytes(""), None);
+        assert_eq!(bytes("GiB"), None);
+        assert_eq!(bytes("-1"), None);
+        assert_eq!(bytes("12 parsecs"), None);
+        assert_eq!(bytes("99999999999TiB"), None);
+    }
+
+    #[test]
+    fn fractional_capacities_are_accepted() {
+        let config = parse(&[(CAPACITY_VAR, "23.5GiB")]).unwrap();
+        assert_eq!(config.devices[0].capacity, 25_232_932_864);
+        let config = parse(&[(CAPACITY_VAR, "1.5GiB, 0.5TiB")]).unwrap();
+        let capacities: Vec<u64> = config.devices.iter().map(|d| d.capacity).collect();
+        assert_eq!(capacities, vec![1_610_612_736, 1 << 39]);
+        assert_eq!(
+            parse(&[(CAPACITY_VAR, "4.5TiB")]).unwrap_err().variable,
+            CAPACITY_VAR
+        );
     }
 
     #[test]
