@@ -264,21 +264,10 @@ mod tests {
 
     #[test]
     fn fa_check_unpads_the_padded_layout() {
-        let cfg = FaConfig {
-            seqlens_q: vec![3, 9],
-            seqlens_k: vec![3, 9],
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            dtype: DType::BF16,
-            causal: true,
-            softmax_scale: None,
-            padded_lse: true,
-            max_seqlen_q: Some(12),
-            max_seqlen_k: None,
-            api: FaApi::FlashAttn,
-            preallocated_out: false,
-        };
+        let cfg = FaConfig::new(&[3, 9], 4, 2, 16, DType::BF16)
+            .with_padded_lse(true)
+            .with_max_seqlen_q(Some(12))
+            .with_api(FaApi::FlashAttn);
         let host = fa_inputs(&cfg, 1);
         let r = fa_ref::online(&cfg, &host);
         // Pad [H, total_q] into [B, H, 12], leaving the tail as garbage.

@@ -197,27 +197,24 @@ pub struct FaArgs {
 
 impl FaArgs {
     pub fn config(&self) -> FaConfig {
-        FaConfig {
-            seqlens_q: self.seqlens.clone(),
-            seqlens_k: self
-                .kv_seqlens
-                .clone()
-                .unwrap_or_else(|| self.seqlens.clone()),
-            heads: self.heads,
-            kv_heads: self.kv_heads.unwrap_or(self.heads),
-            head_dim: self.head_dim,
-            dtype: self.dtype,
-            causal: !self.no_causal,
-            softmax_scale: self.scale,
-            padded_lse: self.padded_lse,
-            max_seqlen_q: self.max_seqlen_q,
-            max_seqlen_k: self.max_seqlen_k,
-            api: match self.api {
-                ApiArg::Torch => FaApi::Torch,
-                ApiArg::FlashAttn => FaApi::FlashAttn,
-            },
-            preallocated_out: self.preallocated_out,
-        }
+        FaConfig::new(
+            &self.seqlens,
+            self.heads,
+            self.kv_heads.unwrap_or(self.heads),
+            self.head_dim,
+            self.dtype,
+        )
+        .with_kv_seqlens(self.kv_seqlens.as_deref().unwrap_or(&self.seqlens))
+        .with_causal(!self.no_causal)
+        .with_softmax_scale(self.scale)
+        .with_padded_lse(self.padded_lse)
+        .with_max_seqlen_q(self.max_seqlen_q)
+        .with_max_seqlen_k(self.max_seqlen_k)
+        .with_api(match self.api {
+            ApiArg::Torch => FaApi::Torch,
+            ApiArg::FlashAttn => FaApi::FlashAttn,
+        })
+        .with_preallocated_out(self.preallocated_out)
     }
 }
 

@@ -70,6 +70,98 @@ pub struct FaConfig {
 }
 
 impl FaConfig {
+    /// A causal prefill of `seqlens`, each sequence's queries over its own
+    /// keys, as PyTorch's `_flash_attention_forward` runs it: the default
+    /// scale and max lengths, the unpadded `softmax_lse`, `out` allocated by
+    /// the call. The `with_*` methods change the rest.
+    pub fn new(
+        seqlens: &[usize],
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: DType,
+    ) -> Self {
+        Self {
+            seqlens_q: seqlens.to_vec(),
+            seqlens_k: seqlens.to_vec(),
+            heads,
+            kv_heads,
+            head_dim,
+            dtype,
+            causal: true,
+            softmax_scale: None,
+            padded_lse: false,
+            max_seqlen_q: None,
+            max_seqlen_k: None,
+            api: FaApi::Torch,
+            preallocated_out: false,
+        }
+    }
+
+    /// The same call on other sequences, each over its own keys.
+    pub fn with_seqlens(self, seqlens: &[usize]) -> Self {
+        Self {
+            seqlens_q: seqlens.to_vec(),
+            seqlens_k: seqlens.to_vec(),
+            ..self
+        }
+    }
+
+    /// Key lengths that differ from the query lengths.
+    pub fn with_kv_seqlens(self, seqlens_k: &[usize]) -> Self {
+        Self {
+            seqlens_k: seqlens_k.to_vec(),
+            ..self
+        }
+    }
+
+    /// Causal masking on or off.
+    pub fn with_causal(self, causal: bool) -> Self {
+        Self { causal, ..self }
+    }
+
+    /// A softmax scale other than `head_dim ** -0.5` (`None`: the default).
+    pub fn with_softmax_scale(self, softmax_scale: Option<f32>) -> Self {
+        Self {
+            softmax_scale,
+            ..self
+        }
+    }
+
+    /// The padded `softmax_lse` layout of FA up to 2.5.9, or not.
+    pub fn with_padded_lse(self, padded_lse: bool) -> Self {
+        Self { padded_lse, ..self }
+    }
+
+    /// The `max_seqlen_q` the caller passes (`None`: the longest query).
+    pub fn with_max_seqlen_q(self, max_seqlen_q: Option<usize>) -> Self {
+        Self {
+            max_seqlen_q,
+            ..self
+        }
+    }
+
+    /// The `max_seqlen_k` the caller passes (`None`: the longest key run).
+    pub fn with_max_seqlen_k(self, max_seqlen_k: Option<usize>) -> Self {
+        Self {
+            max_seqlen_k,
+            ..self
+        }
+    }
+
+    /// Whose allocations to follow.
+    pub fn with_api(self, api: FaApi) -> Self {
+        Self { api, ..self }
+    }
+
+    /// Whether the caller passes `out`.
+    pub fn with_preallocated_out(self, preallocated_out: bool) -> Self {
+        Self {
+            preallocated_out,
+            ..self
+        }
+    }
+
     /// Σ query lengths.
     pub fn total_q(&self) -> usize {
         self.seqlens_q.iter().sum()
@@ -474,21 +566,7 @@ mod tests {
     use crate::tensor::LedgerEvent;
 
     fn cfg(seqlens: &[usize]) -> FaConfig {
-        FaConfig {
-            seqlens_q: seqlens.to_vec(),
-            seqlens_k: seqlens.to_vec(),
-            heads: 24,
-            kv_heads: 4,
-            head_dim: 256,
-            dtype: DType::BF16,
-            causal: true,
-            softmax_scale: None,
-            padded_lse: false,
-            max_seqlen_q: None,
-            max_seqlen_k: None,
-            api: FaApi::Torch,
-            preallocated_out: false,
-        }
+        FaConfig::new(seqlens, 24, 4, 256, DType::BF16)
     }
 
     fn allocs(c: &FaConfig) -> Vec<(String, String, Vec<i64>, usize)> {

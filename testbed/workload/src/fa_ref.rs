@@ -167,25 +167,13 @@ pub fn unpad_lse(cfg: &FaConfig, padded: &[f32]) -> Vec<f32> {
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::fa::{FaApi, generate_inputs};
+    use crate::fa::generate_inputs;
     use crate::gdn_ref::max_abs_diff;
 
     fn cfg(q: &[usize], k: &[usize], causal: bool) -> FaConfig {
-        FaConfig {
-            seqlens_q: q.to_vec(),
-            seqlens_k: k.to_vec(),
-            heads: 6,
-            kv_heads: 2,
-            head_dim: 40,
-            dtype: DType::F16,
-            causal,
-            softmax_scale: None,
-            padded_lse: false,
-            max_seqlen_q: None,
-            max_seqlen_k: None,
-            api: FaApi::Torch,
-            preallocated_out: false,
-        }
+        FaConfig::new(q, 6, 2, 40, DType::F16)
+            .with_kv_seqlens(k)
+            .with_causal(causal)
     }
 
     fn check(c: &FaConfig) {

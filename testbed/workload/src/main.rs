@@ -355,45 +355,18 @@ fn gdn_cases(dtype: DType) -> Vec<GdnConfig> {
 }
 
 fn fa_cases(dtype: DType) -> Vec<FaConfig> {
-    let base = FaConfig {
-        seqlens_q: vec![1, 17, 130, 257],
-        seqlens_k: vec![1, 17, 130, 257],
-        heads: 8,
-        kv_heads: 2,
-        head_dim: 64,
-        dtype,
-        causal: true,
-        softmax_scale: None,
-        padded_lse: false,
-        max_seqlen_q: None,
-        max_seqlen_k: None,
-        api: FaApi::Torch,
-        preallocated_out: false,
-    };
+    let base = FaConfig::new(&[1, 17, 130, 257], 8, 2, 64, dtype);
     vec![
         base.clone(),
-        FaConfig {
-            seqlens_q: vec![5, 100],
-            seqlens_k: vec![300, 100],
-            head_dim: 128,
-            max_seqlen_k: Some(4096),
-            ..base.clone()
-        },
-        FaConfig {
-            causal: false,
-            padded_lse: true,
-            max_seqlen_q: Some(400),
-            api: FaApi::FlashAttn,
-            ..base.clone()
-        },
-        FaConfig {
-            seqlens_q: vec![70],
-            seqlens_k: vec![70],
-            heads: 4,
-            kv_heads: 4,
-            head_dim: 256,
-            ..base
-        },
+        FaConfig::new(&[5, 100], 8, 2, 128, dtype)
+            .with_kv_seqlens(&[300, 100])
+            .with_max_seqlen_k(Some(4096)),
+        base.clone()
+            .with_causal(false)
+            .with_padded_lse(true)
+            .with_max_seqlen_q(Some(400))
+            .with_api(FaApi::FlashAttn),
+        FaConfig::new(&[70], 4, 4, 256, dtype),
     ]
 }
 

@@ -37,7 +37,7 @@ use vramtrace_models::{self as model, LayerKind, ModelConfig, WeightFormat};
 
 use crate::dtype::DType;
 use crate::error::{AllocFailure, Error, Result};
-use crate::fa::{self, FaApi, FaConfig, FaInputBytes};
+use crate::fa::{self, FaConfig, FaInputBytes};
 use crate::gdn::{self, GdnConfig, GdnInputBytes, GdnOutputs};
 use crate::tensor::{DeviceTensor, PeakMark, Session, TensorSpec};
 
@@ -297,21 +297,13 @@ impl PrefillPlan {
                 qk_l2norm: true,
                 initial_state: true,
             },
-            attention: FaConfig {
-                seqlens_q: vec![1],
-                seqlens_k: vec![1],
-                heads: cfg.num_attention_heads as usize,
-                kv_heads: cfg.num_key_value_heads as usize,
-                head_dim: cfg.head_dim as usize,
+            attention: FaConfig::new(
+                &[1],
+                cfg.num_attention_heads as usize,
+                cfg.num_key_value_heads as usize,
+                cfg.head_dim as usize,
                 dtype,
-                causal: true,
-                softmax_scale: None,
-                padded_lse: false,
-                max_seqlen_q: None,
-                max_seqlen_k: None,
-                api: FaApi::Torch,
-                preallocated_out: false,
-            },
+            ),
             hidden: cfg.hidden_size as usize,
             intermediate: ffn.intermediate as usize,
             kv_bytes_per_token: kv.bytes_per_layer as usize,
@@ -359,11 +351,7 @@ impl PrefillPlan {
     /// keys. FlashAttention's outputs (`out`, `softmax_lse`) are sized by the
     /// chunk's tokens, not by the context, so only the KV cache grows with it.
     pub fn fa_config(&self, tokens: usize) -> FaConfig {
-        FaConfig {
-            seqlens_q: vec![tokens],
-            seqlens_k: vec![tokens],
-            ..self.attention.clone()
-        }
+        self.attention.clone().with_seqlens(&[tokens])
     }
 
     /// The KV block of attention layer `layer`: K and V for `tokens` tokens,

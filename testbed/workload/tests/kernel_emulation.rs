@@ -255,44 +255,18 @@ fn flash_attention_kernel_matches_the_cpu_reference() {
     let Some(emu) = Emulator::build(DType::BF16) else {
         return;
     };
-    let base = FaConfig {
-        seqlens_q: vec![1, 9, 40],
-        seqlens_k: vec![1, 9, 40],
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 72,
-        dtype: DType::BF16,
-        causal: true,
-        softmax_scale: None,
-        padded_lse: false,
-        max_seqlen_q: None,
-        max_seqlen_k: None,
-        api: FaApi::Torch,
-        preallocated_out: false,
-    };
+    let base = FaConfig::new(&[1, 9, 40], 4, 2, 72, DType::BF16);
     let cases = [
         base.clone(),
-        FaConfig {
-            seqlens_q: vec![3, 20],
-            seqlens_k: vec![50, 20],
-            head_dim: 256,
-            kv_heads: 4,
-            ..base.clone()
-        },
-        FaConfig {
-            causal: false,
-            padded_lse: true,
-            max_seqlen_q: Some(48),
-            api: FaApi::FlashAttn,
-            preallocated_out: true,
-            ..base.clone()
-        },
+        FaConfig::new(&[3, 20], 4, 4, 256, DType::BF16).with_kv_seqlens(&[50, 20]),
+        base.clone()
+            .with_causal(false)
+            .with_padded_lse(true)
+            .with_max_seqlen_q(Some(48))
+            .with_api(FaApi::FlashAttn)
+            .with_preallocated_out(true),
         // More queries than keys: the first queries see no key (lse = +inf, out = 0).
-        FaConfig {
-            seqlens_q: vec![12],
-            seqlens_k: vec![5],
-            ..base
-        },
+        base.with_seqlens(&[12]).with_kv_seqlens(&[5]),
     ];
     for (i, cfg) in cases.iter().enumerate() {
         let host = fa::generate_inputs(cfg, 30 + i as u64);
