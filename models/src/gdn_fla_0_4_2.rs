@@ -9,111 +9,53 @@
 //! Other files read: `gated_delta_rule/wy_fast.py::recompute_w_u_fwd` (w before u),
 //! `common/chunk_delta_h.py`, `common/chunk_o.py`, `utils/cumsum.py`, `modules/l2norm.py`.
 
-use crate::{DType, GdnShape, ModelError, Tensor, Timeline, gdn::CHUNK};
+use crate::gdn::{
+    GdnVariantSpec, IntraChunk, L2normSites, LastFrees, QkHeads, StateLayout, WuOrder,
+};
+use crate::{GdnShape, ModelError, Tensor};
+
+/// What sets fla 0.4.2 apart: no grouped value attention, the fp32 `A` of
+/// `chunk_scaled_dot_kkt` freed once `solve_tril` has written `Ai`, l2norm with `rstd`.
+pub const SPEC: GdnVariantSpec = GdnVariantSpec {
+    name: "fla-0.4.2",
+    default_l2norm_in_kernel: false,
+    qk_heads: QkHeads::Value,
+    l2norm: L2normSites {
+        y: "fla-0.4.2 fla/modules/l2norm.py:141 y = torch.empty_like(x)",
+        rstd: Some("fla-0.4.2 fla/modules/l2norm.py:152 rstd = torch.empty((T,), float32)"),
+    },
+    g_cumsum: "fla-0.4.2 fla/ops/utils/cumsum.py:266 torch.empty_like(g, dtype=float32)",
+    intra_chunk: IntraChunk::Fp32ThenSolveTril {
+        a_fp32: "fla-0.4.2 fla/ops/common/chunk_scaled_dot_kkt.py:113 torch.empty(B, T, H, BT, dtype=float32)",
+        ad_fp32: None,
+        ai: "fla-0.4.2 fla/ops/utils/solve_tril.py:374 torch.zeros_like(A, dtype=k.dtype)",
+    },
+    wu_order: WuOrder::WThenU,
+    w: "fla-0.4.2 fla/ops/gated_delta_rule/wy_fast.py:260 torch.empty_like(k)",
+    u: "fla-0.4.2 fla/ops/gated_delta_rule/wy_fast.py:261 torch.empty_like(v)",
+    state_layout: StateLayout::KeyValue,
+    h: "fla-0.4.2 fla/ops/common/chunk_delta_h.py:687 k.new_empty(B, NT, H, K, V)",
+    final_state: "fla-0.4.2 fla/ops/common/chunk_delta_h.py:688 k.new_zeros(N, H, K, V, dtype=float32)",
+    v_new: "fla-0.4.2 fla/ops/common/chunk_delta_h.py:690 torch.empty_like(u)",
+    o: "fla-0.4.2 fla/ops/common/chunk_o.py:519 torch.empty_like(v)",
+    last_frees: LastFrees::GThenA,
+};
 
 /// The variant's name on the command line.
-pub const NAME: &str = "fla-0.4.2";
+pub const NAME: &str = SPEC.name;
 
 /// `use_qk_l2norm_in_kernel` when the caller does not say: the function's own default.
-pub const DEFAULT_L2NORM_IN_KERNEL: bool = false;
+pub const DEFAULT_L2NORM_IN_KERNEL: bool = SPEC.default_l2norm_in_kernel;
 
 /// The tensors one call allocates, in allocation order.
 pub fn tensors(s: &GdnShape) -> Result<Vec<Tensor>, ModelError> {
-    s.check()?;
-    // No GVA in this version: every tensor has HV heads.
-    let (t, h_, k, v) = (s.total_tokens(), s.num_v_heads, s.head_k_dim, s.head_v_dim);
-    let (nt, n, dt) = (s.num_chunks(), s.num_seqs(), s.dtype);
-    let mut tl = Timeline::new();
-
-    let mut normed = Vec::new();
-    if s.l2norm_in_kernel.unwrap_or(DEFAULT_L2NORM_IN_KERNEL) {
-        for name in ["q", "k"] {
-            normed.push(tl.alloc(
-                &format!("{name} (l2norm)"),
-                &[1, t, h_, k],
-                dt,
-                "fla-0.4.2 fla/modules/l2norm.py:141 y = torch.empty_like(x)",
-            ));
-            normed.push(tl.alloc(
-                &format!("{name}_rstd"),
-                &[1, t, h_],
-                DType::F32,
-                "fla-0.4.2 fla/modules/l2norm.py:152 rstd = torch.empty((T,), float32)",
-            ));
-        }
-    }
-    let g = tl.alloc(
-        "g (cumsum)",
-        &[1, t, h_],
-        DType::F32,
-        "fla-0.4.2 fla/ops/utils/cumsum.py:266 torch.empty_like(g, dtype=float32)",
-    );
-    let a32 = tl.alloc(
-        "A (fp32, kkt)",
-        &[1, t, h_, CHUNK],
-        DType::F32,
-        "fla-0.4.2 fla/ops/common/chunk_scaled_dot_kkt.py:113 torch.empty(B, T, H, BT, dtype=float32)",
-    );
-    let ai = tl.alloc(
-        "Ai",
-        &[1, t, h_, CHUNK],
-        dt,
-        "fla-0.4.2 fla/ops/utils/solve_tril.py:374 torch.zeros_like(A, dtype=k.dtype)",
-    );
-    tl.free(a32);
-    let w = tl.alloc(
-        "w",
-        &[1, t, h_, k],
-        dt,
-        "fla-0.4.2 fla/ops/gated_delta_rule/wy_fast.py:260 torch.empty_like(k)",
-    );
-    let u = tl.alloc(
-        "u",
-        &[1, t, h_, v],
-        dt,
-        "fla-0.4.2 fla/ops/gated_delta_rule/wy_fast.py:261 torch.empty_like(v)",
-    );
-    let h = tl.alloc(
-        "h",
-        &[1, nt, h_, k, v],
-        dt,
-        "fla-0.4.2 fla/ops/common/chunk_delta_h.py:687 k.new_empty(B, NT, H, K, V)",
-    );
-    if s.output_final_state {
-        tl.alloc(
-            "final_state",
-            &[n, h_, k, v],
-            DType::F32,
-            "fla-0.4.2 fla/ops/common/chunk_delta_h.py:688 k.new_zeros(N, H, K, V, dtype=float32)",
-        );
-    }
-    let v_new = tl.alloc(
-        "v_new",
-        &[1, t, h_, v],
-        dt,
-        "fla-0.4.2 fla/ops/common/chunk_delta_h.py:690 torch.empty_like(u)",
-    );
-    tl.alloc(
-        "o",
-        &[1, t, h_, v],
-        dt,
-        "fla-0.4.2 fla/ops/common/chunk_o.py:519 torch.empty_like(v)",
-    );
-    for id in [w, u, h, v_new] {
-        tl.free(id);
-    }
-    for id in normed {
-        tl.free(id);
-    }
-    tl.free(g);
-    tl.free(ai);
-    Ok(tl.finish())
+    SPEC.tensors(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peak;
+    use crate::{DType, peak};
 
     #[test]
     fn fp32_a_is_gone_before_w_and_u() {

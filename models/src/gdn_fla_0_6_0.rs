@@ -14,116 +14,54 @@
 //! and `prepare_chunk_offsets` (cached per `cu_seqlens` object by `tensor_cache`), and Triton
 //! autotuning buffers of a first call.
 
-use crate::{DType, GdnShape, ModelError, Tensor, Timeline, gdn::CHUNK};
+use crate::gdn::{
+    GdnVariantSpec, IntraChunk, L2normSites, LastFrees, QkHeads, StateLayout, WuOrder,
+};
+use crate::{GdnShape, ModelError, Tensor};
+
+/// What sets fla 0.6.0 apart: the fused intra-chunk kernel (no fp32 `A`), l2norm with `rstd`,
+/// and `A` released before `g` (measured on the H200, torch 2.11, fla-core 0.6.0, caching off;
+/// see docs/validation.md).
+pub const SPEC: GdnVariantSpec = GdnVariantSpec {
+    name: "fla-0.6.0",
+    default_l2norm_in_kernel: false,
+    qk_heads: QkHeads::Key,
+    l2norm: L2normSites {
+        y: "fla-0.6.0 fla/modules/norm/l2norm.py:117 y = torch.empty_like(x)",
+        rstd: Some("fla-0.6.0 fla/modules/norm/l2norm.py:128 rstd = torch.empty((T,), float32)"),
+    },
+    g_cumsum: "fla-0.6.0 fla/ops/utils/cumsum.py:278 torch.empty_like(g, dtype=float32)",
+    intra_chunk: IntraChunk::Fused {
+        a: "fla-0.6.0 fla/ops/gated_delta_rule/chunk_fwd.py:385 torch.zeros(B, T, HV, BT, dtype=k.dtype)",
+    },
+    wu_order: WuOrder::WThenU,
+    w: "fla-0.6.0 fla/ops/gated_delta_rule/wy_fast.py:273 k.new_empty(B, T, HV, K)",
+    u: "fla-0.6.0 fla/ops/gated_delta_rule/wy_fast.py:274 torch.empty_like(v)",
+    state_layout: StateLayout::KeyValue,
+    h: "fla-0.6.0 fla/ops/common/chunk_delta_h.py:722 k.new_empty(B, NT, HV, K, V)",
+    final_state: "fla-0.6.0 fla/ops/common/chunk_delta_h.py:723 k.new_zeros(N, HV, K, V, dtype=float32)",
+    v_new: "fla-0.6.0 fla/ops/common/chunk_delta_h.py:725 torch.empty_like(u)",
+    o: "fla-0.6.0 fla/ops/common/chunk_o.py:565 torch.empty_like(v)",
+    last_frees: LastFrees::AThenG,
+};
 
 /// The variant's name on the command line.
-pub const NAME: &str = "fla-0.6.0";
+pub const NAME: &str = SPEC.name;
 
 /// `use_qk_l2norm_in_kernel` when the caller does not say: the function's own default.
-pub const DEFAULT_L2NORM_IN_KERNEL: bool = false;
+pub const DEFAULT_L2NORM_IN_KERNEL: bool = SPEC.default_l2norm_in_kernel;
 
 /// The tensors one call allocates, in allocation order.
 pub fn tensors(s: &GdnShape) -> Result<Vec<Tensor>, ModelError> {
-    s.check()?;
-    let (t, hk, hv, k, v) = (
-        s.total_tokens(),
-        s.num_k_heads,
-        s.num_v_heads,
-        s.head_k_dim,
-        s.head_v_dim,
-    );
-    let (nt, n, dt) = (s.num_chunks(), s.num_seqs(), s.dtype);
-    let mut tl = Timeline::new();
-
-    let mut normed = Vec::new();
-    if s.l2norm_in_kernel.unwrap_or(DEFAULT_L2NORM_IN_KERNEL) {
-        for name in ["q", "k"] {
-            normed.push(tl.alloc(
-                &format!("{name} (l2norm)"),
-                &[1, t, hk, k],
-                dt,
-                "fla-0.6.0 fla/modules/norm/l2norm.py:117 y = torch.empty_like(x)",
-            ));
-            normed.push(tl.alloc(
-                &format!("{name}_rstd"),
-                &[1, t, hk],
-                DType::F32,
-                "fla-0.6.0 fla/modules/norm/l2norm.py:128 rstd = torch.empty((T,), float32)",
-            ));
-        }
-    }
-    let g = tl.alloc(
-        "g (cumsum)",
-        &[1, t, hv],
-        DType::F32,
-        "fla-0.6.0 fla/ops/utils/cumsum.py:278 torch.empty_like(g, dtype=float32)",
-    );
-    let a = tl.alloc(
-        "A",
-        &[1, t, hv, CHUNK],
-        dt,
-        "fla-0.6.0 fla/ops/gated_delta_rule/chunk_fwd.py:385 torch.zeros(B, T, HV, BT, dtype=k.dtype)",
-    );
-    let w = tl.alloc(
-        "w",
-        &[1, t, hv, k],
-        dt,
-        "fla-0.6.0 fla/ops/gated_delta_rule/wy_fast.py:273 k.new_empty(B, T, HV, K)",
-    );
-    let u = tl.alloc(
-        "u",
-        &[1, t, hv, v],
-        dt,
-        "fla-0.6.0 fla/ops/gated_delta_rule/wy_fast.py:274 torch.empty_like(v)",
-    );
-    let h = tl.alloc(
-        "h",
-        &[1, nt, hv, k, v],
-        dt,
-        "fla-0.6.0 fla/ops/common/chunk_delta_h.py:722 k.new_empty(B, NT, HV, K, V)",
-    );
-    if s.output_final_state {
-        tl.alloc(
-            "final_state",
-            &[n, hv, k, v],
-            DType::F32,
-            "fla-0.6.0 fla/ops/common/chunk_delta_h.py:723 k.new_zeros(N, HV, K, V, dtype=float32)",
-        );
-    }
-    let v_new = tl.alloc(
-        "v_new",
-        &[1, t, hv, v],
-        dt,
-        "fla-0.6.0 fla/ops/common/chunk_delta_h.py:725 torch.empty_like(u)",
-    );
-    tl.alloc(
-        "o",
-        &[1, t, hv, v],
-        dt,
-        "fla-0.6.0 fla/ops/common/chunk_o.py:565 torch.empty_like(v)",
-    );
-    // chunk_gated_delta_rule_fwd returns (g, o, A, final_state, ...): its other locals die with
-    // its frame, in the order CPython clears them (order of first assignment).
-    for id in [w, u, h, v_new] {
-        tl.free(id);
-    }
-    // What remains (A, g and the l2norm outputs) is released when the autograd function's
-    // forward returns. Measured on the H200 (torch 2.11, fla-core 0.6.0, caching off; see
-    // docs/validation.md): A is freed before g.
-    for id in normed {
-        tl.free(id);
-    }
-    tl.free(a);
-    tl.free(g);
-    Ok(tl.finish())
+    SPEC.tensors(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peak;
+    use crate::{DType, peak};
 
-    /// ARCHITECTURE.md's measured ground truth: T=4128, H=48, K=V=128, bf16.
+    /// The measured ground truth (docs/architecture.md): T=4128, H=48, K=V=128, bf16.
     #[test]
     fn pins_the_measured_sizes_and_order() {
         let s = GdnShape::new(&[4128], 48, 128, 128, DType::BF16);

@@ -11,117 +11,55 @@
 //! (`prepare_chunk_indices`, `prepare_chunk_offsets`, recomputed inside each function of this
 //! version) are a few bytes per chunk and are not modelled.
 
-use crate::{DType, GdnShape, ModelError, Tensor, Timeline, gdn::CHUNK};
+use crate::gdn::{
+    GdnVariantSpec, IntraChunk, L2normSites, LastFrees, QkHeads, StateLayout, WuOrder,
+};
+use crate::{GdnShape, ModelError, Tensor};
+
+/// What sets vLLM 0.10.2 apart: l2norm in the kernel by default (no `rstd`), `solve_tril`'s
+/// fp32 `Ad` beside the fp32 `A`, `u` before `w`.
+pub const SPEC: GdnVariantSpec = GdnVariantSpec {
+    name: "vllm-0.10.2",
+    default_l2norm_in_kernel: true,
+    qk_heads: QkHeads::Key,
+    l2norm: L2normSites {
+        y: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/l2norm.py:95 torch.empty_like(x)",
+        rstd: None,
+    },
+    g_cumsum: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/cumsum.py:144 torch.empty_like(g, dtype=float32)",
+    intra_chunk: IntraChunk::Fp32ThenSolveTril {
+        a_fp32: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_scaled_dot_kkt.py:126 torch.empty(B, T, H, BT, dtype=float32)",
+        ad_fp32: Some(
+            "vllm-0.10.2 vllm/model_executor/layers/fla/ops/solve_tril.py:328 torch.empty(B, T, H, 16, dtype=float32)",
+        ),
+        ai: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/solve_tril.py:350 torch.empty(B, T, H, BT, dtype=k.dtype)",
+    },
+    wu_order: WuOrder::UThenW,
+    w: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/wy_fast.py:94 k.new_empty(B, T, H, K)",
+    u: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/wy_fast.py:93 torch.empty_like(v)",
+    state_layout: StateLayout::KeyValue,
+    h: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:264 k.new_empty(B, NT, H, K, V)",
+    final_state: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:265 k.new_empty(N, H, K, V, dtype=float32)",
+    v_new: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:268 torch.empty_like(u)",
+    o: "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_o.py:155 torch.empty_like(v)",
+    last_frees: LastFrees::GThenA,
+};
 
 /// The variant's name on the command line.
-pub const NAME: &str = "vllm-0.10.2";
+pub const NAME: &str = SPEC.name;
 
 /// What `models/qwen3_next.py` passes as `use_qk_l2norm_in_kernel` in this version.
-pub const DEFAULT_L2NORM_IN_KERNEL: bool = true;
+pub const DEFAULT_L2NORM_IN_KERNEL: bool = SPEC.default_l2norm_in_kernel;
 
 /// The tensors one call allocates, in allocation order.
 pub fn tensors(s: &GdnShape) -> Result<Vec<Tensor>, ModelError> {
-    s.check()?;
-    let (t, hk, hv, k, v) = (
-        s.total_tokens(),
-        s.num_k_heads,
-        s.num_v_heads,
-        s.head_k_dim,
-        s.head_v_dim,
-    );
-    let (nt, n, dt) = (s.num_chunks(), s.num_seqs(), s.dtype);
-    let mut tl = Timeline::new();
-
-    let mut normed = Vec::new();
-    if s.l2norm_in_kernel.unwrap_or(DEFAULT_L2NORM_IN_KERNEL) {
-        for name in ["q", "k"] {
-            normed.push(tl.alloc(
-                &format!("{name} (l2norm)"),
-                &[1, t, hk, k],
-                dt,
-                "vllm-0.10.2 vllm/model_executor/layers/fla/ops/l2norm.py:95 torch.empty_like(x)",
-            ));
-        }
-    }
-    let g = tl.alloc(
-        "g (cumsum)",
-        &[1, t, hv],
-        DType::F32,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/cumsum.py:144 torch.empty_like(g, dtype=float32)",
-    );
-    let a32 = tl.alloc(
-        "A (fp32, kkt)",
-        &[1, t, hv, CHUNK],
-        DType::F32,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_scaled_dot_kkt.py:126 torch.empty(B, T, H, BT, dtype=float32)",
-    );
-    let ad = tl.alloc(
-        "Ad (fp32, 16x16 inverses)",
-        &[1, t, hv, 16],
-        DType::F32,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/solve_tril.py:328 torch.empty(B, T, H, 16, dtype=float32)",
-    );
-    let ai = tl.alloc(
-        "Ai",
-        &[1, t, hv, CHUNK],
-        dt,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/solve_tril.py:350 torch.empty(B, T, H, BT, dtype=k.dtype)",
-    );
-    tl.free(ad);
-    tl.free(a32);
-    let u = tl.alloc(
-        "u",
-        &[1, t, hv, v],
-        dt,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/wy_fast.py:93 torch.empty_like(v)",
-    );
-    let w = tl.alloc(
-        "w",
-        &[1, t, hv, k],
-        dt,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/wy_fast.py:94 k.new_empty(B, T, H, K)",
-    );
-    let h = tl.alloc(
-        "h",
-        &[1, nt, hv, k, v],
-        dt,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:264 k.new_empty(B, NT, H, K, V)",
-    );
-    if s.output_final_state {
-        tl.alloc(
-            "final_state",
-            &[n, hv, k, v],
-            DType::F32,
-            "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:265 k.new_empty(N, H, K, V, dtype=float32)",
-        );
-    }
-    let v_new = tl.alloc(
-        "v_new",
-        &[1, t, hv, v],
-        dt,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:268 torch.empty_like(u)",
-    );
-    tl.alloc(
-        "o",
-        &[1, t, hv, v],
-        dt,
-        "vllm-0.10.2 vllm/model_executor/layers/fla/ops/chunk_o.py:155 torch.empty_like(v)",
-    );
-    for id in [w, u, h, v_new] {
-        tl.free(id);
-    }
-    for id in normed {
-        tl.free(id);
-    }
-    tl.free(g);
-    tl.free(ai);
-    Ok(tl.finish())
+    SPEC.tensors(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{naive_sum, peak};
+    use crate::{DType, naive_sum, peak};
 
     #[test]
     fn qwen3_next_layer_at_4128_tokens() {

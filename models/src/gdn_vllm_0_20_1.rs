@@ -13,112 +13,53 @@
 //! `fused_post_conv_prep` before the call and passes `use_qk_l2norm_in_kernel=False`, and passes
 //! precomputed `chunk_indices`/`chunk_offsets`, so the call itself allocates no index tensors.
 
-use crate::{DType, GdnShape, ModelError, Tensor, Timeline, gdn::CHUNK};
+use crate::gdn::{
+    GdnVariantSpec, IntraChunk, L2normSites, LastFrees, QkHeads, StateLayout, WuOrder,
+};
+use crate::{GdnShape, ModelError, Tensor};
+
+/// What sets vLLM 0.20.1 apart: the fp32 `A` freed after `solve_tril`, `u` before `w`, and `h`
+/// and `final_state` laid out `[.., V, K]`.
+pub const SPEC: GdnVariantSpec = GdnVariantSpec {
+    name: "vllm-0.20.1",
+    default_l2norm_in_kernel: false,
+    qk_heads: QkHeads::Key,
+    l2norm: L2normSites {
+        y: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/l2norm.py:102 torch.empty_like(x)",
+        rstd: None,
+    },
+    g_cumsum: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/cumsum.py:180 torch.empty_like(g, dtype=float32)",
+    intra_chunk: IntraChunk::Fp32ThenSolveTril {
+        a_fp32: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_scaled_dot_kkt.py:144 torch.empty(B, T, H, BT, dtype=float32)",
+        ad_fp32: None,
+        ai: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/solve_tril.py:539 torch.zeros_like(A, dtype=k.dtype)",
+    },
+    wu_order: WuOrder::UThenW,
+    w: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/wy_fast.py:138 k.new_empty(B, T, H, K)",
+    u: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/wy_fast.py:137 torch.empty_like(v)",
+    state_layout: StateLayout::ValueKey,
+    h: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:332 k.new_empty(B, NT, H, V, K)",
+    final_state: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:334 k.new_empty(N, H, V, K, dtype=float32)",
+    v_new: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:337 torch.empty_like(u)",
+    o: "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_o.py:161 torch.empty_like(v)",
+    last_frees: LastFrees::GThenA,
+};
 
 /// The variant's name on the command line.
-pub const NAME: &str = "vllm-0.20.1";
+pub const NAME: &str = SPEC.name;
 
 /// What `gdn_linear_attn.py` passes as `use_qk_l2norm_in_kernel` on the prefill path.
-pub const DEFAULT_L2NORM_IN_KERNEL: bool = false;
+pub const DEFAULT_L2NORM_IN_KERNEL: bool = SPEC.default_l2norm_in_kernel;
 
 /// The tensors one call allocates, in allocation order.
 pub fn tensors(s: &GdnShape) -> Result<Vec<Tensor>, ModelError> {
-    s.check()?;
-    let (t, hk, hv, k, v) = (
-        s.total_tokens(),
-        s.num_k_heads,
-        s.num_v_heads,
-        s.head_k_dim,
-        s.head_v_dim,
-    );
-    let (nt, n, dt) = (s.num_chunks(), s.num_seqs(), s.dtype);
-    let mut tl = Timeline::new();
-
-    let mut normed = Vec::new();
-    if s.l2norm_in_kernel.unwrap_or(DEFAULT_L2NORM_IN_KERNEL) {
-        for name in ["q", "k"] {
-            normed.push(tl.alloc(
-                &format!("{name} (l2norm)"),
-                &[1, t, hk, k],
-                dt,
-                "vllm-0.20.1 vllm/model_executor/layers/fla/ops/l2norm.py:102 torch.empty_like(x)",
-            ));
-        }
-    }
-    let g = tl.alloc(
-        "g (cumsum)",
-        &[1, t, hv],
-        DType::F32,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/cumsum.py:180 torch.empty_like(g, dtype=float32)",
-    );
-    let a32 = tl.alloc(
-        "A (fp32, kkt)",
-        &[1, t, hv, CHUNK],
-        DType::F32,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_scaled_dot_kkt.py:144 torch.empty(B, T, H, BT, dtype=float32)",
-    );
-    let ai = tl.alloc(
-        "Ai",
-        &[1, t, hv, CHUNK],
-        dt,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/solve_tril.py:539 torch.zeros_like(A, dtype=k.dtype)",
-    );
-    tl.free(a32);
-    let u = tl.alloc(
-        "u",
-        &[1, t, hv, v],
-        dt,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/wy_fast.py:137 torch.empty_like(v)",
-    );
-    let w = tl.alloc(
-        "w",
-        &[1, t, hv, k],
-        dt,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/wy_fast.py:138 k.new_empty(B, T, H, K)",
-    );
-    let h = tl.alloc(
-        "h",
-        &[1, nt, hv, v, k],
-        dt,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:332 k.new_empty(B, NT, H, V, K)",
-    );
-    if s.output_final_state {
-        tl.alloc(
-            "final_state",
-            &[n, hv, v, k],
-            DType::F32,
-            "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:334 k.new_empty(N, H, V, K, dtype=float32)",
-        );
-    }
-    let v_new = tl.alloc(
-        "v_new",
-        &[1, t, hv, v],
-        dt,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:337 torch.empty_like(u)",
-    );
-    tl.alloc(
-        "o",
-        &[1, t, hv, v],
-        dt,
-        "vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_o.py:161 torch.empty_like(v)",
-    );
-    // chunk_gated_delta_rule_fwd returns (g, o, A, final_state, None, None, None).
-    for id in [w, u, h, v_new] {
-        tl.free(id);
-    }
-    // No save_for_backward here: forward()'s frame releases q, k (normalised copies), g, A.
-    for id in normed {
-        tl.free(id);
-    }
-    tl.free(g);
-    tl.free(ai);
-    Ok(tl.finish())
+    SPEC.tensors(s)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{naive_sum, peak};
+    use crate::{DType, naive_sum, peak};
 
     /// Issue 4: 48.4 MiB per [T, H, 128] tensor and 97.5 MiB for h at T=4128, H=48, K=V=128.
     #[test]

@@ -62,7 +62,10 @@ pub use dtype::DType;
 pub use error::ModelError;
 pub use ffn::FfnShape;
 pub use flash_attn::{FaShape, num_splits_heuristic};
-pub use gdn::{CHUNK, GdnShape};
+pub use gdn::{
+    CHUNK, GdnShape, GdnVariantSpec, IntraChunk, L2normSites, LastFrees, QkHeads, StateLayout,
+    WuOrder,
+};
 pub use gdn_state::{GdnStatePerSeq, gdn_state_per_seq};
 pub use kv_cache::{KvCachePerToken, kv_cache_per_token};
 pub use peak::{Peak, live_at, naive_sum, peak};
