@@ -1,5 +1,5 @@
 //! `vramtrace compare` on a synthetic trace whose allocations are fla 0.6.0's at T=4128, H=48,
-//! K=V=128 bf16 (the sizes ARCHITECTURE.md records as measured), plus an unnamed input.
+//! K=V=128 bf16 (the sizes docs/architecture.md records as measured), plus an unnamed input.
 
 mod common;
 
