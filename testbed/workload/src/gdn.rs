@@ -21,7 +21,7 @@
 //!   `prepare_chunk_indices` / `prepare_chunk_offsets`, which are memoised by
 //!   `@tensor_cache` (fla/utils/decorators.py:33, four entries): they outlive
 //!   the call. fla also builds small temporaries to compute them (and caches
-//!   `prepare_lens`, an int64 [N]); those are not reproduced here.
+//!   `prepare_lens`, an int64 `[N]`); those are not reproduced here.
 //!
 //! With chunk size 64 on NVIDIA, fla fuses `chunk_scaled_dot_kkt_fwd` and
 //! `solve_tril` (chunk_fwd.py:381-399): A is allocated once, in the input dtype,
@@ -378,66 +378,77 @@ fn launch_cfg((x, y, z): (usize, usize, usize), threads: usize) -> LaunchConfig 
     }
 }
 
+/// The sizes every stage of [`forward`] allocates with, and the scalar kernel
+/// arguments they pass.
+struct Dims {
+    t: usize,
+    h: usize,
+    hk: usize,
+    kd: usize,
+    vd: usize,
+    n: usize,
+    nt: usize,
+    dt: DType,
+    /// T, HV, HK, K, V as the kernels take them.
+    ti: Arg,
+    hi: Arg,
+    hki: Arg,
+    kdi: Arg,
+    vdi: Arg,
+}
+
+impl Dims {
+    fn of(cfg: &GdnConfig) -> Self {
+        let (t, h, hk, kd, vd) = (
+            cfg.tokens(),
+            cfg.heads,
+            cfg.key_heads,
+            cfg.key_dim,
+            cfg.value_dim,
+        );
+        Dims {
+            t,
+            h,
+            hk,
+            kd,
+            vd,
+            n: cfg.sequences(),
+            nt: cfg.chunks(),
+            dt: cfg.dtype,
+            ti: Arg::I64(t as i64),
+            hi: Arg::I32(h as i32),
+            hki: Arg::I32(hk as i32),
+            kdi: Arg::I32(kd as i32),
+            vdi: Arg::I32(vd as i32),
+        }
+    }
+}
+
+/// The varlen index arguments: `cu_seqlens` and `chunk_indices` (0 when absent).
+#[derive(Clone, Copy)]
+struct Index {
+    cu: Arg,
+    ci: Arg,
+}
+
+/// Two tensors one stage allocates: an l2norm output and its fp32 `rstd`, or w and u.
+type Pair<'s, 'b> = (DeviceTensor<'s, 'b>, DeviceTensor<'s, 'b>);
+
 /// `chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
 /// output_final_state=True, use_qk_l2norm_in_kernel, cu_seqlens)` as fla 0.6.0
-/// allocates, computes and frees it.
+/// allocates, computes and frees it, stage by stage as fla's own functions:
+/// `l2norm_qk`, `prepare_chunk_indices`, `chunk_local_cumsum` of g, the
+/// intra-chunk `fwd_intra` (A by `kkt_solve`, then w and u by
+/// `recompute_w_u`), the state recurrence `fwd_h`, then `fwd_o`.
 pub fn forward<'s, 'b>(
     s: &'s Session<'b>,
     cfg: &GdnConfig,
     x: &GdnInputs<'s, 'b>,
 ) -> Result<GdnOutputs<'s, 'b>> {
-    let (t, h, hk, kd, vd, n, nt) = (
-        cfg.tokens(),
-        cfg.heads,
-        cfg.key_heads,
-        cfg.key_dim,
-        cfg.value_dim,
-        cfg.sequences(),
-        cfg.chunks(),
-    );
-    let dt = cfg.dtype;
-    let (ti, hi, hki, kdi, vdi) = (
-        Arg::I64(t as i64),
-        Arg::I32(h as i32),
-        Arg::I32(hk as i32),
-        Arg::I32(kd as i32),
-        Arg::I32(vd as i32),
-    );
+    let d = Dims::of(cfg);
     let _call = s.range("chunk_gated_delta_rule");
-
-    // chunk.py:282-284: `if use_qk_l2norm_in_kernel: q, q_rstd = l2norm_fwd(q);
-    // k, k_rstd = l2norm_fwd(k)`; l2norm.py:117 `y = torch.empty_like(x)`,
-    // l2norm.py:128 `rstd = torch.empty((T,), dtype=torch.float32)`.
-    let l2norm = |src: &DeviceTensor<'_, '_>, name: &str| -> Result<_> {
-        let y = s.empty(TensorSpec::new(
-            format!("{name}_l2norm"),
-            dt,
-            &[1, t, hk, kd],
-        ))?;
-        let rstd = s.empty(TensorSpec::new(
-            format!("{name}_rstd"),
-            DType::F32,
-            &[1, t, hk],
-        ))?;
-        let rows = t * hk;
-        s.launch(
-            Kernel::L2Norm,
-            launch_cfg((rows.div_ceil(8), 1, 1), 256),
-            &[
-                src.arg(),
-                y.arg(),
-                rstd.arg(),
-                Arg::I64(rows as i64),
-                kdi,
-                Arg::F32(L2NORM_EPS),
-            ],
-        )?;
-        Ok((y, rstd))
-    };
     let l2 = if cfg.qk_l2norm {
-        let _r = s.range("l2norm_fwd");
-        let q2 = l2norm(&x.q, "q")?;
-        Some((q2, l2norm(&x.k, "k")?))
+        Some(l2norm_qk(s, &d, x)?)
     } else {
         None
     };
@@ -445,157 +456,17 @@ pub fn forward<'s, 'b>(
         Some(((q2, _), (k2, _))) => (q2, k2),
         None => (&x.q, &x.k),
     };
-
-    // chunk.py:290-291: `chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)`,
-    // memoised by @tensor_cache, so it outlives the call.
     let (_, host_indices, host_offsets) = cfg.host_index_tensors();
-    let chunk_indices = if cfg.varlen {
-        let _r = s.range("prepare_chunk_indices");
-        Some(s.from_host(
-            TensorSpec::new("chunk_indices", DType::I64, &[nt, 2]),
-            &encode_i64(&host_indices),
-        )?)
-    } else {
-        None
+    let chunk_indices = prepare_chunk_indices(s, cfg, &d, &host_indices)?;
+    let idx = Index {
+        cu: opt_arg(x.cu_seqlens.as_ref()),
+        ci: opt_arg(chunk_indices.as_ref()),
     };
-    let cu = opt_arg(x.cu_seqlens.as_ref());
-    let ci = opt_arg(chunk_indices.as_ref());
-
-    // chunk.py:63 `g = chunk_local_cumsum(g, chunk_size, scale=RCP_LN2, ...)`;
-    // cumsum.py:278 `o = torch.empty_like(g, dtype=output_dtype or g.dtype)` (fp32).
-    let g_cumsum = {
-        let _r = s.range("chunk_local_cumsum");
-        let gc = s.empty(TensorSpec::new("g_cumsum", DType::F32, &[1, t, h]))?;
-        s.launch(
-            Kernel::ChunkLocalCumsum,
-            launch_cfg((nt, 1, 1), h.next_multiple_of(32).min(256)),
-            &[x.g.arg(), gc.arg(), cu, ci, ti, hi, Arg::F32(RCP_LN2)],
-        )?;
-        gc
-    };
-
-    // chunk.py:72 `w, u, A = chunk_gated_delta_rule_fwd_intra(...)`.
-    let intra = s.range("chunk_gated_delta_rule_fwd_intra");
-    // chunk_fwd.py:385 `A = torch.zeros(B, T, HV, BT, dtype=k.dtype)` (fused kkt + solve_tril).
-    let a = {
-        let _r = s.range("kkt_solve");
-        let a = s.zeros(TensorSpec::new("A", dt, &[1, t, h, CHUNK]))?;
-        s.launch(
-            Kernel::KktSolve,
-            launch_cfg((nt, h, 1), 256),
-            &[
-                k.arg(),
-                g_cumsum.arg(),
-                x.beta.arg(),
-                a.arg(),
-                cu,
-                ci,
-                ti,
-                hi,
-                hki,
-                kdi,
-            ],
-        )?;
-        a
-    };
-    // chunk_fwd.py:419 `recompute_w_u_fwd(...)`; wy_fast.py:273 `w = k.new_empty(B, T, HV, K)`,
-    // wy_fast.py:274 `u = torch.empty_like(v)`.
-    let (w, u) = {
-        let _r = s.range("recompute_w_u_fwd");
-        let w = s.empty(TensorSpec::new("w", dt, &[1, t, h, kd]))?;
-        let u = s.empty(TensorSpec::new("u", dt, &[1, t, h, vd]))?;
-        s.launch(
-            Kernel::RecomputeWU,
-            launch_cfg((nt, h, 1), 256),
-            &[
-                k.arg(),
-                x.v.arg(),
-                x.beta.arg(),
-                g_cumsum.arg(),
-                a.arg(),
-                w.arg(),
-                u.arg(),
-                cu,
-                ci,
-                ti,
-                hi,
-                hki,
-                kdi,
-                vdi,
-            ],
-        )?;
-        (w, u)
-    };
-    drop(intra);
-
-    // chunk.py:95 `h, v_new, final_state = chunk_gated_delta_rule_fwd_h(...)`.
-    let (chunk_offsets, hs, final_state, v_new) = {
-        let _r = s.range("chunk_gated_delta_rule_fwd_h");
-        // chunk_delta_h.py:715 `chunk_offsets = prepare_chunk_offsets(cu_seqlens, BT)` (@tensor_cache).
-        let chunk_offsets = if cfg.varlen {
-            Some(s.from_host(
-                TensorSpec::new("chunk_offsets", DType::I64, &[n + 1]),
-                &encode_i64(&host_offsets),
-            )?)
-        } else {
-            None
-        };
-        // chunk_delta_h.py:722 `h = k.new_empty(B, NT, HV, K, V)`.
-        let hs = s.empty(TensorSpec::new("h", dt, &[1, nt, h, kd, vd]))?;
-        // chunk_delta_h.py:723 `final_state = k.new_zeros(N, HV, K, V, dtype=torch.float32)`.
-        let final_state = s.zeros(TensorSpec::new("final_state", DType::F32, &[n, h, kd, vd]))?;
-        // chunk_delta_h.py:725 `v_new = torch.empty_like(u)`.
-        let v_new = s.empty(TensorSpec::new("v_new", dt, &[1, t, h, vd]))?;
-        s.launch(
-            Kernel::ChunkFwdH,
-            launch_cfg((vd.div_ceil(32), n, h), 256),
-            &[
-                k.arg(),
-                w.arg(),
-                u.arg(),
-                g_cumsum.arg(),
-                opt_arg(x.initial_state.as_ref()),
-                hs.arg(),
-                final_state.arg(),
-                v_new.arg(),
-                cu,
-                opt_arg(chunk_offsets.as_ref()),
-                ti,
-                hi,
-                hki,
-                kdi,
-                vdi,
-            ],
-        )?;
-        (chunk_offsets, hs, final_state, v_new)
-    };
-
-    // chunk.py:111 `o = chunk_fwd_o(q, k, v_new, h, g, scale, ...)`; chunk_o.py:565 `o = torch.empty_like(v)`.
-    let o = {
-        let _r = s.range("chunk_fwd_o");
-        let o = s.empty(TensorSpec::new("o", dt, &[1, t, h, vd]))?;
-        s.launch(
-            Kernel::ChunkFwdO,
-            launch_cfg((nt, h, 1), 256),
-            &[
-                q.arg(),
-                k.arg(),
-                v_new.arg(),
-                hs.arg(),
-                g_cumsum.arg(),
-                o.arg(),
-                cu,
-                ci,
-                ti,
-                hi,
-                hki,
-                kdi,
-                vdi,
-                Arg::F32(cfg.scale()),
-            ],
-        )?;
-        o
-    };
+    let g_cumsum = chunk_local_cumsum(s, &d, &x.g, idx)?;
+    let (a, w, u) = fwd_intra(s, &d, k, x, &g_cumsum, idx)?;
+    let (chunk_offsets, hs, final_state, v_new) =
+        fwd_h(s, cfg, &d, [k, &w, &u, &g_cumsum], x, idx, &host_offsets)?;
+    let o = fwd_o(s, cfg, &d, [q, k, &v_new, &hs, &g_cumsum], idx)?;
 
     // chunk.py:123 `return g, o, A, final_state, initial_state, g_input`: the
     // locals w, u, h, v_new are released as the frame is cleared, in order.
@@ -628,6 +499,277 @@ pub fn forward<'s, 'b>(
         chunk_indices,
         chunk_offsets,
     })
+}
+
+/// chunk.py:282-284: `if use_qk_l2norm_in_kernel: q, q_rstd = l2norm_fwd(q);
+/// k, k_rstd = l2norm_fwd(k)`.
+fn l2norm_qk<'s, 'b>(
+    s: &'s Session<'b>,
+    d: &Dims,
+    x: &GdnInputs<'s, 'b>,
+) -> Result<(Pair<'s, 'b>, Pair<'s, 'b>)> {
+    let _r = s.range("l2norm_fwd");
+    let q2 = l2norm(s, d, &x.q, "q")?;
+    Ok((q2, l2norm(s, d, &x.k, "k")?))
+}
+
+/// One `l2norm_fwd`: l2norm.py:117 `y = torch.empty_like(x)`, l2norm.py:128
+/// `rstd = torch.empty((T,), dtype=torch.float32)`.
+fn l2norm<'s, 'b>(
+    s: &'s Session<'b>,
+    d: &Dims,
+    src: &DeviceTensor<'_, '_>,
+    name: &str,
+) -> Result<Pair<'s, 'b>> {
+    let y = s.empty(TensorSpec::new(
+        format!("{name}_l2norm"),
+        d.dt,
+        &[1, d.t, d.hk, d.kd],
+    ))?;
+    let rstd = s.empty(TensorSpec::new(
+        format!("{name}_rstd"),
+        DType::F32,
+        &[1, d.t, d.hk],
+    ))?;
+    let rows = d.t * d.hk;
+    s.launch(
+        Kernel::L2Norm,
+        launch_cfg((rows.div_ceil(8), 1, 1), 256),
+        &[
+            src.arg(),
+            y.arg(),
+            rstd.arg(),
+            Arg::I64(rows as i64),
+            d.kdi,
+            Arg::F32(L2NORM_EPS),
+        ],
+    )?;
+    Ok((y, rstd))
+}
+
+/// chunk.py:290-291: `chunk_indices = prepare_chunk_indices(cu_seqlens, chunk_size)`,
+/// memoised by @tensor_cache, so it outlives the call (varlen only).
+fn prepare_chunk_indices<'s, 'b>(
+    s: &'s Session<'b>,
+    cfg: &GdnConfig,
+    d: &Dims,
+    host_indices: &[i64],
+) -> Result<Option<DeviceTensor<'s, 'b>>> {
+    if !cfg.varlen {
+        return Ok(None);
+    }
+    let _r = s.range("prepare_chunk_indices");
+    Ok(Some(s.from_host(
+        TensorSpec::new("chunk_indices", DType::I64, &[d.nt, 2]),
+        &encode_i64(host_indices),
+    )?))
+}
+
+/// chunk.py:63 `g = chunk_local_cumsum(g, chunk_size, scale=RCP_LN2, ...)`;
+/// cumsum.py:278 `o = torch.empty_like(g, dtype=output_dtype or g.dtype)` (fp32).
+fn chunk_local_cumsum<'s, 'b>(
+    s: &'s Session<'b>,
+    d: &Dims,
+    g: &DeviceTensor<'_, '_>,
+    idx: Index,
+) -> Result<DeviceTensor<'s, 'b>> {
+    let _r = s.range("chunk_local_cumsum");
+    let gc = s.empty(TensorSpec::new("g_cumsum", DType::F32, &[1, d.t, d.h]))?;
+    s.launch(
+        Kernel::ChunkLocalCumsum,
+        launch_cfg((d.nt, 1, 1), d.h.next_multiple_of(32).min(256)),
+        &[
+            g.arg(),
+            gc.arg(),
+            idx.cu,
+            idx.ci,
+            d.ti,
+            d.hi,
+            Arg::F32(RCP_LN2),
+        ],
+    )?;
+    Ok(gc)
+}
+
+/// chunk.py:72 `w, u, A = chunk_gated_delta_rule_fwd_intra(...)`: A, then w and u.
+fn fwd_intra<'s, 'b>(
+    s: &'s Session<'b>,
+    d: &Dims,
+    k: &DeviceTensor<'_, '_>,
+    x: &GdnInputs<'_, '_>,
+    g_cumsum: &DeviceTensor<'_, '_>,
+    idx: Index,
+) -> Result<(
+    DeviceTensor<'s, 'b>,
+    DeviceTensor<'s, 'b>,
+    DeviceTensor<'s, 'b>,
+)> {
+    let _r = s.range("chunk_gated_delta_rule_fwd_intra");
+    let a = kkt_solve(s, d, k, x, g_cumsum, idx)?;
+    let (w, u) = recompute_w_u(s, d, k, x, g_cumsum, &a, idx)?;
+    Ok((a, w, u))
+}
+
+/// chunk_fwd.py:385 `A = torch.zeros(B, T, HV, BT, dtype=k.dtype)` (fused kkt + solve_tril).
+fn kkt_solve<'s, 'b>(
+    s: &'s Session<'b>,
+    d: &Dims,
+    k: &DeviceTensor<'_, '_>,
+    x: &GdnInputs<'_, '_>,
+    g_cumsum: &DeviceTensor<'_, '_>,
+    idx: Index,
+) -> Result<DeviceTensor<'s, 'b>> {
+    let _r = s.range("kkt_solve");
+    let a = s.zeros(TensorSpec::new("A", d.dt, &[1, d.t, d.h, CHUNK]))?;
+    s.launch(
+        Kernel::KktSolve,
+        launch_cfg((d.nt, d.h, 1), 256),
+        &[
+            k.arg(),
+            g_cumsum.arg(),
+            x.beta.arg(),
+            a.arg(),
+            idx.cu,
+            idx.ci,
+            d.ti,
+            d.hi,
+            d.hki,
+            d.kdi,
+        ],
+    )?;
+    Ok(a)
+}
+
+/// chunk_fwd.py:419 `recompute_w_u_fwd(...)`; wy_fast.py:273 `w = k.new_empty(B, T, HV, K)`,
+/// wy_fast.py:274 `u = torch.empty_like(v)`.
+fn recompute_w_u<'s, 'b>(
+    s: &'s Session<'b>,
+    d: &Dims,
+    k: &DeviceTensor<'_, '_>,
+    x: &GdnInputs<'_, '_>,
+    g_cumsum: &DeviceTensor<'_, '_>,
+    a: &DeviceTensor<'_, '_>,
+    idx: Index,
+) -> Result<Pair<'s, 'b>> {
+    let _r = s.range("recompute_w_u_fwd");
+    let w = s.empty(TensorSpec::new("w", d.dt, &[1, d.t, d.h, d.kd]))?;
+    let u = s.empty(TensorSpec::new("u", d.dt, &[1, d.t, d.h, d.vd]))?;
+    s.launch(
+        Kernel::RecomputeWU,
+        launch_cfg((d.nt, d.h, 1), 256),
+        &[
+            k.arg(),
+            x.v.arg(),
+            x.beta.arg(),
+            g_cumsum.arg(),
+            a.arg(),
+            w.arg(),
+            u.arg(),
+            idx.cu,
+            idx.ci,
+            d.ti,
+            d.hi,
+            d.hki,
+            d.kdi,
+            d.vdi,
+        ],
+    )?;
+    Ok((w, u))
+}
+
+/// chunk.py:95 `h, v_new, final_state = chunk_gated_delta_rule_fwd_h(...)`:
+/// the state recurrence over the chunks, from `[k, w, u, g_cumsum]`. Returns
+/// chunk_offsets (varlen only), h, final_state and v_new.
+fn fwd_h<'s, 'b>(
+    s: &'s Session<'b>,
+    cfg: &GdnConfig,
+    d: &Dims,
+    [k, w, u, g_cumsum]: [&DeviceTensor<'_, '_>; 4],
+    x: &GdnInputs<'_, '_>,
+    idx: Index,
+    host_offsets: &[i64],
+) -> Result<(
+    Option<DeviceTensor<'s, 'b>>,
+    DeviceTensor<'s, 'b>,
+    DeviceTensor<'s, 'b>,
+    DeviceTensor<'s, 'b>,
+)> {
+    let _r = s.range("chunk_gated_delta_rule_fwd_h");
+    // chunk_delta_h.py:715 `chunk_offsets = prepare_chunk_offsets(cu_seqlens, BT)` (@tensor_cache).
+    let chunk_offsets = if cfg.varlen {
+        Some(s.from_host(
+            TensorSpec::new("chunk_offsets", DType::I64, &[d.n + 1]),
+            &encode_i64(host_offsets),
+        )?)
+    } else {
+        None
+    };
+    // chunk_delta_h.py:722 `h = k.new_empty(B, NT, HV, K, V)`.
+    let hs = s.empty(TensorSpec::new("h", d.dt, &[1, d.nt, d.h, d.kd, d.vd]))?;
+    // chunk_delta_h.py:723 `final_state = k.new_zeros(N, HV, K, V, dtype=torch.float32)`.
+    let final_state = s.zeros(TensorSpec::new(
+        "final_state",
+        DType::F32,
+        &[d.n, d.h, d.kd, d.vd],
+    ))?;
+    // chunk_delta_h.py:725 `v_new = torch.empty_like(u)`.
+    let v_new = s.empty(TensorSpec::new("v_new", d.dt, &[1, d.t, d.h, d.vd]))?;
+    s.launch(
+        Kernel::ChunkFwdH,
+        launch_cfg((d.vd.div_ceil(32), d.n, d.h), 256),
+        &[
+            k.arg(),
+            w.arg(),
+            u.arg(),
+            g_cumsum.arg(),
+            opt_arg(x.initial_state.as_ref()),
+            hs.arg(),
+            final_state.arg(),
+            v_new.arg(),
+            idx.cu,
+            opt_arg(chunk_offsets.as_ref()),
+            d.ti,
+            d.hi,
+            d.hki,
+            d.kdi,
+            d.vdi,
+        ],
+    )?;
+    Ok((chunk_offsets, hs, final_state, v_new))
+}
+
+/// chunk.py:111 `o = chunk_fwd_o(q, k, v_new, h, g, scale, ...)` from
+/// `[q, k, v_new, h, g_cumsum]`; chunk_o.py:565 `o = torch.empty_like(v)`.
+fn fwd_o<'s, 'b>(
+    s: &'s Session<'b>,
+    cfg: &GdnConfig,
+    d: &Dims,
+    [q, k, v_new, hs, g_cumsum]: [&DeviceTensor<'_, '_>; 5],
+    idx: Index,
+) -> Result<DeviceTensor<'s, 'b>> {
+    let _r = s.range("chunk_fwd_o");
+    let o = s.empty(TensorSpec::new("o", d.dt, &[1, d.t, d.h, d.vd]))?;
+    s.launch(
+        Kernel::ChunkFwdO,
+        launch_cfg((d.nt, d.h, 1), 256),
+        &[
+            q.arg(),
+            k.arg(),
+            v_new.arg(),
+            hs.arg(),
+            g_cumsum.arg(),
+            o.arg(),
+            idx.cu,
+            idx.ci,
+            d.ti,
+            d.hi,
+            d.hki,
+            d.kdi,
+            d.vdi,
+            Arg::F32(cfg.scale()),
+        ],
+    )?;
+    Ok(o)
 }
 
 /// Wall-clock time of one run, measured on the host around synchronised work.
