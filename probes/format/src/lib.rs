@@ -32,12 +32,14 @@
 
 mod api;
 mod crc;
+mod file_reader;
 mod header;
 mod reader;
 mod record;
 
 pub use api::{API_NAMES, Api};
 pub use crc::{Crc32, crc32};
+pub use file_reader::{FileReader, Records, Timed, time_of};
 pub use header::{FILE_EXTENSION, Header, HeaderError, MAGIC, VERSION};
 pub use reader::{Follower, Problem, ReadError, Scan, TraceFile, scan_records};
 pub use record::{

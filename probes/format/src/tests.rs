@@ -251,3 +251,42 @@ fn long_strings_are_clamped_not_overflowed() {
     let rec = e.finish(kind::DEVICE).to_vec();
     assert!(rec.len() <= 64);
 }
+
+fn write_temp(name: &str, bytes: &[u8]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("vramtrace-format-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("1.vtr");
+    std::fs::write(&path, bytes).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn file_reader_streams_a_version_1_file() {
+    let recs = sample_records();
+    let mut bytes = encode_file(&header(), &recs);
+    bytes.extend_from_slice(&[FRAME_MAGIC, kind::EVENT, 80]); // a torn last record
+    let (dir, path) = write_temp("stream-v1", &bytes);
+    let f = FileReader::open(&path).unwrap();
+    assert_eq!(f.header(), &header());
+    let mut all = f.records().unwrap();
+    assert_eq!(all.by_ref().collect::<Vec<_>>(), recs);
+    assert!(matches!(
+        all.problems(),
+        [Problem::TornTail { bytes: 3, .. }]
+    ));
+    let mut timed = f.timed().unwrap();
+    let got: Vec<Record> = timed.by_ref().collect();
+    let mut want: Vec<Record> = recs
+        .iter()
+        .filter(|r| time_of(r).is_some())
+        .cloned()
+        .collect();
+    want.sort_by_key(|r| time_of(r).unwrap());
+    assert_eq!(got, want);
+    assert_eq!(
+        got.iter().map(|r| time_of(r).unwrap()).collect::<Vec<_>>(),
+        [5, 6, 7, 8, 1000, 1001, 1002]
+    );
+    assert!(matches!(timed.problems(), [Problem::TornTail { .. }]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
