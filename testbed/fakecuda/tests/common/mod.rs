@@ -15,46 +15,10 @@ use std::process::{Command, Output};
 /// Set in the environment of a child that should run the scenario body.
 const CHILD_VAR: &str = "FAKECUDA_TEST_CHILD";
 
-/// `<target>/<profile>/`: the test executable lives in its `deps/`.
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test executable lives in <target>/<profile>/deps")
-        .to_path_buf()
-}
-
-/// The built stand-in, `<target>/<profile>/libcuda.so`, rebuilt once per test
-/// process: `cargo test` does not relink a cdylib-only package's library for
-/// its integration tests, and a stale library would be tested silently.
+/// The built stand-in, `<target>/<profile>/libcuda.so`, rebuilt once per test process (see
+/// `vramtrace_testkit::build`): a stale library would be tested silently.
 pub fn library() -> PathBuf {
-    static BUILD: std::sync::Once = std::sync::Once::new();
-    let profile = profile_dir();
-    BUILD.call_once(|| {
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo
-            .args(["build", "--quiet", "-p", "vramtrace-fakecuda", "--lib"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("CARGO_TARGET_DIR", profile.parent().expect("target dir"));
-        if profile.file_name().is_some_and(|n| n == "release") {
-            cargo.arg("--release");
-        }
-        match cargo.output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!(
-                "building the stand-in failed:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => eprintln!("could not run cargo ({e}); testing the library already built"),
-        }
-    });
-    let path = profile.join("libcuda.so");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo build -p vramtrace-fakecuda",
-        path.display()
-    );
-    path
+    vramtrace_testkit::built("vramtrace-fakecuda", "libcuda.so")
 }
 
 /// A fresh directory holding `libcuda.so.1` and `libcuda.so` links to the

@@ -1,0 +1,135 @@
+//! What every test suite of the workspace shares, in one place: building the libraries and
+//! binaries a test runs (once per test process, failing loudly when the build fails), the
+//! stand-in driver on a loader path, scratch directories, describing a finished command, and
+//! saying that a test could not run.
+//!
+//! `cargo test` builds the binaries of the package under test, but not the cdylibs of other
+//! packages, and does not relink a cdylib-only package's library for its own integration
+//! tests; a stale preload or stand-in would then be tested silently. [`build`] runs
+//! `cargo build` for what a test needs into the test's own target directory first (cargo holds
+//! no lock while tests run, so this is safe).
+//!
+//! ```no_run
+//! let dir = vramtrace_testkit::stand_in_dir();
+//! let preload = vramtrace_testkit::built("vramtrace-preload", "libvramtrace_preload.so");
+//! assert!(dir.join("libcuda.so.1").exists() && preload.exists());
+//! ```
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+/// `<target>/<profile>/`: test executables live in its `deps/`, benches and examples beside.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's own path");
+    let deps = exe.parent().expect("the test executable lives in a directory");
+    let dir = if deps.file_name().is_some_and(|n| n == "deps" || n == "examples") {
+        deps.parent().expect("<target>/<profile>")
+    } else {
+        deps
+    };
+    dir.to_path_buf()
+}
+
+/// Builds `args` (e.g. `["-p", "vramtrace-preload", "--lib"]`) with cargo into this test's
+/// target directory and profile, once per distinct `args` in this process. Panics with cargo's
+/// output when the build fails: a test must never run against a library it could not build.
+pub fn build(args: &[&str]) {
+    static DONE: OnceLock<Mutex<HashSet<Vec<String>>>> = OnceLock::new();
+    let key: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    // Held across the build: concurrent tests wait for it instead of building twice.
+    let mut done = DONE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if done.contains(&key) {
+        return;
+    }
+    let profile = profile_dir();
+    let target = profile.parent().expect("<target>");
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo
+        .arg("build")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CARGO_TARGET_DIR", target);
+    if profile.file_name().is_some_and(|n| n == "release") {
+        cargo.arg("--release");
+    }
+    let o = cargo
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build {args:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "cargo build {} failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    done.insert(key);
+}
+
+/// `file` in the profile directory after building `package`'s library (e.g.
+/// `built("vramtrace-preload", "libvramtrace_preload.so")`).
+pub fn built(package: &str, file: &str) -> PathBuf {
+    build(&["-p", package, "--lib"]);
+    let path = profile_dir().join(file);
+    assert!(path.is_file(), "{} is missing after building {package}", path.display());
+    path
+}
+
+/// The preload library, built.
+pub fn preload() -> PathBuf {
+    built("vramtrace-preload", "libvramtrace_preload.so")
+}
+
+/// A directory holding the stand-in driver (built) under `libcuda.so.1` and `libcuda.so`, for
+/// `LD_LIBRARY_PATH` and for linking with `-lcuda`. `VRAMTRACE_TEST_LIBCUDA` names another
+/// driver library to use instead.
+pub fn stand_in_dir() -> PathBuf {
+    let lib = match std::env::var_os("VRAMTRACE_TEST_LIBCUDA") {
+        Some(p) => PathBuf::from(p),
+        None => built("vramtrace-fakecuda", "libcuda.so"),
+    };
+    let dir = profile_dir().join("stand-in-driver");
+    std::fs::create_dir_all(&dir).expect("create the stand-in's directory");
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        let link = dir.join(name);
+        if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
+            let _ = std::fs::remove_file(&link);
+            // Another test process may make the same link at the same moment: either is right.
+            let _ = std::os::unix::fs::symlink(&lib, &link);
+        }
+    }
+    dir
+}
+
+/// A fresh, empty directory unique to this test process and `name`.
+pub fn scratch(name: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("vramtrace-test-{}-{n}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    dir
+}
+
+/// Status, stdout and stderr of a finished command, for an assertion message.
+pub fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Says that a test cannot run here, and why, where a plain `cargo test` shows it (libtest
+/// captures `println!`, not writes to the stderr handle). When the environment variable
+/// `require` is `1` (CI sets every one it provides for), the test fails instead: a missing
+/// prerequisite there is a broken set-up, never a silent pass.
+pub fn skip(require: &str, why: &str) {
+    assert!(
+        std::env::var_os(require).is_none_or(|v| v != "1"),
+        "{require}=1, but this test cannot run: {why}"
+    );
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {why} (set {require}=1 to fail instead)");
+}
