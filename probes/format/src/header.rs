@@ -34,7 +34,7 @@ pub struct Header {
     pub start_mono_ns: u64,
     /// Host name.
     pub hostname: String,
-    /// Command line (`/proc/self/cmdline`), argv[0] first.
+    /// Command line (`/proc/self/cmdline`), `argv[0]` first.
     pub cmdline: Vec<String>,
 }
 
