@@ -2,13 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-use serde_json::{Map, Value};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use serde_path_to_error::Segment;
 
 use crate::{DType, ModelError};
 
 /// Whether a decoder layer mixes tokens with full attention or with a Gated DeltaNet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerKind {
     /// Softmax attention with a KV cache (`full_attention`).
@@ -84,105 +86,114 @@ impl ModelConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_json(&value, path)
+        // Straight from the text, so that a wrong field's error gives its line and column.
+        let raw = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(&text))
+            .map_err(|e| field_error(path, e))?;
+        Self::from_raw(raw, path)
     }
 
     /// Reads a parsed `config.json`; `path` is only used to name the file in errors.
     pub fn from_json(value: &Value, path: &Path) -> Result<Self, ModelError> {
-        let top = value.as_object().ok_or_else(|| ModelError::InvalidField {
+        let raw = serde_path_to_error::deserialize(value).map_err(|e| field_error(path, e))?;
+        Self::from_raw(raw, path)
+    }
+
+    fn from_raw(mut raw: RawFields, path: &Path) -> Result<Self, ModelError> {
+        // Multimodal configs nest the text model's fields; a field there wins over the top level.
+        let f = match raw.text_config.take() {
+            Some(text) => text.or(raw),
+            None => raw,
+        };
+        let missing = |field| ModelError::MissingField {
             path: path.to_path_buf(),
-            field: "(top level)",
-            reason: "the file must hold a JSON object".into(),
-        })?;
-        let text = match top.get("text_config") {
-            Some(Value::Object(m)) => Some(m),
-            Some(Value::Null) | None => None,
-            Some(_) => {
+            field,
+        };
+        let num_hidden_layers = f
+            .num_hidden_layers
+            .ok_or_else(|| missing("num_hidden_layers"))?;
+        let layer_types = match f.layer_types {
+            Some(kinds) if kinds.len() as u64 != num_hidden_layers => {
                 return Err(ModelError::InvalidField {
                     path: path.to_path_buf(),
-                    field: "text_config",
-                    reason: "it must be an object".into(),
+                    field: "layer_types".into(),
+                    reason: format!(
+                        "it lists {} layers but num_hidden_layers is {num_hidden_layers}",
+                        kinds.len()
+                    ),
                 });
             }
+            Some(kinds) => kinds,
+            // transformers' `Qwen3NextConfig.__post_init__`: layer `i` is full attention when
+            // `(i + 1) % full_attention_interval == 0`.
+            None => {
+                let interval = f
+                    .full_attention_interval
+                    .ok_or_else(|| missing("full_attention_interval"))?;
+                (0..num_hidden_layers)
+                    .map(|i| {
+                        if (i + 1) % interval == 0 {
+                            LayerKind::FullAttention
+                        } else {
+                            LayerKind::LinearAttention
+                        }
+                    })
+                    .collect()
+            }
         };
-        let f = Fields { path, text, top };
-
-        let num_hidden_layers = f.u64("num_hidden_layers")?;
-        let layer_types = f.layer_types(num_hidden_layers)?;
-        let moe = match f.opt_u64("num_experts")? {
+        let moe = match f.num_experts {
             Some(num_experts) => Some(MoeConfig {
                 num_experts,
-                num_experts_per_tok: f.u64("num_experts_per_tok")?,
-                moe_intermediate_size: f.u64("moe_intermediate_size")?,
-                shared_expert_intermediate_size: f
-                    .opt_u64("shared_expert_intermediate_size")?
-                    .unwrap_or(0),
+                num_experts_per_tok: f
+                    .num_experts_per_tok
+                    .ok_or_else(|| missing("num_experts_per_tok"))?,
+                moe_intermediate_size: f
+                    .moe_intermediate_size
+                    .ok_or_else(|| missing("moe_intermediate_size"))?,
+                shared_expert_intermediate_size: f.shared_expert_intermediate_size.unwrap_or(0),
             }),
             None => None,
         };
-        let intermediate_size = match (&moe, f.opt_u64("intermediate_size")?) {
-            (_, Some(v)) => Some(v),
-            (Some(_), None) => None,
-            (None, None) => {
-                return Err(ModelError::MissingField {
-                    path: path.to_path_buf(),
-                    field: "intermediate_size",
-                });
-            }
-        };
-        let dtype_field = ["torch_dtype", "dtype"]
-            .into_iter()
-            .find_map(|k| f.get(k).map(|v| (k, v)));
-        let dtype = match dtype_field {
-            Some((k, Value::String(s))) => {
-                s.parse::<DType>()
-                    .map_err(|reason| ModelError::InvalidField {
-                        path: path.to_path_buf(),
-                        field: k,
-                        reason,
-                    })?
-            }
-            Some((k, _)) => {
-                return Err(ModelError::InvalidField {
-                    path: path.to_path_buf(),
-                    field: k,
-                    reason: "it must be a string such as \"bfloat16\"".into(),
-                });
-            }
-            None => {
-                return Err(ModelError::MissingField {
-                    path: path.to_path_buf(),
-                    field: "torch_dtype",
-                });
-            }
-        };
+        if moe.is_none() && f.intermediate_size.is_none() {
+            return Err(missing("intermediate_size"));
+        }
         let cfg = ModelConfig {
             path: path.to_path_buf(),
-            model_type: f
-                .get("model_type")
-                .and_then(Value::as_str)
-                .map(String::from),
+            model_type: f.model_type,
             num_hidden_layers,
-            hidden_size: f.u64("hidden_size")?,
-            vocab_size: f.u64("vocab_size")?,
-            intermediate_size,
-            num_attention_heads: f.u64("num_attention_heads")?,
-            num_key_value_heads: f.u64("num_key_value_heads")?,
-            head_dim: f.u64("head_dim")?,
-            linear_num_value_heads: f.u64("linear_num_value_heads")?,
-            linear_num_key_heads: f.u64("linear_num_key_heads")?,
-            linear_key_head_dim: f.u64("linear_key_head_dim")?,
-            linear_value_head_dim: f.u64("linear_value_head_dim")?,
-            linear_conv_kernel_dim: f.u64("linear_conv_kernel_dim")?,
+            hidden_size: f.hidden_size.ok_or_else(|| missing("hidden_size"))?,
+            vocab_size: f.vocab_size.ok_or_else(|| missing("vocab_size"))?,
+            intermediate_size: f.intermediate_size,
+            num_attention_heads: f
+                .num_attention_heads
+                .ok_or_else(|| missing("num_attention_heads"))?,
+            num_key_value_heads: f
+                .num_key_value_heads
+                .ok_or_else(|| missing("num_key_value_heads"))?,
+            head_dim: f.head_dim.ok_or_else(|| missing("head_dim"))?,
+            linear_num_value_heads: f
+                .linear_num_value_heads
+                .ok_or_else(|| missing("linear_num_value_heads"))?,
+            linear_num_key_heads: f
+                .linear_num_key_heads
+                .ok_or_else(|| missing("linear_num_key_heads"))?,
+            linear_key_head_dim: f
+                .linear_key_head_dim
+                .ok_or_else(|| missing("linear_key_head_dim"))?,
+            linear_value_head_dim: f
+                .linear_value_head_dim
+                .ok_or_else(|| missing("linear_value_head_dim"))?,
+            linear_conv_kernel_dim: f
+                .linear_conv_kernel_dim
+                .ok_or_else(|| missing("linear_conv_kernel_dim"))?,
             layer_types,
             moe,
-            dtype,
-            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            attn_output_gate: f.opt_bool("attn_output_gate")?.unwrap_or(true),
+            // `torch_dtype` (older transformers) wins over `dtype` (newer), wherever each is.
+            dtype: f
+                .torch_dtype
+                .or(f.dtype)
+                .ok_or_else(|| missing("torch_dtype"))?,
+            tie_word_embeddings: f.tie_word_embeddings.unwrap_or(false),
+            attn_output_gate: f.attn_output_gate.unwrap_or(true),
         };
         if !cfg
             .linear_num_value_heads
@@ -190,7 +201,7 @@ impl ModelConfig {
         {
             return Err(ModelError::InvalidField {
                 path: path.to_path_buf(),
-                field: "linear_num_value_heads",
+                field: "linear_num_value_heads".into(),
                 reason: format!(
                     "{} value heads are not a multiple of {} key heads, which the GDN kernels require",
                     cfg.linear_num_value_heads, cfg.linear_num_key_heads
@@ -223,102 +234,172 @@ impl ModelConfig {
     }
 }
 
-struct Fields<'a> {
-    path: &'a Path,
-    text: Option<&'a Map<String, Value>>,
-    top: &'a Map<String, Value>,
+/// The fields of one level of a `config.json` (the top level or its `text_config`) that the
+/// models read. Every field may be absent (or null); which are required is decided once both
+/// levels are merged. Fields not listed here are ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, expecting = "a JSON object of model fields")]
+struct RawFields {
+    /// The text model's fields of a multimodal config.
+    text_config: Option<Box<RawFields>>,
+    #[serde(deserialize_with = "string_or_ignore")]
+    model_type: Option<String>,
+    #[serde(deserialize_with = "count")]
+    num_hidden_layers: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    hidden_size: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    vocab_size: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    intermediate_size: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    num_attention_heads: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    num_key_value_heads: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    head_dim: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    linear_num_value_heads: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    linear_num_key_heads: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    linear_key_head_dim: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    linear_value_head_dim: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    linear_conv_kernel_dim: Option<u64>,
+    layer_types: Option<Vec<LayerKind>>,
+    #[serde(deserialize_with = "count")]
+    full_attention_interval: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    num_experts: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    num_experts_per_tok: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    moe_intermediate_size: Option<u64>,
+    #[serde(deserialize_with = "count")]
+    shared_expert_intermediate_size: Option<u64>,
+    // Not one field with an alias: configs may carry both, and `torch_dtype` wins.
+    #[serde(deserialize_with = "dtype")]
+    torch_dtype: Option<DType>,
+    #[serde(deserialize_with = "dtype")]
+    dtype: Option<DType>,
+    #[serde(deserialize_with = "flag")]
+    tie_word_embeddings: Option<bool>,
+    #[serde(deserialize_with = "flag")]
+    attn_output_gate: Option<bool>,
 }
 
-impl<'a> Fields<'a> {
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.text
-            .and_then(|t| t.get(key))
-            .filter(|v| !v.is_null())
-            .or_else(|| self.top.get(key).filter(|v| !v.is_null()))
-    }
-
-    fn opt_u64(&self, key: &'static str) -> Result<Option<u64>, ModelError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => {
-                v.as_u64()
-                    .filter(|n| *n > 0)
-                    .map(Some)
-                    .ok_or_else(|| ModelError::InvalidField {
-                        path: self.path.to_path_buf(),
-                        field: key,
-                        reason: format!("expected a positive whole number, found {v}"),
-                    })
-            }
+impl RawFields {
+    /// These fields, each falling back to `other`'s where absent.
+    fn or(self, other: RawFields) -> RawFields {
+        RawFields {
+            text_config: None,
+            model_type: self.model_type.or(other.model_type),
+            num_hidden_layers: self.num_hidden_layers.or(other.num_hidden_layers),
+            hidden_size: self.hidden_size.or(other.hidden_size),
+            vocab_size: self.vocab_size.or(other.vocab_size),
+            intermediate_size: self.intermediate_size.or(other.intermediate_size),
+            num_attention_heads: self.num_attention_heads.or(other.num_attention_heads),
+            num_key_value_heads: self.num_key_value_heads.or(other.num_key_value_heads),
+            head_dim: self.head_dim.or(other.head_dim),
+            linear_num_value_heads: self.linear_num_value_heads.or(other.linear_num_value_heads),
+            linear_num_key_heads: self.linear_num_key_heads.or(other.linear_num_key_heads),
+            linear_key_head_dim: self.linear_key_head_dim.or(other.linear_key_head_dim),
+            linear_value_head_dim: self.linear_value_head_dim.or(other.linear_value_head_dim),
+            linear_conv_kernel_dim: self.linear_conv_kernel_dim.or(other.linear_conv_kernel_dim),
+            layer_types: self.layer_types.or(other.layer_types),
+            full_attention_interval: self
+                .full_attention_interval
+                .or(other.full_attention_interval),
+            num_experts: self.num_experts.or(other.num_experts),
+            num_experts_per_tok: self.num_experts_per_tok.or(other.num_experts_per_tok),
+            moe_intermediate_size: self.moe_intermediate_size.or(other.moe_intermediate_size),
+            shared_expert_intermediate_size: self
+                .shared_expert_intermediate_size
+                .or(other.shared_expert_intermediate_size),
+            torch_dtype: self.torch_dtype.or(other.torch_dtype),
+            dtype: self.dtype.or(other.dtype),
+            tie_word_embeddings: self.tie_word_embeddings.or(other.tie_word_embeddings),
+            attn_output_gate: self.attn_output_gate.or(other.attn_output_gate),
         }
     }
+}
 
-    fn u64(&self, key: &'static str) -> Result<u64, ModelError> {
-        self.opt_u64(key)?.ok_or_else(|| ModelError::MissingField {
-            path: self.path.to_path_buf(),
-            field: key,
+/// A count the models divide and multiply by: a positive whole number.
+fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None => Ok(None),
+        Some(v) => v.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
+            D::Error::custom(format!("expected a positive whole number, found {v}"))
+        }),
+    }
+}
+
+/// A switch: `true` or `false`.
+fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| D::Error::custom(format!("expected true or false, found {v}"))),
+    }
+}
+
+/// A dtype name such as `"bfloat16"`.
+fn dtype<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DType>, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None => Ok(None),
+        Some(Value::String(s)) => s.parse().map(Some).map_err(D::Error::custom),
+        Some(v) => Err(D::Error::custom(format!(
+            "it must be a string such as \"bfloat16\", found {v}"
+        ))),
+    }
+}
+
+/// A descriptive string the models do not depend on: anything else counts as absent.
+fn string_or_ignore<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Option::<Value>::deserialize(d)? {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    })
+}
+
+/// Names the field a deserialisation error is about, or says the file is not JSON at all.
+fn field_error(path: &Path, e: serde_path_to_error::Error<serde_json::Error>) -> ModelError {
+    let keys: Vec<String> = e
+        .path()
+        .iter()
+        .filter_map(|segment| match segment {
+            Segment::Map { key } => Some(key.clone()),
+            _ => None,
         })
+        .collect();
+    let source = e.into_inner();
+    if source.is_syntax() || source.is_eof() || source.is_io() {
+        return ModelError::Json {
+            path: path.to_path_buf(),
+            source,
+        };
     }
-
-    fn opt_bool(&self, key: &'static str) -> Result<Option<bool>, ModelError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| ModelError::InvalidField {
-                    path: self.path.to_path_buf(),
-                    field: key,
-                    reason: format!("expected true or false, found {v}"),
-                }),
-        }
-    }
-
-    /// `layer_types` when present; otherwise `full_attention_interval`, where layer `i` is full
-    /// attention when `(i + 1) % interval == 0` (transformers' `Qwen3NextConfig.__post_init__`).
-    fn layer_types(&self, layers: u64) -> Result<Vec<LayerKind>, ModelError> {
-        if let Some(v) = self.get("layer_types") {
-            let invalid = |reason: String| ModelError::InvalidField {
-                path: self.path.to_path_buf(),
-                field: "layer_types",
-                reason,
-            };
-            let list = v
-                .as_array()
-                .ok_or_else(|| invalid("expected a list of layer kinds".into()))?;
-            let kinds = list
-                .iter()
-                .map(|k| match k.as_str() {
-                    Some("full_attention") => Ok(LayerKind::FullAttention),
-                    Some("linear_attention") => Ok(LayerKind::LinearAttention),
-                    _ => Err(invalid(format!(
-                        "{k} is neither \"full_attention\" nor \"linear_attention\""
-                    ))),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            if kinds.len() as u64 != layers {
-                return Err(invalid(format!(
-                    "it lists {} layers but num_hidden_layers is {layers}",
-                    kinds.len()
-                )));
-            }
-            return Ok(kinds);
-        }
-        let interval =
-            self.opt_u64("full_attention_interval")?
-                .ok_or_else(|| ModelError::MissingField {
-                    path: self.path.to_path_buf(),
-                    field: "full_attention_interval",
-                })?;
-        Ok((0..layers)
-            .map(|i| {
-                if (i + 1) % interval == 0 {
-                    LayerKind::FullAttention
-                } else {
-                    LayerKind::LinearAttention
-                }
-            })
-            .collect())
+    let path = path.to_path_buf();
+    match keys.split_last() {
+        None => ModelError::InvalidField {
+            path,
+            field: "(top level)".into(),
+            reason: format!("the file must hold a JSON object ({source})"),
+        },
+        Some((field, [])) => ModelError::InvalidField {
+            path,
+            field: field.clone(),
+            reason: source.to_string(),
+        },
+        Some((field, parents)) => ModelError::InvalidField {
+            path,
+            field: field.clone(),
+            reason: format!("{source} (in `{}`)", parents.join(".")),
+        },
     }
 }
 
@@ -417,6 +498,116 @@ mod tests {
             .remove("intermediate_size");
         let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
         assert!(e.to_string().contains("`intermediate_size`"));
+    }
+
+    #[test]
+    fn text_config_wins_and_null_falls_back_to_the_top_level() {
+        let mut v = qwen36();
+        v["text_config"]["head_dim"] = Value::Null;
+        v["head_dim"] = json!(128);
+        v["text_config"]["hidden_size"] = json!(4096);
+        v["hidden_size"] = json!(1);
+        v["dtype"] = json!("float16");
+        v["text_config"]["tie_word_embeddings"] = json!(true);
+        let c = ModelConfig::from_json(&v, Path::new("c.json")).unwrap();
+        assert_eq!((c.head_dim, c.hidden_size), (128, 4096));
+        // torch_dtype wins over dtype wherever each sits.
+        assert_eq!(c.dtype, DType::BF16);
+        assert!(c.tie_word_embeddings);
+        assert!(c.attn_output_gate);
+
+        v.as_object_mut().unwrap().remove("torch_dtype");
+        let c = ModelConfig::from_json(&v, Path::new("c.json")).unwrap();
+        assert_eq!(c.dtype, DType::F16);
+
+        let mut v = qwen36();
+        v["text_config"] = Value::Null;
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        assert!(e.to_string().contains("`num_hidden_layers`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_values_name_the_field_and_where_it_sits() {
+        let mut v = qwen36();
+        v["text_config"]["num_key_value_heads"] = json!(0);
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`num_key_value_heads` in c.json is invalid: expected a positive whole number, found 0 (in `text_config`)"
+        );
+
+        let mut v = qwen36();
+        v["attn_output_gate"] = json!("yes");
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`attn_output_gate` in c.json is invalid: expected true or false, found \"yes\""
+        );
+
+        let mut v = qwen36();
+        v["torch_dtype"] = json!(16);
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("`torch_dtype` in c.json is invalid: it must be a string")
+        );
+
+        let mut v = qwen36();
+        v["text_config"]["layer_types"] = json!(["linear_attention", "mamba"]);
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("`layer_types` in c.json is invalid"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("`mamba`") && msg.contains("full_attention"),
+            "{msg}"
+        );
+
+        let mut v = qwen36();
+        v["text_config"] = json!("qwen");
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("`text_config` in c.json is invalid"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_error_gives_the_line_of_the_field() {
+        let dir = std::env::temp_dir().join(format!("vramtrace-cfg-line-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("config.json");
+        let text = serde_json::to_string_pretty(&{
+            let mut v = qwen36();
+            v["text_config"]["head_dim"] = json!(-1);
+            v
+        })
+        .unwrap();
+        std::fs::write(&p, &text).unwrap();
+        let e = ModelConfig::from_path(&p).unwrap_err().to_string();
+        let line = text.lines().position(|l| l.contains("head_dim")).unwrap() + 1;
+        assert!(e.starts_with("`head_dim` in "), "{e}");
+        assert!(
+            e.contains(&format!("found -1 at line {line} column")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_sample_config_reads() {
+        let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/models");
+        let c = ModelConfig::from_path(samples.join("Qwen3.6-27B/config.json")).unwrap();
+        assert_eq!(c.model_type.as_deref(), Some("qwen3_5_text"));
+        assert_eq!((c.num_linear_layers(), c.num_attention_layers()), (48, 16));
+        assert_eq!(c.intermediate_size, Some(17408));
+        assert_eq!(c.moe, None);
+        let c = ModelConfig::from_path(samples.join("Qwen3-Next-80B-A3B/config.json")).unwrap();
+        assert_eq!(c.intermediate_size, None);
+        assert_eq!(c.moe.as_ref().unwrap().num_experts, 512);
+        assert_eq!(c.dtype, DType::BF16);
     }
 
     #[test]

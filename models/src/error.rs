@@ -38,8 +38,8 @@ pub enum ModelError {
     InvalidField {
         /// The file.
         path: PathBuf,
-        /// The field.
-        field: &'static str,
+        /// The field (its name, without the `text_config` it may sit in).
+        field: String,
         /// What is wrong with it.
         reason: String,
     },
