@@ -2,16 +2,17 @@
 //! through unchanged, and hand the operands to one recorder function per family
 //! ([`Call::alloc`], [`Call::free`], [`Call::map`], [`Call::unmap`]).
 //!
-//! The same functions are what `dlsym` and `cuGetProcAddress` hand out (see [`crate::driver`]),
-//! and the plain exports serve programs linked to libcuda directly.
+//! The same functions are what `dlsym` and `cuGetProcAddress` hand out (see
+//! [`crate::routing`], which sits above this module), and the plain exports serve programs
+//! linked to libcuda directly. Each reads its real function from [`crate::driver`].
 
 #![allow(non_snake_case)]
 
-use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use core::ffi::{c_uint, c_ulonglong, c_void};
 
 use vramtrace_format::MemKind;
 
-use crate::driver::{self, ENTRIES, Entry, name_bytes, route_proc};
+use crate::driver::{self, ENTRIES, Entry};
 use crate::ffi::*;
 use crate::recorder::{Call, Dev, Op};
 
@@ -669,78 +670,6 @@ pub unsafe extern "C" fn cuArrayDestroy(handle: CuHandle) -> CuResult {
                 ..op(Entry::ArrayDestroy, MemKind::Array)
             },
         );
-    }
-    r
-}
-
-// ---- entry-point lookup -----------------------------------------------------------------
-
-/// Replaces the pointer the real `cuGetProcAddress` wrote with our wrapper where we have one.
-///
-/// # Safety
-/// `symbol` is a valid C string and `pfn` a valid out-pointer the driver just filled.
-unsafe fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
-    if symbol.is_null() || pfn.is_null() || !crate::config::enabled() {
-        return;
-    }
-    // Safety: the driver filled *pfn (the call succeeded).
-    let p = unsafe { pfn.read() };
-    if p.is_null() {
-        return;
-    }
-    let routed = std::panic::catch_unwind(|| {
-        // Safety: guaranteed by the caller.
-        route_proc(unsafe { name_bytes(symbol) }, version, flags, p)
-    })
-    .unwrap_or_else(|_| {
-        crate::recorder::disable("internal error while routing cuGetProcAddress");
-        p
-    });
-    // Safety: valid out-pointer (caller's contract).
-    unsafe { pfn.write(routed) };
-}
-
-/// `cuGetProcAddress` (CUDA 11.3–11.8 ABI): the real lookup, then routing.
-///
-/// # Safety
-/// Same contract as the driver's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: u64,
-) -> CuResult {
-    let real = real_fn!(GetProcAddress as FnGetProcAddress);
-    // Safety: arguments passed through unchanged.
-    let r = unsafe { real(symbol, pfn, cuda_version, flags) };
-    if r == CUDA_SUCCESS {
-        // Safety: the driver succeeded, so symbol and pfn are valid.
-        unsafe { substitute(symbol, pfn, cuda_version, flags) };
-    }
-    r
-}
-
-/// `cuGetProcAddress_v2` (CUDA 12+): the real lookup, then routing. Asked for
-/// `"cuGetProcAddress"` itself (cudart's self-lookup) the driver returns its own
-/// `cuGetProcAddress_v2`, which routes back here.
-///
-/// # Safety
-/// Same contract as the driver's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: u64,
-    symbol_status: *mut c_int,
-) -> CuResult {
-    let real = real_fn!(GetProcAddressV2 as FnGetProcAddressV2);
-    // Safety: arguments passed through unchanged.
-    let r = unsafe { real(symbol, pfn, cuda_version, flags, symbol_status) };
-    if r == CUDA_SUCCESS {
-        // Safety: the driver succeeded, so symbol and pfn are valid.
-        unsafe { substitute(symbol, pfn, cuda_version, flags) };
     }
     r
 }

@@ -8,11 +8,16 @@
 //! for it briefly. Nothing allocates. When the table has no room near a text's slot, the text
 //! is written again under a fresh id instead of being deduplicated: a long run (a prefill
 //! names hundreds of distinct ranges per chunk) costs some trace space but never loses a label.
+//!
+//! A fork child forgets every string (its file has none of them) and bumps [`generation`], so
+//! that callers who cache ids know to intern their texts again.
 
-use core::ffi::c_int;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use vramtrace_format::{Encoder, FRAME_HEADER_LEN, kind};
+
+use crate::fork::ForkHandler;
+use crate::sink::File;
 
 const SLOTS: usize = 1 << 16;
 const PROBES: usize = 64;
@@ -23,6 +28,9 @@ pub(crate) const MAX_TEXT: usize = 2048;
 static HASHES: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static IDS: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+/// Bumped in every fork child: ids handed out before are not in the child's file.
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+static FORK: ForkHandler = ForkHandler::new(after_fork_child);
 
 fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -33,8 +41,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h | 1 // 0 marks an empty slot
 }
 
-/// The id of `text`, writing its STRING record to `fd` the first time it is seen.
-pub(crate) fn intern(fd: c_int, text: &[u8]) -> u32 {
+/// The id of `text`, writing its STRING record to `file` the first time it is seen.
+pub(crate) fn intern(file: File, text: &[u8]) -> u32 {
     let text = &text[..text.len().min(MAX_TEXT)];
     let h = fnv1a(text);
     let mut i = h as usize & (SLOTS - 1);
@@ -45,11 +53,12 @@ pub(crate) fn intern(fd: c_int, text: &[u8]) -> u32 {
             return wait_for_id(i);
         }
         if cur == 0 {
+            FORK.register();
             if HASHES[i]
                 .compare_exchange(0, h, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                let id = write_string(fd, text);
+                let id = write_string(file, text);
                 IDS[i].store(id, Ordering::Release);
                 return id;
             }
@@ -60,16 +69,16 @@ pub(crate) fn intern(fd: c_int, text: &[u8]) -> u32 {
         probes += 1;
     }
     // No room to deduplicate: a fresh id for this occurrence.
-    write_string(fd, text)
+    write_string(file, text)
 }
 
 /// Writes a STRING record for `text` under a new id and returns the id.
-fn write_string(fd: c_int, text: &[u8]) -> u32 {
+fn write_string(file: File, text: &[u8]) -> u32 {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut buf = [0u8; FRAME_HEADER_LEN + 4 + MAX_TEXT];
     let mut e = Encoder::new(&mut buf);
     e.u32(id).bytes(text);
-    crate::recorder::write_record(fd, e.finish(kind::STRING));
+    file.write(e.finish(kind::STRING));
     id
 }
 
@@ -85,12 +94,18 @@ fn wait_for_id(slot: usize) -> u32 {
     0
 }
 
+/// Changes whenever the ids handed out so far stop being valid (in a fork child).
+pub(crate) fn generation() -> u32 {
+    GENERATION.load(Ordering::Acquire)
+}
+
 /// In a fork child: forget every string, so that each is written again into the child's file.
-pub(crate) fn after_fork_child() {
+extern "C" fn after_fork_child() {
     for (h, id) in HASHES.iter().zip(IDS.iter()) {
         h.store(0, Ordering::Relaxed);
         id.store(0, Ordering::Relaxed);
     }
+    GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
 #[cfg(test)]
@@ -102,16 +117,17 @@ mod tests {
         // Safety: opening /dev/null write-only; the fd is closed below.
         let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
         assert!(fd >= 0);
-        let first = intern(fd, b"prefill/chunk.0/layer.0/gdn");
+        let file = File::from_raw_fd(fd);
+        let first = intern(file, b"prefill/chunk.0/layer.0/gdn");
         assert_ne!(first, 0);
         assert_eq!(
-            intern(fd, b"prefill/chunk.0/layer.0/gdn"),
+            intern(file, b"prefill/chunk.0/layer.0/gdn"),
             first,
             "deduplicated"
         );
         for i in 0..(SLOTS + SLOTS / 2) {
             let text = format!("prefill/chunk.{}/layer.{}/gdn", i / 64, i % 64);
-            assert_ne!(intern(fd, text.as_bytes()), 0, "text {i} lost its id");
+            assert_ne!(intern(file, text.as_bytes()), 0, "text {i} lost its id");
         }
         // Safety: fd was opened above.
         unsafe { libc::close(fd) };

@@ -5,16 +5,15 @@
 //! interned id of every prefix, so an event's label is one array read and a pop is O(1). Ranges
 //! deeper than [`MAX_DEPTH`] are counted but not named; the path is cut at [`MAX_PATH`] bytes.
 //! After `fork` the child's intern table is empty, so a thread's cached ids are recomputed on
-//! first use (the generation check).
+//! first use (the check of [`crate::intern::generation`]).
 
 use core::cell::UnsafeCell;
 use core::ffi::{CStr, c_char, c_int};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use vramtrace_format::{Encoder, FRAME_HEADER_LEN, kind};
 
 use crate::intern::intern;
-use crate::recorder::{mono_ns, tid, with_file, write_record};
+use crate::sink::{File, mono_ns, tid, with_file};
 
 /// Deepest range named on a thread.
 pub(crate) const MAX_DEPTH: usize = 64;
@@ -22,9 +21,6 @@ pub(crate) const MAX_DEPTH: usize = 64;
 pub(crate) const MAX_PATH: usize = 1024;
 /// Largest rank of an annotated shape that is kept.
 pub(crate) const MAX_RANK: usize = 16;
-
-/// Bumped in every fork child: thread caches of interned ids from before are stale.
-static GENERATION: AtomicU32 = AtomicU32::new(0);
 
 struct RangeStack {
     generation: u32,
@@ -65,19 +61,19 @@ fn with_ranges<R>(f: impl FnOnce(&mut RangeStack) -> R) -> Option<R> {
 
 impl RangeStack {
     /// Re-interns every open prefix after a fork (the child's file has none of the strings).
-    fn refresh(&mut self, fd: c_int) {
-        let generation = GENERATION.load(Ordering::Acquire);
+    fn refresh(&mut self, file: File) {
+        let generation = crate::intern::generation();
         if self.generation == generation {
             return;
         }
         for d in 1..=self.depth {
-            self.label[d] = intern(fd, &self.path[..self.path_len[d] as usize]);
+            self.label[d] = intern(file, &self.path[..self.path_len[d] as usize]);
         }
         self.generation = generation;
     }
 
-    fn push(&mut self, fd: c_int, name: &[u8]) {
-        self.refresh(fd);
+    fn push(&mut self, file: File, name: &[u8]) {
+        self.refresh(file);
         if self.depth >= MAX_DEPTH {
             self.overflow += 1;
             return;
@@ -92,7 +88,7 @@ impl RangeStack {
         len += take;
         self.depth += 1;
         self.path_len[self.depth] = len as u16;
-        self.label[self.depth] = intern(fd, &self.path[..len]);
+        self.label[self.depth] = intern(file, &self.path[..len]);
     }
 
     fn pop(&mut self) {
@@ -105,12 +101,12 @@ impl RangeStack {
 }
 
 /// The label of an event made now on this thread: the interned range path, 0 outside ranges.
-pub(crate) fn current_label(fd: c_int) -> u32 {
+pub(crate) fn current_label(file: File) -> u32 {
     with_ranges(|r| {
         if r.depth == 0 {
             return 0;
         }
-        r.refresh(fd);
+        r.refresh(file);
         r.label[r.depth]
     })
     .unwrap_or(0)
@@ -119,17 +115,17 @@ pub(crate) fn current_label(fd: c_int) -> u32 {
 /// Opens a named range on this thread; returns the depth it opened at (0-based).
 pub(crate) fn range_push(name: &[u8]) -> c_int {
     let mut level = 0;
-    with_file(|fd| {
-        let name_id = intern(fd, name);
+    with_file(|file| {
+        let name_id = intern(file, name);
         level = with_ranges(|r| {
-            r.push(fd, name);
+            r.push(file, name);
             (r.depth + r.overflow) as c_int - 1
         })
         .unwrap_or(0);
         let mut buf = [0u8; FRAME_HEADER_LEN + 16];
         let mut e = Encoder::new(&mut buf);
         e.u64(mono_ns()).u32(tid()).u32(name_id);
-        write_record(fd, e.finish(kind::RANGE_PUSH));
+        file.write(e.finish(kind::RANGE_PUSH));
     });
     level
 }
@@ -137,7 +133,7 @@ pub(crate) fn range_push(name: &[u8]) -> c_int {
 /// Closes this thread's innermost range; returns the depth it closed (0-based), -1 if none.
 pub(crate) fn range_pop() -> c_int {
     let mut level = -1;
-    with_file(|fd| {
+    with_file(|file| {
         level = with_ranges(|r| {
             let open = (r.depth + r.overflow) as c_int;
             r.pop();
@@ -147,27 +143,27 @@ pub(crate) fn range_pop() -> c_int {
         let mut buf = [0u8; FRAME_HEADER_LEN + 12];
         let mut e = Encoder::new(&mut buf);
         e.u64(mono_ns()).u32(tid());
-        write_record(fd, e.finish(kind::RANGE_POP));
+        file.write(e.finish(kind::RANGE_POP));
     });
     level
 }
 
 /// An instantaneous named mark.
 pub(crate) fn mark(text: &[u8]) {
-    with_file(|fd| {
-        let name_id = intern(fd, text);
+    with_file(|file| {
+        let name_id = intern(file, text);
         let mut buf = [0u8; FRAME_HEADER_LEN + 16];
         let mut e = Encoder::new(&mut buf);
         e.u64(mono_ns()).u32(tid()).u32(name_id);
-        write_record(fd, e.finish(kind::MARK));
+        file.write(e.finish(kind::MARK));
     });
 }
 
 /// Names the live allocation at `ptr`.
 pub(crate) fn annotate(ptr: u64, name: &[u8], dtype: Option<&[u8]>, shape: &[i64]) {
-    with_file(|fd| {
-        let name_id = intern(fd, name);
-        let dtype_id = dtype.map_or(0, |d| intern(fd, d));
+    with_file(|file| {
+        let name_id = intern(file, name);
+        let dtype_id = dtype.map_or(0, |d| intern(file, d));
         let shape = &shape[..shape.len().min(MAX_RANK)];
         let mut buf = [0u8; FRAME_HEADER_LEN + 8 + 4 + 8 + 4 + 4 + 2 + 8 * MAX_RANK];
         let mut e = Encoder::new(&mut buf);
@@ -180,14 +176,8 @@ pub(crate) fn annotate(ptr: u64, name: &[u8], dtype: Option<&[u8]>, shape: &[i64
         for &d in shape {
             e.i64(d);
         }
-        write_record(fd, e.finish(kind::ANNOTATE));
+        file.write(e.finish(kind::ANNOTATE));
     });
-}
-
-/// In a fork child: every thread cache of interned ids is stale.
-pub(crate) fn after_fork_child() {
-    crate::intern::after_fork_child();
-    GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
 /// Reads a C string argument; `None` for null.

@@ -19,7 +19,7 @@
 //!
 //! A wrapper handed out by `dlsym` or `cuGetProcAddress` is chosen by the *address* the real
 //! driver returned, so its ABI is the one the driver chose (version, `_ptsz` twin); see
-//! `src/driver.rs` for the routing and what it assumes of the driver.
+//! `src/routing.rs` for the routing and what it assumes of the driver.
 //!
 //! # What each event carries
 //! Monotonic time, thread, device (current context; `cuMemCreate`'s location; -1 for host
@@ -66,18 +66,32 @@
 //! - **Re-entrancy.** A per-thread RAII guard (`src/guard.rs`) passes nested hooked
 //!   calls straight through.
 //! - Depends on `vramtrace-format`, `libc` and `framehop`. x86-64 Linux with glibc.
+//!
+//! # Layers
+//! Each module imports only from the layers below it, bottom to top: the leaves (`config`,
+//! `ffi`, `guard`, `fork`: each module registers its own fork child handler, and
+//! `real_dlsym`: glibc's `dlsym`); `driver`, the table of the driver's real entry points;
+//! `sink`, the trace file (one encoded record per `write(2)`, the clock, the thread id,
+//! the file's fork handling); what needs only the sink (`intern`, `modules`, `stacks`,
+//! `labels`, `nvtx`); `recorder`, one body per event family with its stack and label;
+//! `hooks`, the recording wrappers; `routing`, which maps the driver's pointers to those
+//! wrappers and wraps `cuGetProcAddress`; `dlsym`, the override on top.
 
 mod config;
 mod dlsym;
 mod driver;
 mod ffi;
+mod fork;
 mod guard;
 mod hooks;
 mod intern;
 mod labels;
 mod modules;
 mod nvtx;
+mod real_dlsym;
 mod recorder;
+mod routing;
+mod sink;
 mod stacks;
 
 pub use dlsym::dlsym;
@@ -87,3 +101,4 @@ pub use labels::{
     vramtrace_range_pop, vramtrace_range_push,
 };
 pub use nvtx::InitializeInjectionNvtx2;
+pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};

@@ -9,6 +9,8 @@ use core::ops::Range;
 
 use vramtrace_format::{Encoder, FRAME_HEADER_LEN, kind};
 
+use crate::sink::File;
+
 /// A slice of the process's own mapped memory (a module segment), handed to the unwinder.
 pub(crate) struct Mapped {
     ptr: *const u8,
@@ -74,7 +76,7 @@ impl LoadedModule {
     }
 
     /// Writes this module's MODULE record.
-    pub(crate) fn write_record(&self, fd: c_int) {
+    pub(crate) fn write_record(&self, file: File) {
         let mut buf = [0u8; FRAME_HEADER_LEN + 24 + 2 + 4096 + 2 + 64];
         let mut e = Encoder::new(&mut buf);
         let id = &self.build_id[..self.build_id.len().min(64)];
@@ -86,7 +88,7 @@ impl LoadedModule {
         }
         e.str(&self.path[..end]);
         e.u16(id.len() as u16).bytes(id);
-        crate::recorder::write_record(fd, e.finish(kind::MODULE));
+        file.write(e.finish(kind::MODULE));
     }
 }
 

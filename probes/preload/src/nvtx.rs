@@ -280,7 +280,7 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(
     let Some(get_export_table) = get_export_table else {
         return 0;
     };
-    if !crate::recorder::active() {
+    if !crate::sink::active() {
         return 0;
     }
     std::panic::catch_unwind(|| {

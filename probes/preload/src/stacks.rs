@@ -17,14 +17,15 @@
 //! - A panic inside the unwinder turns stacks off, not recording.
 
 use core::cell::{Cell, UnsafeCell};
-use core::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{MustNotAllocateDuringUnwind, Unwinder};
 use vramtrace_format::{Encoder, FRAME_HEADER_LEN, kind};
 
+use crate::fork::ForkHandler;
 use crate::modules::{LoadedModule, Mapped, generation, scan};
+use crate::sink::File;
 
 /// Deepest stack kept, in frames.
 pub(crate) const MAX_FRAMES: usize = 64;
@@ -34,6 +35,7 @@ const TABLE_SLOTS: usize = 1 << 14;
 static BROKEN: AtomicBool = AtomicBool::new(false);
 /// Bumped in every fork child: the new file has no STACK or MODULE records yet.
 static FILE_GENERATION: AtomicU32 = AtomicU32::new(0);
+static FORK: ForkHandler = ForkHandler::new(after_fork_child);
 
 /// A minimal spin lock that a fork child can force open.
 struct SpinLock(AtomicBool);
@@ -185,17 +187,17 @@ impl State {
     }
 
     /// Writes the MODULE records this file does not have yet.
-    fn write_modules(&mut self, fd: c_int, file_generation: u32) {
+    fn write_modules(&mut self, file: File, file_generation: u32) {
         for (m, written) in &mut self.modules {
             if *written != file_generation {
-                m.write_record(fd);
+                m.write_record(file);
                 *written = file_generation;
             }
         }
     }
 
     /// The id of a stack, writing its STACK record (and any missing MODULE records) first.
-    fn intern(&mut self, fd: c_int, frames: &[u64], file_generation: u32) -> u32 {
+    fn intern(&mut self, file: File, frames: &[u64], file_generation: u32) -> u32 {
         if self.table_generation != file_generation {
             self.hashes.iter_mut().for_each(|h| *h = 0);
             self.ids.iter_mut().for_each(|i| *i = 0);
@@ -208,7 +210,7 @@ impl State {
                 return self.ids[i];
             }
             if self.hashes[i] == 0 {
-                self.write_modules(fd, file_generation);
+                self.write_modules(file, file_generation);
                 let id = self.next_id;
                 self.next_id += 1;
                 let mut buf = [0u8; FRAME_HEADER_LEN + 4 + 8 * MAX_FRAMES];
@@ -217,7 +219,7 @@ impl State {
                 for f in frames {
                     e.u64(*f);
                 }
-                crate::recorder::write_record(fd, e.finish(kind::STACK));
+                file.write(e.finish(kind::STACK));
                 self.hashes[i] = h;
                 self.ids[i] = id;
                 return id;
@@ -231,7 +233,7 @@ impl State {
 /// Captures the calling thread's stack and returns its id in the STACK table (0 when stacks
 /// are off or unavailable).
 #[inline(never)]
-pub(crate) fn capture(fd: c_int) -> u32 {
+pub(crate) fn capture(file: File) -> u32 {
     if !crate::config::stacks() || BROKEN.load(Ordering::Relaxed) {
         return 0;
     }
@@ -249,6 +251,8 @@ pub(crate) fn capture(fd: c_int) -> u32 {
         );
     }
     let top = stack_top();
+    // Before the lock is first taken: a fork child must find it open.
+    FORK.register();
     let file_generation = FILE_GENERATION.load(Ordering::Acquire);
     let r = std::panic::catch_unwind(|| {
         let _guard = LOCK.lock();
@@ -294,7 +298,7 @@ pub(crate) fn capture(fd: c_int) -> u32 {
         if n == 0 {
             return 0;
         }
-        state.intern(fd, &frames[..n], file_generation)
+        state.intern(file, &frames[..n], file_generation)
     });
     r.unwrap_or_else(|_| {
         BROKEN.store(true, Ordering::Relaxed);
@@ -303,7 +307,7 @@ pub(crate) fn capture(fd: c_int) -> u32 {
 }
 
 /// In a fork child: open the lock (its holder is gone) and start a new file's tables.
-pub(crate) fn after_fork_child() {
+extern "C" fn after_fork_child() {
     LOCK.0.store(false, Ordering::Release);
     FILE_GENERATION.fetch_add(1, Ordering::AcqRel);
 }
