@@ -46,7 +46,6 @@ pub mod gdn;
 pub mod gdn_ref;
 pub mod kernels;
 pub mod prefill;
-pub mod prefill_report;
 pub mod report;
 mod rng;
 mod tensor;

@@ -12,8 +12,7 @@ use vramtrace_workload::cuda::CudaBackend;
 use vramtrace_workload::dump::{self, Role};
 use vramtrace_workload::fa::{self, FaApi, FaConfig};
 use vramtrace_workload::gdn::{self, GdnConfig, RunTiming};
-use vramtrace_workload::prefill::{self, ChunkReport, PrefillPlan};
-use vramtrace_workload::prefill_report::PrefillReport;
+use vramtrace_workload::prefill::{self, ChunkReport, PrefillPlan, PrefillReport};
 use vramtrace_workload::report::Report;
 use vramtrace_workload::{DType, Session, annotate, check};
 

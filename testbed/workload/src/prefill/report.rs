@@ -5,8 +5,8 @@ use serde_json::{Value, json};
 use vramtrace_models::LayerKind;
 use vramtrace_models::units::fmt_bytes;
 
-use crate::prefill::{
-    CapacityPlan, ChunkReport, Failure, Held, KvCacheMode, PrefillOutcome, PrefillPlan,
+use super::{
+    BALLAST, CapacityPlan, ChunkReport, Failure, Held, KvCacheMode, PrefillOutcome, PrefillPlan,
     weight_format_name,
 };
 use crate::tensor::LedgerEvent;
@@ -226,7 +226,7 @@ impl PrefillReport<'_> {
                     "{} (a {} ballast named \"{}\" on a card with {} free)",
                     b(req),
                     b(ballast),
-                    crate::prefill::BALLAST,
+                    BALLAST,
                     b(c.device_free.unwrap_or(0))
                 ),
             }
