@@ -1,32 +1,13 @@
 //! The built binary end to end: `--simulate` on the stand-in driver
-//! (testbed/fakecuda's libcuda.so, which `cargo test --workspace` builds next to
-//! this binary), out-of-memory, and the errors a user meets first.
+//! (testbed/fakecuda's libcuda.so, built for these tests), out-of-memory, and the errors a user meets first.
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
-use common::{bin, describe, run, skipped};
+use common::{describe, libs, run, skipped};
 use serde_json::Value;
-
-/// The directory holding the stand-in libcuda.so, if it was built.
-fn stand_in() -> Option<PathBuf> {
-    let dir = bin().parent()?.to_path_buf();
-    if let Some(found) = [dir.clone(), dir.join("deps")]
-        .into_iter()
-        .find(|d| d.join("libcuda.so").exists())
-    {
-        Some(found)
-    } else {
-        skipped(&format!(
-            "{}: no stand-in driver at {}/libcuda.so (build it with `cargo build -p vramtrace-fakecuda`, or run `cargo test --workspace`)",
-            std::thread::current().name().unwrap_or("test"),
-            dir.display()
-        ));
-        None
-    }
-}
 
 fn json(out: &Output) -> Value {
     assert!(out.status.success(), "{}", describe(out));
@@ -48,10 +29,10 @@ const GDN_4128: [&str; 10] = [
 
 #[test]
 fn simulated_gdn_makes_fla_060s_allocations() {
-    let Some(dir) = stand_in() else { return };
+    let dir = libs();
     let mut args = GDN_4128.to_vec();
     args.push("--json");
-    let j = json(&run(&dir, None, &args));
+    let j = json(&run(dir, None, &args));
     assert_eq!(j["simulated"], true);
     let tensors = j["tensors"].as_array().unwrap();
     let got: Vec<(String, u64, u64)> = tensors
@@ -98,7 +79,7 @@ fn simulated_gdn_makes_fla_060s_allocations() {
 
 #[test]
 fn simulated_fa_lse_layouts_and_max_seqlen_k() {
-    let Some(dir) = stand_in() else { return };
+    let dir = libs();
     let base = [
         "fa",
         "--seqlens",
@@ -125,7 +106,7 @@ fn simulated_fa_lse_layouts_and_max_seqlen_k() {
             })
             .collect()
     };
-    let plain = json(&run(&dir, None, &base));
+    let plain = json(&run(dir, None, &base));
     let names: Vec<String> = sizes(&plain).into_iter().map(|s| s.0).collect();
     assert_eq!(
         names,
@@ -146,7 +127,7 @@ fn simulated_fa_lse_layouts_and_max_seqlen_k() {
 
     let mut long_k = base.to_vec();
     long_k.extend(["--max-seqlen-k", "262144"]);
-    assert_eq!(sizes(&json(&run(&dir, None, &long_k))), sizes(&plain));
+    assert_eq!(sizes(&json(&run(dir, None, &long_k))), sizes(&plain));
 
     let mut padded = base.to_vec();
     padded.extend([
@@ -156,7 +137,7 @@ fn simulated_fa_lse_layouts_and_max_seqlen_k() {
         "--api",
         "flash-attn",
     ]);
-    let p = json(&run(&dir, None, &padded));
+    let p = json(&run(dir, None, &padded));
     assert_eq!(p["tensors"][6]["shape"], serde_json::json!([2, 24, 262144]));
     assert_eq!(p["tensors"][6]["bytes"], 2 * 24 * 262_144 * 4);
     assert_eq!(p["tensors"].as_array().unwrap().len(), 8);
@@ -164,8 +145,8 @@ fn simulated_fa_lse_layouts_and_max_seqlen_k() {
 
 #[test]
 fn a_small_card_fails_on_a_named_tensor() {
-    let Some(dir) = stand_in() else { return };
-    let out = run(&dir, Some("400000000"), &GDN_4128);
+    let dir = libs();
+    let out = run(dir, Some("400000000"), &GDN_4128);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -182,8 +163,8 @@ fn a_small_card_fails_on_a_named_tensor() {
 
 #[test]
 fn real_kernels_on_the_stand_in_are_refused_clearly() {
-    let Some(dir) = stand_in() else { return };
-    let out = run(&dir, None, &GDN_4128[..9]);
+    let dir = libs();
+    let out = run(dir, None, &GDN_4128[..9]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -197,7 +178,10 @@ fn no_driver_is_a_clear_error() {
     let out = run(Path::new("/nonexistent"), None, &GDN_4128);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
-        skipped("no_driver_is_a_clear_error: a CUDA driver is installed system-wide");
+        skipped(
+            "VRAMTRACE_REQUIRE_NO_DRIVER",
+            "no_driver_is_a_clear_error: a CUDA driver is installed system-wide",
+        );
         return;
     }
     assert_eq!(out.status.code(), Some(2));

@@ -23,6 +23,21 @@ use vramtrace_workload::gdn::{self, GdnConfig};
 use vramtrace_workload::prefill::{self, KvCacheMode, PrefillOptions, PrefillPlan};
 use vramtrace_workload::{DType, Error, Result, Session, check, gdn_ref};
 
+/// Whether `compiler` builds a C++20 program using `<barrier>`, the one
+/// header the emulator needs that older compilers lack.
+fn has_cxx20_barrier(compiler: &str, probe: &Path) -> bool {
+    std::fs::write(
+        probe,
+        "#include <barrier>\nint main() { std::barrier b(1); }\n",
+    )
+    .expect("write the compiler probe");
+    Command::new(compiler)
+        .args(["-std=c++20", "-fsyntax-only"])
+        .arg(probe)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 type LaunchFn =
     unsafe extern "C" fn(*const c_char, *const u32, *const u32, *const u64, c_int) -> c_int;
 
@@ -42,7 +57,7 @@ impl Emulator {
         };
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let out_dir = std::env::temp_dir().join(format!("vt-emu-{}", std::process::id()));
-        std::fs::create_dir_all(&out_dir).ok()?;
+        std::fs::create_dir_all(&out_dir).expect("create the emulator's build directory");
         // One file per build: tests run in parallel threads of this process, and a library being
         // written by one must never be dlopened by another.
         static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -55,7 +70,10 @@ impl Emulator {
                 .is_ok_and(|o| o.status.success())
         });
         let Some(compiler) = compiler else {
-            skipped("kernel emulation: no C++ compiler (c++, g++ or clang++) to build it");
+            skipped(
+                "VRAMTRACE_REQUIRE_EMULATOR",
+                "kernel emulation: no C++ compiler (c++, g++ or clang++) to build it",
+            );
             return None;
         };
         let out = Command::new(compiler)
@@ -67,13 +85,21 @@ impl Emulator {
             .arg("-o")
             .arg(&lib)
             .output()
-            .ok()?;
+            .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
         if !out.status.success() {
-            skipped(&format!(
-                "kernel emulation: {compiler} could not build it (C++20 <barrier> needed):\n{}",
+            // A compiler without C++20 <barrier> is a missing prerequisite; any
+            // other failure is a broken kernels.cu or emulator, never a skip.
+            if !has_cxx20_barrier(compiler, &out_dir.join(format!("probe_{n}.cpp"))) {
+                skipped(
+                    "VRAMTRACE_REQUIRE_EMULATOR",
+                    &format!("kernel emulation: {compiler} has no C++20 <barrier>"),
+                );
+                return None;
+            }
+            panic!(
+                "kernel emulation: {compiler} could not build the emulator:\n{}",
                 String::from_utf8_lossy(&out.stderr)
-            ));
-            return None;
+            );
         }
         Some(Self::load(&lib))
     }

@@ -6,67 +6,13 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::process::Output;
 
-use common::{TINY_CONFIG, bin, command, describe, run, skipped};
+use common::{TINY_CONFIG, command, describe, libs, preload, run};
 use serde_json::{Value, json};
 use vramtrace_format::{EventKind, Record, TraceFile};
 use vramtrace_models::{self as model, ModelConfig, WeightFormat};
-
-/// The directory holding the stand-in driver and the preload, built once:
-/// `cargo test` builds this package's binary but not other packages' cdylibs
-/// (cargo holds no lock while tests run, so building here is safe). `None`,
-/// saying so, when they cannot be had.
-fn libs() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = bin().parent()?.to_path_buf();
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo
-            .args([
-                "build",
-                "-p",
-                "vramtrace-preload",
-                "-p",
-                "vramtrace-fakecuda",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("CARGO_TARGET_DIR", dir.parent()?);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cargo.arg("--release");
-        }
-        if let Ok(o) = cargo.output()
-            && !o.status.success()
-        {
-            skipped(&format!(
-                "building the preload and the stand-in driver failed:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            ));
-        }
-        // libcuda.so.1 is the name cudarc's loader tries after libcuda.so.
-        let fake = std::env::temp_dir().join(format!("vt-prefill-libs-{}", std::process::id()));
-        std::fs::create_dir_all(&fake).ok()?;
-        for name in ["libcuda.so", "libcuda.so.1"] {
-            let _ = std::fs::remove_file(fake.join(name));
-            std::os::unix::fs::symlink(dir.join("libcuda.so"), fake.join(name)).ok()?;
-        }
-        for lib in ["libcuda.so", "libvramtrace_preload.so"] {
-            if !dir.join(lib).exists() {
-                skipped(&format!("prefill tests: no {lib} in {}", dir.display()));
-                return None;
-            }
-        }
-        std::fs::copy(
-            dir.join("libvramtrace_preload.so"),
-            fake.join("libvramtrace_preload.so"),
-        )
-        .ok()?;
-        Some(fake)
-    })
-    .as_deref()
-}
 
 const QWEN36: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -110,7 +56,7 @@ fn events(j: &Value) -> Vec<(String, String, u64, String)> {
 
 #[test]
 fn persistent_tensors_have_the_models_sizes() {
-    let Some(libs) = libs() else { return };
+    let libs = libs();
     let j = tiny(libs, &["--prompt-tokens", "40", "--chunk", "32"]);
     let allocs: Vec<(String, u64, String)> = events(&j)
         .into_iter()
@@ -182,7 +128,7 @@ fn persistent_tensors_have_the_models_sizes() {
 
 #[test]
 fn one_chunk_layer_by_layer_in_order_with_labels() {
-    let Some(libs) = libs() else { return };
+    let libs = libs();
     let j = tiny(libs, &["--prompt-tokens", "40", "--chunk", "32"]);
     let ev = events(&j);
     // Chunk 1 (tokens 32..40), layers 0 (GDN) and 1 (attention).
@@ -323,7 +269,7 @@ fn one_chunk_layer_by_layer_in_order_with_labels() {
 
 #[test]
 fn the_kv_cache_grows_by_a_chunk_of_tokens_per_attention_layer() {
-    let Some(libs) = libs() else { return };
+    let libs = libs();
     let j = tiny(libs, &["--prompt-tokens", "100", "--chunk", "32"]);
     let cfg = ModelConfig::from_path(TINY_CONFIG).unwrap();
     let per_token = model::kv_cache_per_token(&cfg, 1, model::DType::BF16)
@@ -404,7 +350,7 @@ fn the_kv_cache_grows_by_a_chunk_of_tokens_per_attention_layer() {
 /// chunk 27 no longer fits.
 #[test]
 fn a_24gib_card_runs_out_in_chunk_27_on_h() {
-    let Some(libs) = libs() else { return };
+    let libs = libs();
     let args = [
         "prefill",
         "--config",
@@ -482,7 +428,7 @@ fn traced(libs: &Path, name: &str, capacity: &str, args: &[&str]) -> (Output, Ve
     std::fs::create_dir_all(&trace).unwrap();
     let o = command(libs, Some(capacity))
         .args(args)
-        .env("LD_PRELOAD", libs.join("libvramtrace_preload.so"))
+        .env("LD_PRELOAD", preload())
         .env("VRAMTRACE_DIR", &trace)
         .output()
         .unwrap();
@@ -517,7 +463,7 @@ fn traced(libs: &Path, name: &str, capacity: &str, args: &[&str]) -> (Output, Ve
 /// the failed request under the label `prefill/chunk.{i}/layer.{l}/...`.
 #[test]
 fn a_small_card_fails_with_status_3_and_a_labelled_request() {
-    let Some(libs) = libs() else { return };
+    let libs = libs();
     // Room for the persistent tensors (350144 + 5248 bytes) and two chunks.
     let (o, failed) = traced(
         libs,
@@ -575,7 +521,7 @@ fn a_small_card_fails_with_status_3_and_a_labelled_request() {
 /// writes a label again rather than dropping it.
 #[test]
 fn the_demo_run_labels_its_failed_request() {
-    let Some(libs) = libs() else { return };
+    let libs = libs();
     let (o, failed) = traced(
         libs,
         "demo",
