@@ -296,6 +296,21 @@ pub(crate) unsafe fn real_fn<F: Copy>(e: Entry) -> Option<F> {
     }
 }
 
+/// In a wrapper: the real function of `$entry` as `$ty`, or an early
+/// `CUDA_ERROR_NOT_INITIALIZED` when no driver can be found at all (nothing to pass the call
+/// to).
+macro_rules! real_or_return {
+    ($entry:ident as $ty:ty) => {{
+        // Safety: REAL[$entry] only ever holds the driver's (or a later interposer's) address
+        // of the entry point of that exact name, whose C signature is `$ty`.
+        match unsafe { $crate::driver::real_fn::<$ty>($crate::driver::Entry::$entry) } {
+            Some(f) => f,
+            None => return $crate::ffi::CUDA_ERROR_NOT_INITIALIZED,
+        }
+    }};
+}
+pub(crate) use real_or_return;
+
 /// `cuDriverGetVersion`'s answer; `None` when no driver (or no such function) can be found, or
 /// it fails.
 pub(crate) fn driver_version() -> Option<c_int> {

@@ -12,22 +12,9 @@ use core::ffi::{c_uint, c_ulonglong, c_void};
 
 use vramtrace_format::MemKind;
 
-use crate::driver::{self, ENTRIES, Entry};
+use crate::driver::{ENTRIES, Entry, real_or_return};
 use crate::ffi::*;
 use crate::recorder::{Call, Dev, Op};
-
-/// The real function of `$entry` as `$ty`, or an early `CUDA_ERROR_NOT_INITIALIZED` when no
-/// driver can be found at all (nothing to pass the call to).
-macro_rules! real_fn {
-    ($entry:ident as $ty:ty) => {{
-        // Safety: REAL[$entry] only ever holds the driver's (or a later interposer's) address
-        // of the entry point of that exact name, whose C signature is `$ty`.
-        match unsafe { driver::real_fn::<$ty>(Entry::$entry) } {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    }};
-}
 
 fn op(entry: Entry, mem: MemKind) -> Op {
     Op::new(ENTRIES[entry as usize].api, mem)
@@ -63,7 +50,7 @@ fn addr<T>(p: *mut T) -> u64 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemAllocV2 as FnMemAlloc);
+    let real = real_or_return!(MemAllocV2 as FnMemAlloc);
     // Safety: arguments passed through unchanged to the function with this signature.
     let r = unsafe { real(dptr, bytesize) };
     if let Some(c) = call {
@@ -96,7 +83,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     element_size: c_uint,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemAllocPitchV2 as FnMemAllocPitch);
+    let real = real_or_return!(MemAllocPitchV2 as FnMemAllocPitch);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(dptr, pitch, width, height, element_size) };
     if let Some(c) = call {
@@ -132,7 +119,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     flags: c_uint,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemAllocManaged as FnMemAllocManaged);
+    let real = real_or_return!(MemAllocManaged as FnMemAllocManaged);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(dptr, bytesize, flags) };
     if let Some(c) = call {
@@ -189,7 +176,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytesize: usize,
     stream: CuHandle,
 ) -> CuResult {
-    let real = real_fn!(MemAllocAsync as FnMemAllocAsync);
+    let real = real_or_return!(MemAllocAsync as FnMemAllocAsync);
     alloc_async(Entry::MemAllocAsync, real, dptr, bytesize, stream)
 }
 
@@ -203,7 +190,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     bytesize: usize,
     stream: CuHandle,
 ) -> CuResult {
-    let real = real_fn!(MemAllocAsyncPtsz as FnMemAllocAsync);
+    let real = real_or_return!(MemAllocAsyncPtsz as FnMemAllocAsync);
     alloc_async(Entry::MemAllocAsyncPtsz, real, dptr, bytesize, stream)
 }
 
@@ -247,7 +234,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     pool: CuHandle,
     stream: CuHandle,
 ) -> CuResult {
-    let real = real_fn!(MemAllocFromPoolAsync as FnMemAllocFromPoolAsync);
+    let real = real_or_return!(MemAllocFromPoolAsync as FnMemAllocFromPoolAsync);
     alloc_from_pool(
         Entry::MemAllocFromPoolAsync,
         real,
@@ -269,7 +256,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     pool: CuHandle,
     stream: CuHandle,
 ) -> CuResult {
-    let real = real_fn!(MemAllocFromPoolAsyncPtsz as FnMemAllocFromPoolAsync);
+    let real = real_or_return!(MemAllocFromPoolAsyncPtsz as FnMemAllocFromPoolAsync);
     alloc_from_pool(
         Entry::MemAllocFromPoolAsyncPtsz,
         real,
@@ -287,7 +274,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemFreeV2 as FnMemFree);
+    let real = real_or_return!(MemFreeV2 as FnMemFree);
     // Safety: argument passed through unchanged.
     let r = unsafe { real(dptr) };
     if let Some(c) = call {
@@ -325,7 +312,7 @@ fn free_async(entry: Entry, real: FnMemFreeAsync, dptr: CuDevicePtr, stream: CuH
 /// Same contract as the driver's function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuHandle) -> CuResult {
-    let real = real_fn!(MemFreeAsync as FnMemFreeAsync);
+    let real = real_or_return!(MemFreeAsync as FnMemFreeAsync);
     free_async(Entry::MemFreeAsync, real, dptr, stream)
 }
 
@@ -335,7 +322,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuHandle) -> 
 /// Same contract as the driver's function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuHandle) -> CuResult {
-    let real = real_fn!(MemFreeAsyncPtsz as FnMemFreeAsync);
+    let real = real_or_return!(MemFreeAsyncPtsz as FnMemFreeAsync);
     free_async(Entry::MemFreeAsyncPtsz, real, dptr, stream)
 }
 
@@ -354,7 +341,7 @@ pub unsafe extern "C" fn cuMemCreate(
     flags: c_ulonglong,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemCreate as FnMemCreate);
+    let real = real_or_return!(MemCreate as FnMemCreate);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(handle, size, prop, flags) };
     if let Some(c) = call {
@@ -391,7 +378,7 @@ pub unsafe extern "C" fn cuMemCreate(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemRelease as FnMemRelease);
+    let real = real_or_return!(MemRelease as FnMemRelease);
     // Safety: argument passed through unchanged.
     let r = unsafe { real(handle) };
     if let Some(c) = call {
@@ -419,7 +406,7 @@ pub unsafe extern "C" fn cuMemMap(
     flags: c_ulonglong,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemMap as FnMemMap);
+    let real = real_or_return!(MemMap as FnMemMap);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(ptr, size, offset, handle, flags) };
     if let Some(c) = call {
@@ -444,7 +431,7 @@ pub unsafe extern "C" fn cuMemMap(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemUnmap(ptr: CuDevicePtr, size: usize) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemUnmap as FnMemUnmap);
+    let real = real_or_return!(MemUnmap as FnMemUnmap);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(ptr, size) };
     if let Some(c) = call {
@@ -473,7 +460,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
     flags: c_ulonglong,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemAddressReserve as FnMemAddressReserve);
+    let real = real_or_return!(MemAddressReserve as FnMemAddressReserve);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(ptr, size, alignment, addr_hint, flags) };
     if let Some(c) = call {
@@ -500,7 +487,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemAddressFree as FnMemAddressFree);
+    let real = real_or_return!(MemAddressFree as FnMemAddressFree);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(ptr, size) };
     if let Some(c) = call {
@@ -525,7 +512,7 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) -> CuRe
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemAllocHostV2 as FnMemAllocHost);
+    let real = real_or_return!(MemAllocHostV2 as FnMemAllocHost);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(pp, bytesize) };
     if let Some(c) = call {
@@ -554,7 +541,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
     flags: c_uint,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemHostAlloc as FnMemHostAlloc);
+    let real = real_or_return!(MemHostAlloc as FnMemHostAlloc);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(pp, bytesize, flags) };
     if let Some(c) = call {
@@ -581,7 +568,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(MemFreeHost as FnMemFreeHost);
+    let real = real_or_return!(MemFreeHost as FnMemFreeHost);
     // Safety: argument passed through unchanged.
     let r = unsafe { real(p) };
     if let Some(c) = call {
@@ -624,7 +611,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     desc: *const CuArrayDescriptor,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(ArrayCreateV2 as FnArrayCreate);
+    let real = real_or_return!(ArrayCreateV2 as FnArrayCreate);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(handle, desc) };
     // Safety: the caller's descriptor (or null), valid for the call.
@@ -643,7 +630,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     desc: *const CuArray3dDescriptor,
 ) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(Array3dCreateV2 as FnArray3dCreate);
+    let real = real_or_return!(Array3dCreateV2 as FnArray3dCreate);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(handle, desc) };
     // Safety: the caller's descriptor (or null), valid for the call.
@@ -659,7 +646,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayDestroy(handle: CuHandle) -> CuResult {
     let call = Call::begin();
-    let real = real_fn!(ArrayDestroy as FnArrayDestroy);
+    let real = real_or_return!(ArrayDestroy as FnArrayDestroy);
     // Safety: argument passed through unchanged.
     let r = unsafe { real(handle) };
     if let Some(c) = call {

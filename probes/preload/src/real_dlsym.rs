@@ -1,5 +1,5 @@
 //! glibc's own `dlsym`, for the preload's lookups and for the exported override
-//! ([`crate::dlsym`]) to jump to.
+//! ([`crate::dlsym()`]) to jump to.
 //!
 //! Nothing in this library ever calls the exported `dlsym`: the real one lives in
 //! [`REAL_DLSYM`], found with `dlvsym`, which is not overridden here.

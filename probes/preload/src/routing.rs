@@ -1,5 +1,5 @@
 //! Routing: which function a lookup hands out. A pointer the real driver handed out, through
-//! `dlsym` on a driver handle ([`route_dlsym`], for [`crate::dlsym`]) or through
+//! `dlsym` on a driver handle ([`route_dlsym`], for [`crate::dlsym()`]) or through
 //! `cuGetProcAddress` ([`route_proc`], for the two wrappers of it defined here), becomes the
 //! wrapper of the entry point with that real address.
 //!
@@ -21,13 +21,14 @@
 use core::ffi::{CStr, c_char, c_int, c_void};
 
 use crate::driver::{
-    self, ENTRIES, Entry, adopt_handle, driver_handle, known, publish, resolve_all, row_named,
+    ENTRIES, adopt_handle, driver_handle, known, publish, real_or_return, resolve_all, row_named,
 };
 use crate::ffi::{
-    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS,
-    CuResult, FnGetProcAddress, FnGetProcAddressV2,
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CUDA_SUCCESS, CuResult, FnGetProcAddress,
+    FnGetProcAddressV2,
 };
 use crate::hooks;
+use crate::real_dlsym::real_dlsym_quiet;
 
 /// One of our wrappers and the row of the entry point it stands for.
 struct Wrapper {
@@ -51,8 +52,8 @@ macro_rules! wrapper {
     };
 }
 
-/// Every wrapper we hand out, in [`Entry`] order (the functions the recorder only calls have
-/// none).
+/// Every wrapper we hand out, in [`crate::driver::Entry`] order (the functions the recorder
+/// only calls have none).
 static WRAPPERS: [Wrapper; 24] = [
     wrapper!(hooks::cuMemAlloc_v2),
     wrapper!(hooks::cuMemAllocPitch_v2),
@@ -161,7 +162,7 @@ fn is_other_export(base: &[u8], p: *mut c_void) -> bool {
             if ENTRIES.iter().any(|e| e.name.to_bytes() == &name[..len]) {
                 continue;
             }
-            if crate::real_dlsym::real_dlsym_quiet(handle, name.as_ptr() as *const c_char) == p {
+            if real_dlsym_quiet(handle, name.as_ptr() as *const c_char) == p {
                 return true;
             }
         }
@@ -197,19 +198,6 @@ pub(crate) unsafe fn name_bytes<'a>(symbol: *const c_char) -> &'a [u8] {
 }
 
 // ---- the cuGetProcAddress wrappers ------------------------------------------------------
-
-/// The real function of `$entry` as `$ty`, or an early `CUDA_ERROR_NOT_INITIALIZED` when no
-/// driver can be found at all (nothing to pass the call to).
-macro_rules! real_fn {
-    ($entry:ident as $ty:ty) => {{
-        // Safety: REAL[$entry] only ever holds the driver's (or a later interposer's) address
-        // of the entry point of that exact name, whose C signature is `$ty`.
-        match unsafe { driver::real_fn::<$ty>(Entry::$entry) } {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    }};
-}
 
 /// Replaces the pointer the real `cuGetProcAddress` wrote with our wrapper where we have one.
 ///
@@ -247,7 +235,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cuda_version: c_int,
     flags: u64,
 ) -> CuResult {
-    let real = real_fn!(GetProcAddress as FnGetProcAddress);
+    let real = real_or_return!(GetProcAddress as FnGetProcAddress);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(symbol, pfn, cuda_version, flags) };
     if r == CUDA_SUCCESS {
@@ -271,7 +259,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     symbol_status: *mut c_int,
 ) -> CuResult {
-    let real = real_fn!(GetProcAddressV2 as FnGetProcAddressV2);
+    let real = real_or_return!(GetProcAddressV2 as FnGetProcAddressV2);
     // Safety: arguments passed through unchanged.
     let r = unsafe { real(symbol, pfn, cuda_version, flags, symbol_status) };
     if r == CUDA_SUCCESS {
@@ -284,6 +272,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::Entry;
 
     #[test]
     fn names_resolve_like_the_headers() {

@@ -2,7 +2,7 @@
 //! and thread id every record carries.
 //!
 //! The interface is narrow on purpose, so that the way records reach the disk can change
-//! behind it: [`with_file`] (or [`file`] inside [`guarded`]) hands out the open trace file,
+//! behind it: [`with_file`] (or [`file()`] inside [`guarded`]) hands out the open trace file,
 //! [`File::write`] appends one encoded record, [`mono_ns`] and [`tid`] are the clock and the
 //! thread, [`active`] says whether recording is on, [`disable`] stops it. Everything above
 //! encodes its records itself (`vramtrace_format`) and only ever hands bytes to the sink.
@@ -39,7 +39,7 @@ thread_local! {
     static TID: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
 }
 
-/// The open trace file, as [`with_file`] and [`file`] hand it out: the only way to write.
+/// The open trace file, as [`with_file`] and [`file()`] hand it out: the only way to write.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct File(c_int);
 
