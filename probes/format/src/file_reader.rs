@@ -3,17 +3,24 @@
 //! [`FileReader`] opens a file and reads its header; [`FileReader::records`] then streams every
 //! record once in storage order (for side tables: strings, stacks, modules, devices), and
 //! [`FileReader::timed`] streams the timed records (events, annotations, ranges, marks) in time
-//! order. Both hold memory bounded by what one step needs, not by the trace length, except for
-//! version 1 traces, whose `timed` order is only known after reading them whole (they were
-//! written by a single `write(2)` per record, so the file is already close to time order, but
-//! not exactly: threads race between taking the time and writing).
+//! order.
+//!
+//! Memory: for version 2, `records` holds one block and `timed` one block per thread whose
+//! records overlap the current time (a k-way merge over the threads' block chains, each chain
+//! started only once the merge reaches its first block's base time), plus 16 bytes per block
+//! for the chains' block lists. Version 1 `records` holds one chunk; version 1 `timed` reads the
+//! timed records whole and sorts them (stable), because a version 1 file is only nearly in time
+//! order: threads race between taking the time and writing.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::header::Header;
+use crate::block::{BLOCK_HEADER_LEN, BadBlock, BlockCursor, BlockHeader, Step};
+use crate::header::{Header, Layout};
 use crate::reader::{Problem, ReadError, scan_records};
 use crate::record::Record;
 
@@ -27,8 +34,7 @@ const MAX_HEADER: usize = 16 << 20;
 pub struct FileReader {
     path: PathBuf,
     header: Header,
-    /// File offset of the first record.
-    start: u64,
+    layout: Layout,
 }
 
 impl FileReader {
@@ -37,12 +43,12 @@ impl FileReader {
         let io = |e| ReadError::Io(path.to_path_buf(), e);
         let mut file = File::open(path).map_err(io)?;
         let bytes = read_header_bytes(&mut file).map_err(io)?;
-        let (header, start) =
-            Header::decode(&bytes).map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
+        let (header, layout) =
+            Header::decode_layout(&bytes).map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
         Ok(FileReader {
             path: path.to_path_buf(),
             header,
-            start: start as u64,
+            layout,
         })
     }
 
@@ -60,7 +66,13 @@ impl FileReader {
     /// modules, devices, driver version). Streaming.
     pub fn records(&self) -> Result<Records, ReadError> {
         Ok(Records {
-            inner: V1Stream::open(&self.path, self.start)?,
+            inner: match self.layout {
+                Layout::Stream { start } => RecordsInner::V1(V1Stream::open(&self.path, start)?),
+                Layout::Blocks {
+                    data_offset,
+                    block_size,
+                } => RecordsInner::V2(V2Stream::open(&self.path, data_offset, block_size)?),
+            },
         })
     }
 
@@ -68,13 +80,23 @@ impl FileReader {
     /// [`Record::RangePop`], [`Record::Mark`]) in time order; records with equal times keep
     /// their storage order.
     pub fn timed(&self) -> Result<Timed, ReadError> {
-        let mut all = V1Stream::open(&self.path, self.start)?;
+        let start = match self.layout {
+            Layout::Stream { start } => start,
+            Layout::Blocks {
+                data_offset,
+                block_size,
+            } => {
+                return Ok(Timed {
+                    inner: TimedInner::V2(Merge::open(&self.path, data_offset, block_size)?),
+                });
+            }
+        };
+        let mut all = V1Stream::open(&self.path, start)?;
         let mut timed: Vec<Record> = all.by_ref().filter(|r| time_of(r).is_some()).collect();
         // Stable: equal times keep their file order.
         timed.sort_by_key(|r| time_of(r).unwrap_or(0));
         Ok(Timed {
-            records: timed.into_iter(),
-            problems: all.problems,
+            inner: TimedInner::V1(timed.into_iter(), all.problems),
         })
     }
 }
@@ -106,41 +128,64 @@ fn read_header_bytes(file: &mut File) -> std::io::Result<Vec<u8>> {
 /// Every record of a file in storage order; see [`FileReader::records`].
 #[derive(Debug)]
 pub struct Records {
-    inner: V1Stream,
+    inner: RecordsInner,
+}
+
+#[derive(Debug)]
+enum RecordsInner {
+    V1(V1Stream),
+    V2(V2Stream),
 }
 
 impl Records {
     /// Problems met so far (complete once the iterator has ended).
     pub fn problems(&self) -> &[Problem] {
-        &self.inner.problems
+        match &self.inner {
+            RecordsInner::V1(s) => &s.problems,
+            RecordsInner::V2(s) => &s.problems,
+        }
     }
 }
 
 impl Iterator for Records {
     type Item = Record;
     fn next(&mut self) -> Option<Record> {
-        self.inner.next()
+        match &mut self.inner {
+            RecordsInner::V1(s) => s.next(),
+            RecordsInner::V2(s) => s.next(),
+        }
     }
 }
 
 /// The timed records of a file in time order; see [`FileReader::timed`].
 #[derive(Debug)]
 pub struct Timed {
-    records: std::vec::IntoIter<Record>,
-    problems: Vec<Problem>,
+    inner: TimedInner,
+}
+
+#[derive(Debug)]
+enum TimedInner {
+    V1(std::vec::IntoIter<Record>, Vec<Problem>),
+    V2(Merge),
 }
 
 impl Timed {
     /// Problems met so far (complete once the iterator has ended).
     pub fn problems(&self) -> &[Problem] {
-        &self.problems
+        match &self.inner {
+            TimedInner::V1(_, p) => p,
+            TimedInner::V2(m) => &m.problems,
+        }
     }
 }
 
 impl Iterator for Timed {
     type Item = Record;
     fn next(&mut self) -> Option<Record> {
-        self.records.next()
+        match &mut self.inner {
+            TimedInner::V1(r, _) => r.next(),
+            TimedInner::V2(m) => m.next(),
+        }
     }
 }
 
@@ -205,5 +250,259 @@ impl Iterator for V1Stream {
             self.fill();
         }
         self.ready.pop_front()
+    }
+}
+
+/// Reads `len` bytes at `offset` (fewer at the end of the file) into `buf`.
+fn read_block(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    buf.clear();
+    buf.resize(len, 0);
+    let mut got = 0;
+    while got < len {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(())
+}
+
+/// Reads block `offset`'s header: `None` for a block nobody wrote or one that is bad (reported).
+pub(crate) fn block_header(
+    bytes: &[u8],
+    offset: u64,
+    block_size: u32,
+    complete: bool,
+    problems: &mut Vec<Problem>,
+) -> Option<BlockHeader> {
+    match BlockHeader::decode(&bytes[..bytes.len().min(BLOCK_HEADER_LEN)]) {
+        Ok(h) => h,
+        Err(BadBlock::Corrupt) => {
+            problems.push(Problem::BadBlock {
+                offset,
+                bytes: block_size as u64,
+            });
+            None
+        }
+        Err(BadBlock::Short) => {
+            if complete {
+                problems.push(Problem::TornTail {
+                    offset,
+                    bytes: bytes.len() as u64,
+                });
+            }
+            None
+        }
+    }
+}
+
+/// A version 2 file's records block by block, in file order.
+#[derive(Debug)]
+struct V2Stream {
+    file: File,
+    len: u64,
+    block_size: u32,
+    /// File offset of the next block to open.
+    next_block: u64,
+    cur: Option<BlockCursor>,
+    buf: Vec<u8>,
+    problems: Vec<Problem>,
+}
+
+impl V2Stream {
+    fn open(path: &Path, data_offset: u64, block_size: u32) -> Result<V2Stream, ReadError> {
+        let io = |e| ReadError::Io(path.to_path_buf(), e);
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        Ok(V2Stream {
+            file,
+            len,
+            block_size,
+            next_block: data_offset,
+            cur: None,
+            buf: Vec::new(),
+            problems: Vec::new(),
+        })
+    }
+}
+
+impl Iterator for V2Stream {
+    type Item = Record;
+    fn next(&mut self) -> Option<Record> {
+        loop {
+            if let Some(cur) = &mut self.cur {
+                match cur.step(&self.buf, true, &mut self.problems) {
+                    Step::Record(_, r) => return Some(r),
+                    Step::Malformed(offset, kind) => {
+                        self.problems.push(Problem::Malformed { offset, kind })
+                    }
+                    Step::Pending | Step::Done => self.cur = None,
+                }
+                continue;
+            }
+            if self.next_block >= self.len {
+                return None;
+            }
+            let offset = self.next_block;
+            self.next_block += self.block_size as u64;
+            let want = (self.len - offset).min(self.block_size as u64) as usize;
+            if let Err(e) = read_block(&self.file, offset, want, &mut self.buf) {
+                self.problems.push(Problem::Unreadable {
+                    offset,
+                    error: e.to_string(),
+                });
+                continue;
+            }
+            if let Some(h) =
+                block_header(&self.buf, offset, self.block_size, true, &mut self.problems)
+            {
+                self.cur = Some(BlockCursor::new(offset, h, self.block_size));
+            }
+        }
+    }
+}
+
+/// One thread's blocks, in the order it filled them, read one at a time.
+#[derive(Debug)]
+struct Chain {
+    blocks: VecDeque<(u64, BlockHeader)>,
+    cur: Option<BlockCursor>,
+    buf: Vec<u8>,
+}
+
+/// The timed records of a version 2 file in time order: a k-way merge over its threads' chains.
+#[derive(Debug)]
+struct Merge {
+    file: File,
+    len: u64,
+    block_size: u32,
+    /// Chains not started yet, by (first base time, first block offset), latest first.
+    waiting: Vec<(u64, u64, Chain)>,
+    /// Started chains; `None` once exhausted (its slot is reused).
+    chains: Vec<Option<Chain>>,
+    /// Each started chain's next record, keyed by (time, file offset).
+    heads: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    records: Vec<Option<Record>>,
+    problems: Vec<Problem>,
+}
+
+impl Merge {
+    fn open(path: &Path, data_offset: u64, block_size: u32) -> Result<Merge, ReadError> {
+        let io = |e| ReadError::Io(path.to_path_buf(), e);
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let mut problems = Vec::new();
+        // One pass over the block headers finds each thread's chain.
+        let mut by_tid: HashMap<u32, Vec<(u64, BlockHeader)>> = HashMap::new();
+        let mut buf = Vec::with_capacity(BLOCK_HEADER_LEN);
+        let mut offset = data_offset;
+        while offset < len {
+            let want = (len - offset).min(BLOCK_HEADER_LEN as u64) as usize;
+            read_block(&file, offset, want, &mut buf).map_err(io)?;
+            if let Some(h) = block_header(&buf, offset, block_size, true, &mut problems) {
+                by_tid.entry(h.tid).or_default().push((offset, h));
+            }
+            offset += block_size as u64;
+        }
+        let mut waiting: Vec<(u64, u64, Chain)> = by_tid
+            .into_values()
+            .map(|mut blocks| {
+                blocks.sort_by_key(|(off, h)| (h.seq, *off));
+                (
+                    blocks[0].1.base_t_ns,
+                    blocks[0].0,
+                    Chain {
+                        blocks: blocks.into(),
+                        cur: None,
+                        buf: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        waiting.sort_by_key(|w| Reverse((w.0, w.1)));
+        Ok(Merge {
+            file,
+            len,
+            block_size,
+            waiting,
+            chains: Vec::new(),
+            heads: BinaryHeap::new(),
+            records: Vec::new(),
+            problems,
+        })
+    }
+
+    /// The next timed record of `chain`, with its time and file offset.
+    fn advance(&mut self, chain: &mut Chain) -> Option<(u64, u64, Record)> {
+        loop {
+            if let Some(cur) = &mut chain.cur {
+                match cur.step(&chain.buf, true, &mut self.problems) {
+                    Step::Record(at, r) => match crate::time_of(&r) {
+                        Some(t) => return Some((t, at, r)),
+                        None => continue,
+                    },
+                    Step::Malformed(offset, kind) => {
+                        self.problems.push(Problem::Malformed { offset, kind });
+                        continue;
+                    }
+                    Step::Pending | Step::Done => chain.cur = None,
+                }
+            }
+            let (offset, h) = chain.blocks.pop_front()?;
+            let want = (self.len - offset).min(self.block_size as u64) as usize;
+            if let Err(e) = read_block(&self.file, offset, want, &mut chain.buf) {
+                self.problems.push(Problem::Unreadable {
+                    offset,
+                    error: e.to_string(),
+                });
+                continue;
+            }
+            chain.cur = Some(BlockCursor::new(offset, h, self.block_size));
+        }
+    }
+
+    /// Starts the next waiting chain: its first record joins the heads.
+    fn start_next(&mut self) {
+        let Some((_, _, mut chain)) = self.waiting.pop() else {
+            return;
+        };
+        if let Some((t, at, r)) = self.advance(&mut chain) {
+            let slot = match self.chains.iter().position(Option::is_none) {
+                Some(i) => i,
+                None => {
+                    self.chains.push(None);
+                    self.records.push(None);
+                    self.chains.len() - 1
+                }
+            };
+            self.chains[slot] = Some(chain);
+            self.records[slot] = Some(r);
+            self.heads.push(Reverse((t, at, slot)));
+        }
+    }
+}
+
+impl Iterator for Merge {
+    type Item = Record;
+    fn next(&mut self) -> Option<Record> {
+        // Start every chain that may hold a record before the earliest head.
+        while let Some(first) = self.waiting.last().map(|w| (w.0, w.1)) {
+            match self.heads.peek() {
+                Some(Reverse((t, at, _))) if first > (*t, *at) => break,
+                _ => self.start_next(),
+            }
+        }
+        let Reverse((_, _, slot)) = self.heads.pop()?;
+        let out = self.records[slot].take();
+        let mut chain = self.chains[slot].take().expect("a head's chain is started");
+        if let Some((t, at, r)) = self.advance(&mut chain) {
+            self.records[slot] = Some(r);
+            self.chains[slot] = Some(chain);
+            self.heads.push(Reverse((t, at, slot)));
+        }
+        out
     }
 }

@@ -2,8 +2,16 @@
 //! every reader (the CLI, the live view).
 //!
 //! A trace directory holds one file per traced process, `<pid>.vtr` (or `<pid>-<n>.vtr` if a pid
-//! was reused). Each file is a [`Header`] followed by framed, checksummed records
-//! ([`Record`]), appended one `write(2)` per record.
+//! was reused). Each file is a [`Header`] followed by its records ([`Record`]), in one of two
+//! layouts:
+//! - **version 2** (what the preload writes): fixed-size blocks, each filled by one thread
+//!   through a shared file mapping, records compact (events about 10–18 bytes; see
+//!   [`BlockHeader`] and [`encode_event`]);
+//! - **version 1** (older traces, and tools and tests): framed, checksummed records appended
+//!   one after another ([`Record::encode`]).
+//!
+//! [`FileReader`] streams either; [`TraceFile`] reads either whole; [`Follower`] tails either
+//! while it grows.
 //!
 //! ```
 //! use vramtrace_format::{Event, EventKind, Header, Record, TraceFile, EVENT_RECORD_LEN, Api};
@@ -21,16 +29,18 @@
 //! ```
 //!
 //! # Design constraints
-//! - **Survives any death.** Records are appended with single writes; the page cache keeps what
-//!   was written when the process is killed. A record cut short is detected by its length and
-//!   CRC and reported as [`Problem::TornTail`], never decoded.
-//! - **Readable while growing.** [`Follower`] holds back an unfinished last record until its
-//!   bytes arrive.
+//! - **Survives any death.** The page cache keeps what was stored into a shared file mapping
+//!   (or written) when the process is killed. In version 2 a record's tag is stored last, so a
+//!   record cut short reads as "nothing here"; in version 1 it is detected by its length and
+//!   CRC. Either way it is reported as [`Problem::TornTail`], never decoded.
+//! - **Readable while growing.** [`Follower`] holds back an unfinished record until it is
+//!   complete.
 //! - **Compatible.** Records are length-framed, so readers skip kinds they do not know; ids in
 //!   [`API_NAMES`] are append-only.
 //! - **std only**, and the encoding side never allocates, so the preload can use it in hooks.
 
 mod api;
+mod block;
 mod crc;
 mod file_reader;
 mod header;
@@ -38,9 +48,16 @@ mod reader;
 mod record;
 
 pub use api::{API_NAMES, Api};
+pub use block::{
+    BLOCK_HEADER_LEN, BLOCK_MAGIC, BlockFileWriter, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas,
+    MAX_EVENT_RECORD_LEN, encode_event, frame_record, payload_time,
+};
 pub use crc::{Crc32, crc32};
 pub use file_reader::{FileReader, Records, Timed, time_of};
-pub use header::{FILE_EXTENSION, Header, HeaderError, MAGIC, VERSION};
+pub use header::{
+    BLOCK_ALIGN, BLOCK_SIZES, BLOCKS_VERSION, FILE_EXTENSION, Header, HeaderError, Layout, MAGIC,
+    STREAM_VERSION, VERSION,
+};
 pub use reader::{Follower, Problem, ReadError, Scan, TraceFile, scan_records};
 pub use record::{
     Annotation, DeviceInfo, EVENT_PAYLOAD_LEN, EVENT_RECORD_LEN, Encoder, Event, EventKind,

@@ -4,7 +4,12 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use crate::header::{Header, HeaderError};
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::FileExt;
+
+use crate::block::{BLOCK_HEADER_LEN, BlockCursor, Step};
+use crate::file_reader::block_header;
+use crate::header::{Header, HeaderError, Layout};
 use crate::record::{DeviceInfo, FRAME_HEADER_LEN, FRAME_MAGIC, Record, frame_crc};
 
 /// Something wrong with the bytes of a trace that the reader stepped over.
@@ -25,6 +30,21 @@ pub enum Problem {
         /// How many bytes were skipped.
         bytes: u64,
     },
+    /// A version 2 block whose header is not a block header (bad magic or checksum): the
+    /// whole block is skipped.
+    BadBlock {
+        /// File offset of the block.
+        offset: u64,
+        /// Its size.
+        bytes: u64,
+    },
+    /// Part of the file could not be read (an I/O error while streaming); skipped.
+    Unreadable {
+        /// File offset of the part.
+        offset: u64,
+        /// The error, as the system described it.
+        error: String,
+    },
     /// A record whose checksum is right but whose payload is shorter than its kind needs.
     Malformed {
         /// File offset of the record.
@@ -43,6 +63,13 @@ impl std::fmt::Display for Problem {
             ),
             Problem::Corrupt { offset, bytes } => {
                 write!(f, "{bytes} corrupt bytes at byte {offset} skipped")
+            }
+            Problem::BadBlock { offset, bytes } => write!(
+                f,
+                "block of {bytes} bytes at byte {offset} is not a block (bad magic or checksum), skipped"
+            ),
+            Problem::Unreadable { offset, error } => {
+                write!(f, "cannot read at byte {offset} ({error}), skipped")
             }
             Problem::Malformed { offset, kind } => {
                 write!(
@@ -185,7 +212,9 @@ pub struct TraceFile {
     pub driver_version: Option<i32>,
     /// The devices the process reported, by ordinal.
     pub devices: Vec<DeviceInfo>,
-    /// Every record in file order (device and driver records included).
+    /// Every record in storage order (device and driver records included): file order for
+    /// version 1, block by block for version 2 (each thread's records in the order it wrote
+    /// them; threads interleaved by block, not by time).
     pub records: Vec<Record>,
     /// Problems met while reading (a torn tail after a crash is the common one).
     pub problems: Vec<Problem>,
@@ -200,26 +229,36 @@ impl TraceFile {
 
     /// Decodes a trace from its bytes (`path` only names it in messages).
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<TraceFile, ReadError> {
-        let (header, start) =
-            Header::decode(bytes).map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
-        let scan = scan_records(&bytes[start..], start as u64);
-        let mut problems = scan.problems;
-        let tail_at = start + scan.consumed;
-        if tail_at < bytes.len() {
-            problems.push(Problem::TornTail {
-                offset: tail_at as u64,
-                bytes: (bytes.len() - tail_at) as u64,
-            });
-        }
+        let (header, layout) =
+            Header::decode_layout(bytes).map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
+        let (records, problems) = match layout {
+            Layout::Stream { start } => {
+                let start = start as usize;
+                let scan = scan_records(&bytes[start..], start as u64);
+                let mut problems = scan.problems;
+                let tail_at = start + scan.consumed;
+                if tail_at < bytes.len() {
+                    problems.push(Problem::TornTail {
+                        offset: tail_at as u64,
+                        bytes: (bytes.len() - tail_at) as u64,
+                    });
+                }
+                (scan.records, problems)
+            }
+            Layout::Blocks {
+                data_offset,
+                block_size,
+            } => decode_blocks(bytes, data_offset, block_size),
+        };
         let mut t = TraceFile {
             path: path.to_path_buf(),
             header,
             driver_version: None,
             devices: Vec::new(),
-            records: Vec::with_capacity(scan.records.len()),
+            records: Vec::with_capacity(records.len()),
             problems,
         };
-        for (_, r) in scan.records {
+        for (_, r) in records {
             t.note(&r);
             t.records.push(r);
         }
@@ -242,9 +281,42 @@ impl TraceFile {
     }
 }
 
+/// Decodes the blocks of a whole version 2 file held in memory, in file order.
+fn decode_blocks(
+    bytes: &[u8],
+    data_offset: u64,
+    block_size: u32,
+) -> (Vec<(u64, Record)>, Vec<Problem>) {
+    let mut records = Vec::new();
+    let mut problems = Vec::new();
+    let mut offset = data_offset;
+    while offset < bytes.len() as u64 {
+        let end = (offset + block_size as u64).min(bytes.len() as u64);
+        let block = &bytes[offset as usize..end as usize];
+        if let Some(h) = block_header(block, offset, block_size, true, &mut problems) {
+            let mut cur = BlockCursor::new(offset, h, block_size);
+            loop {
+                match cur.step(block, true, &mut problems) {
+                    Step::Record(at, r) => records.push((at, r)),
+                    Step::Malformed(offset, kind) => {
+                        problems.push(Problem::Malformed { offset, kind })
+                    }
+                    Step::Pending | Step::Done => break,
+                }
+            }
+        }
+        offset += block_size as u64;
+    }
+    (records, problems)
+}
+
 /// Follows a trace file while its process is still writing it: each [`Follower::poll`] returns
 /// the records completed since the last one. An incomplete last record is kept back until it is
 /// finished, so a growing file is never misread.
+///
+/// Version 2 files: each poll re-reads the unread rest of every block still open (the newest
+/// block of each thread, and blocks taken but not yet started), so a poll costs about one block
+/// per writing thread. Records come block by block, each thread's in its order.
 #[derive(Debug)]
 pub struct Follower {
     path: PathBuf,
@@ -253,6 +325,134 @@ pub struct Follower {
     offset: u64,
     pending: Vec<u8>,
     header: Option<Header>,
+    /// Set once the header says the file is made of blocks.
+    blocks: Option<BlockFollower>,
+}
+
+/// How many blocks past the last started one a poll looks at: blocks are taken in file order,
+/// so one taken but not yet started is at most about one block per writing thread further on.
+const LOOKAHEAD_BLOCKS: u64 = 64;
+
+/// Reads bytes `from..upto` of the block at `offset` (as far as the file of length `len` has
+/// them) into `buf[from..]`; `buf` ends where the read ended.
+fn reread(
+    file: &File,
+    buf: &mut Vec<u8>,
+    offset: u64,
+    from: usize,
+    upto: usize,
+    len: u64,
+) -> io::Result<()> {
+    let upto = upto.min(len.saturating_sub(offset) as usize);
+    buf.resize(from, 0);
+    if upto <= from {
+        return Ok(());
+    }
+    buf.resize(upto, 0);
+    let mut got = from;
+    while got < upto {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(())
+}
+
+/// The state of following a version 2 file.
+#[derive(Debug)]
+struct BlockFollower {
+    data_offset: u64,
+    block_size: u32,
+    /// Open blocks by index: the cursor (once started) and the block's bytes as last read.
+    open: BTreeMap<u64, (Option<BlockCursor>, Vec<u8>)>,
+    /// Every block below this index is open or closed for good.
+    scanned: u64,
+    /// Each thread's newest block.
+    newest: HashMap<u32, u64>,
+}
+
+impl BlockFollower {
+    fn poll(&mut self, file: &File, len: u64) -> io::Result<(Vec<Record>, Vec<Problem>)> {
+        let bs = self.block_size as u64;
+        let blocks_in_file = len.saturating_sub(self.data_offset).div_ceil(bs);
+        // Look at new blocks as far as the lookahead past the newest started block allows.
+        let newest_started = self.newest.values().copied().max().map_or(0, |i| i + 1);
+        let horizon = blocks_in_file.min(newest_started.max(self.scanned) + LOOKAHEAD_BLOCKS);
+        while self.scanned < horizon {
+            self.open.insert(self.scanned, (None, Vec::new()));
+            self.scanned += 1;
+        }
+        let mut records = Vec::new();
+        let mut problems = Vec::new();
+        let mut closed = Vec::new();
+        let indices: Vec<u64> = self.open.keys().copied().collect();
+        for index in indices {
+            let offset = self.data_offset + index * bs;
+            let (cur, buf) = self.open.get_mut(&index).expect("listed above");
+            if cur.is_none() {
+                // Not started when last looked at: its header first, then its records.
+                reread(file, buf, offset, 0, BLOCK_HEADER_LEN.min(bs as usize), len)?;
+                match block_header(buf, offset, self.block_size, false, &mut problems) {
+                    Some(h) => {
+                        *cur = Some(BlockCursor::new(offset, h, self.block_size));
+                        if let Some(old) = self.newest.insert(h.tid, index) {
+                            // The thread moved on: its older block is complete (read it once
+                            // more below, then close it).
+                            if old < index {
+                                closed.push(old);
+                            } else {
+                                self.newest.insert(h.tid, old);
+                            }
+                        }
+                    }
+                    None => {
+                        if buf.len() >= 4 && buf[..4] != [0; 4] {
+                            closed.push(index); // a bad block, reported
+                        }
+                        continue;
+                    }
+                }
+            }
+            let c = cur.as_mut().expect("started above");
+            // Re-read from the first byte not yet decoded: zeros read before may be records now.
+            reread(file, buf, offset, c.pos(), bs as usize, len)?;
+            loop {
+                match c.step(buf, false, &mut problems) {
+                    Step::Record(_, r) => records.push(r),
+                    Step::Malformed(offset, kind) => {
+                        problems.push(Problem::Malformed { offset, kind })
+                    }
+                    Step::Pending => break,
+                    Step::Done => {
+                        closed.push(index);
+                        break;
+                    }
+                }
+            }
+        }
+        for index in closed {
+            // A thread's older block may still hold records written before it moved on.
+            if let Some((Some(c), buf)) = self.open.get_mut(&index) {
+                let offset = c.offset;
+                reread(file, buf, offset, c.pos(), bs as usize, len)?;
+                loop {
+                    match c.step(buf, false, &mut problems) {
+                        Step::Record(_, r) => records.push(r),
+                        Step::Malformed(offset, kind) => {
+                            problems.push(Problem::Malformed { offset, kind })
+                        }
+                        Step::Pending | Step::Done => break,
+                    }
+                }
+            }
+            self.open.remove(&index);
+        }
+        Ok((records, problems))
+    }
 }
 
 impl Follower {
@@ -265,6 +465,7 @@ impl Follower {
             offset: 0,
             pending: Vec::new(),
             header: None,
+            blocks: None,
         })
     }
 
@@ -287,17 +488,42 @@ impl Follower {
     /// corruption met.
     pub fn poll(&mut self) -> Result<(Vec<Record>, Vec<Problem>), ReadError> {
         let io = |e| ReadError::Io(self.path.clone(), e);
+        if let Some(b) = &mut self.blocks {
+            let len = self.file.metadata().map_err(io)?.len();
+            return b
+                .poll(&self.file, len)
+                .map_err(|e| ReadError::Io(self.path.clone(), e));
+        }
         let read_from = self.offset + self.pending.len() as u64;
         self.file.seek(SeekFrom::Start(read_from)).map_err(io)?;
         self.file
             .read_to_end(&mut self.pending)
             .map_err(|e| ReadError::Io(self.path.clone(), e))?;
         if self.header.is_none() {
-            match Header::decode(&self.pending) {
-                Ok((h, start)) => {
+            match Header::decode_layout(&self.pending) {
+                Ok((h, Layout::Stream { start })) => {
                     self.header = Some(h);
-                    self.pending.drain(..start);
-                    self.offset += start as u64;
+                    self.pending.drain(..start as usize);
+                    self.offset += start;
+                }
+                Ok((
+                    h,
+                    Layout::Blocks {
+                        data_offset,
+                        block_size,
+                    },
+                )) => {
+                    self.header = Some(h);
+                    self.pending = Vec::new();
+                    self.offset = data_offset;
+                    self.blocks = Some(BlockFollower {
+                        data_offset,
+                        block_size,
+                        open: BTreeMap::new(),
+                        scanned: 0,
+                        newest: HashMap::new(),
+                    });
+                    return self.poll();
                 }
                 Err(HeaderError::Truncated) => return Ok((Vec::new(), Vec::new())),
                 Err(e) => return Err(ReadError::Header(self.path.clone(), e)),

@@ -3,7 +3,7 @@ use std::io::Write;
 
 fn header() -> Header {
     Header {
-        version: VERSION,
+        version: STREAM_VERSION,
         pid: 4242,
         ppid: 1,
         start_unix_ns: 1_700_000_000_000_000_000,
@@ -288,5 +288,402 @@ fn file_reader_streams_a_version_1_file() {
         [5, 6, 7, 8, 1000, 1001, 1002]
     );
     assert!(matches!(timed.problems(), [Problem::TornTail { .. }]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- Version 2: blocks ----
+
+const BS: u32 = 4096;
+
+/// Records on three threads, times interleaved across them, with every field of an event used
+/// somewhere (extremes included).
+fn threaded_records() -> Vec<(u32, Record)> {
+    let mut out = Vec::new();
+    let mut t = 1_000_000u64;
+    for i in 0..2000u64 {
+        let tid = [11, 12, 13][(i % 3) as usize];
+        t += [0, 7, 130_000, 1][(i % 4) as usize];
+        let kind = [EventKind::Alloc, EventKind::Free, EventKind::AllocFailed][(i % 3) as usize];
+        let failed = kind == EventKind::AllocFailed;
+        out.push((
+            tid,
+            Record::Event(Event {
+                t_ns: t,
+                tid,
+                device: if i % 7 == 0 { -1 } else { (i % 2) as i32 },
+                kind,
+                mem: if i % 5 == 0 {
+                    MemKind::Host
+                } else {
+                    MemKind::Device
+                },
+                api: Api((i % 23) as u16),
+                result: if failed { 2 } else { 0 },
+                ptr: if i % 11 == 0 {
+                    u64::MAX - i
+                } else {
+                    0x7f00_0000_0000 + (i % 9) * 4096
+                },
+                size: if kind == EventKind::Free {
+                    0
+                } else {
+                    1 << (i % 40)
+                },
+                stream: if i % 13 == 0 { 0xdead_beef } else { 0 },
+                aux: if i % 17 == 0 { u64::MAX } else { 0 },
+                free_bytes: if failed { 30 << 20 } else { 0 },
+                total_bytes: if failed { 24 << 30 } else { 0 },
+                stack: (i % 4) as u32,
+                label: if i % 2 == 0 { u32::MAX } else { 0 },
+            }),
+        ));
+        if i % 50 == 0 {
+            // Side records between events, timed and untimed.
+            for r in sample_records() {
+                match r {
+                    Record::Event(_) => {}
+                    Record::Annotate(a) => {
+                        out.push((tid, Record::Annotate(Annotation { t_ns: t, tid, ..a })))
+                    }
+                    Record::RangePush { name, .. } => {
+                        out.push((tid, Record::RangePush { t_ns: t, tid, name }))
+                    }
+                    Record::RangePop { .. } => out.push((tid, Record::RangePop { t_ns: t, tid })),
+                    Record::Mark { name, .. } => {
+                        out.push((tid, Record::Mark { t_ns: t, tid, name }))
+                    }
+                    other => out.push((tid, other)),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A version 2 file of `recs`, each record's (offset, length) and the writer's bytes before it.
+type Written = (Vec<u8>, Vec<(u64, usize)>, Vec<Vec<u8>>);
+
+fn block_file(recs: &[(u32, Record)]) -> Written {
+    let mut w = BlockFileWriter::new(&header(), BS);
+    let mut at = Vec::new();
+    let mut before = Vec::new();
+    for (tid, r) in recs {
+        before.push(w.bytes().to_vec());
+        at.push(w.push(*tid, r).expect("fits"));
+    }
+    (w.finish(), at, before)
+}
+
+fn v2_header() -> Header {
+    Header {
+        version: BLOCKS_VERSION,
+        ..header()
+    }
+}
+
+/// The records in storage order: by offset.
+fn in_storage_order(recs: &[(u32, Record)], at: &[(u64, usize)]) -> Vec<Record> {
+    let mut v: Vec<(u64, Record)> = recs
+        .iter()
+        .zip(at)
+        .map(|((_, r), (o, _))| (*o, r.clone()))
+        .collect();
+    v.sort_by_key(|(o, _)| *o);
+    v.into_iter().map(|(_, r)| r).collect()
+}
+
+#[test]
+fn v2_round_trip_in_storage_and_time_order() {
+    let recs = threaded_records();
+    let (bytes, at, _) = block_file(&recs);
+    let t = TraceFile::from_bytes("t".as_ref(), &bytes).unwrap();
+    assert_eq!(t.header, v2_header());
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(t.records, in_storage_order(&recs, &at));
+    assert_eq!(t.driver_version, Some(13000));
+    // Several blocks per thread, interleaved.
+    assert!(bytes.len() > 8 * BS as usize, "{}", bytes.len());
+
+    let (dir, path) = write_temp("stream-v2", &bytes);
+    let f = FileReader::open(&path).unwrap();
+    assert_eq!(f.header(), &v2_header());
+    let mut all = f.records().unwrap();
+    assert_eq!(all.by_ref().collect::<Vec<_>>(), t.records);
+    assert!(all.problems().is_empty());
+    let mut timed = f.timed().unwrap();
+    let got: Vec<Record> = timed.by_ref().collect();
+    assert!(timed.problems().is_empty());
+    // Time order; equal times in storage order.
+    let mut want: Vec<(u64, u64, Record)> = recs
+        .iter()
+        .zip(&at)
+        .filter_map(|((_, r), (o, _))| Some((time_of(r)?, *o, r.clone())))
+        .collect();
+    want.sort_by_key(|(t, o, _)| (*t, *o));
+    assert_eq!(got, want.into_iter().map(|(_, _, r)| r).collect::<Vec<_>>());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn v2_events_are_compact() {
+    let mut d = Deltas {
+        t_ns: 1_000_000,
+        ptr: 0,
+    };
+    let mut out = [0u8; MAX_EVENT_RECORD_LEN];
+    let alloc = Event {
+        t_ns: 1_000_900,
+        kind: EventKind::Alloc,
+        api: Api(1),
+        ptr: 0x7f3a_2000_0000,
+        size: 1 << 20,
+        stack: 5,
+        ..Event::default()
+    };
+    let n_alloc = encode_event(&alloc, &mut d, &mut out);
+    let free = Event {
+        t_ns: 1_001_300,
+        kind: EventKind::Free,
+        api: Api(8),
+        size: 0,
+        ..alloc
+    };
+    let n_free = encode_event(&free, &mut d, &mut out);
+    // tag, length, kind|mem, flags, api, time (2), pointer (7 from 0, then 1), size (3), stack.
+    assert_eq!((n_alloc, n_free), (18, 9));
+    let worst = Event {
+        t_ns: u64::MAX,
+        tid: 1,
+        device: i32::MIN,
+        kind: EventKind::FreeFailed,
+        mem: MemKind::Mapping,
+        api: Api(u16::MAX),
+        result: i32::MIN,
+        ptr: 1 << 63,
+        size: u64::MAX,
+        stream: u64::MAX,
+        aux: u64::MAX,
+        free_bytes: u64::MAX,
+        total_bytes: u64::MAX,
+        stack: u32::MAX,
+        label: u32::MAX,
+    };
+    let mut d = Deltas::default();
+    assert!(encode_event(&worst, &mut d, &mut out) <= MAX_EVENT_RECORD_LEN);
+    let mut w = BlockFileWriter::new(&header(), BS);
+    w.push(1, &Record::Event(worst)).unwrap();
+    let t = TraceFile::from_bytes("t".as_ref(), &w.finish()).unwrap();
+    assert_eq!(t.records, vec![Record::Event(worst)]);
+}
+
+/// The writer stores a record's length and payload first and its tag last, so a kill at any
+/// moment leaves either the whole record or none of it: kill the writer after every single
+/// byte store and read back.
+#[test]
+fn v2_a_record_cut_at_every_byte_is_never_misread() {
+    let recs = threaded_records();
+    let recs = &recs[..120];
+    let (bytes, at, before) = block_file(recs);
+    for (i, &(off, len)) in at.iter().enumerate() {
+        let off = off as usize;
+        let prev = &before[i];
+        let whole = in_storage_order(&recs[..i], &at[..i]);
+        // The record starts a block: its header is stored first (magic last).
+        let starts_block = (off - 4096) % BS as usize == BLOCK_HEADER_LEN;
+        let mut states: Vec<Vec<u8>> = Vec::new();
+        if starts_block {
+            let block = off - BLOCK_HEADER_LEN;
+            for k in 4..BLOCK_HEADER_LEN {
+                let mut s = prev.clone();
+                s.resize(s.len().max(block + BS as usize), 0);
+                s[block + 4..block + k].copy_from_slice(&bytes[block + 4..block + k]);
+                states.push(s);
+            }
+        }
+        for k in 1..len {
+            let mut s = prev.clone();
+            s.resize(s.len().max(off + len), 0);
+            if starts_block {
+                let block = off - BLOCK_HEADER_LEN;
+                s[block..off].copy_from_slice(&bytes[block..off]);
+            }
+            s[off + 1..off + k + 1].copy_from_slice(&bytes[off + 1..off + k + 1]);
+            states.push(s);
+        }
+        for s in states {
+            let t = TraceFile::from_bytes("t".as_ref(), &s).unwrap();
+            assert_eq!(t.records, whole, "record {i}");
+            assert!(
+                t.problems
+                    .iter()
+                    .all(|p| matches!(p, Problem::TornTail { .. }))
+                    && t.problems.len() <= 1,
+                "record {i}: {:?}",
+                t.problems
+            );
+        }
+    }
+}
+
+/// A file cut short at any byte (a copy interrupted, a disk full) gives exactly the records
+/// wholly inside it.
+#[test]
+fn v2_truncation_at_every_byte_never_misreads() {
+    let recs = threaded_records();
+    let recs = &recs[..60];
+    let (bytes, at, _) = block_file(recs);
+    let mut hdr = Vec::new();
+    let data = header().encode_blocks(BS, &mut hdr) as usize;
+    let mut order: Vec<(u64, usize, Record)> = recs
+        .iter()
+        .zip(&at)
+        .map(|((_, r), (o, n))| (*o, *n, r.clone()))
+        .collect();
+    order.sort_by_key(|(o, _, _)| *o);
+    for cut in 0..=bytes.len() {
+        match TraceFile::from_bytes("t".as_ref(), &bytes[..cut]) {
+            Err(ReadError::Header(_, HeaderError::Truncated)) => assert!(cut < hdr.len()),
+            Err(e) => panic!("cut at {cut}: {e}"),
+            Ok(t) => {
+                let want: Vec<Record> = order
+                    .iter()
+                    .filter(|(o, n, _)| *o as usize + n <= cut)
+                    .map(|(_, _, r)| r.clone())
+                    .collect();
+                assert_eq!(t.records, want, "cut at {cut}");
+                assert!(
+                    t.problems
+                        .iter()
+                        .all(|p| matches!(p, Problem::TornTail { .. })),
+                    "cut at {cut}: {:?}",
+                    t.problems
+                );
+                if cut <= data {
+                    assert!(t.problems.is_empty());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn v2_a_bad_block_is_reported_and_skipped() {
+    let recs = threaded_records();
+    let (mut bytes, at, _) = block_file(&recs);
+    // Break the second block's magic and the third's checksum.
+    let data = 4096;
+    bytes[data + BS as usize] ^= 0x55;
+    bytes[data + 2 * BS as usize + 9] ^= 0x01;
+    let bad =
+        |o: u64| (o as usize - data) / BS as usize == 1 || (o as usize - data) / BS as usize == 2;
+    let want: Vec<Record> = {
+        let kept: Vec<(u32, Record)> = recs
+            .iter()
+            .zip(&at)
+            .filter(|(_, (o, _))| !bad(*o))
+            .map(|(r, _)| r.clone())
+            .collect();
+        let kept_at: Vec<(u64, usize)> = at.iter().filter(|(o, _)| !bad(*o)).copied().collect();
+        in_storage_order(&kept, &kept_at)
+    };
+    let t = TraceFile::from_bytes("t".as_ref(), &bytes).unwrap();
+    assert_eq!(t.records, want);
+    assert_eq!(
+        t.problems,
+        vec![
+            Problem::BadBlock {
+                offset: (data + BS as usize) as u64,
+                bytes: BS as u64
+            },
+            Problem::BadBlock {
+                offset: (data + 2 * BS as usize) as u64,
+                bytes: BS as u64
+            },
+        ]
+    );
+    let (dir, path) = write_temp("bad-block", &bytes);
+    let f = FileReader::open(&path).unwrap();
+    let mut timed = f.timed().unwrap();
+    assert_eq!(
+        timed.by_ref().count(),
+        want.iter().filter(|r| time_of(r).is_some()).count()
+    );
+    assert_eq!(timed.problems().len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Follow a version 2 file as the preload writes it: space reserved (zeros) ahead, then each
+/// record's bytes stored one at a time, the tag last.
+#[test]
+fn follower_reads_a_growing_v2_file_store_by_store() {
+    use std::os::unix::fs::FileExt;
+    let recs = threaded_records();
+    let recs = &recs[..150];
+    let (bytes, at, _) = block_file(recs);
+    let dir = std::env::temp_dir().join(format!("vramtrace-format-follow2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("1.vtr");
+    let f = std::fs::File::create(&path).unwrap();
+    let mut follower = Follower::open(&path).unwrap();
+    assert!(follower.poll().unwrap().0.is_empty());
+    f.write_all_at(&bytes[..4096], 0).unwrap();
+    f.set_len(bytes.len() as u64).unwrap(); // reserved ahead
+    let mut got = Vec::new();
+    let mut poll = |follower: &mut Follower| {
+        let (r, p) = follower.poll().unwrap();
+        assert!(p.is_empty(), "{p:?}");
+        got.extend(r);
+    };
+    poll(&mut follower);
+    for (i, &(off, len)) in at.iter().enumerate() {
+        let off = off as usize;
+        if (off - 4096) % BS as usize == BLOCK_HEADER_LEN {
+            let block = off - BLOCK_HEADER_LEN;
+            f.write_all_at(&bytes[block + 4..off], (block + 4) as u64)
+                .unwrap();
+            poll(&mut follower);
+            f.write_all_at(&bytes[block..block + 4], block as u64)
+                .unwrap();
+        }
+        for k in (1..len).step_by(3) {
+            f.write_all_at(
+                &bytes[off + k..(off + k + 3).min(off + len)],
+                (off + k) as u64,
+            )
+            .unwrap();
+            if i % 7 == 0 {
+                poll(&mut follower);
+            }
+        }
+        f.write_all_at(&bytes[off..off + 1], off as u64).unwrap();
+        if i % 3 == 0 {
+            poll(&mut follower);
+        }
+    }
+    poll(&mut follower);
+    assert_eq!(follower.header(), Some(&v2_header()));
+    // Each thread's records in its order, all of them once.
+    for tid in [11, 12, 13] {
+        let mine = |r: &&Record| match r {
+            Record::Event(e) => e.tid == tid,
+            Record::Annotate(a) => a.tid == tid,
+            Record::RangePush { tid: t, .. }
+            | Record::RangePop { tid: t, .. }
+            | Record::Mark { tid: t, .. } => *t == tid,
+            _ => false,
+        };
+        let want: Vec<&Record> = recs
+            .iter()
+            .filter(|(t, _)| *t == tid)
+            .map(|(_, r)| r)
+            .filter(mine)
+            .collect();
+        assert_eq!(
+            got.iter().filter(mine).collect::<Vec<_>>(),
+            want,
+            "thread {tid}"
+        );
+    }
+    assert_eq!(got.len(), recs.len());
     std::fs::remove_dir_all(&dir).unwrap();
 }
