@@ -41,3 +41,40 @@ fn demo_attributes_the_failed_allocation_to_a_named_tensor() {
             .is_some_and(|x| x == "vtr"))
     );
 }
+
+/// A fractional capacity is one byte count for the CLI, the workload and the stand-in alike: a
+/// 23.5 GiB card runs out two chunks before a 24 GiB one, and every "Next:" line runs as printed.
+#[test]
+fn demo_on_a_fractional_capacity_fails_earlier_and_its_next_lines_run() {
+    target_dir();
+    let out = scratch("demo-23.5").join("trace");
+    let o = std::process::Command::new(vramtrace())
+        .args(["demo", "--simulate", "--capacity", "23.5GiB", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains(
+            "in prefill/chunk.25/layer.0/gdn/chunk_gated_delta_rule/chunk_gated_delta_rule_fwd_h; driver said 16.81 MiB free of 23.50 GiB"
+        ),
+        "{stdout}"
+    );
+    let next: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "Next:")
+        .skip(1)
+        .filter(|l| !l.contains("| jq"))
+        .collect();
+    assert_eq!(next.len(), 3, "{stdout}");
+    for line in next {
+        let cmd = line.split("   #").next().unwrap().trim();
+        let words: Vec<&str> = cmd.split_whitespace().collect();
+        let r = std::process::Command::new(words[0])
+            .args(&words[1..])
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        assert!(r.status.success(), "{cmd}: {}", describe(&r));
+    }
+}

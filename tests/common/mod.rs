@@ -4,46 +4,24 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 /// The `vramtrace` binary under test.
 pub fn vramtrace() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vramtrace"))
 }
 
-/// The target directory holding the binary, the preload and the stand-in driver. The libraries
-/// are built first: `cargo test` builds binaries for integration tests but not the cdylibs of
-/// other packages (cargo holds no lock while tests run, so building here is safe).
+/// The target directory holding the binary, the preload, the stand-in driver and the workload,
+/// all built first (see `vramtrace_testkit::build`).
 pub fn target_dir() -> PathBuf {
-    let dir = vramtrace().parent().unwrap().to_path_buf();
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo
-            .args([
-                "build",
-                "-p",
-                "vramtrace-preload",
-                "-p",
-                "vramtrace-fakecuda",
-                "-p",
-                "vramtrace-workload",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("CARGO_TARGET_DIR", dir.parent().unwrap());
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cargo.arg("--release");
-        }
-        match cargo.output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!(
-                "building the preload, the stand-in driver and the workload failed:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => eprintln!("could not run cargo ({e}); testing the libraries already built"),
-        }
-    });
-    dir
+    vramtrace_testkit::build(&[
+        "-p",
+        "vramtrace-preload",
+        "-p",
+        "vramtrace-fakecuda",
+        "-p",
+        "vramtrace-workload",
+    ]);
+    vramtrace_testkit::profile_dir()
 }
 
 /// The preload library under test.
@@ -53,32 +31,12 @@ pub fn preload() -> PathBuf {
 
 /// A directory holding the stand-in driver as `libcuda.so.1` and `libcuda.so`, for
 /// `LD_LIBRARY_PATH` and `-L`.
-pub fn fake_driver_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let lib = target_dir().join("libcuda.so");
-        assert!(
-            lib.is_file(),
-            "{} is missing: `cargo test --workspace` builds the stand-in driver (testbed/fakecuda)",
-            lib.display()
-        );
-        let dir = scratch("fakecuda-lib");
-        for name in ["libcuda.so.1", "libcuda.so"] {
-            std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
-        }
-        dir
-    })
+pub fn fake_driver_dir() -> PathBuf {
+    target_dir();
+    vramtrace_testkit::stand_in_dir()
 }
 
-/// A fresh, empty scratch directory unique to this test process.
-pub fn scratch(name: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("vramtrace-e2e-{}-{n}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+pub use vramtrace_testkit::{describe, scratch};
 
 /// Compiles a C test program (linked against the stand-in driver when `link_cuda`): one of
 /// `tests/c/` or, shared with the preload's own tests, `probes/preload/tests/c/`.
@@ -166,16 +124,6 @@ pub fn kinds_apis_sizes(ev: &[serde_json::Value]) -> Vec<(String, String, u64)> 
 /// Shorthand for one expected event.
 pub fn e(kind: &str, api: &str, size: u64) -> (String, String, u64) {
     (kind.to_string(), api.to_string(), size)
-}
-
-/// Standard output and error of a run, for assertion messages.
-pub fn describe(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 pub const MIB: u64 = 1 << 20;
