@@ -25,13 +25,11 @@ fn nvtx_client() -> Option<std::path::PathBuf> {
         .output()
         .expect("running cargo");
     let stderr = String::from_utf8_lossy(&o.stderr);
-    if !o.status.success()
-        && stderr.contains("libclang")
-        && std::env::var_os("VRAMTRACE_REQUIRE_NVTX").is_none()
-    {
-        eprintln!(
-            "SKIPPED nvtx_ranges_label_allocations: libclang is not installed (bindgen needs it for the \
-             nvtx crate; `apt-get install libclang-dev`, or set VRAMTRACE_REQUIRE_NVTX=1 to fail instead)"
+    if !o.status.success() && stderr.contains("libclang") {
+        vramtrace_testkit::skip(
+            "VRAMTRACE_REQUIRE_NVTX",
+            "nvtx_ranges_label_allocations: libclang is not installed (bindgen needs it for the \
+             nvtx crate; `apt-get install libclang-dev`)",
         );
         return None;
     }

@@ -15,47 +15,20 @@ use std::process::{Command, Output, Stdio};
 
 use vramtrace_format::{Event, EventKind, MemKind, Record, TraceFile};
 
-/// `<target>/<profile>/`.
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test executable lives in <target>/<profile>/deps")
-        .to_path_buf()
-}
+pub use vramtrace_testkit::profile_dir;
 
-/// Builds the preload and the stand-in driver into this test's target directory, once.
+/// Builds the preload, the stand-in driver and the cudarc client example into this test's
+/// target directory, once (see `vramtrace_testkit::build`).
 fn build_libraries() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let profile = profile_dir();
-        let target = profile.parent().unwrap();
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo
-            .args([
-                "build",
-                "-p",
-                "vramtrace-preload",
-                "-p",
-                "vramtrace-fakecuda",
-                "--lib",
-                "--example",
-                "cudarc_client",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("CARGO_TARGET_DIR", target);
-        if profile.file_name().is_some_and(|n| n == "release") {
-            cargo.arg("--release");
-        }
-        match cargo.output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!(
-                "building the preload and the stand-in driver failed:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => eprintln!("could not run cargo ({e}); testing the libraries already built"),
-        }
-    });
+    vramtrace_testkit::build(&[
+        "-p",
+        "vramtrace-preload",
+        "-p",
+        "vramtrace-fakecuda",
+        "--lib",
+        "--example",
+        "cudarc_client",
+    ]);
 }
 
 /// An example program of this package, built with the libraries.
