@@ -60,7 +60,7 @@ pub struct ModelArgs {
     /// Bytes already held when the kernel runs (weights, KV pool, other activations).
     #[arg(long, requires = "capacity")]
     pub resident: Option<String>,
-    /// Weight format for the model summary: bf16, fp8 or int4[:GROUP].
+    /// Weight format for the model summary: bf16, fp8, int4 or int4:GROUP.
     #[arg(long, default_value = "bf16")]
     pub weights: String,
 }

@@ -23,8 +23,13 @@ use std::sync::{Mutex, OnceLock};
 /// `<target>/<profile>/`: test executables live in its `deps/`, benches and examples beside.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test executable's own path");
-    let deps = exe.parent().expect("the test executable lives in a directory");
-    let dir = if deps.file_name().is_some_and(|n| n == "deps" || n == "examples") {
+    let deps = exe
+        .parent()
+        .expect("the test executable lives in a directory");
+    let dir = if deps
+        .file_name()
+        .is_some_and(|n| n == "deps" || n == "examples")
+    {
         deps.parent().expect("<target>/<profile>")
     } else {
         deps
@@ -39,7 +44,10 @@ pub fn build(args: &[&str]) {
     static DONE: OnceLock<Mutex<HashSet<Vec<String>>>> = OnceLock::new();
     let key: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     // Held across the build: concurrent tests wait for it instead of building twice.
-    let mut done = DONE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut done = DONE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     if done.contains(&key) {
         return;
     }
@@ -71,7 +79,11 @@ pub fn build(args: &[&str]) {
 pub fn built(package: &str, file: &str) -> PathBuf {
     build(&["-p", package, "--lib"]);
     let path = profile_dir().join(file);
-    assert!(path.is_file(), "{} is missing after building {package}", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing after building {package}",
+        path.display()
+    );
     path
 }
 
@@ -105,7 +117,8 @@ pub fn stand_in_dir() -> PathBuf {
 pub fn scratch(name: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("vramtrace-test-{}-{n}-{name}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("vramtrace-test-{}-{n}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create a scratch directory");
     dir
@@ -131,5 +144,8 @@ pub fn skip(require: &str, why: &str) {
         "{require}=1, but this test cannot run: {why}"
     );
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {why} (set {require}=1 to fail instead)");
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {why} (set {require}=1 to fail instead)"
+    );
 }

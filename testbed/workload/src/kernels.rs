@@ -57,29 +57,21 @@ mod tests {
     use super::*;
     use crate::backend::Kernel;
 
-    /// Say a test skipped where a plain `cargo test` shows it: libtest captures
-    /// `println!`, not writes to the stderr handle.
-    fn skipped(why: &str) {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-    }
-
     /// Compiles the kernels to PTX for every dtype when NVRTC is on the loader
     /// path (CI installs the `nvidia-cuda-nvrtc` wheel); says so and passes
     /// when it is not.
     #[test]
     fn kernels_compile_to_ptx_with_nvrtc() {
         if !nvrtc_present() {
-            // CI installs NVRTC and sets this, so a broken set-up fails instead of skipping.
-            assert!(
-                std::env::var_os("VRAMTRACE_REQUIRE_NVRTC").is_none_or(|v| v != "1"),
-                "VRAMTRACE_REQUIRE_NVRTC=1 but libnvrtc.so.13 cannot be loaded (LD_LIBRARY_PATH={:?})",
-                std::env::var("LD_LIBRARY_PATH").unwrap_or_default()
-            );
-            skipped(
-                "kernels_compile_to_ptx_with_nvrtc: libnvrtc.so.13 is not on the loader path \
-                 (pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to \
-                 LD_LIBRARY_PATH to run it)",
+            // CI installs NVRTC and requires it, so a broken set-up fails instead of skipping.
+            vramtrace_testkit::skip(
+                "VRAMTRACE_REQUIRE_NVRTC",
+                &format!(
+                    "kernels_compile_to_ptx_with_nvrtc: libnvrtc.so.13 is not on the loader path \
+                     (pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to \
+                     LD_LIBRARY_PATH={:?} to run it)",
+                    std::env::var("LD_LIBRARY_PATH").unwrap_or_default()
+                ),
             );
             return;
         }
