@@ -18,7 +18,11 @@
 
 use serde::Serialize;
 
-use crate::replay::{LiveAlloc, Pool, Replayer, Step};
+use std::ops::ControlFlow;
+
+use vramtrace_format::Event;
+
+use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
 use crate::trace::{Item, Trace};
 use vramtrace_models::Tensor;
 
@@ -355,7 +359,7 @@ pub struct ObservedMoment {
 }
 
 /// The request a failed allocation made, as an observation.
-fn failed_request(p: &crate::trace::Process, e: &vramtrace_format::Event) -> Observed {
+fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
     Observed {
         size: e.size,
         t_ns: e.t_ns,
@@ -367,15 +371,16 @@ fn failed_request(p: &crate::trace::Process, e: &vramtrace_format::Event) -> Obs
     }
 }
 
-fn observed_of(trace: &Trace, replay: &Replayer, a: &LiveAlloc) -> Observed {
+fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
     let p = &trace.processes[a.process];
     Observed {
         size: a.event.size,
         t_ns: a.event.t_ns,
         ptr: format!("{:#x}", a.event.ptr),
         api: a.event.api.name(),
-        name: replay
-            .annotation_of(a.seq)
+        name: a
+            .annotation
+            .as_ref()
             .and_then(|n| p.string(n.name).map(str::to_string)),
         label: p.string(a.event.label).map(str::to_string),
         failed: false,
@@ -384,34 +389,41 @@ fn observed_of(trace: &Trace, replay: &Replayer, a: &LiveAlloc) -> Observed {
 
 /// Extracts the allocations of one moment of one process and device. `pid` and `device` may be
 /// left out when the trace has one process (or one with device activity) and one device.
+///
+/// Two streaming passes: one for the levels, peaks and failures; one that stops once the
+/// moment's live set is taken and the names of its allocations are final.
 pub fn observe(
     trace: &Trace,
     pid: Option<u32>,
     device: Option<i32>,
     at: At,
 ) -> Result<ObservedMoment, String> {
-    let timeline = trace.timeline();
-    let t0 = trace
-        .processes
-        .iter()
-        .map(|p| p.header.start_mono_ns)
-        .min()
-        .unwrap_or(0);
-    // First pass: levels, failures and every allocation's name.
+    let t0 = trace.start_ns();
+    // First pass: levels, and the failures up to the one asked for, per process and device.
+    let keep = match at {
+        At::Failure(n) => n.saturating_add(1),
+        _ => 0,
+    };
     let mut replay = Replayer::new();
-    let mut failures: Vec<(usize, usize)> = Vec::new(); // (seq, process)
-    for (seq, (pi, it)) in timeline.iter().enumerate() {
-        match it {
-            Item::Event(e) => {
-                if replay.apply(*pi, seq, e) == Step::Failed {
-                    failures.push((seq, *pi));
+    // Per process and device: the first failures (replay index, request) and how many in all.
+    type Failures = (Vec<(usize, Event)>, usize);
+    let mut failures: FastMap<(usize, i32), Failures> = FastMap::default();
+    let mut seq = 0usize;
+    trace
+        .for_each_item(|pi, it| {
+            if let Item::Event(e) = it
+                && replay.apply(pi, seq, &e) == Step::Failed
+            {
+                let f = failures.entry((pi, e.device)).or_default();
+                if f.0.len() < keep {
+                    f.0.push((seq, e));
                 }
+                f.1 += 1;
             }
-            Item::Annotate(a) => {
-                replay.annotate(*pi, a);
-            }
-        }
-    }
+            seq += 1;
+            ControlFlow::Continue(())
+        })
+        .map_err(|e| e.to_string())?;
     // Choose the process and device.
     let mut keys: Vec<(usize, i32, u64)> = replay
         .levels()
@@ -422,39 +434,32 @@ pub fn observe(
         })
         .map(|((pi, d, _), l)| (pi, d, l.peak))
         .collect();
-    keys.sort_by_key(|k| std::cmp::Reverse(k.2));
+    keys.sort_by_key(|k| (std::cmp::Reverse(k.2), k.0, k.1));
     let Some(&(pi, dev, _)) = keys.first() else {
         return Err("no device allocation of the chosen process and device is in the trace".into());
     };
     let p = &trace.processes[pi];
-    let replay_to = |stop: usize| {
-        let mut r = Replayer::new();
-        for (seq, (i, it)) in timeline.iter().enumerate().take(stop + 1) {
-            match it {
-                Item::Event(e) => {
-                    r.apply(*i, seq, e);
-                }
-                Item::Annotate(a) => {
-                    r.annotate(*i, a);
-                }
-            }
-        }
-        r
-    };
-    let by_time = |mut v: Vec<LiveAlloc>| {
+    // The whole live set of the chosen process and device after replay index `seq`, in time
+    // order, each allocation with its final name.
+    let live_at = |seq: usize| -> Result<Vec<LiveAlloc>, String> {
+        let want = Capture {
+            seq,
+            process: pi,
+            device: dev,
+            pool: Pool::Device,
+            top: usize::MAX,
+        };
+        let mut sets = capture(trace, &[want]).map_err(|e| e.to_string())?;
+        let mut v = sets.pop().map(|(v, _)| v).unwrap_or_default();
         v.sort_by_key(|a| a.seq);
-        v
+        Ok(v)
     };
     match at {
         At::Peak => {
             let level = replay.level(pi, dev, Pool::Device);
-            let r = replay_to(level.peak_seq);
-            let live = by_time(r.live_set(pi, dev, Pool::Device));
+            let live = live_at(level.peak_seq)?;
             Ok(ObservedMoment {
-                observed: live
-                    .iter()
-                    .map(|a| observed_of(trace, &replay, a))
-                    .collect(),
+                observed: live.iter().map(|a| observed_of(trace, a)).collect(),
                 moment: Moment::Peak,
                 pid: p.pid(),
                 device: dev,
@@ -467,29 +472,18 @@ pub fn observe(
             })
         }
         At::Failure(n) => {
-            let mine: Vec<usize> = failures
-                .iter()
-                .filter(|(seq, i)| {
-                    *i == pi && matches!(timeline[*seq].1, Item::Event(e) if e.device == dev)
-                })
-                .map(|(seq, _)| *seq)
-                .collect();
-            let Some(&seq) = mine.get(n) else {
+            let (mine, count) = failures.remove(&(pi, dev)).unwrap_or_default();
+            let Some(&(seq, e)) = mine.get(n) else {
                 return Err(format!(
-                    "process {} has {} failed allocation(s) on device {dev}; there is no failure #{n}",
+                    "process {} has {count} failed allocation(s) on device {dev}; there is no failure #{n}",
                     p.pid(),
-                    mine.len()
                 ));
             };
-            let Item::Event(e) = timeline[seq].1 else {
-                unreachable!()
-            };
-            let r = replay_to(seq);
-            let mut obs: Vec<Observed> = by_time(r.live_set(pi, dev, Pool::Device))
+            let mut obs: Vec<Observed> = live_at(seq)?
                 .iter()
-                .map(|a| observed_of(trace, &replay, a))
+                .map(|a| observed_of(trace, a))
                 .collect();
-            obs.push(failed_request(p, e));
+            obs.push(failed_request(p, &e));
             Ok(ObservedMoment {
                 observed: obs,
                 moment: Moment::Failure,
@@ -508,29 +502,64 @@ pub fn observe(
         }
         At::Window(from, to) => {
             let (lo, hi) = (t0 + (from * 1e9) as u64, t0 + (to * 1e9) as u64);
-            let mut obs = Vec::new();
+            // Allocations made in the window (the failed ones as their events), in time order.
+            let mut made: Vec<Result<LiveAlloc, Event>> = Vec::new();
             let mut r = Replayer::new();
-            for (seq, (i, it)) in timeline.iter().enumerate() {
-                let Item::Event(e) = it else { continue };
-                let step = r.apply(*i, seq, e);
-                if *i != pi || e.device != dev || e.t_ns < lo || e.t_ns > hi {
-                    continue;
-                }
-                match step {
-                    Step::Allocated { pool: Pool::Device } => {
-                        let a = LiveAlloc {
-                            process: pi,
-                            seq,
-                            event: **e,
-                            pool: Pool::Device,
-                            annotation: None,
-                        };
-                        obs.push(observed_of(trace, &replay, &a));
+            let mut seq = 0usize;
+            trace
+                .for_each_item(|i, it| {
+                    let e = match it {
+                        Item::Event(e) => e,
+                        Item::Annotate(a) => {
+                            r.annotate(i, &a);
+                            seq += 1;
+                            return ControlFlow::Continue(());
+                        }
+                        other => {
+                            seq += 1;
+                            return if other.t_ns() > hi && !r.following_live() {
+                                ControlFlow::Break(())
+                            } else {
+                                ControlFlow::Continue(())
+                            };
+                        }
+                    };
+                    let step = r.apply(i, seq, &e);
+                    if i == pi && e.device == dev && e.t_ns >= lo && e.t_ns <= hi {
+                        match step {
+                            Step::Allocated { pool: Pool::Device } => {
+                                let a = LiveAlloc {
+                                    process: pi,
+                                    seq,
+                                    event: e,
+                                    pool: Pool::Device,
+                                    annotation: None,
+                                };
+                                r.follow(&a);
+                                made.push(Ok(a));
+                            }
+                            Step::Failed => made.push(Err(e)),
+                            _ => {}
+                        }
                     }
-                    Step::Failed => obs.push(failed_request(p, e)),
-                    _ => {}
-                }
-            }
+                    seq += 1;
+                    if e.t_ns > hi && !r.following_live() {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                })
+                .map_err(|e| e.to_string())?;
+            let obs = made
+                .into_iter()
+                .map(|m| match m {
+                    Ok(mut a) => {
+                        a.annotation = r.annotation_of(a.seq).cloned();
+                        observed_of(trace, &a)
+                    }
+                    Err(e) => failed_request(p, &e),
+                })
+                .collect();
             Ok(ObservedMoment {
                 observed: obs,
                 moment: Moment::Window,

@@ -83,22 +83,23 @@ pub fn for_each_event<'t>(
     mut f: impl FnMut(usize, &EventLine<'t>, u32) -> io::Result<()>,
 ) -> io::Result<()> {
     let mut replay = Replayer::new();
-    for (seq, (pi, item)) in trace.timeline().into_iter().enumerate() {
+    let items = trace.items().map_err(io::Error::other)?;
+    for (seq, (pi, item)) in items.enumerate() {
         let p = &trace.processes[pi];
         let e = match item {
             Item::Event(e) => e,
             Item::Annotate(a) => {
-                let size = replay.annotate(pi, a);
+                let size = replay.annotate(pi, &a);
                 let line = EventLine {
                     t_ns: a.t_ns,
                     pid: p.header.pid,
                     tid: a.tid,
-                    device: size.map_or(-1, |(_, d)| d),
+                    device: size.map_or(-1, |s| s.device),
                     kind: "annotate",
                     mem: "device",
                     api: "vramtrace_annotate",
                     ptr: format!("{:#x}", a.ptr),
-                    size: size.map_or(0, |(s, _)| s),
+                    size: size.map_or(0, |s| s.size),
                     result: 0,
                     stream: None,
                     aux: None,
@@ -117,6 +118,7 @@ pub fn for_each_event<'t>(
                 f(pi, &line, 0)?;
                 continue;
             }
+            _ => continue,
         };
         let mut line = EventLine {
             t_ns: e.t_ns,
@@ -139,7 +141,7 @@ pub fn for_each_event<'t>(
             frames: None,
             unmatched: false,
         };
-        if let Step::Released { freed } = replay.apply(pi, seq, e) {
+        if let Step::Released { freed } = replay.apply(pi, seq, &e) {
             match freed {
                 Some(a) => {
                     line.size = a.event.size;

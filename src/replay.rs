@@ -7,8 +7,14 @@
 //! meaningful inside their process, so every key includes the process.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::ControlFlow;
+use std::sync::LazyLock;
 
-use vramtrace_format::{Annotation, Api, Event, EventKind, MemKind};
+use vramtrace_format::{API_NAMES, Annotation, Api, Event, EventKind, MemKind};
+
+use crate::error::Error;
+use crate::trace::{Item, Trace};
 
 /// The accounting bucket of an allocation. Buckets are never summed together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -63,9 +69,9 @@ enum Namespace {
 }
 
 /// Whether a driver function obtains or releases, and in which namespace.
-fn classify(api: Api) -> Option<(Namespace, bool)> {
+fn classify_name(name: &str) -> Option<(Namespace, bool)> {
     use Namespace::*;
-    Some(match api.name() {
+    Some(match name {
         "cuMemAlloc_v2"
         | "cuMemAllocPitch_v2"
         | "cuMemAllocManaged"
@@ -87,6 +93,62 @@ fn classify(api: Api) -> Option<(Namespace, bool)> {
         _ => return None,
     })
 }
+
+/// [`classify_name`] by api id, computed once: the replay asks for every event.
+static CLASSES: LazyLock<Vec<Option<(Namespace, bool)>>> =
+    LazyLock::new(|| API_NAMES.iter().map(|n| classify_name(n)).collect());
+
+fn classify(api: Api) -> Option<(Namespace, bool)> {
+    CLASSES.get(api.0 as usize).copied().flatten()
+}
+
+/// A multiply-and-rotate hasher for the replay's small integer keys: the default SipHash
+/// costs more than the rest of an event's replay, and the keys come from the traced process,
+/// not from an adversary.
+#[derive(Default, Clone, Copy)]
+pub struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v.into());
+    }
+
+    fn write_i32(&mut self, v: i32) {
+        self.write_u64(v as u32 as u64);
+    }
+
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(v.into());
+    }
+
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+
+    fn write_isize(&mut self, v: isize) {
+        self.write_u64(v as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        // Fold the high bits down: hashbrown takes its bucket from the low bits.
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+/// A `HashMap` with [`FastHasher`].
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// An allocation that is live at some moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,14 +203,33 @@ pub struct Level {
     pub peak_seq: usize,
     /// Time of that event.
     pub peak_t_ns: u64,
+    /// Allocations live now.
+    pub count: usize,
+}
+
+/// Where an annotation landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Annotated {
+    /// Bytes of the allocation named.
+    pub size: u64,
+    /// Its device.
+    pub device: i32,
+    /// Replay index of the allocating event.
+    pub seq: usize,
 }
 
 /// The replay state machine. Feed it events in time order with [`Replayer::apply`].
+///
+/// It holds only what is live: an allocation is forgotten when it is released. To learn the
+/// final name of an allocation captured at some moment, [`Replayer::follow`] it: the replay
+/// then keeps the last annotation it is given while it lives.
 #[derive(Debug, Default, Clone)]
 pub struct Replayer {
-    live: HashMap<(usize, Namespace, u64), LiveAlloc>,
-    levels: HashMap<(usize, i32, Pool), Level>,
-    names: HashMap<usize, Annotation>,
+    live: FastMap<(usize, Namespace, u64), LiveAlloc>,
+    levels: FastMap<(usize, i32, Pool), Level>,
+    /// Followed allocations by replay index: their latest annotation and whether still live.
+    followed: FastMap<usize, (Option<Annotation>, bool)>,
+    followed_live: usize,
 }
 
 impl Replayer {
@@ -180,10 +261,11 @@ impl Replayer {
             // A pointer handed out again while we think it is live means a release we never
             // saw; the old one is gone.
             if let Some(old) = self.live.insert((process, ns, e.ptr), alloc) {
-                self.sub(&old);
+                self.gone(&old);
             }
             let level = self.levels.entry((process, e.device, pool)).or_default();
             level.live += e.size;
+            level.count += 1;
             if level.live > level.peak {
                 level.peak = level.live;
                 level.peak_seq = seq;
@@ -193,30 +275,70 @@ impl Replayer {
         } else {
             let freed = self.live.remove(&(process, ns, e.ptr));
             if let Some(f) = &freed {
-                self.sub(f);
+                self.gone(f);
             }
             Step::Released { freed }
         }
     }
 
-    /// Attaches a name to the live allocation at the annotation's pointer; returns its size and
-    /// device, or `None` if nothing is live there.
-    pub fn annotate(&mut self, process: usize, a: &Annotation) -> Option<(u64, i32)> {
+    /// The device and bucket of the live allocation that applying `e` would take out of the
+    /// live set (a release, or a pointer handed out again), if any.
+    pub fn would_remove(&self, process: usize, e: &Event) -> Option<(i32, Pool)> {
+        let (ns, _) = classify(e.api)?;
+        if e.kind == EventKind::AllocFailed || e.result != 0 {
+            return None;
+        }
+        self.live
+            .get(&(process, ns, e.ptr))
+            .map(|a| (a.event.device, a.pool))
+    }
+
+    /// Attaches a name to the live allocation at the annotation's pointer; `None` if nothing
+    /// is live there.
+    pub fn annotate(&mut self, process: usize, a: &Annotation) -> Option<Annotated> {
         let l = self.live.get_mut(&(process, Namespace::Pointer, a.ptr))?;
         l.annotation = Some(a.clone());
-        self.names.insert(l.seq, a.clone());
-        Some((l.event.size, l.event.device))
+        let seq = l.seq;
+        if let Some(f) = self.followed.get_mut(&seq) {
+            f.0 = Some(a.clone());
+        }
+        Some(Annotated {
+            size: l.event.size,
+            device: l.event.device,
+            seq,
+        })
     }
 
-    /// The annotation given at any time so far to the allocation made at replay index `seq`
-    /// (also after the moment a live set was captured, or after it was freed).
+    /// Keeps the final annotation of `a`, which must be live now: [`Replayer::annotation_of`]
+    /// answers for it after it is released too.
+    pub fn follow(&mut self, a: &LiveAlloc) {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.followed.entry(a.seq) {
+            v.insert((a.annotation.clone(), true));
+            self.followed_live += 1;
+        }
+    }
+
+    /// Whether a followed allocation is still live (its annotation may still change).
+    pub fn following_live(&self) -> bool {
+        self.followed_live > 0
+    }
+
+    /// The latest annotation of a followed allocation, by the replay index that made it.
     pub fn annotation_of(&self, seq: usize) -> Option<&Annotation> {
-        self.names.get(&seq)
+        self.followed.get(&seq).and_then(|f| f.0.as_ref())
     }
 
-    fn sub(&mut self, a: &LiveAlloc) {
+    fn gone(&mut self, a: &LiveAlloc) {
         if let Some(l) = self.levels.get_mut(&(a.process, a.event.device, a.pool)) {
             l.live = l.live.saturating_sub(a.event.size);
+            l.count = l.count.saturating_sub(1);
+        }
+        if self.followed_live > 0
+            && let Some(f) = self.followed.get_mut(&a.seq)
+            && f.1
+        {
+            f.1 = false;
+            self.followed_live -= 1;
         }
     }
 
@@ -233,15 +355,97 @@ impl Replayer {
         self.levels.iter().map(|(k, v)| (*k, *v))
     }
 
+    /// How many allocations are live now, in every process and bucket (the cost of one
+    /// [`Replayer::live_set`]).
+    pub fn live_len(&self) -> usize {
+        self.live.len()
+    }
+
     /// The allocations live now in one process, device and bucket, largest first.
     pub fn live_set(&self, process: usize, device: i32, pool: Pool) -> Vec<LiveAlloc> {
-        let mut v: Vec<LiveAlloc> = self
+        self.largest(process, device, pool, usize::MAX)
+    }
+
+    /// The `n` largest allocations live now in one process, device and bucket, largest first
+    /// (ties: older first).
+    pub fn largest(&self, process: usize, device: i32, pool: Pool, n: usize) -> Vec<LiveAlloc> {
+        let order =
+            |a: &&LiveAlloc, b: &&LiveAlloc| b.size().cmp(&a.size()).then(a.seq.cmp(&b.seq));
+        let mut v: Vec<&LiveAlloc> = self
             .live
             .values()
             .filter(|a| a.process == process && a.event.device == device && a.pool == pool)
-            .cloned()
             .collect();
-        v.sort_by(|a, b| b.size().cmp(&a.size()).then(a.seq.cmp(&b.seq)));
-        v
+        if n < v.len() {
+            v.select_nth_unstable_by(n, order);
+            v.truncate(n);
+        }
+        v.sort_by(order);
+        v.into_iter().cloned().collect()
     }
+}
+
+/// A live set to take during a replay: the allocations of one process, device and bucket
+/// right after the item at replay index `seq` is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capture {
+    /// Replay index of the item after which to take it.
+    pub seq: usize,
+    /// Process index.
+    pub process: usize,
+    /// Device ordinal.
+    pub device: i32,
+    /// Bucket.
+    pub pool: Pool,
+    /// Keep only the largest this many.
+    pub top: usize,
+}
+
+/// Replays `trace` from the start until every capture is taken and every captured
+/// allocation's name is final (it is released, or the trace ends). Returns, per capture, its
+/// allocations largest first, each carrying the last annotation it was given, and the
+/// allocation count of the whole set.
+pub fn capture(trace: &Trace, wants: &[Capture]) -> Result<Vec<(Vec<LiveAlloc>, usize)>, Error> {
+    let mut out: Vec<(Vec<LiveAlloc>, usize)> = vec![(Vec::new(), 0); wants.len()];
+    if wants.is_empty() {
+        return Ok(out);
+    }
+    let mut order: Vec<usize> = (0..wants.len()).collect();
+    order.sort_by_key(|&i| wants[i].seq);
+    let mut next = 0;
+    let mut r = Replayer::new();
+    let mut seq = 0usize;
+    trace.for_each_item(|pi, it| {
+        match &it {
+            Item::Event(e) => {
+                r.apply(pi, seq, e);
+            }
+            Item::Annotate(a) => {
+                r.annotate(pi, a);
+            }
+            _ => {}
+        }
+        while next < order.len() && wants[order[next]].seq == seq {
+            let w = wants[order[next]];
+            let all = r.level(w.process, w.device, w.pool).count;
+            let set = r.largest(w.process, w.device, w.pool, w.top);
+            for a in &set {
+                r.follow(a);
+            }
+            out[order[next]] = (set, all);
+            next += 1;
+        }
+        seq += 1;
+        if next == order.len() && !r.following_live() {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })?;
+    for (set, _) in &mut out {
+        for a in set {
+            a.annotation = r.annotation_of(a.seq).cloned();
+        }
+    }
+    Ok(out)
 }

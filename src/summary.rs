@@ -3,13 +3,15 @@
 //! the live set it met.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::ControlFlow;
 
 use serde::Serialize;
 use vramtrace_format::{Event, EventKind};
 
-use crate::replay::{LiveAlloc, Pool, Replayer, Step};
+use crate::error::Error;
+use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
 use crate::symbolize::StackSymbolizer;
 use crate::trace::{Item, Trace};
 use vramtrace_models::units::{fmt_bytes, fmt_secs};
@@ -172,15 +174,159 @@ impl Default for SummaryOptions {
     }
 }
 
-/// Computes the summary of a trace.
-pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
-    let events = trace.timeline();
-    let t0 = trace
-        .processes
+/// A failed allocation as the pass met it: the request, the live bytes and count then, and the
+/// largest live allocations.
+struct FailureAt {
+    event: Event,
+    live_bytes: u64,
+    live_count: usize,
+    live: Vec<LiveAlloc>,
+}
+
+/// Counts of one process and device.
+#[derive(Default)]
+struct Acc {
+    allocations: u64,
+    frees: u64,
+    failed: u64,
+    failures: Vec<FailureAt>,
+}
+
+/// The live set at a device peak, found in the same pass when it is cheap.
+///
+/// Every new peak makes the current live set the one to report, but copying it at every peak
+/// costs the live set's size per allocation when the trace only grows. So the copy waits until
+/// the first release that would change it (a later allocation is a newer peak and supersedes
+/// it), and the copies together may scan at most as many live entries as the pass has read
+/// items: past that budget the key is left for a second pass that stops at its peak.
+enum PeakSet {
+    /// The live set now is the set at the peak; not copied yet.
+    Now,
+    /// Copied: the largest allocations and the count.
+    Taken(Vec<LiveAlloc>, usize),
+    /// Too costly to copy in the pass: taken by a second pass.
+    Later,
+}
+
+/// Computes the summary of a trace in one streaming pass (two when a peak's live set was too
+/// costly to copy in the first).
+pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> {
+    let t0 = trace.start_ns();
+    let mut acc: FastMap<(usize, i32), Acc> = FastMap::default();
+    let mut peaks: FastMap<(usize, i32), PeakSet> = FastMap::default();
+    let mut pending = 0usize; // keys in PeakSet::Now
+    let mut budget = 0usize;
+    let mut replay = Replayer::new();
+    let mut seq = 0usize;
+    trace.for_each_item(|pi, it| {
+        budget += 1;
+        let e = match it {
+            Item::Event(e) => e,
+            Item::Annotate(a) => {
+                replay.annotate(pi, &a);
+                seq += 1;
+                return ControlFlow::Continue(());
+            }
+            _ => {
+                seq += 1;
+                return ControlFlow::Continue(());
+            }
+        };
+        if pending > 0
+            && let Some((dev, Pool::Device)) = replay.would_remove(pi, &e)
+            && let Some(p) = peaks.get_mut(&(pi, dev))
+            && matches!(p, PeakSet::Now)
+        {
+            pending -= 1;
+            let cost = replay.live_len();
+            *p = if cost <= budget {
+                budget -= cost;
+                let set = replay.largest(pi, dev, Pool::Device, opts.top);
+                set.iter().for_each(|a| replay.follow(a));
+                PeakSet::Taken(set, replay.level(pi, dev, Pool::Device).count)
+            } else {
+                PeakSet::Later
+            };
+        }
+        match replay.apply(pi, seq, &e) {
+            Step::Allocated { pool: Pool::Device } => {
+                acc.entry((pi, e.device)).or_default().allocations += 1;
+                if replay.level(pi, e.device, Pool::Device).peak_seq == seq {
+                    let p = peaks.entry((pi, e.device)).or_insert(PeakSet::Later);
+                    if !matches!(p, PeakSet::Now) {
+                        pending += 1;
+                    }
+                    *p = PeakSet::Now;
+                }
+            }
+            Step::Allocated { .. } => {
+                acc.entry((pi, e.device)).or_default();
+            }
+            Step::Released { freed: Some(f) } if f.pool == Pool::Device => {
+                acc.entry((pi, f.event.device)).or_default().frees += 1
+            }
+            Step::Failed if e.kind == EventKind::AllocFailed => {
+                let a = acc.entry((pi, e.device)).or_default();
+                a.failed += 1;
+                if a.failures.len() < MAX_DETAILED_FAILURES {
+                    let live = replay.largest(pi, e.device, Pool::Device, opts.top);
+                    live.iter().for_each(|x| replay.follow(x));
+                    let level = replay.level(pi, e.device, Pool::Device);
+                    a.failures.push(FailureAt {
+                        event: e,
+                        live_bytes: level.live,
+                        live_count: level.count,
+                        live,
+                    });
+                }
+            }
+            _ => {}
+        }
+        seq += 1;
+        ControlFlow::Continue(())
+    })?;
+    // Peaks with no release after them: the live set at the end is the set at the peak.
+    for ((pi, dev), p) in peaks.iter_mut() {
+        if matches!(p, PeakSet::Now) {
+            let set = replay.largest(*pi, *dev, Pool::Device, opts.top);
+            *p = PeakSet::Taken(set, replay.level(*pi, *dev, Pool::Device).count);
+        }
+    }
+    let name = |a: &mut LiveAlloc| {
+        if let Some(n) = replay.annotation_of(a.seq) {
+            a.annotation = Some(n.clone());
+        }
+    };
+    for p in peaks.values_mut() {
+        if let PeakSet::Taken(set, _) = p {
+            set.iter_mut().for_each(name);
+        }
+    }
+    for a in acc.values_mut() {
+        for f in &mut a.failures {
+            f.live.iter_mut().for_each(name);
+        }
+    }
+    // Second pass for the peaks that were too costly to copy in the first.
+    let later: Vec<(usize, i32)> = peaks
         .iter()
-        .map(|p| p.header.start_mono_ns)
-        .min()
-        .unwrap_or(0);
+        .filter(|(_, p)| matches!(p, PeakSet::Later))
+        .map(|(k, _)| *k)
+        .collect();
+    let wants: Vec<Capture> = later
+        .iter()
+        .map(|&(pi, dev)| Capture {
+            seq: replay.level(pi, dev, Pool::Device).peak_seq,
+            process: pi,
+            device: dev,
+            pool: Pool::Device,
+            top: opts.top,
+        })
+        .collect();
+    for (k, (set, count)) in later.into_iter().zip(capture(trace, &wants)?) {
+        peaks.insert(k, PeakSet::Taken(set, count));
+    }
+
     let syms: Vec<RefCell<StackSymbolizer>> = trace
         .processes
         .iter()
@@ -198,76 +344,6 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
             .map(|f| f.to_string())
             .collect()
     };
-    #[derive(Default)]
-    struct Acc {
-        allocations: u64,
-        frees: u64,
-        failed: u64,
-        // The failed request, the live bytes and count then, and the largest live allocations.
-        failures: Vec<(Event, u64, usize, Vec<LiveAlloc>)>,
-    }
-    let mut acc: BTreeMap<(usize, i32), Acc> = BTreeMap::new();
-    let mut replay = Replayer::new();
-    for (seq, (pi, it)) in events.iter().enumerate() {
-        let e = match it {
-            Item::Event(e) => *e,
-            Item::Annotate(a) => {
-                replay.annotate(*pi, a);
-                continue;
-            }
-        };
-        match replay.apply(*pi, seq, e) {
-            Step::Allocated { pool: Pool::Device } => {
-                acc.entry((*pi, e.device)).or_default().allocations += 1
-            }
-            Step::Allocated { .. } => {
-                acc.entry((*pi, e.device)).or_default();
-            }
-            Step::Released { freed: Some(f) } if f.pool == Pool::Device => {
-                acc.entry((*pi, f.event.device)).or_default().frees += 1
-            }
-            Step::Failed if e.kind == EventKind::AllocFailed => {
-                let a = acc.entry((*pi, e.device)).or_default();
-                a.failed += 1;
-                if a.failures.len() < MAX_DETAILED_FAILURES {
-                    let mut live = replay.live_set(*pi, e.device, Pool::Device);
-                    let (bytes, count) =
-                        (replay.level(*pi, e.device, Pool::Device).live, live.len());
-                    live.truncate(opts.top);
-                    a.failures.push((*e, bytes, count, live));
-                }
-            }
-            _ => {}
-        }
-    }
-
-    // Second pass: the live set at each device peak.
-    let mut peak_at: HashMap<usize, Vec<(usize, i32)>> = HashMap::new();
-    for ((pi, dev, pool), level) in replay.levels() {
-        if pool == Pool::Device && level.peak > 0 {
-            peak_at.entry(level.peak_seq).or_default().push((pi, dev));
-        }
-    }
-    let mut peak_sets: HashMap<(usize, i32), Vec<LiveAlloc>> = HashMap::new();
-    if !peak_at.is_empty() {
-        let mut again = Replayer::new();
-        for (seq, (pi, it)) in events.iter().enumerate() {
-            match it {
-                Item::Event(e) => {
-                    again.apply(*pi, seq, e);
-                }
-                Item::Annotate(a) => {
-                    again.annotate(*pi, a);
-                }
-            }
-            if let Some(keys) = peak_at.get(&seq) {
-                for &(p, d) in keys {
-                    peak_sets.insert((p, d), again.live_set(p, d, Pool::Device));
-                }
-            }
-        }
-    }
-
     let item = |a: &LiveAlloc| -> AllocItem {
         let p = &trace.processes[a.process];
         AllocItem {
@@ -277,36 +353,39 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
             t_s: rel(a.event.t_ns, t0),
             tid: a.event.tid,
             label: p.string(a.event.label).map(str::to_owned),
-            tensor: replay.annotation_of(a.seq).map(|n| p.tensor_name(n)),
+            tensor: a.annotation.as_ref().map(|n| p.tensor_name(n)),
             stack: a.event.stack,
             frames: frames_of(a.process, a.event.stack),
         }
     };
+    let failure = |pi: usize, f: &FailureAt| {
+        let e = &f.event;
+        Failure {
+            t_s: rel(e.t_ns, t0),
+            api: e.api.name(),
+            size: e.size,
+            result: e.result,
+            free_bytes: e.free_bytes,
+            total_bytes: e.total_bytes,
+            label: trace.processes[pi].string(e.label).map(str::to_owned),
+            live_bytes: f.live_bytes,
+            live_count: f.live_count,
+            live: f.live.iter().map(item).collect(),
+            stack: e.stack,
+            frames: frames_of(pi, e.stack),
+        }
+    };
 
-    let failure =
-        |pi: usize, (e, live_bytes, live_count, live): &(Event, u64, usize, Vec<LiveAlloc>)| {
-            Failure {
-                t_s: rel(e.t_ns, t0),
-                api: e.api.name(),
-                size: e.size,
-                result: e.result,
-                free_bytes: e.free_bytes,
-                total_bytes: e.total_bytes,
-                label: trace.processes[pi].string(e.label).map(str::to_owned),
-                live_bytes: *live_bytes,
-                live_count: *live_count,
-                live: live.iter().map(item).collect(),
-                stack: e.stack,
-                frames: frames_of(pi, e.stack),
-            }
-        };
-
+    let acc: BTreeMap<(usize, i32), Acc> = acc.into_iter().collect();
     let mut processes = Vec::new();
     for (pi, p) in trace.processes.iter().enumerate() {
         let mut devices = Vec::new();
         for ((_, dev), a) in acc.range((pi, i32::MIN)..=(pi, i32::MAX)) {
             let level = replay.level(pi, *dev, Pool::Device);
-            let set = peak_sets.remove(&(pi, *dev)).unwrap_or_default();
+            let (set, count) = match peaks.remove(&(pi, *dev)) {
+                Some(PeakSet::Taken(set, count)) if level.peak > 0 => (set, count),
+                _ => (Vec::new(), 0),
+            };
             let info = p.devices.iter().find(|d| d.ordinal == *dev);
             let other_pools = [Pool::Managed, Pool::Host, Pool::Address, Pool::Mapped]
                 .into_iter()
@@ -331,8 +410,8 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
                 } else {
                     0.0
                 },
-                peak_live_count: set.len(),
-                peak_live: set.iter().take(opts.top).map(item).collect(),
+                peak_live_count: count,
+                peak_live: set.iter().map(item).collect(),
                 live_at_end: level.live,
                 failures: a.failures.iter().map(|f| failure(pi, f)).collect(),
                 failed_allocations: a.failed,
@@ -349,7 +428,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Summary {
             problems: p.problems.iter().map(|x| x.to_string()).collect(),
         });
     }
-    Summary { processes }
+    Ok(Summary { processes })
 }
 
 fn rel(t_ns: u64, t0: u64) -> f64 {

@@ -8,7 +8,7 @@ use std::path::Path;
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 use serde::Serialize;
-use vramtrace_format::{ModuleInfo, Record};
+use vramtrace_format::ModuleInfo;
 
 use crate::trace::Process;
 
@@ -69,14 +69,7 @@ const OWN_MODULE: &str = "libvramtrace_preload.so";
 impl<'p> StackSymbolizer<'p> {
     /// A symboliser for `process`, using the modules it recorded.
     pub fn new(process: &'p Process) -> Self {
-        let mut modules: Vec<ModuleInfo> = process
-            .records
-            .iter()
-            .filter_map(|r| match r {
-                Record::Module(m) => Some(m.clone()),
-                _ => None,
-            })
-            .collect();
+        let mut modules: Vec<ModuleInfo> = process.modules.clone();
         modules.sort_by_key(|m| m.start);
         modules.dedup_by(|a, b| a.start == b.start && a.end == b.end && a.path == b.path);
         StackSymbolizer {

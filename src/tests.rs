@@ -99,7 +99,7 @@ fn known_sequence() -> Vec<Record> {
 #[test]
 fn summary_reports_exact_peak_and_live_set_at_failure() {
     let t = trace_of(100, known_sequence());
-    let s = summarize(&t, SummaryOptions::default());
+    let s = summarize(&t, SummaryOptions::default()).unwrap();
     assert_eq!(s.processes.len(), 1);
     let d = s.processes[0]
         .devices
@@ -202,7 +202,7 @@ fn vmm_handles_and_mappings_pair_separately_from_pointers() {
         Record::Event(ev(7, Free, Device, "cuMemRelease", 0x1000, 0)),
     ];
     let t = trace_of(5, recs);
-    let s = summarize(&t, SummaryOptions::default());
+    let s = summarize(&t, SummaryOptions::default()).unwrap();
     let d = &s.processes[0].devices[0];
     assert_eq!(d.peak_bytes, 22 * MIB);
     assert_eq!(d.allocations, 2);
@@ -214,4 +214,111 @@ fn vmm_handles_and_mappings_pair_separately_from_pointers() {
         .find(|p| p.pool == Pool::Mapped)
         .unwrap();
     assert_eq!((mapped.peak_bytes, mapped.live_at_end), (20 * MIB, 0));
+}
+
+#[test]
+fn items_merge_processes_in_time_order_ties_to_the_earlier_process() {
+    use EventKind::*;
+    use MemKind::*;
+    let a = |t: u64, ptr: u64| Record::Event(ev(t, Alloc, Device, "cuMemAlloc_v2", ptr, MIB));
+    let mut first = trace_of(1, vec![a(10, 0x10), a(30, 0x30), a(50, 0x50)]).processes;
+    let mut second = trace_of(2, vec![a(5, 0x5), a(30, 0x31), a(40, 0x40)]).processes;
+    second[0].header.start_mono_ns = 1;
+    first.append(&mut second);
+    let t = Trace::from_processes(first);
+    let got: Vec<(u32, u64)> = t
+        .items()
+        .unwrap()
+        .map(|(pi, it)| (t.processes[pi].pid(), it.t_ns()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(2, 5), (1, 10), (1, 30), (2, 30), (2, 40), (1, 50)]
+    );
+}
+
+/// A trace whose every allocation is a new peak with a release after each: copying the live set
+/// at each peak would cost the live set per event, so the summary leaves it to a second pass.
+#[test]
+fn a_peak_set_too_costly_to_copy_in_the_pass_is_taken_by_a_second_one() {
+    use EventKind::*;
+    use MemKind::*;
+    let n = 200u64;
+    let mut recs = vec![
+        Record::String {
+            id: 1,
+            text: "w".into(),
+        },
+        Record::String {
+            id: 2,
+            text: "f32".into(),
+        },
+    ];
+    let mut t = 0;
+    for i in 0..n {
+        t += 1;
+        recs.push(Record::Event(ev(
+            t,
+            Alloc,
+            Device,
+            "cuMemAlloc_v2",
+            0x10_0000 + i,
+            10 * MIB,
+        )));
+        t += 1;
+        recs.push(Record::Event(ev(
+            t,
+            Alloc,
+            Device,
+            "cuMemAlloc_v2",
+            0x20_0000 + i,
+            MIB,
+        )));
+        if i + 1 < n {
+            t += 1;
+            recs.push(Record::Event(ev(
+                t,
+                Free,
+                Device,
+                "cuMemFree_v2",
+                0x20_0000 + i,
+                0,
+            )));
+        }
+    }
+    // The oldest allocation is named after the peak, then everything is freed.
+    recs.push(Record::Annotate(Annotation {
+        t_ns: t + 1,
+        tid: 1,
+        ptr: 0x10_0000,
+        name: 1,
+        dtype: 2,
+        shape: vec![2, 3],
+    }));
+    for i in 0..n {
+        recs.push(Record::Event(ev(
+            t + 2 + i,
+            Free,
+            Device,
+            "cuMemFree_v2",
+            0x10_0000 + i,
+            0,
+        )));
+    }
+    let s = summarize(&trace_of(9, recs), SummaryOptions { top: 3, frames: 0 }).unwrap();
+    let d = &s.processes[0].devices[0];
+    assert_eq!(d.peak_bytes, n * 10 * MIB + MIB);
+    assert_eq!(d.peak_live_count, n as usize + 1);
+    assert_eq!(
+        d.peak_live
+            .iter()
+            .map(|a| a.ptr.as_str())
+            .collect::<Vec<_>>(),
+        vec!["0x100000", "0x100001", "0x100002"]
+    );
+    assert_eq!(d.peak_live[0].tensor.as_deref(), Some("w f32[2, 3]"));
+    assert_eq!(d.peak_live[1].tensor, None);
+    // The last small allocation is never freed.
+    assert_eq!(d.live_at_end, MIB);
+    assert_eq!((d.allocations, d.frees), (2 * n, 2 * n - 1));
 }

@@ -1,34 +1,163 @@
 //! A recorded trace: one file per traced process, read from a trace directory (or one file).
+//!
+//! Opening a trace reads each file once and keeps only what its timed records refer to: the
+//! header, devices, driver version, interned strings, stacks and modules. The timed records
+//! themselves (events, annotations, ranges, marks) are never held: every analysis asks for a
+//! fresh pass over them, merged in time order across processes ([`Trace::items`]), and folds
+//! it into what it needs (a live set, peaks, a few snapshots). Memory therefore follows the
+//! live set and the stack table, not the length of the trace.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fmt;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use vramtrace_format::{
-    Annotation, DeviceInfo, Event, FILE_EXTENSION, Header, Problem, Record, TraceFile,
+    Annotation, DeviceInfo, Event, FILE_EXTENSION, FileReader, Header, ModuleInfo, Problem, Record,
+    TraceFile,
 };
 
-/// A timed record that changes or describes the live set.
-#[derive(Debug, Clone, Copy)]
-pub enum Item<'a> {
+use crate::error::Error;
+
+/// A timed record: something that happened at a moment on a thread of one process.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
     /// An allocation-family event.
-    Event(&'a Event),
+    Event(Event),
     /// A name, dtype and shape given to a live allocation.
-    Annotate(&'a Annotation),
+    Annotate(Annotation),
+    /// A named range pushed on a thread (NVTX or the annotation ABI).
+    RangePush {
+        /// When.
+        t_ns: u64,
+        /// On which thread.
+        tid: u32,
+        /// Interned id of the range's name.
+        name: u32,
+    },
+    /// The innermost range of a thread popped.
+    RangePop {
+        /// When.
+        t_ns: u64,
+        /// On which thread.
+        tid: u32,
+    },
+    /// An instantaneous named mark.
+    Mark {
+        /// When.
+        t_ns: u64,
+        /// On which thread.
+        tid: u32,
+        /// Interned id of the mark's text.
+        name: u32,
+    },
 }
 
-impl Item<'_> {
+impl Item {
+    /// The timed part of a record; `None` for side-table records (strings, stacks, ...).
+    pub fn from_record(r: Record) -> Option<Item> {
+        Some(match r {
+            Record::Event(e) => Item::Event(e),
+            Record::Annotate(a) => Item::Annotate(a),
+            Record::RangePush { t_ns, tid, name } => Item::RangePush { t_ns, tid, name },
+            Record::RangePop { t_ns, tid } => Item::RangePop { t_ns, tid },
+            Record::Mark { t_ns, tid, name } => Item::Mark { t_ns, tid, name },
+            _ => return None,
+        })
+    }
+
     /// When it happened.
     pub fn t_ns(&self) -> u64 {
         match self {
             Item::Event(e) => e.t_ns,
             Item::Annotate(a) => a.t_ns,
+            Item::RangePush { t_ns, .. }
+            | Item::RangePop { t_ns, .. }
+            | Item::Mark { t_ns, .. } => *t_ns,
         }
     }
 }
 
-use crate::error::Error;
+/// A stream of one process's timed items, in time order.
+pub type ItemStream<'a> = Box<dyn Iterator<Item = Item> + 'a>;
 
-/// One traced process: its header, its records, and the tables its events refer to.
+/// Where one process's records come from: a trace file, or records held in memory (tests,
+/// a live view that has decoded them already).
+pub trait Source: fmt::Debug + Send + Sync {
+    /// Calls `f` with every record once, in storage order; returns what was stepped over.
+    fn for_each_record(&self, f: &mut dyn FnMut(Record)) -> Result<Vec<Problem>, Error>;
+    /// The timed records, in time order (ties: storage order). Each call starts a new pass.
+    fn timed(&self) -> Result<ItemStream<'_>, Error>;
+}
+
+/// A trace file on disk, streamed by the format crate's reader.
+struct FileSource(FileReader);
+
+impl fmt::Debug for FileSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FileSource")
+    }
+}
+
+impl Source for FileSource {
+    fn for_each_record(&self, f: &mut dyn FnMut(Record)) -> Result<Vec<Problem>, Error> {
+        let mut records = self.0.records()?;
+        for r in records.by_ref() {
+            f(r);
+        }
+        Ok(records.problems().to_vec())
+    }
+
+    fn timed(&self) -> Result<ItemStream<'_>, Error> {
+        Ok(Box::new(self.0.timed()?.filter_map(Item::from_record)))
+    }
+}
+
+/// Records held in memory; the timed ones are kept apart, sorted by time (stable).
+#[derive(Debug, Default)]
+pub struct MemorySource {
+    records: Vec<Record>,
+    timed: Vec<Item>,
+    problems: Vec<Problem>,
+}
+
+impl MemorySource {
+    /// Holds `records` (in storage order) and the problems their reader met.
+    pub fn new(records: Vec<Record>, problems: Vec<Problem>) -> MemorySource {
+        let mut timed = Vec::new();
+        let mut side = Vec::new();
+        for r in records {
+            match Item::from_record(r.clone()) {
+                Some(it) => timed.push(it),
+                None => side.push(r),
+            }
+        }
+        timed.sort_by_key(Item::t_ns);
+        MemorySource {
+            records: side,
+            timed,
+            problems,
+        }
+    }
+}
+
+impl Source for MemorySource {
+    fn for_each_record(&self, f: &mut dyn FnMut(Record)) -> Result<Vec<Problem>, Error> {
+        for r in &self.records {
+            f(r.clone());
+        }
+        Ok(self.problems.clone())
+    }
+
+    fn timed(&self) -> Result<ItemStream<'_>, Error> {
+        Ok(Box::new(self.timed.iter().cloned()))
+    }
+}
+
+/// One traced process: its header, the tables its timed records refer to, and where to read
+/// those records again.
 #[derive(Debug, Clone)]
 pub struct Process {
     /// The file it was read from.
@@ -37,42 +166,94 @@ pub struct Process {
     pub header: Header,
     /// Driver version the process reported, if it got that far.
     pub driver_version: Option<i32>,
-    /// Devices the process reported.
+    /// Devices the process reported, by ordinal.
     pub devices: Vec<DeviceInfo>,
-    /// All records in file order.
-    pub records: Vec<Record>,
     /// Interned strings (labels, names, dtypes) by id.
     pub strings: HashMap<u32, String>,
     /// Native stacks by id, innermost frame first.
     pub stacks: HashMap<u32, Vec<u64>>,
+    /// Modules the process had loaded, in record order (later records for a range win).
+    pub modules: Vec<ModuleInfo>,
     /// What the reader had to step over (a torn tail after a crash).
     pub problems: Vec<Problem>,
+    source: Arc<dyn Source>,
 }
 
 impl Process {
-    fn from_file(f: TraceFile) -> Process {
-        let mut strings = HashMap::new();
-        let mut stacks = HashMap::new();
-        for r in &f.records {
-            match r {
-                Record::String { id, text } => {
-                    strings.insert(*id, text.clone());
-                }
-                Record::Stack { id, frames } => {
-                    stacks.insert(*id, frames.clone());
-                }
-                _ => {}
-            }
-        }
-        Process {
+    /// Reads the side tables of `source` in one pass; its timed records stay where they are.
+    pub fn from_source(
+        path: PathBuf,
+        header: Header,
+        source: Arc<dyn Source>,
+    ) -> Result<Process, Error> {
+        let mut p = Process {
+            path,
+            header,
+            driver_version: None,
+            devices: Vec::new(),
+            strings: HashMap::new(),
+            stacks: HashMap::new(),
+            modules: Vec::new(),
+            problems: Vec::new(),
+            source: source.clone(),
+        };
+        p.problems = source.for_each_record(&mut |r| p.note(r))?;
+        Ok(p)
+    }
+
+    /// Opens one trace file.
+    pub fn open(path: &Path) -> Result<Process, Error> {
+        let reader = FileReader::open(path)?;
+        let header = reader.header().clone();
+        Process::from_source(path.to_path_buf(), header, Arc::new(FileSource(reader)))
+    }
+
+    /// A process from a file decoded whole (tests, tools); its header, devices and driver
+    /// version are taken as given.
+    pub fn from_file(f: TraceFile) -> Process {
+        let source = MemorySource::new(f.records, f.problems);
+        let mut p = Process {
             path: f.path,
             header: f.header,
             driver_version: f.driver_version,
             devices: f.devices,
-            records: f.records,
-            strings,
-            stacks,
-            problems: f.problems,
+            strings: HashMap::new(),
+            stacks: HashMap::new(),
+            modules: Vec::new(),
+            problems: source.problems.clone(),
+            source: Arc::new(MemorySource::default()),
+        };
+        for r in &source.records {
+            p.note_table(r.clone());
+        }
+        p.source = Arc::new(source);
+        p
+    }
+
+    fn note(&mut self, r: Record) {
+        match r {
+            Record::Driver { version } => self.driver_version = Some(version),
+            Record::Device(d) => match self.devices.iter_mut().find(|o| o.ordinal == d.ordinal) {
+                Some(old) => *old = d,
+                None => {
+                    self.devices.push(d);
+                    self.devices.sort_by_key(|d| d.ordinal);
+                }
+            },
+            r => self.note_table(r),
+        }
+    }
+
+    fn note_table(&mut self, r: Record) {
+        match r {
+            Record::String { id, text } => {
+                self.strings.insert(id, text);
+            }
+            Record::Stack { id, frames } => {
+                self.stacks.insert(id, frames);
+            }
+            Record::Module(m) => self.modules.push(m),
+            _ => {}
         }
     }
 
@@ -81,12 +262,9 @@ impl Process {
         self.header.pid
     }
 
-    /// The allocation-family events in file order.
-    pub fn events(&self) -> impl Iterator<Item = &Event> + '_ {
-        self.records.iter().filter_map(|r| match r {
-            Record::Event(e) => Some(e),
-            _ => None,
-        })
+    /// A new pass over this process's timed records, in time order.
+    pub fn items(&self) -> Result<ItemStream<'_>, Error> {
+        self.source.timed()
     }
 
     /// An interned string, or `None` for id 0 or an id never defined.
@@ -141,7 +319,8 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Reads a trace directory (every `*.vtr` file in it) or a single trace file.
+    /// Opens a trace directory (every `*.vtr` file in it) or a single trace file, reading the
+    /// side tables of each.
     pub fn open(path: &Path) -> Result<Trace, Error> {
         let meta = std::fs::metadata(path).map_err(|e| Error::Io(path.to_path_buf(), e))?;
         let files = if meta.is_dir() {
@@ -158,11 +337,10 @@ impl Trace {
         } else {
             vec![path.to_path_buf()]
         };
-        let mut processes = Vec::with_capacity(files.len());
-        for f in files {
-            let t = TraceFile::read(&f).map_err(Error::Read)?;
-            processes.push(Process::from_file(t));
-        }
+        let processes = files
+            .iter()
+            .map(|f| Process::open(f))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Trace::from_processes(processes))
     }
 
@@ -182,34 +360,81 @@ impl Trace {
         self.processes.iter().find(|p| p.pid() == pid)
     }
 
-    /// Every event and annotation of every process, each with the index of its process, in time
-    /// order (ties keep file order).
-    pub fn timeline(&self) -> Vec<(usize, Item<'_>)> {
-        let mut all: Vec<(usize, Item<'_>)> = self
-            .processes
+    /// When the earliest process started (`CLOCK_MONOTONIC` ns): time 0 of the trace.
+    pub fn start_ns(&self) -> u64 {
+        self.processes
             .iter()
-            .enumerate()
-            .flat_map(|(i, p)| {
-                p.records.iter().filter_map(move |r| match r {
-                    Record::Event(e) => Some((i, Item::Event(e))),
-                    Record::Annotate(a) => Some((i, Item::Annotate(a))),
-                    _ => None,
-                })
-            })
-            .collect();
-        all.sort_by_key(|(i, it)| (it.t_ns(), *i));
-        all
+            .map(|p| p.header.start_mono_ns)
+            .min()
+            .unwrap_or(0)
     }
 
-    /// Every event of every process, each with the index of its process, in time order
-    /// (ties keep file order).
-    pub fn events_in_time_order(&self) -> Vec<(usize, &Event)> {
-        self.timeline()
-            .into_iter()
-            .filter_map(|(i, it)| match it {
-                Item::Event(e) => Some((i, e)),
-                Item::Annotate(_) => None,
-            })
-            .collect()
+    /// A new pass over every timed item of every process, each with the index of its process,
+    /// in time order; ties go to the earlier process, then to storage order.
+    pub fn items(&self) -> Result<Items<'_>, Error> {
+        let mut streams = Vec::with_capacity(self.processes.len());
+        for p in &self.processes {
+            streams.push(p.items()?);
+        }
+        Ok(Items::new(streams))
+    }
+
+    /// Calls `f` with every timed item in time order (see [`Trace::items`]) until it breaks.
+    pub fn for_each_item(
+        &self,
+        mut f: impl FnMut(usize, Item) -> ControlFlow<()>,
+    ) -> Result<(), Error> {
+        for (pi, it) in self.items()? {
+            if f(pi, it).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The k-way merge behind [`Trace::items`]: one head item per process and a binary heap of
+/// (time, process) over the heads. One process needs no heap.
+pub struct Items<'a> {
+    streams: Vec<ItemStream<'a>>,
+    heads: Vec<Option<Item>>,
+    heap: BinaryHeap<Reverse<(u64, usize)>>,
+}
+
+impl<'a> Items<'a> {
+    fn new(mut streams: Vec<ItemStream<'a>>) -> Items<'a> {
+        let mut heads = Vec::with_capacity(streams.len());
+        let mut heap = BinaryHeap::with_capacity(streams.len());
+        if streams.len() > 1 {
+            for (i, s) in streams.iter_mut().enumerate() {
+                let h = s.next();
+                if let Some(it) = &h {
+                    heap.push(Reverse((it.t_ns(), i)));
+                }
+                heads.push(h);
+            }
+        }
+        Items {
+            streams,
+            heads,
+            heap,
+        }
+    }
+}
+
+impl Iterator for Items<'_> {
+    type Item = (usize, Item);
+
+    fn next(&mut self) -> Option<(usize, Item)> {
+        if self.streams.len() == 1 {
+            return self.streams[0].next().map(|it| (0, it));
+        }
+        let Reverse((_, i)) = self.heap.pop()?;
+        let it = self.heads[i].take()?;
+        if let Some(n) = self.streams[i].next() {
+            self.heap.push(Reverse((n.t_ns(), i)));
+            self.heads[i] = Some(n);
+        }
+        Some((i, it))
     }
 }

@@ -145,7 +145,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     print!(
         "{}",
         render_summary(
-            &summarize(&trace, SummaryOptions { top: 5, frames: 0 }),
+            &summarize(&trace, SummaryOptions { top: 5, frames: 0 })?,
             false
         )
     );

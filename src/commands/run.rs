@@ -61,11 +61,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let code = report_exit(&args.command[0], status);
     if !args.quiet {
         eprintln!("vramtrace: trace written to {}", out.display());
-        match Trace::open(&out) {
-            Ok(trace) => eprint!(
-                "{}",
-                render(&summarize(&trace, SummaryOptions::default()), false)
-            ),
+        match Trace::open(&out).and_then(|t| summarize(&t, SummaryOptions::default())) {
+            Ok(s) => eprint!("{}", render(&s, false)),
             Err(e) => eprintln!("vramtrace: {e:#}"),
         }
     }

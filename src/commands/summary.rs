@@ -30,7 +30,7 @@ pub fn run(args: SummaryArgs) -> anyhow::Result<i32> {
             top: args.top,
             frames: args.frames,
         },
-    );
+    )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
