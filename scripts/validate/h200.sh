@@ -232,6 +232,23 @@ costs_ab() {
   rm -rf "$W/ab"
 }
 
+prefill_cost() {
+  # A real PyTorch chunked prefill (fla GDN + PyTorch attention + MLP, Qwen3.6-27B shapes),
+  # bare and traced in alternation; the caching allocator on (as servers run) and off (one
+  # driver call per tensor: the recorder's worst case).
+  local i caching env
+  for caching in on off; do
+    env=()
+    [ "$caching" = off ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    for i in 1 2 3; do
+      echo "caching $caching round $i bare:   $(env "${env[@]}" python3 "$VAL/torch_prefill.py" | tail -1)"
+      rm -rf "$W/pc"; echo "caching $caching round $i traced: $(env "${env[@]}" $VT run --quiet --out "$W/pc" -- python3 "$VAL/torch_prefill.py" | tail -1)"
+      echo "  trace: $(du -sb "$W/pc" | cut -f1) bytes, $($VT events "$W/pc" | wc -l) events"
+    done
+  done
+  rm -rf "$W/pc"
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del
