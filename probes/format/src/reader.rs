@@ -212,9 +212,9 @@ pub struct TraceFile {
     pub driver_version: Option<i32>,
     /// The devices the process reported, by ordinal.
     pub devices: Vec<DeviceInfo>,
-    /// Every record in storage order (device and driver records included): file order for
-    /// version 1, block by block for version 2 (each thread's records in the order it wrote
-    /// them; threads interleaved by block, not by time).
+    /// Every record (device and driver records included): in file order for version 1; for
+    /// version 2 in time order across threads, each thread's untimed records (strings, stacks)
+    /// where it wrote them between its timed ones, ties in file order.
     pub records: Vec<Record>,
     /// Problems met while reading (a torn tail after a crash is the common one).
     pub problems: Vec<Problem>,
@@ -281,23 +281,34 @@ impl TraceFile {
     }
 }
 
-/// Decodes the blocks of a whole version 2 file held in memory, in file order.
+/// Decodes the blocks of a whole version 2 file held in memory. The records come in time
+/// order across threads, as a version 1 file has them: each record is keyed by its time (an
+/// untimed one, such as a string or a stack, by the time of its thread's record before it, so it
+/// stays where its thread wrote it), ties in file order.
 fn decode_blocks(
     bytes: &[u8],
     data_offset: u64,
     block_size: u32,
 ) -> (Vec<(u64, Record)>, Vec<Problem>) {
-    let mut records = Vec::new();
+    let mut keyed = Vec::new();
     let mut problems = Vec::new();
+    let mut last_t: HashMap<u32, u64> = HashMap::new();
     let mut offset = data_offset;
     while offset < bytes.len() as u64 {
         let end = (offset + block_size as u64).min(bytes.len() as u64);
         let block = &bytes[offset as usize..end as usize];
         if let Some(h) = block_header(block, offset, block_size, true, &mut problems) {
+            let t = last_t.entry(h.tid).or_insert(0);
+            *t = (*t).max(h.base_t_ns);
             let mut cur = BlockCursor::new(offset, h, block_size);
             loop {
                 match cur.step(block, true, &mut problems) {
-                    Step::Record(at, r) => records.push((at, r)),
+                    Step::Record(at, r) => {
+                        if let Some(rt) = crate::time_of(&r) {
+                            *t = rt;
+                        }
+                        keyed.push((*t, at, r));
+                    }
                     Step::Malformed(offset, kind) => {
                         problems.push(Problem::Malformed { offset, kind })
                     }
@@ -307,7 +318,11 @@ fn decode_blocks(
         }
         offset += block_size as u64;
     }
-    (records, problems)
+    keyed.sort_by_key(|(t, at, _)| (*t, *at));
+    (
+        keyed.into_iter().map(|(_, at, r)| (at, r)).collect(),
+        problems,
+    )
 }
 
 /// Follows a trace file while its process is still writing it: each [`Follower::poll`] returns
