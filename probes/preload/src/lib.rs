@@ -55,10 +55,11 @@
 //!   because of an error. A recorder failure (write error, panic) stops recording, never the
 //!   host: panics are caught at every FFI boundary, errno is preserved.
 //! - **Cheap.** A process that never touches CUDA pays one comparison per `dlsym` on a handle
-//!   (`RTLD_NEXT`/`RTLD_DEFAULT` lookups are a tail jump). The hot path allocates nothing: a
-//!   record is encoded on the stack and appended with one `write(2)` (`O_APPEND`), so every
-//!   record written before a `SIGKILL` is in the page cache. The only lock is the stack
-//!   unwinder's spin lock, never held while the driver runs.
+//!   (`RTLD_NEXT`/`RTLD_DEFAULT` lookups are a tail jump). The hot path allocates nothing and
+//!   makes no system call: a record is encoded on the stack and stored into the thread's block
+//!   of a shared file mapping (format version 2), so every record stored before a `SIGKILL` is
+//!   in the page cache. The locks are the stack unwinder's spin lock and the sink's, taken
+//!   only to reserve and map more of the file; neither is held while the driver runs.
 //! - **Lazy and fork-aware.** Nothing happens in constructors (they run while the dynamic linker
 //!   sets the process up); the environment is read and the file created on first use. A fork
 //!   child forgets the parent's file, strings and stacks and creates its own file, with its own
@@ -71,8 +72,8 @@
 //! Each module imports only from those below it. Bottom to top: the leaves `config`, `ffi`,
 //! `guard`, `fork` (each module that keeps per-process state registers its own fork child
 //! handler) and `real_dlsym` (glibc's `dlsym`); `driver`, the table of the driver's real entry
-//! points; `sink`, the trace file (one encoded record per `write(2)`, the clock, the thread
-//! id, the file's fork handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
+//! points; `sink`, the trace file (per-thread blocks in a shared mapping, the clock, the
+//! thread id, the file's fork handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
 //! need only the sink; `recorder`, one body per event family, with its stack and label;
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
 //! pointers and wraps `cuGetProcAddress`; `dlsym`, the override, on top.

@@ -12,9 +12,7 @@
 use core::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vramtrace_format::{
-    EVENT_RECORD_LEN, Encoder, Event, EventKind, FRAME_HEADER_LEN, MemKind, kind,
-};
+use vramtrace_format::{Encoder, Event, EventKind, FRAME_HEADER_LEN, MemKind, kind};
 
 use crate::driver::{Entry, real_fn};
 use crate::ffi::{CuDevice, FnCtxGetDevice, FnDeviceGetName, FnDeviceTotalMem, FnMemGetInfo};
@@ -184,9 +182,7 @@ fn emit(kind: EventKind, result: c_int, op: Op, free_bytes: u64, total_bytes: u6
         stack: crate::stacks::capture(file),
         label: crate::labels::current_label(file),
     };
-    let mut rec = [0u8; EVENT_RECORD_LEN];
-    ev.encode(&mut rec);
-    file.write(&rec);
+    file.write_event(&ev);
 }
 
 /// Writes a DEVICE record the first time an ordinal appears.

@@ -1,27 +1,52 @@
-//! The sink: one append-only trace file per process, one `write(2)` per record, and the clock
-//! and thread id every record carries.
+//! The sink: one trace file per process (format version 2), filled through a shared file
+//! mapping with no system call per record, and the clock and thread id every record carries.
 //!
 //! The interface is narrow on purpose, so that the way records reach the disk can change
 //! behind it: [`with_file`] (or [`file()`] inside [`guarded`]) hands out the open trace file,
-//! [`File::write`] appends one encoded record, [`mono_ns`] and [`tid`] are the clock and the
+//! [`File::write`] appends one encoded record (a `vramtrace_format::Encoder` frame),
+//! [`File::write_event`] appends an event, [`mono_ns`] and [`tid`] are the clock and the
 //! thread, [`active`] says whether recording is on, [`disable`] stops it. Everything above
-//! encodes its records itself (`vramtrace_format`) and only ever hands bytes to the sink.
+//! encodes its records itself (`vramtrace_format`) and only ever hands them to the sink.
 //!
+//! # Layout and the hot path
+//! The file is the header, then blocks of [`BLOCK_SIZE`] bytes (`vramtrace_format::BlockHeader`).
+//! Each thread owns one block at a time through a thread-local cursor and appends records to
+//! it with plain stores: length and payload first, the record's tag last with release
+//! ordering. A record is on the page cache the moment it is stored, so a `SIGKILL` loses
+//! nothing that was stored, and a record cut by the kill has a zero tag and is never read.
+//! Taking a block is one `fetch_add` on the block counter ([`NEXT_BLOCK`]), about once per five
+//! thousand events.
+//!
+//! # Space
+//! Disk space is reserved ahead with `posix_fallocate` ([`RESERVED`] blocks, in steps that
+//! double from 256 KiB to 64 MiB) before a block is handed out: a store into a page of a
+//! shared mapping with no disk behind it would raise `SIGBUS` and kill the host. When the
+//! reservation fails (disk full) recording stops with a note; the program carries on. The file
+//! is mapped chunk by chunk ([`CHUNK_BYTES`]) into a fixed table ([`CHUNKS`]). Reserving and
+//! mapping happen under one spin lock ([`GROW`]), taken only when a block lies past the
+//! reservation or in a chunk not mapped yet, never while the driver runs.
+//!
+//! # State and fork
 //! State machine ([`STATE`]): `IDLE` (nothing written yet) → `OPENING` (one thread creates the
-//! file and writes the header and the driver version) → `RECORDING`; `FAILED` when anything
+//! file and writes the header, then the driver version) → `RECORDING`; `FAILED` when anything
 //! went wrong (recording stops, one warning on stderr, the host carries on). Threads that meet
-//! `OPENING` yield until it is over; nothing here ever holds a lock, let alone while the real
-//! driver runs.
+//! `OPENING` yield until it is over.
 //!
-//! After `fork` the child handler ([`after_fork_child`]) closes the inherited descriptor and goes
-//! back to `IDLE`, so the child creates its own file, with its own pid and ppid, on its first
-//! record. Once `RECORDING`, the descriptor is never closed (even on a write error: another
-//! thread may be writing to it, and the number could be reused under it).
+//! After `fork` the child handler ([`after_fork_child`]) unmaps the parent's chunks, closes the
+//! inherited descriptor, bumps [`EPOCH`] (so the forking thread's cursor, copied into the child,
+//! is stale and never used) and goes back to `IDLE`: the child creates its own file, with its
+//! own pid and ppid, on its first record, and never stores into the parent's.
 
+use core::cell::Cell;
 use core::ffi::{c_char, c_int};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering,
+};
 
-use vramtrace_format::{Encoder, FRAME_HEADER_LEN, Header, kind, trace_file_name};
+use vramtrace_format::{
+    BLOCK_HEADER_LEN, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas, Encoder, Event, FRAME_HEADER_LEN,
+    Header, MAX_EVENT_RECORD_LEN, encode_event, kind, payload_time, trace_file_name,
+};
 
 use crate::fork::ForkHandler;
 
@@ -30,36 +55,312 @@ const OPENING: u8 = 1;
 const RECORDING: u8 = 2;
 const FAILED: u8 = 3;
 
+/// Bytes per block.
+pub(crate) const BLOCK_SIZE: usize = DEFAULT_BLOCK_SIZE as usize;
+/// Blocks per mapped chunk.
+const BLOCKS_PER_CHUNK: u64 = 256;
+/// Bytes per mapped chunk (16 MiB).
+const CHUNK_BYTES: usize = BLOCK_SIZE * BLOCKS_PER_CHUNK as usize;
+/// Chunks a trace file can have: 64 GiB, some five billion events.
+const MAX_CHUNKS: usize = 4096;
+/// First reservation, and the largest step the reservation grows by.
+const FIRST_RESERVE_BLOCKS: u64 = 4;
+const MAX_RESERVE_STEP_BLOCKS: u64 = 1024;
+
 static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static FD: AtomicI32 = AtomicI32::new(-1);
 static WARNED: AtomicBool = AtomicBool::new(false);
 static FORK: ForkHandler = ForkHandler::new(after_fork_child);
+/// File offset of block 0.
+static DATA_OFFSET: AtomicU64 = AtomicU64::new(0);
+/// Index of the next block to hand out.
+static NEXT_BLOCK: AtomicU64 = AtomicU64::new(0);
+/// Blocks with disk space reserved behind them.
+static RESERVED: AtomicU64 = AtomicU64::new(0);
+/// Mapped chunks (null: not mapped yet).
+static CHUNKS: [AtomicPtr<u8>; MAX_CHUNKS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_CHUNKS];
+/// The slow path's lock: reserving space and mapping chunks.
+static GROW: AtomicBool = AtomicBool::new(false);
+/// Changes whenever cursors taken before must not be used again (a new file, a fork child).
+static EPOCH: AtomicU32 = AtomicU32::new(1);
+
+/// A thread's place in its block.
+#[derive(Clone, Copy)]
+struct Cursor {
+    /// [`EPOCH`] when the block was taken; 0 for no block.
+    epoch: u32,
+    block: *mut u8,
+    /// Next free byte inside the block.
+    pos: usize,
+    deltas: Deltas,
+}
+
+const NO_CURSOR: Cursor = Cursor {
+    epoch: 0,
+    block: core::ptr::null_mut(),
+    pos: BLOCK_SIZE,
+    deltas: Deltas { t_ns: 0, ptr: 0 },
+};
 
 thread_local! {
-    static TID: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+    static TID: Cell<u32> = const { Cell::new(0) };
+    static CURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
 }
 
 /// The open trace file, as [`with_file`] and [`file()`] hand it out: the only way to write.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct File(c_int);
+pub(crate) struct File {
+    /// In unit tests: frames go to this descriptor with `write(2)` instead.
+    #[cfg(test)]
+    raw_fd: Option<c_int>,
+}
 
 impl File {
-    /// Appends one encoded record (a frame from `vramtrace_format::Encoder`, or an event
-    /// record) in one piece; a write error stops recording.
-    pub(crate) fn write(self, record: &[u8]) {
-        if !write_all(self.0, record) {
-            disable(&format!(
-                "cannot write the trace file: {}",
+    const MAPPED: File = File {
+        #[cfg(test)]
+        raw_fd: None,
+    };
+
+    /// Appends one encoded record (a frame from `vramtrace_format::Encoder`): its kind and
+    /// payload go into this thread's block.
+    pub(crate) fn write(self, frame: &[u8]) {
+        #[cfg(test)]
+        if let Some(fd) = self.raw_fd {
+            write_all(fd, frame);
+            return;
+        }
+        if frame.len() < FRAME_HEADER_LEN {
+            return;
+        }
+        let (tag, payload) = (frame[1], &frame[FRAME_HEADER_LEN..]);
+        let mut len = [0u8; 10];
+        let n = put_varint(&mut len, payload.len() as u64);
+        let total = 1 + n + payload.len();
+        if tag == 0 || total > BLOCK_SIZE - BLOCK_HEADER_LEN {
+            return;
+        }
+        let t = payload_time(tag, payload).unwrap_or_else(mono_ns);
+        append(total, t, |dst, _| {
+            // Safety: `append` hands out `total` writable bytes of this thread's block.
+            unsafe {
+                core::ptr::copy_nonoverlapping(len.as_ptr(), dst.add(1), n);
+                core::ptr::copy_nonoverlapping(payload.as_ptr(), dst.add(1 + n), payload.len());
+            }
+            tag
+        });
+    }
+
+    /// Appends one event (its thread is the block's; its time and pointer are encoded as
+    /// deltas from the thread's previous event).
+    #[inline]
+    pub(crate) fn write_event(self, ev: &Event) {
+        #[cfg(test)]
+        if let Some(fd) = self.raw_fd {
+            let mut rec = [0u8; vramtrace_format::EVENT_RECORD_LEN];
+            ev.encode(&mut rec);
+            write_all(fd, &rec);
+            return;
+        }
+        append(MAX_EVENT_RECORD_LEN, ev.t_ns, |dst, deltas| {
+            let mut rec = [0u8; MAX_EVENT_RECORD_LEN];
+            let n = encode_event(ev, deltas, &mut rec);
+            // Safety: `append` hands out MAX_EVENT_RECORD_LEN writable bytes, n is at most that.
+            unsafe { core::ptr::copy_nonoverlapping(rec.as_ptr().add(1), dst.add(1), n - 1) };
+            (rec[0], n)
+        });
+    }
+
+    /// A file on a descriptor the test opened itself (version 1 frames, one `write(2)` each).
+    #[cfg(test)]
+    pub(crate) fn from_raw_fd(fd: c_int) -> File {
+        File { raw_fd: Some(fd) }
+    }
+}
+
+/// What a record writer returns: its tag, and its length when only known after encoding.
+trait Written {
+    fn parts(self, room: usize) -> (u8, usize);
+}
+impl Written for u8 {
+    fn parts(self, room: usize) -> (u8, usize) {
+        (self, room)
+    }
+}
+impl Written for (u8, usize) {
+    fn parts(self, _: usize) -> (u8, usize) {
+        self
+    }
+}
+
+/// Appends one record of at most `room` bytes to this thread's block (taking a new block,
+/// based at `t_ns`, when it has not that much room left): `fill` writes every byte but the
+/// first (the tag) and returns the tag; the tag is stored last, with release ordering.
+#[inline]
+fn append<W: Written>(room: usize, t_ns: u64, fill: impl FnOnce(*mut u8, &mut Deltas) -> W) {
+    let epoch = EPOCH.load(Ordering::Acquire);
+    let Ok(mut cur) = CURSOR.try_with(Cell::get) else {
+        return; // thread-local storage already torn down (thread exit)
+    };
+    if cur.epoch != epoch || cur.pos + room > BLOCK_SIZE {
+        match take_block(epoch, t_ns) {
+            Some(c) => cur = c,
+            None => return,
+        }
+    }
+    // Safety: the cursor's block is this thread's alone, mapped and reserved, and
+    // `pos + room <= BLOCK_SIZE`.
+    let dst = unsafe { cur.block.add(cur.pos) };
+    let (tag, len) = fill(dst, &mut cur.deltas).parts(room);
+    // Safety: `dst` is in the mapping and suitably aligned for a byte; nobody else stores here.
+    unsafe { AtomicU8::from_ptr(dst) }.store(tag, Ordering::Release);
+    cur.pos += len;
+    let _ = CURSOR.try_with(|c| c.set(cur));
+}
+
+/// Hands this thread a fresh block, its header written. `None` when recording stops.
+#[cold]
+fn take_block(epoch: u32, t_ns: u64) -> Option<Cursor> {
+    if STATE.load(Ordering::Acquire) != RECORDING {
+        return None;
+    }
+    let index = NEXT_BLOCK.fetch_add(1, Ordering::AcqRel);
+    let chunk = (index / BLOCKS_PER_CHUNK) as usize;
+    if chunk >= MAX_CHUNKS {
+        disable("the trace file reached its size limit (64 GiB)");
+        return None;
+    }
+    if RESERVED.load(Ordering::Acquire) <= index || CHUNKS[chunk].load(Ordering::Acquire).is_null()
+    {
+        grow(index)?;
+    }
+    // Recheck: a fork child or a failure may have happened while growing.
+    if EPOCH.load(Ordering::Acquire) != epoch || STATE.load(Ordering::Acquire) != RECORDING {
+        return None;
+    }
+    let base = CHUNKS[chunk].load(Ordering::Acquire);
+    // Safety: the chunk is mapped and CHUNK_BYTES long; the block lies inside it.
+    let block = unsafe { base.add((index % BLOCKS_PER_CHUNK) as usize * BLOCK_SIZE) };
+    let header = BlockHeader {
+        tid: tid(),
+        seq: index,
+        base_t_ns: t_ns,
+    };
+    let bytes = header.encode();
+    // Safety: the block is this thread's alone and reserved; the magic (bytes 0..4, aligned:
+    // blocks are page aligned) is stored last so that a reader never sees a half header.
+    unsafe {
+        core::ptr::copy_nonoverlapping(bytes.as_ptr().add(4), block.add(4), BLOCK_HEADER_LEN - 4);
+        AtomicU32::from_ptr(block as *mut u32).store(
+            u32::from_ne_bytes(bytes[..4].try_into().unwrap()),
+            Ordering::Release,
+        );
+    }
+    Some(Cursor {
+        epoch,
+        block,
+        pos: BLOCK_HEADER_LEN,
+        deltas: Deltas::at_block_start(&header),
+    })
+}
+
+/// The slow path: reserves space up to block `index` and maps its chunk. `None` (recording
+/// stopped) if either fails.
+#[cold]
+fn grow(index: u64) -> Option<()> {
+    let mut spins = 0u32;
+    while GROW
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins > 1_000_000 || STATE.load(Ordering::Acquire) != RECORDING {
+            return None;
+        }
+        // Safety: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+    let result = grow_locked(index);
+    GROW.store(false, Ordering::Release);
+    if let Err(why) = &result {
+        stop_with_note(why);
+    }
+    result.ok()
+}
+
+fn grow_locked(index: u64) -> Result<(), String> {
+    let fd = FD.load(Ordering::Acquire);
+    let data = DATA_OFFSET.load(Ordering::Acquire);
+    let reserved = RESERVED.load(Ordering::Acquire);
+    if reserved <= index {
+        let step = reserved.clamp(FIRST_RESERVE_BLOCKS, MAX_RESERVE_STEP_BLOCKS);
+        let upto = (index + 1).max(reserved + step);
+        let from = data + reserved * BLOCK_SIZE as u64;
+        let len = (upto - reserved) * BLOCK_SIZE as u64;
+        // Safety: an open descriptor and a range; posix_fallocate returns an error number.
+        let r = unsafe { libc::posix_fallocate(fd, from as libc::off_t, len as libc::off_t) };
+        if r != 0 {
+            return Err(format!(
+                "cannot reserve space for the trace ({} more bytes): {}",
+                len,
+                std::io::Error::from_raw_os_error(r)
+            ));
+        }
+        RESERVED.store(upto, Ordering::Release);
+    }
+    let chunk = (index / BLOCKS_PER_CHUNK) as usize;
+    if CHUNKS[chunk].load(Ordering::Acquire).is_null() {
+        // Safety: a fresh shared mapping of the file; its pages past the reservation are never
+        // touched (blocks are handed out only below RESERVED).
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                CHUNK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                (data + chunk as u64 * CHUNK_BYTES as u64) as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "cannot map the trace file: {}",
                 std::io::Error::last_os_error()
             ));
         }
+        CHUNKS[chunk].store(p as *mut u8, Ordering::Release);
     }
+    Ok(())
+}
 
-    /// A file on a descriptor the test opened itself.
-    #[cfg(test)]
-    pub(crate) fn from_raw_fd(fd: c_int) -> File {
-        File(fd)
+/// Stops recording after a failure to grow the file, leaving a NOTE that says why in the
+/// calling thread's block if it still has room.
+fn stop_with_note(why: &str) {
+    let text = why.as_bytes();
+    let mut buf = [0u8; FRAME_HEADER_LEN + 8 + 256];
+    let mut e = Encoder::new(&mut buf);
+    e.u64(mono_ns()).bytes(&text[..text.len().min(256)]);
+    let frame = e.finish(kind::NOTE);
+    let epoch = EPOCH.load(Ordering::Acquire);
+    if let Ok(cur) = CURSOR.try_with(Cell::get)
+        && cur.epoch == epoch
+        && cur.pos + frame.len() <= BLOCK_SIZE
+    {
+        File::MAPPED.write(frame);
     }
+    disable(why);
+}
+
+/// Writes LEB128 `v` into `out`; returns its length.
+fn put_varint(out: &mut [u8; 10], mut v: u64) -> usize {
+    let mut n = 0;
+    while v >= 0x80 {
+        out[n] = v as u8 | 0x80;
+        n += 1;
+        v >>= 7;
+    }
+    out[n] = v as u8;
+    n + 1
 }
 
 /// True when recording is configured on and has not failed.
@@ -138,7 +439,7 @@ pub(crate) fn file() -> Option<File> {
     let mut spins = 0u32;
     loop {
         match STATE.load(Ordering::Acquire) {
-            RECORDING => return Some(File(FD.load(Ordering::Acquire))),
+            RECORDING => return Some(File::MAPPED),
             IDLE => {
                 if STATE
                     .compare_exchange(IDLE, OPENING, Ordering::AcqRel, Ordering::Acquire)
@@ -147,8 +448,15 @@ pub(crate) fn file() -> Option<File> {
                     return match open_trace() {
                         Ok(fd) => {
                             FD.store(fd, Ordering::Release);
+                            EPOCH.fetch_add(1, Ordering::AcqRel);
                             STATE.store(RECORDING, Ordering::Release);
-                            Some(File(fd))
+                            if let Some(v) = crate::driver::driver_version() {
+                                let mut buf = [0u8; FRAME_HEADER_LEN + 4];
+                                let mut e = Encoder::new(&mut buf);
+                                e.i32(v);
+                                File::MAPPED.write(e.finish(kind::DRIVER));
+                            }
+                            Some(File::MAPPED)
                         }
                         Err(why) => {
                             disable(&why);
@@ -172,7 +480,7 @@ pub(crate) fn file() -> Option<File> {
     }
 }
 
-/// Creates `<dir>/<pid>[-n].vtr` exclusively and writes the header and the driver version.
+/// Creates `<dir>/<pid>[-n].vtr` exclusively and writes the header; resets the block state.
 fn open_trace() -> Result<c_int, String> {
     FORK.register();
     let dir = crate::config::dir().ok_or("no trace directory")?;
@@ -200,7 +508,7 @@ fn open_trace() -> Result<c_int, String> {
         fd = unsafe {
             libc::open(
                 path.as_ptr() as *const c_char,
-                libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC,
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
                 0o644,
             )
         };
@@ -225,20 +533,19 @@ fn open_trace() -> Result<c_int, String> {
         hostname: hostname(),
         cmdline: cmdline(),
     };
-    let mut bytes = Vec::with_capacity(512);
-    header.encode(&mut bytes);
+    let mut bytes = Vec::with_capacity(4096);
+    let data_offset = header.encode_blocks(BLOCK_SIZE as u32, &mut bytes);
+    // The gap up to block 0 is written as zeros: no hole anywhere in the file.
+    bytes.resize(data_offset as usize, 0);
     if !write_all(fd, &bytes) {
         return Err(format!(
             "cannot write the trace header: {}",
             std::io::Error::last_os_error()
         ));
     }
-    if let Some(v) = crate::driver::driver_version() {
-        let mut buf = [0u8; FRAME_HEADER_LEN + 4];
-        let mut e = Encoder::new(&mut buf);
-        e.i32(v);
-        write_all(fd, e.finish(kind::DRIVER));
-    }
+    DATA_OFFSET.store(data_offset, Ordering::Release);
+    NEXT_BLOCK.store(0, Ordering::Release);
+    RESERVED.store(0, Ordering::Release);
     Ok(fd)
 }
 
@@ -290,10 +597,23 @@ pub(crate) fn disable(why: &str) {
 }
 
 /// In the child after `fork`: forget the parent's file so the child writes its own, and the
-/// parent's thread id.
+/// parent's thread id. The parent's chunks are unmapped, so nothing in the child can store
+/// into the parent's file.
 extern "C" fn after_fork_child() {
+    EPOCH.fetch_add(1, Ordering::AcqRel);
     let fd = FD.swap(-1, Ordering::AcqRel);
     let state = STATE.load(Ordering::Acquire);
+    for chunk in &CHUNKS {
+        let p = chunk.swap(core::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            // Safety: a chunk this module mapped, CHUNK_BYTES long; the child has one thread,
+            // and its cursor is stale (EPOCH moved), so nothing uses the mapping any more.
+            unsafe { libc::munmap(p as *mut libc::c_void, CHUNK_BYTES) };
+        }
+    }
+    NEXT_BLOCK.store(0, Ordering::Release);
+    RESERVED.store(0, Ordering::Release);
+    GROW.store(false, Ordering::Release);
     if state == RECORDING || state == OPENING {
         if fd >= 0 {
             // Safety: the child's copy of the parent's descriptor; the child is single-threaded
@@ -303,4 +623,5 @@ extern "C" fn after_fork_child() {
         STATE.store(IDLE, Ordering::Release);
     }
     let _ = TID.try_with(|c| c.set(0));
+    let _ = CURSOR.try_with(|c| c.set(NO_CURSOR));
 }
