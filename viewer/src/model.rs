@@ -1,0 +1,239 @@
+//! The view models: plain data the CLI computes from traces and NVML and hands
+//! to the viewer. Nothing here knows where the numbers came from.
+//!
+//! Sizes are bytes (`u64`), times are seconds since the trace's start (`f64`).
+
+use crate::timeline::Timeline;
+
+/// One traced process, as the header lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Process id (host pid namespace, as NVML reports it).
+    pub pid: u32,
+    /// Parent process id, when the trace recorded one.
+    pub parent: Option<u32>,
+    /// Command line, shortened by the renderer when it does not fit.
+    pub command: String,
+}
+
+/// One CUDA device seen in the traces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// CUDA ordinal (the `cuda:N` index).
+    pub ordinal: u32,
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Total device memory in bytes.
+    pub total_bytes: u64,
+}
+
+/// Live bytes on one device at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelinePoint {
+    /// Seconds since the trace started.
+    pub time_s: f64,
+    /// Bytes live on the device (all traced processes) at `time_s`.
+    pub live_bytes: u64,
+    /// Optional split of `live_bytes` by category, in the order of the
+    /// timeline's [`Timeline::categories`]; empty when not stacked.
+    pub by_category: Vec<u64>,
+}
+
+impl TimelinePoint {
+    /// A point with no category split.
+    pub fn new(time_s: f64, live_bytes: u64) -> Self {
+        Self {
+            time_s,
+            live_bytes,
+            by_category: Vec::new(),
+        }
+    }
+
+    /// A point split by category; `live_bytes` is the sum of the parts.
+    pub fn stacked(time_s: f64, by_category: Vec<u64>) -> Self {
+        Self {
+            time_s,
+            live_bytes: by_category.iter().sum(),
+            by_category,
+        }
+    }
+}
+
+/// The highest live-bytes moment seen so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Peak {
+    /// When it happened, seconds since the trace started.
+    pub time_s: f64,
+    /// Live bytes at that moment.
+    pub bytes: u64,
+}
+
+/// An allocation the driver (or an allocator) refused.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedAllocation {
+    /// When it happened, seconds since the trace started.
+    pub time_s: f64,
+    /// Device the allocation was for.
+    pub device: u32,
+    /// Process that asked.
+    pub pid: u32,
+    /// Requested size in bytes.
+    pub request_bytes: u64,
+    /// Free device memory reported at the failure (`cuMemGetInfo`), if known.
+    pub free_bytes: Option<u64>,
+    /// Name of what was being allocated: annotation, NVTX range or model tensor.
+    pub label: String,
+    /// Error name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub error: String,
+}
+
+/// One allocation live at the cursor's time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveAllocation {
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Name: annotation, NVTX range, or matched model tensor; empty if none.
+    pub name: String,
+    /// Driver entry point that made it, e.g. `cuMemAlloc_v2`.
+    pub driver_function: String,
+    /// Seconds it had been live at the cursor's time.
+    pub age_s: f64,
+    /// The most useful frame (first frame outside allocator internals).
+    pub top_frame: String,
+    /// The full symbolised stack, innermost frame first, one frame a line.
+    pub stack: Vec<String>,
+}
+
+/// Bytes of one label or category.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakdownEntry {
+    /// Label or category name (`weights`, `KV cache`, `activations`, `unnamed`, ...).
+    pub label: String,
+    /// Live bytes under it.
+    pub bytes: u64,
+}
+
+/// What was live at one time on one device: the answer to a [`SnapshotQuery`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LiveSnapshot {
+    /// The time the snapshot describes.
+    pub time_s: f64,
+    /// The largest live allocations, largest first (the source decides how many).
+    pub largest: Vec<LiveAllocation>,
+    /// Live bytes by label or category.
+    pub breakdown: Vec<BreakdownEntry>,
+}
+
+/// Which snapshot the view needs: the CLI answers it from its replay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SnapshotQuery {
+    /// Device ordinal.
+    pub device: u32,
+    /// Only this process, or all processes when `None`.
+    pub pid: Option<u32>,
+    /// Seconds since the trace started.
+    pub time_s: f64,
+}
+
+/// NVML's view of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Device memory NVML says the process uses.
+    pub used_bytes: u64,
+}
+
+/// The NVML panel of one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NvmlPanel {
+    /// NVML answered.
+    Available {
+        /// Device memory in use (all processes, contexts included).
+        used_bytes: u64,
+        /// Total device memory.
+        total_bytes: u64,
+        /// Per-process use, as NVML lists the running compute processes.
+        processes: Vec<NvmlProcess>,
+    },
+    /// NVML could not be asked (no driver, no GPU, CI); the reason is shown.
+    Unavailable(String),
+}
+
+/// One new piece of information from a [`crate::LiveSource`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// A process appeared (or its details changed; keyed by pid).
+    Process(ProcessInfo),
+    /// A device appeared (keyed by ordinal).
+    Device(DeviceInfo),
+    /// Category names for a device's stacked points.
+    Categories {
+        /// Device ordinal.
+        device: u32,
+        /// Names, in the order of [`TimelinePoint::by_category`].
+        names: Vec<String>,
+    },
+    /// Live bytes on a device at a moment; points arrive in time order.
+    Sample {
+        /// Device ordinal.
+        device: u32,
+        /// The point.
+        point: TimelinePoint,
+    },
+    /// A refused allocation.
+    Failure(FailedAllocation),
+    /// The latest NVML reading of a device.
+    Nvml {
+        /// Device ordinal.
+        device: u32,
+        /// The reading.
+        panel: NvmlPanel,
+    },
+    /// A line for the status bar: "waiting for traces in DIR", a skipped file, ...
+    Notice(String),
+}
+
+/// Observed beside predicted bytes of one tensor, for the breakdown plot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakdownRow {
+    /// Tensor or label name.
+    pub tensor: String,
+    /// Bytes the analytical model predicts, if it names this tensor.
+    pub predicted_bytes: Option<u64>,
+    /// Bytes observed in the trace, if an allocation matched.
+    pub observed_bytes: Option<u64>,
+}
+
+/// The breakdown plot: one row per tensor at the peak or a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakdownPlot {
+    /// Title, e.g. `at the peak (12.4 s), cuda:0`.
+    pub title: String,
+    /// Rows, drawn top to bottom in this order.
+    pub rows: Vec<BreakdownRow>,
+}
+
+/// The timeline plot: one panel per device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelinePlot {
+    /// Title above all panels.
+    pub title: String,
+    /// Devices with their timelines, one panel each.
+    pub devices: Vec<(DeviceInfo, Timeline)>,
+}
+
+/// The cliff plot: the model's peak against prompt length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CliffCurve {
+    /// Title, e.g. the model and configuration.
+    pub title: String,
+    /// `(prompt tokens, model peak bytes)`, in token order.
+    pub model: Vec<(u64, u64)>,
+    /// Device capacity the cliff is measured against.
+    pub capacity_bytes: Option<u64>,
+    /// First prompt length whose predicted peak exceeds the capacity.
+    pub cliff_tokens: Option<u64>,
+    /// `(prompt tokens, observed peak bytes)` from traces.
+    pub observed: Vec<(u64, u64)>,
+}

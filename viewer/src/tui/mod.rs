@@ -1,0 +1,25 @@
+//! The live terminal view: an [`App`] fed by a [`LiveSource`], drawn with
+//! ratatui, one module per panel.
+
+mod app;
+mod breakdown;
+mod chart;
+mod header;
+mod help;
+mod largest;
+mod nvml;
+mod run;
+mod source;
+mod stack;
+mod status;
+mod theme;
+mod ui;
+
+#[cfg(test)]
+mod snapshot_tests;
+
+pub use app::{Action, App, DeviceView, FLASH_TICKS, Mode, Overlay, ViewOptions};
+pub use help::KEYS;
+pub use run::{KeyInput, RunOptions, TerminalKeys, run, run_loop};
+pub use source::{LiveSource, ScriptedSource};
+pub use ui::{MIN_HEIGHT, MIN_WIDTH};

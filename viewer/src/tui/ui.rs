@@ -1,0 +1,55 @@
+//! The whole screen: panels laid out, overlays on top.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::{Alignment, Constraint, Layout, Rect};
+use ratatui::text::Line;
+use ratatui::widgets::{Paragraph, Widget, Wrap};
+
+use crate::tui::app::{App, Overlay};
+use crate::tui::{breakdown, chart, header, help, largest, nvml, stack, status};
+
+/// The smallest screen the panels are laid out on.
+pub const MIN_WIDTH: u16 = 60;
+/// See [`MIN_WIDTH`].
+pub const MIN_HEIGHT: u16 = 20;
+
+const NVML_WIDTH: u16 = 25;
+const LARGEST_HEIGHT: u16 = 8;
+const BREAKDOWN_HEIGHT: u16 = 4;
+
+impl Widget for &App {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+            let text = format!(
+                "The terminal is {}×{}; the live view needs at least {MIN_WIDTH}×{MIN_HEIGHT}. Enlarge it, or press q to quit.",
+                area.width, area.height
+            );
+            Paragraph::new(Line::from(text))
+                .wrap(Wrap { trim: true })
+                .alignment(Alignment::Center)
+                .render(area, buf);
+            return;
+        }
+        let [head, body, table, bar, foot] = Layout::vertical([
+            Constraint::Length(header::height(self)),
+            Constraint::Min(6),
+            Constraint::Length(LARGEST_HEIGHT),
+            Constraint::Length(BREAKDOWN_HEIGHT),
+            Constraint::Length(1),
+        ])
+        .areas(area);
+        let [timeline, nvml_area] =
+            Layout::horizontal([Constraint::Min(30), Constraint::Length(NVML_WIDTH)]).areas(body);
+        header::render(self, head, buf);
+        chart::render(self, timeline, buf);
+        nvml::render(self, nvml_area, buf);
+        largest::render(self, table, buf);
+        breakdown::render(self, bar, buf);
+        status::render(self, foot, buf);
+        match self.overlay() {
+            Overlay::Help => help::render(area, buf),
+            Overlay::Stack(allocation) => stack::render(allocation, area, buf),
+            Overlay::None | Overlay::FilterInput => {}
+        }
+    }
+}
