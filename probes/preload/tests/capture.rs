@@ -502,3 +502,54 @@ fn a_relative_trace_directory_is_taken_from_the_working_directory() {
     run_ok(cmd);
     assert_eq!(events(&only_trace(&s.path.join("rel/trace"))).len(), 6);
 }
+
+/// Eight threads writing as fast as they can (blocks taken concurrently, the file reserved and
+/// mapped further while they write): every event is in the trace, each thread's in its order.
+#[test]
+fn eight_threads_at_full_speed_lose_no_event() {
+    let s = Scratch::new("throughput");
+    let exe = compile(&s, "throughput", true);
+    let mut cmd = traced(&exe, &s.trace_dir());
+    cmd.args(["8", "40000"]).env("VRAMTRACE_STACKS", "0");
+    run_ok(cmd);
+    let t = only_trace(&s.trace_dir());
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let evs = events(&t);
+    assert_eq!(evs.len(), 8 * 40_000 * 2);
+    let mut tids: Vec<u32> = evs.iter().map(|e| e.tid).collect();
+    tids.sort();
+    tids.dedup();
+    assert_eq!(tids.len(), 8);
+    for tid in tids {
+        let mine: Vec<&Event> = evs.iter().filter(|e| e.tid == tid).collect();
+        assert_eq!(mine.len(), 80_000);
+        for (i, pair) in mine.chunks_exact(2).enumerate() {
+            assert_eq!(
+                (pair[0].kind, pair[0].size),
+                (EventKind::Alloc, 4096 * (1 + i as u64 % 64)),
+                "thread {tid}, pair {i}"
+            );
+            assert_eq!((pair[1].kind, pair[1].ptr), (EventKind::Free, pair[0].ptr));
+            assert!(pair[0].t_ns <= pair[1].t_ns);
+        }
+    }
+    // The timed records stream back in time order too.
+    let path = std::fs::read_dir(s.trace_dir())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let f = vramtrace_format::FileReader::open(&path).unwrap();
+    let mut timed = f.timed().unwrap();
+    let mut last = 0;
+    let mut n = 0;
+    for r in timed.by_ref() {
+        let t = vramtrace_format::time_of(&r).unwrap();
+        assert!(t >= last);
+        last = t;
+        n += 1;
+    }
+    assert_eq!(n, 8 * 40_000 * 2);
+    assert!(timed.problems().is_empty());
+}
