@@ -169,15 +169,20 @@ pub fn write_events(trace: &Trace, stacks: bool, out: &mut dyn Write) -> io::Res
     } else {
         Vec::new()
     };
+    // Each line is built in one buffer and written whole: serde_json's many small writes
+    // through `dyn Write` cost more than the rest of the line.
+    let mut buf = Vec::with_capacity(512);
     let r = for_each_event(trace, |pi, line, stack| {
+        buf.clear();
         if stacks && stack != 0 {
             let mut l = line.clone();
             l.frames = Some(syms[pi].stack(stack));
-            serde_json::to_writer(&mut *out, &l)?;
+            serde_json::to_writer(&mut buf, &l)?;
         } else {
-            serde_json::to_writer(&mut *out, line)?;
+            serde_json::to_writer(&mut buf, line)?;
         }
-        out.write_all(b"\n")
+        buf.push(b'\n');
+        out.write_all(&buf)
     });
     match r.and_then(|_| out.flush()) {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),

@@ -142,8 +142,11 @@ impl Hasher for FastHasher {
     }
 
     fn finish(&self) -> u64 {
-        // Fold the high bits down: hashbrown takes its bucket from the low bits.
-        self.0 ^ (self.0 >> 29)
+        // Fold the high bits down: a product's low bits depend only on the inputs' low bits,
+        // pointers' low bits are zero (aligned), and hashbrown takes its bucket from the low
+        // bits.
+        let h = (self.0 ^ (self.0 >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^ (h >> 29)
     }
 }
 

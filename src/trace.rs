@@ -393,12 +393,15 @@ impl Trace {
     }
 }
 
-/// The k-way merge behind [`Trace::items`]: one head item per process and a binary heap of
-/// (time, process) over the heads. One process needs no heap.
+/// The k-way merge behind [`Trace::items`]: one head item per process, the process whose head
+/// is earliest ("current"), and a binary heap of (time, process) over the other heads. While the
+/// current process's next item is still the earliest, items flow with one comparison and no heap
+/// operation: processes write in runs. One process needs no heap.
 pub struct Items<'a> {
     streams: Vec<ItemStream<'a>>,
     heads: Vec<Option<Item>>,
     heap: BinaryHeap<Reverse<(u64, usize)>>,
+    current: Option<usize>,
 }
 
 impl<'a> Items<'a> {
@@ -414,10 +417,12 @@ impl<'a> Items<'a> {
                 heads.push(h);
             }
         }
+        let current = heap.pop().map(|Reverse((_, i))| i);
         Items {
             streams,
             heads,
             heap,
+            current,
         }
     }
 }
@@ -429,11 +434,21 @@ impl Iterator for Items<'_> {
         if self.streams.len() == 1 {
             return self.streams[0].next().map(|it| (0, it));
         }
-        let Reverse((_, i)) = self.heap.pop()?;
+        let i = self.current?;
         let it = self.heads[i].take()?;
-        if let Some(n) = self.streams[i].next() {
-            self.heap.push(Reverse((n.t_ns(), i)));
-            self.heads[i] = Some(n);
+        match self.streams[i].next() {
+            Some(n) => {
+                let key = (n.t_ns(), i);
+                self.heads[i] = Some(n);
+                if let Some(mut top) = self.heap.peek_mut()
+                    && top.0 < key
+                {
+                    // Another process is earlier now: it becomes current, this one waits.
+                    let Reverse((_, j)) = std::mem::replace(&mut *top, Reverse(key));
+                    self.current = Some(j);
+                }
+            }
+            None => self.current = self.heap.pop().map(|Reverse((_, j))| j),
         }
         Some((i, it))
     }
