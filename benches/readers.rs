@@ -24,8 +24,8 @@ use vramtrace::replay::Replayer;
 use vramtrace::trace::Item;
 use vramtrace_format::{
     Annotation, Api, BLOCK_HEADER_LEN, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas, DeviceInfo, Event,
-    EventKind, FRAME_HEADER_LEN, Header, MAX_EVENT_RECORD_LEN, MAX_PAYLOAD, MemKind, ModuleInfo,
-    Record, encode_event, frame_record,
+    EventKind, FRAME_HEADER_LEN, FileReader, Header, MAX_EVENT_RECORD_LEN, MAX_PAYLOAD, MemKind,
+    ModuleInfo, Record, encode_event, frame_record,
 };
 
 const PROCESSES: u32 = 2;
@@ -468,7 +468,22 @@ fn main() {
     let exe = env!("CARGO_BIN_EXE_vramtrace");
     let mut table = Table(Vec::new());
 
-    // In process: the merged stream alone, then through the replay.
+    // In process: the format crate's per-file streams alone, the merged stream, then the
+    // merged stream through the replay.
+    let t = Instant::now();
+    let mut raw = 0u64;
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|x| x == "vtr") {
+            let r = FileReader::open(&f).unwrap();
+            raw += r
+                .timed()
+                .unwrap()
+                .filter(|r| matches!(r, Record::Event(_)))
+                .count() as u64;
+        }
+    }
+    table.rate("read: FileReader::timed per file", raw, t.elapsed(), 20.0);
     let t = Instant::now();
     let trace = Trace::open(&dir).unwrap();
     let open = t.elapsed();
