@@ -65,4 +65,6 @@ mod units;
 
 pub use error::ViewerError;
 pub use timeline::{DEFAULT_MAX_POINTS, MAX_KEPT_FAILURES, Timeline};
-pub use units::{ByteUnit, format_bytes, format_count, format_seconds, format_signed_bytes};
+pub use units::{
+    ByteUnit, format_bytes, format_count, format_seconds, format_signed_bytes, nice_ceil,
+};

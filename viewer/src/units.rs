@@ -101,12 +101,26 @@ pub fn format_count(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
     }
     out
+}
+
+/// The smallest of 1, 1.5, 2, 2.5, 3, 4, 5, 6 and 8 times a power of ten that is at least `x`
+/// (for axis steps people can read); 1 for `x <= 0`.
+pub fn nice_ceil(x: f64) -> f64 {
+    if x <= 0.0 || !x.is_finite() {
+        return 1.0;
+    }
+    let power = 10f64.powf(x.log10().floor());
+    [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
+        .into_iter()
+        .map(|m| m * power)
+        .find(|&v| v >= x * (1.0 - 1e-12))
+        .unwrap_or(10.0 * power)
 }
 
 #[cfg(test)]
@@ -123,6 +137,16 @@ mod tests {
         assert_eq!(format_bytes(23 * (1 << 30) + (1 << 29)), "23.50 GiB");
         assert_eq!(format_signed_bytes(-(3 << 29)), "-1.50 GiB");
         assert_eq!(ByteUnit::GiB.format(3.0 * GIB, 0), "3 GiB");
+    }
+
+    #[test]
+    fn nice_steps() {
+        assert_eq!(nice_ceil(13.2), 15.0);
+        assert_eq!(nice_ceil(2.1), 2.5);
+        assert_eq!(nice_ceil(0.35), 0.4);
+        assert_eq!(nice_ceil(7.0), 8.0);
+        assert_eq!(nice_ceil(5.0), 5.0);
+        assert_eq!(nice_ceil(0.0), 1.0);
     }
 
     #[test]

@@ -2,14 +2,15 @@
 //! failures, the capacity and predicted lines and the cursor marked.
 
 use ratatui::buffer::Buffer;
-use ratatui::layout::{Alignment, Constraint, Rect};
+use ratatui::layout::{Alignment, Rect};
+use ratatui::style::Style;
 use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, LegendPosition, Paragraph, Widget};
+use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph, Widget};
 
 use crate::tui::app::{App, Mode};
 use crate::tui::theme;
-use crate::units::{ByteUnit, format_bytes, format_seconds};
+use crate::units::{ByteUnit, format_bytes, format_seconds, nice_ceil};
 
 /// Draws the selected device's timeline into `area`.
 pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
@@ -41,10 +42,11 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
     .max()
     .unwrap_or(0)
     .max(1) as f64
-        * 1.1;
+        * 1.05;
     let unit = ByteUnit::for_bytes(top);
     let y = |bytes: u64| bytes as f64 / unit.bytes();
-    let y_top = top / unit.bytes();
+    // Round the axis up so its three labels are round numbers.
+    let y_top = 2.0 * nice_ceil(top / unit.bytes() / 2.0);
 
     let live: Vec<(f64, f64)> = timeline
         .points()
@@ -62,63 +64,54 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
     let cursor = app.cursor_time();
     let cursor_line = vec![(cursor, 0.0), (cursor, y_top)];
 
-    let mut datasets = vec![
+    let line = |data, style| {
         Dataset::default()
-            .name("live")
             .marker(Marker::Braille)
             .graph_type(GraphType::Line)
-            .style(theme::LIVE)
-            .data(&live),
-    ];
-    if let (Some(line), Some(bytes)) = (&capacity, timeline.capacity_bytes()) {
-        datasets.push(
-            Dataset::default()
-                .name(format!("capacity {}", format_bytes(bytes)))
-                .marker(Marker::Braille)
-                .graph_type(GraphType::Line)
-                .style(theme::CAPACITY)
-                .data(line),
-        );
+            .style(style)
+            .data(data)
+    };
+    let mut datasets = vec![line(&live, theme::LIVE)];
+    let mut items = vec![("━", theme::LIVE, "live".to_string())];
+    if let (Some(data), Some(bytes)) = (&capacity, timeline.capacity_bytes()) {
+        datasets.push(line(data, theme::CAPACITY));
+        items.push((
+            "━",
+            theme::CAPACITY,
+            format!("capacity {}", format_bytes(bytes)),
+        ));
     }
-    if let (Some(line), Some(bytes)) = (&predicted, timeline.predicted_peak_bytes()) {
-        datasets.push(
-            Dataset::default()
-                .name(format!("predicted {}", format_bytes(bytes)))
-                .marker(Marker::Braille)
-                .graph_type(GraphType::Line)
-                .style(theme::PREDICTED)
-                .data(line),
-        );
+    if let (Some(data), Some(bytes)) = (&predicted, timeline.predicted_peak_bytes()) {
+        datasets.push(line(data, theme::PREDICTED));
+        items.push((
+            "━",
+            theme::PREDICTED,
+            format!("predicted {}", format_bytes(bytes)),
+        ));
     }
     if app.mode() == Mode::Paused {
-        datasets.push(
-            Dataset::default()
-                .name(format!("cursor {}", format_seconds(cursor)))
-                .marker(Marker::Braille)
-                .graph_type(GraphType::Line)
-                .style(theme::CURSOR)
-                .data(&cursor_line),
-        );
+        // The status bar says the cursor's time; the legend has no room to spare.
+        datasets.push(line(&cursor_line, theme::CURSOR));
     }
     if let Some(p) = peak {
         datasets.push(
             Dataset::default()
-                .name(format!("peak {}", format_bytes(p.bytes)))
                 .marker(Marker::Dot)
                 .graph_type(GraphType::Scatter)
                 .style(theme::PEAK)
                 .data(&peak_point),
         );
+        items.push(("•", theme::PEAK, format!("peak {}", format_bytes(p.bytes))));
     }
     if !failures.is_empty() {
         datasets.push(
             Dataset::default()
-                .name(format!("failed ×{}", failures.len()))
                 .marker(Marker::Block)
                 .graph_type(GraphType::Scatter)
                 .style(theme::FAILURE)
                 .data(&failures),
         );
+        items.push(("█", theme::FAILURE, format!("failed ×{}", failures.len())));
     }
 
     let x_labels = vec![
@@ -126,13 +119,10 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
         Span::raw(format_seconds((start + end) / 2.0)),
         Span::raw(format_seconds(end)),
     ];
-    let y_labels = vec![
-        Span::raw("0"),
-        Span::raw(unit.format(top / 2.0, 1)),
-        Span::raw(unit.format(top, 1)),
-    ];
+    let label = |v: f64| Span::raw(format!("{} {}", trim_number(v), unit.symbol()));
+    let y_labels = vec![Span::raw("0"), label(y_top / 2.0), label(y_top)];
     Chart::new(datasets)
-        .block(block)
+        .block(block.title_bottom(legend(&items)))
         .x_axis(
             Axis::default()
                 .bounds([start, end])
@@ -145,7 +135,23 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
                 .labels(y_labels)
                 .style(theme::DIM),
         )
-        .legend_position(Some(LegendPosition::TopLeft))
-        .hidden_legend_constraints((Constraint::Percentage(60), Constraint::Percentage(70)))
+        .legend_position(None)
         .render(area, buf);
+}
+
+/// The legend as a line of marks in the datasets' colours, for the block's
+/// bottom edge (ratatui's legend box would cover the curve in a small panel).
+fn legend(items: &[(&'static str, Style, String)]) -> Line<'static> {
+    let mut spans = vec![Span::raw(" ")];
+    for (mark, style, text) in items {
+        spans.push(Span::styled(*mark, *style));
+        spans.push(Span::raw(format!(" {text}  ")));
+    }
+    Line::from(spans)
+}
+
+/// `v` with at most one decimal and no trailing `.0`.
+fn trim_number(v: f64) -> String {
+    let s = format!("{v:.1}");
+    s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
 }

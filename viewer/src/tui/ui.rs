@@ -16,6 +16,32 @@ pub const MIN_HEIGHT: u16 = 20;
 const NVML_WIDTH: u16 = 25;
 const LARGEST_HEIGHT: u16 = 8;
 const BREAKDOWN_HEIGHT: u16 = 4;
+const MIN_BODY_HEIGHT: u16 = 6;
+
+/// Header, timeline row, largest-live table, breakdown bar and status line,
+/// top to bottom. Heights are computed here rather than by the constraint
+/// solver: on a short screen the constraints conflict, and the solver's
+/// choice between them is not stable from run to run.
+fn split(area: Rect, header_height: u16) -> [Rect; 5] {
+    let rest = area.height.saturating_sub(header_height + 1);
+    let bar = if rest >= MIN_BODY_HEIGHT + LARGEST_HEIGHT + BREAKDOWN_HEIGHT {
+        BREAKDOWN_HEIGHT
+    } else {
+        3
+    };
+    let table = rest
+        .saturating_sub(bar + MIN_BODY_HEIGHT)
+        .clamp(3, LARGEST_HEIGHT);
+    let body = rest.saturating_sub(bar + table);
+    Layout::vertical([
+        Constraint::Length(header_height),
+        Constraint::Length(body),
+        Constraint::Length(table),
+        Constraint::Length(bar),
+        Constraint::Length(1),
+    ])
+    .areas(area)
+}
 
 impl Widget for &App {
     fn render(self, area: Rect, buf: &mut Buffer) {
@@ -30,14 +56,7 @@ impl Widget for &App {
                 .render(area, buf);
             return;
         }
-        let [head, body, table, bar, foot] = Layout::vertical([
-            Constraint::Length(header::height(self)),
-            Constraint::Min(6),
-            Constraint::Length(LARGEST_HEIGHT),
-            Constraint::Length(BREAKDOWN_HEIGHT),
-            Constraint::Length(1),
-        ])
-        .areas(area);
+        let [head, body, table, bar, foot] = split(area, header::height(self));
         let [timeline, nvml_area] =
             Layout::horizontal([Constraint::Min(30), Constraint::Length(NVML_WIDTH)]).areas(body);
         header::render(self, head, buf);
