@@ -106,6 +106,16 @@ const NO_CURSOR: Cursor = Cursor {
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
     static CURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
+    /// This thread's last [`mono_ns`] reading (0 before the first).
+    static LAST_CLOCK: Cell<u64> = const { Cell::new(0) };
+}
+
+/// This thread's last [`mono_ns`] reading, or the clock now if it has none.
+fn last_clock() -> u64 {
+    match LAST_CLOCK.try_with(Cell::get) {
+        Ok(t) if t != 0 => t,
+        _ => mono_ns(),
+    }
 }
 
 /// The open trace file, as [`with_file`] and [`file()`] hand it out: the only way to write.
@@ -140,7 +150,10 @@ impl File {
         if tag == 0 || total > BLOCK_SIZE - BLOCK_HEADER_LEN {
             return;
         }
-        let t = payload_time(tag, payload).unwrap_or_else(mono_ns);
+        // A block's base time must not follow any time in it. An untimed record (a string, a
+        // stack) is often written between reading the clock for an event and writing the
+        // event, so it takes the thread's last clock reading, not a fresh one.
+        let t = payload_time(tag, payload).unwrap_or_else(last_clock);
         append(total, t, |dst, _| {
             // Safety: `append` hands out `total` writable bytes of this thread's block.
             unsafe {
@@ -402,9 +415,11 @@ fn set_errno(v: c_int) {
     unsafe { *libc::__errno_location() = v }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds.
+/// `CLOCK_MONOTONIC` in nanoseconds (remembered per thread for the base times of blocks).
 pub(crate) fn mono_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
+    let t = clock_ns(libc::CLOCK_MONOTONIC);
+    let _ = LAST_CLOCK.try_with(|c| c.set(t));
+    t
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
