@@ -160,7 +160,7 @@ pub enum NvmlPanel {
     Unavailable(String),
 }
 
-/// One new piece of information from a [`crate::LiveSource`].
+/// One new piece of information from a [`crate::tui::LiveSource`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Update {
     /// A process appeared (or its details changed; keyed by pid).
