@@ -106,6 +106,53 @@ fn dlopen_and_dlsym() {
 }
 
 #[test]
+fn releases_show_the_device_of_what_they_release() {
+    // The recorder leaves a successful release's device unknown; `vramtrace events` shows the
+    // device of the allocation it releases. every_api.c releases device 1's VMM handle while
+    // device 0 is current.
+    let prog = c_program("every_api", true);
+    let out = scratch("release-device").join("trace");
+    let o = Command::new(vramtrace())
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env("VRAMTRACE_FAKE_CAPACITY", "1GiB")
+        .env("VRAMTRACE_FAKE_DEVICES", "2")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let ev = events(&out);
+    let mut releases = 0;
+    for (i, r) in ev.iter().enumerate() {
+        if !matches!(r["kind"].as_str(), Some("free" | "unmap")) {
+            continue;
+        }
+        let made = ev[..i]
+            .iter()
+            .rev()
+            .find(|a| {
+                matches!(a["kind"].as_str(), Some("alloc" | "map"))
+                    && a["ptr"] == r["ptr"]
+                    && a["mem"] == r["mem"]
+            })
+            .unwrap_or_else(|| panic!("no allocation for {r}"));
+        assert_eq!(r["device"], made["device"], "{r} releases {made}");
+        assert_eq!(r["size"], made["size"], "{r} releases {made}");
+        releases += 1;
+    }
+    assert_eq!(releases, 12);
+    let release = ev.iter().find(|e| e["api"] == "cuMemRelease").unwrap();
+    assert_eq!(release["device"], 1, "device 1's handle, device 0 current");
+    let host = ev.iter().find(|e| e["api"] == "cuMemFreeHost").unwrap();
+    assert_eq!(host["device"], -1);
+    let free = ev.iter().find(|e| e["api"] == "cuMemFree_v2").unwrap();
+    assert_eq!(free["device"], 0);
+}
+
+#[test]
 fn get_proc_address_like_cudart_13() {
     let prog = c_program("procaddr", false);
     let out = scratch("procaddr").join("trace");

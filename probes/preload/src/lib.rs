@@ -23,9 +23,10 @@
 //!
 //! # What each event carries
 //! Monotonic time, thread, device (current context; `cuMemCreate`'s location; -1 for host
-//! memory), the driver function, pointer or handle, requested size (0 for releases: the reader
-//! pairs them), result code, stream, an extra operand (pool, pitch, physical handle, host flags,
-//! released range size), free and total device memory for failed allocations (our own
+//! memory, and for successful releases, whose device the reader takes from the allocation
+//! they release), the driver function, pointer or handle, requested size (0 for releases: the
+//! reader pairs them), result code, stream, an extra operand (pool, pitch, physical handle,
+//! host flags, released range size), free and total device memory for failed allocations (our own
 //! `cuMemGetInfo_v2`), the native stack (`src/stacks.rs`, with MODULE records for
 //! offline symbolisation) and the label (the thread's open ranges, `src/labels.rs`).
 //!

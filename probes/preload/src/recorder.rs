@@ -116,13 +116,35 @@ impl Call {
     }
 
     /// `kind` on success, `FreeFailed` otherwise; size 0 either way.
+    ///
+    /// A successful release's device is recorded as unknown (-1) unless the call names it:
+    /// the reader takes it from the allocation the release pairs with (the replay's live
+    /// allocation), which is also right when the memory belongs to another device than the
+    /// current context's. Not asking the driver saves a `cuCtxGetDevice` per release. A failed
+    /// release pairs with nothing, so it keeps the current context's device.
     fn released(self, kind: EventKind, result: c_int, op: Op) {
-        let kind = if result == 0 {
-            kind
+        let (kind, device) = if result == 0 {
+            let device = match op.device {
+                Dev::Current => Dev::Known(-1),
+                known => known,
+            };
+            (kind, device)
         } else {
-            EventKind::FreeFailed
+            (EventKind::FreeFailed, op.device)
         };
-        guarded(|| emit(kind, result, Op { size: 0, ..op }, 0, 0));
+        guarded(|| {
+            emit(
+                kind,
+                result,
+                Op {
+                    size: 0,
+                    device,
+                    ..op
+                },
+                0,
+                0,
+            )
+        });
     }
 }
 

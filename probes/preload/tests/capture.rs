@@ -140,6 +140,10 @@ fn linked_program_every_entry_point() {
         let f = find(&evs, EventKind::Free, free_api, ptr);
         assert_eq!(f.size, 0);
         assert_eq!(f.result, 0);
+        assert_eq!(
+            f.device, -1,
+            "{free_api}: the reader takes the device from {alloc_api}"
+        );
     }
     let reserve = num(lines(&out, "cuMemAddressReserve")[0][1]);
     let addr_free = evs
@@ -395,8 +399,10 @@ fn sigkill_while_allocating_leaves_a_readable_trace() {
         "at least the 1001 pairs before 'ready': {}",
         evs.len()
     );
-    assert!(evs.iter().all(|e| e.result == 0 && e.device == 0));
+    assert!(evs.iter().all(|e| e.result == 0));
     for pair in evs.chunks_exact(2) {
+        // A release's device is left to the reader (the allocation it pairs with).
+        assert_eq!((pair[0].device, pair[1].device), (0, -1));
         assert_eq!((pair[0].kind, pair[0].size), (EventKind::Alloc, 1 << 20));
         assert_eq!((pair[1].kind, pair[1].ptr), (EventKind::Free, pair[0].ptr));
     }
