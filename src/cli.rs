@@ -30,6 +30,9 @@ pub enum Command {
     Compare(commands::compare::CompareArgs),
     /// Predict a kernel's tensors and peak from a model's config.json.
     Model(commands::model::ModelArgs),
+    /// Replay a trace against a smaller card: the first allocation that would fail, and the
+    /// headroom over time.
+    Replay(commands::replay::ReplayArgs),
 }
 
 /// Runs the chosen subcommand and returns the process exit code.
@@ -41,5 +44,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Summary(a) => commands::summary::run(a),
         Command::Model(a) => commands::model::run(a),
         Command::Compare(a) => commands::compare::run(a),
+        Command::Replay(a) => commands::replay::run(a),
     }
 }

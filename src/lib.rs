@@ -45,6 +45,7 @@ pub mod replay;
 pub mod summary;
 pub mod symbolize;
 pub mod trace;
+pub mod whatif;
 
 pub use error::Error;
 pub use trace::{Process, Trace};

@@ -175,7 +175,11 @@ impl<'p> StackSymbolizer<'p> {
             .enumerate()
             .map(|(i, a)| self.frame(*a, i > 0))
             .collect();
-        let own = frames.iter().take_while(|f| f.module == OWN_MODULE).count();
+        // The recorder's own frames, whether or not this machine holds the very file that ran.
+        let own = frames
+            .iter()
+            .take_while(|f| f.module.split(' ').next() == Some(OWN_MODULE))
+            .count();
         frames.drain(..own);
         self.stacks.insert(id, frames.clone());
         frames

@@ -8,7 +8,7 @@ use crate::replay::Pool;
 use crate::summary::{SummaryOptions, summarize};
 use crate::trace::Trace;
 
-fn ev(t: u64, kind: EventKind, mem: MemKind, api: &str, ptr: u64, size: u64) -> Event {
+pub(crate) fn ev(t: u64, kind: EventKind, mem: MemKind, api: &str, ptr: u64, size: u64) -> Event {
     Event {
         t_ns: t,
         tid: 1,
@@ -23,7 +23,7 @@ fn ev(t: u64, kind: EventKind, mem: MemKind, api: &str, ptr: u64, size: u64) -> 
     }
 }
 
-fn trace_of(pid: u32, records: Vec<Record>) -> Trace {
+pub(crate) fn trace_of(pid: u32, records: Vec<Record>) -> Trace {
     let f = TraceFile {
         path: format!("{pid}.vtr").into(),
         header: Header {
@@ -44,11 +44,11 @@ fn trace_of(pid: u32, records: Vec<Record>) -> Trace {
     Trace::from_files(vec![f])
 }
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 /// A known sequence: 10 MiB, 20 MiB, free 10, 30 MiB (peak 50 MiB), then a failed 50 MiB
 /// request while 20+30 are live, then frees.
-fn known_sequence() -> Vec<Record> {
+pub(crate) fn known_sequence() -> Vec<Record> {
     use EventKind::*;
     use MemKind::*;
     let mut failed = ev(50, AllocFailed, Device, "cuMemAlloc_v2", 0, 50 * MIB);

@@ -4,5 +4,6 @@ pub mod compare;
 pub mod demo;
 pub mod events;
 pub mod model;
+pub mod replay;
 pub mod run;
 pub mod summary;
