@@ -96,7 +96,7 @@ fn processes_line(app: &App) -> Line<'static> {
             theme::TEXT
         };
         spans.push(Span::styled(
-            format!("{} {}", p.pid, shorten(&p.command, 28)),
+            format!("{} {}", p.pid, shorten(&p.command, 40)),
             style,
         ));
     }

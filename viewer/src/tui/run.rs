@@ -52,12 +52,17 @@ impl KeyInput for TerminalKeys {
     }
 }
 
-/// Restores the terminal when dropped: on return, on `?` and while unwinding.
+/// Restores the terminal when dropped: on return and on `?`.
 struct RestoreTerminal;
 
 impl Drop for RestoreTerminal {
     fn drop(&mut self) {
-        ratatui::restore();
+        // While unwinding, ratatui's panic hook has already restored the
+        // terminal before printing the message; leaving the alternate screen
+        // a second time would move the cursor back above that message.
+        if !std::thread::panicking() {
+            ratatui::restore();
+        }
     }
 }
 
