@@ -373,19 +373,74 @@ struct Chain {
     buf: Vec<u8>,
 }
 
-/// The timed records of a version 2 file in time order: a k-way merge over its threads' chains.
+/// Where the chains' blocks are read from.
 #[derive(Debug)]
-struct Merge {
+struct BlockSource {
     file: File,
     len: u64,
     block_size: u32,
+}
+
+impl BlockSource {
+    /// The next timed record of `chain`, with its time and file offset.
+    fn advance(
+        &self,
+        chain: &mut Chain,
+        problems: &mut Vec<Problem>,
+    ) -> Option<(u64, u64, Record)> {
+        loop {
+            if let Some(cur) = &mut chain.cur {
+                match cur.step(&chain.buf, true, problems) {
+                    Step::Record(at, r) => match crate::time_of(&r) {
+                        Some(t) => return Some((t, at, r)),
+                        None => continue,
+                    },
+                    Step::Malformed(offset, kind) => {
+                        problems.push(Problem::Malformed { offset, kind });
+                        continue;
+                    }
+                    Step::Pending | Step::Done => chain.cur = None,
+                }
+            }
+            let (offset, h) = chain.blocks.pop_front()?;
+            let want = (self.len - offset).min(self.block_size as u64) as usize;
+            if let Err(e) = read_block(&self.file, offset, want, &mut chain.buf) {
+                problems.push(Problem::Unreadable {
+                    offset,
+                    error: e.to_string(),
+                });
+                continue;
+            }
+            chain.cur = Some(BlockCursor::new(offset, h, self.block_size));
+        }
+    }
+}
+
+/// A started chain and its next timed record.
+#[derive(Debug)]
+struct Head {
+    chain: Chain,
+    record: Option<Record>,
+}
+
+/// The timed records of a version 2 file in time order: a k-way merge over its threads' chains.
+///
+/// One chain is current: the one whose next record is the earliest. Its records flow with one
+/// comparison against the heap's top and no heap operation while they stay the earliest
+/// (threads write in runs); the heap holds the other started chains' next records and is
+/// touched only when another chain becomes the earliest.
+#[derive(Debug)]
+struct Merge {
+    src: BlockSource,
     /// Chains not started yet, by (first base time, first block offset), latest first.
     waiting: Vec<(u64, u64, Chain)>,
     /// Started chains; `None` once exhausted (its slot is reused).
-    chains: Vec<Option<Chain>>,
-    /// Each started chain's next record, keyed by (time, file offset).
-    heads: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    records: Vec<Option<Record>>,
+    heads: Vec<Option<Head>>,
+    /// The current chain's next record's key (time, file offset, slot); `None` only when no
+    /// started chain has a record left.
+    current: Option<(u64, u64, usize)>,
+    /// The other started chains' next records, keyed by (time, file offset, slot).
+    others: BinaryHeap<Reverse<(u64, u64, usize)>>,
     problems: Vec<Problem>,
 }
 
@@ -424,63 +479,47 @@ impl Merge {
             .collect();
         waiting.sort_by_key(|w| Reverse((w.0, w.1)));
         Ok(Merge {
-            file,
-            len,
-            block_size,
+            src: BlockSource {
+                file,
+                len,
+                block_size,
+            },
             waiting,
-            chains: Vec::new(),
-            heads: BinaryHeap::new(),
-            records: Vec::new(),
+            heads: Vec::new(),
+            current: None,
+            others: BinaryHeap::new(),
             problems,
         })
     }
 
-    /// The next timed record of `chain`, with its time and file offset.
-    fn advance(&mut self, chain: &mut Chain) -> Option<(u64, u64, Record)> {
-        loop {
-            if let Some(cur) = &mut chain.cur {
-                match cur.step(&chain.buf, true, &mut self.problems) {
-                    Step::Record(at, r) => match crate::time_of(&r) {
-                        Some(t) => return Some((t, at, r)),
-                        None => continue,
-                    },
-                    Step::Malformed(offset, kind) => {
-                        self.problems.push(Problem::Malformed { offset, kind });
-                        continue;
-                    }
-                    Step::Pending | Step::Done => chain.cur = None,
-                }
-            }
-            let (offset, h) = chain.blocks.pop_front()?;
-            let want = (self.len - offset).min(self.block_size as u64) as usize;
-            if let Err(e) = read_block(&self.file, offset, want, &mut chain.buf) {
-                self.problems.push(Problem::Unreadable {
-                    offset,
-                    error: e.to_string(),
-                });
-                continue;
-            }
-            chain.cur = Some(BlockCursor::new(offset, h, self.block_size));
-        }
-    }
-
-    /// Starts the next waiting chain: its first record joins the heads.
+    /// Starts the next waiting chain: its first record becomes current if it is the earliest,
+    /// else it joins the others.
     fn start_next(&mut self) {
         let Some((_, _, mut chain)) = self.waiting.pop() else {
             return;
         };
-        if let Some((t, at, r)) = self.advance(&mut chain) {
-            let slot = match self.chains.iter().position(Option::is_none) {
-                Some(i) => i,
-                None => {
-                    self.chains.push(None);
-                    self.records.push(None);
-                    self.chains.len() - 1
-                }
-            };
-            self.chains[slot] = Some(chain);
-            self.records[slot] = Some(r);
-            self.heads.push(Reverse((t, at, slot)));
+        let Some((t, at, r)) = self.src.advance(&mut chain, &mut self.problems) else {
+            return;
+        };
+        let slot = match self.heads.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.heads.push(None);
+                self.heads.len() - 1
+            }
+        };
+        self.heads[slot] = Some(Head {
+            chain,
+            record: Some(r),
+        });
+        let key = (t, at, slot);
+        match self.current {
+            Some(cur) if cur < key => self.others.push(Reverse(key)),
+            Some(cur) => {
+                self.others.push(Reverse(cur));
+                self.current = Some(key);
+            }
+            None => self.current = Some(key),
         }
     }
 }
@@ -490,18 +529,33 @@ impl Iterator for Merge {
     fn next(&mut self) -> Option<Record> {
         // Start every chain that may hold a record before the earliest head.
         while let Some(first) = self.waiting.last().map(|w| (w.0, w.1)) {
-            match self.heads.peek() {
-                Some(Reverse((t, at, _))) if first > (*t, *at) => break,
+            match self.current {
+                Some((t, at, _)) if first > (t, at) => break,
                 _ => self.start_next(),
             }
         }
-        let Reverse((_, _, slot)) = self.heads.pop()?;
-        let out = self.records[slot].take();
-        let mut chain = self.chains[slot].take().expect("a head's chain is started");
-        if let Some((t, at, r)) = self.advance(&mut chain) {
-            self.records[slot] = Some(r);
-            self.chains[slot] = Some(chain);
-            self.heads.push(Reverse((t, at, slot)));
+        let (_, _, slot) = self.current?;
+        let head = self.heads[slot]
+            .as_mut()
+            .expect("the current chain is started");
+        let out = head.record.take();
+        match self.src.advance(&mut head.chain, &mut self.problems) {
+            Some((t, at, r)) => {
+                head.record = Some(r);
+                let key = (t, at, slot);
+                self.current = Some(key);
+                if let Some(mut top) = self.others.peek_mut()
+                    && top.0 < key
+                {
+                    // Another chain is earlier now: it becomes current, this one waits.
+                    let Reverse(next) = std::mem::replace(&mut *top, Reverse(key));
+                    self.current = Some(next);
+                }
+            }
+            None => {
+                self.heads[slot] = None;
+                self.current = self.others.pop().map(|Reverse(k)| k);
+            }
         }
         out
     }
