@@ -3,6 +3,7 @@
 use clap::Parser;
 
 fn main() {
+    restore_sigpipe();
     let cli = vramtrace::cli::Cli::parse();
     match vramtrace::cli::dispatch(cli) {
         Ok(code) => std::process::exit(code),
@@ -10,5 +11,20 @@ fn main() {
             eprintln!("vramtrace: error: {e:#}");
             std::process::exit(2);
         }
+    }
+}
+
+/// Gives SIGPIPE back its default action, so that `vramtrace summary DIR | head -1` ends the way
+/// `cat` does when `head` stops reading, instead of panicking on the next `println!`.
+///
+/// Rust's runtime ignores SIGPIPE before `main`; every command here writes its output to stdout
+/// and has nothing to flush or undo when the reader is gone. `vramtrace run`'s child is not
+/// affected: the standard library gives a spawned child the default SIGPIPE action whatever this
+/// process does, and the trace files are written by the child, not by this process.
+fn restore_sigpipe() {
+    // Safety: `signal` with a valid signal number and `SIG_DFL` has no other precondition, and
+    // it runs before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
