@@ -326,13 +326,21 @@ impl RawFields {
     }
 }
 
-/// A count the models divide and multiply by: a positive whole number.
+/// A count the models divide and multiply by: a positive whole number up to
+/// [`crate::MAX_COUNT`], so products of a few of them and a token count stay exact.
 fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     match Option::<Value>::deserialize(d)? {
         None => Ok(None),
-        Some(v) => v.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
-            D::Error::custom(format!("expected a positive whole number, found {v}"))
-        }),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| (1..=crate::MAX_COUNT).contains(n))
+            .map(Some)
+            .ok_or_else(|| {
+                D::Error::custom(format!(
+                    "expected a positive whole number up to {}, found {v}",
+                    crate::MAX_COUNT
+                ))
+            }),
     }
 }
 

@@ -55,7 +55,35 @@ pub enum ModelError {
         /// The TP degree asked for.
         tp: u64,
     },
+    /// A size does not fit in what the models count: a tensor, a total or a per-model figure
+    /// would take more than [`crate::MAX_BYTES`] bytes (no machine holds that), or a count is
+    /// past its cap. The message names the tensor or quantity and how large it would be.
+    #[error("{0}")]
+    TooLarge(String),
     /// The request itself makes no sense (no tokens, unknown variant, ...).
     #[error("{0}")]
     Invalid(String),
+}
+
+/// `v` as a byte count, or [`ModelError::TooLarge`] naming `what` when it is past
+/// [`crate::MAX_BYTES`]: figures are computed in 128 bits, where inputs capped at
+/// [`crate::MAX_COUNT`] cannot overflow, and then must fit.
+pub(crate) fn fit_bytes(what: &str, v: u128) -> Result<u64, ModelError> {
+    if v <= u128::from(crate::MAX_BYTES) {
+        Ok(v as u64)
+    } else {
+        Err(ModelError::TooLarge(format!(
+            "{what} would be {v} bytes, more than the {} bytes (4 EiB) the models count; check the config's sizes",
+            crate::MAX_BYTES
+        )))
+    }
+}
+
+/// Like [`fit_bytes`], for a count (parameters, channels).
+pub(crate) fn fit_count(what: &str, v: u128) -> Result<u64, ModelError> {
+    fit_bytes(what, v).map_err(|_| {
+        ModelError::TooLarge(format!(
+            "{what} would be {v}, more than the models count; check the config's sizes"
+        ))
+    })
 }

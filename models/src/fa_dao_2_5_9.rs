@@ -55,7 +55,7 @@ pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
         out,
         "fa-2.5.9 csrc/flash_attn/flash_api.cpp mha_varlen_fwd: out.reshape(size_before).transpose(1, 2).reshape(size_after)",
     );
-    Ok(tl.finish())
+    tl.finish()
 }
 
 #[cfg(test)]

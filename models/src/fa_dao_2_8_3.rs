@@ -58,7 +58,7 @@ pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
     for id in accum.into_iter().rev() {
         tl.free(id);
     }
-    Ok(tl.finish())
+    tl.finish()
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ pub fn tensors(s: &FfnShape) -> Result<Vec<Tensor>, ModelError> {
     );
     tl.free(act);
     tl.free(gate_up);
-    Ok(tl.finish())
+    tl.finish()
 }
 
 #[cfg(test)]

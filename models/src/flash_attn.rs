@@ -115,7 +115,10 @@ impl FaShape {
         let num_n_blocks = self.max_seqlen_k.div_ceil(block_n);
         let num_m_blocks = max_seqlen_q.div_ceil(64);
         num_splits_heuristic(
-            self.batch() * heads * num_m_blocks,
+            // Only compared with the SM count: saturating keeps "far more than the SMs".
+            self.batch()
+                .saturating_mul(heads)
+                .saturating_mul(num_m_blocks),
             self.num_sms * 2,
             num_n_blocks,
             128,
@@ -225,7 +228,7 @@ pub fn num_splits_heuristic(
     let mut max_eff = 0f32;
     for s in 1..=max_splits {
         if eligible(s) {
-            let waves = (batch_nheads_mblocks * s) as f32 / num_sms as f32;
+            let waves = batch_nheads_mblocks.saturating_mul(s) as f32 / num_sms as f32;
             let e = waves / waves.ceil();
             max_eff = max_eff.max(e);
             eff.push(e);

@@ -296,16 +296,28 @@ impl GdnVariantSpec {
         for id in last {
             tl.free(id);
         }
-        Ok(tl.finish())
+        tl.finish()
     }
 }
 
-/// Refuses a batch without sequences or with an empty one.
+/// Refuses a batch without sequences, with an empty one, or with more than
+/// [`crate::MAX_TOKENS`] tokens in all (the sum is checked, never wrapped).
 pub(crate) fn check_seqlens(seqlens: &[u64]) -> Result<(), ModelError> {
     if seqlens.is_empty() || seqlens.contains(&0) {
         return Err(ModelError::Invalid(
             "every sequence needs at least one token; give --tokens T or --seqlens a,b,c".into(),
         ));
+    }
+    let total = seqlens
+        .iter()
+        .try_fold(0u64, |acc, &t| acc.checked_add(t))
+        .filter(|&t| t <= crate::MAX_TOKENS);
+    if total.is_none() {
+        return Err(ModelError::TooLarge(format!(
+            "the batch holds {} tokens, more than the {} (2^40) tokens the models accept; give a real token count",
+            seqlens.iter().map(|&t| u128::from(t)).sum::<u128>(),
+            crate::MAX_TOKENS
+        )));
     }
     Ok(())
 }

@@ -40,14 +40,26 @@ pub fn gdn_state_per_seq(
     ssm_dtype: DType,
     num_spec: u64,
 ) -> Result<GdnStatePerSeq, ModelError> {
-    let conv_dim = cfg.linear_key_head_dim * cfg.linear_num_key_heads * 2
-        + cfg.linear_value_head_dim * cfg.linear_num_value_heads;
+    let w = u128::from;
+    let conv_dim = crate::error::fit_count(
+        "the GDN conv channels",
+        w(cfg.linear_key_head_dim) * w(cfg.linear_num_key_heads) * 2
+            + w(cfg.linear_value_head_dim) * w(cfg.linear_num_value_heads),
+    )?;
     let conv_dim = tp_split("GDN conv channels", conv_dim, tp)?;
     let hv = tp_split("linear_num_value_heads", cfg.linear_num_value_heads, tp)?;
-    let conv_shape = vec![cfg.linear_conv_kernel_dim - 1 + num_spec, conv_dim];
+    let conv_rows = crate::error::fit_count(
+        "the GDN conv state's rows",
+        w(cfg.linear_conv_kernel_dim) - 1 + w(num_spec),
+    )?;
+    let conv_shape = vec![conv_rows, conv_dim];
     let ssm_shape = vec![hv, cfg.linear_value_head_dim, cfg.linear_key_head_dim];
-    let bytes_per_layer = conv_shape.iter().product::<u64>() * conv_dtype.size_bytes()
-        + ssm_shape.iter().product::<u64>() * ssm_dtype.size_bytes();
+    let per_layer = w(conv_rows) * w(conv_dim) * w(conv_dtype.size_bytes())
+        + w(hv)
+            * w(cfg.linear_value_head_dim)
+            * w(cfg.linear_key_head_dim)
+            * w(ssm_dtype.size_bytes());
+    let bytes_per_layer = crate::error::fit_bytes("the GDN state per layer", per_layer)?;
     let layers = cfg.num_linear_layers();
     Ok(GdnStatePerSeq {
         conv_shape,
@@ -56,6 +68,9 @@ pub fn gdn_state_per_seq(
         ssm_dtype,
         bytes_per_layer,
         layers,
-        bytes_per_seq: bytes_per_layer * layers,
+        bytes_per_seq: crate::error::fit_bytes(
+            "the GDN state per sequence",
+            per_layer * w(layers),
+        )?,
     })
 }

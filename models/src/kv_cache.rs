@@ -31,12 +31,13 @@ pub fn kv_cache_per_token(
     // vLLM replicates KV heads when tp > num_key_value_heads; the model refuses that case rather
     // than guess the replication.
     let kv_heads = tp_split("num_key_value_heads", cfg.num_key_value_heads, tp)?;
-    let bytes_per_layer = 2 * kv_heads * cfg.head_dim * dtype.size_bytes();
+    let w = u128::from;
+    let per_layer = 2 * w(kv_heads) * w(cfg.head_dim) * w(dtype.size_bytes());
     let layers = cfg.num_attention_layers();
     Ok(KvCachePerToken {
         dtype,
         layers,
-        bytes_per_layer,
-        bytes_per_token: bytes_per_layer * layers,
+        bytes_per_layer: crate::error::fit_bytes("the KV cache per token and layer", per_layer)?,
+        bytes_per_token: crate::error::fit_bytes("the KV cache per token", per_layer * w(layers))?,
     })
 }

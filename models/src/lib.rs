@@ -54,6 +54,17 @@ pub mod units;
 mod variant;
 pub mod weights;
 
+/// The largest size in bytes the models compute (2^62, 4 EiB): a tensor, a prediction's total
+/// or a per-model figure past it is refused with [`ModelError::TooLarge`], so every size is
+/// exact and every sum of them (and the allocator's rounding) stays within 64 bits.
+pub const MAX_BYTES: u64 = 1 << 62;
+/// The most tokens a batch may hold (2^40, about 10^12): far beyond any prefill, and small
+/// enough that a token count times any config dimension fits in 64 bits.
+pub const MAX_TOKENS: u64 = 1 << 40;
+/// The largest count a `config.json` field (heads, dims, layers, vocabulary, experts) or a
+/// TP degree may take (2^24): every real model is far below it.
+pub const MAX_COUNT: u64 = 1 << 24;
+
 pub use caching_allocator::{
     CachingAllocator, Oom, Pool, Rounding, SegmentEvent, SegmentReplay, replay, rounding,
 };

@@ -80,7 +80,7 @@ mod tests {
         tl.free(a);
         let _c = tl.alloc("c", &[50], DType::F32, "t");
         tl.free(b);
-        let t = tl.finish();
+        let t = tl.finish().unwrap();
         let p = peak(&t);
         assert_eq!(p.bytes, 440);
         assert_eq!(p.live, vec![0, 1]);

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::DType;
+use crate::{DType, ModelError};
 
 /// One tensor a kernel allocates, in the order the upstream code allocates it.
 ///
@@ -68,6 +68,8 @@ pub struct TensorId(usize);
 pub struct Timeline {
     tensors: Vec<Tensor>,
     step: usize,
+    /// The first tensor whose size does not fit, in words; [`Timeline::finish`] returns it.
+    too_large: Option<String>,
 }
 
 impl Timeline {
@@ -84,12 +86,36 @@ impl Timeline {
         dtype: DType,
         source: &'static str,
     ) -> TensorId {
-        let numel: u64 = shape.iter().product();
+        // Exact or refused: the product is taken in 128 bits (checked), and a size past
+        // MAX_BYTES is recorded as the error `finish` returns, never wrapped.
+        let bytes = shape
+            .iter()
+            .try_fold(u128::from(dtype.size_bytes()), |acc, &d| {
+                acc.checked_mul(u128::from(d))
+            });
+        let bytes = match bytes {
+            Some(b) if b <= u128::from(crate::MAX_BYTES) => b as u64,
+            other => {
+                if self.too_large.is_none() {
+                    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+                    let size = match other {
+                        Some(b) => format!("{b} bytes"),
+                        None => "more than 2^128 bytes".to_string(),
+                    };
+                    self.too_large = Some(format!(
+                        "tensor {name} {dtype}[{}] would take {size}, more than the {} bytes (4 EiB) the models count; no device holds it: check the token count and the config's sizes",
+                        dims.join(", "),
+                        crate::MAX_BYTES
+                    ));
+                }
+                0
+            }
+        };
         self.tensors.push(Tensor {
             name: name.to_string(),
             shape: shape.to_vec(),
             dtype,
-            bytes: numel * dtype.size_bytes(),
+            bytes,
             alloc_at: self.step,
             freed_at: None,
             source,
@@ -109,9 +135,25 @@ impl Timeline {
         self.step += 1;
     }
 
-    /// The recorded tensors, in allocation order.
-    pub fn finish(self) -> Vec<Tensor> {
-        self.tensors
+    /// The recorded tensors, in allocation order; an error naming the first tensor whose size
+    /// is past [`crate::MAX_BYTES`], or when all of them together are (so every sum of a
+    /// prediction, its peak among them, is exact).
+    pub fn finish(self) -> Result<Vec<Tensor>, ModelError> {
+        if let Some(e) = self.too_large {
+            return Err(ModelError::TooLarge(e));
+        }
+        let total = self
+            .tensors
+            .iter()
+            .fold(0u128, |acc, t| acc + u128::from(t.bytes));
+        if total > u128::from(crate::MAX_BYTES) {
+            return Err(ModelError::TooLarge(format!(
+                "the {} tensors together would take {total} bytes, more than the {} bytes (4 EiB) the models count; check the token count and the config's sizes",
+                self.tensors.len(),
+                crate::MAX_BYTES
+            )));
+        }
+        Ok(self.tensors)
     }
 }
 
@@ -133,13 +175,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_size_past_the_cap_names_the_tensor_and_is_never_wrapped() {
+        let mut tl = Timeline::new();
+        tl.alloc("h", &[1 << 40, 48, 128, 128], DType::BF16, "test");
+        let e = tl.finish().unwrap_err().to_string();
+        assert!(
+            e.starts_with("tensor h bfloat16[1099511627776, 48, 128, 128] would take 1729382256910270464 bytes"),
+            "{e}"
+        );
+        let mut tl = Timeline::new();
+        tl.alloc("x", &[u64::MAX, u64::MAX, u64::MAX], DType::F32, "test");
+        assert!(
+            tl.finish()
+                .unwrap_err()
+                .to_string()
+                .contains("more than 2^128 bytes")
+        );
+        // Each fits, the sum does not.
+        let mut tl = Timeline::new();
+        for _ in 0..5 {
+            tl.alloc("a", &[1 << 60], DType::F8, "test");
+        }
+        assert!(
+            tl.finish()
+                .unwrap_err()
+                .to_string()
+                .starts_with("the 5 tensors together")
+        );
+    }
+
+    #[test]
     fn timeline_numbers_allocs_and_frees_in_order() {
         let mut tl = Timeline::new();
         let a = tl.alloc("a", &[2, 3], DType::F32, "test");
         let b = tl.alloc("b", &[4], DType::BF16, "test");
         tl.free(a);
         let _ = b;
-        let t = tl.finish();
+        let t = tl.finish().unwrap();
         assert_eq!(t[0].bytes, 24);
         assert_eq!(t[1].bytes, 8);
         assert_eq!((t[0].alloc_at, t[0].freed_at), (0, Some(2)));

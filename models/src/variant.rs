@@ -189,6 +189,20 @@ impl Workload {
     /// Builds the per-kernel shapes; fails when TP cannot split a head count or the MLP.
     pub fn from_config(cfg: &ModelConfig, o: &WorkloadOptions) -> Result<Self, ModelError> {
         check_seqlens(&o.seqlens)?;
+        let cap = |what: &str, v: u64, max: u64| {
+            if v > max {
+                Err(ModelError::TooLarge(format!(
+                    "{what} {v} is past its cap of {max}; give a real value"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        cap("the TP degree", o.tp, crate::MAX_COUNT)?;
+        cap("the SM count", o.num_sms, crate::MAX_COUNT)?;
+        if let Some(k) = o.max_seqlen_k {
+            cap("max_seqlen_k", k, crate::MAX_TOKENS)?;
+        }
         let mut gdn = GdnShape::from_config(cfg, &o.seqlens, o.tp, o.dtype)?;
         gdn.l2norm_in_kernel = o.l2norm_in_kernel;
         let fa = FaShape::from_config(cfg, &o.seqlens, o.max_seqlen_k, o.tp, o.dtype, o.num_sms)?;

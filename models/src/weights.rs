@@ -58,8 +58,8 @@ impl FromStr for WeightFormat {
 /// A linear layer `in -> out`, for block- and group-wise overheads.
 #[derive(Clone, Copy, Debug)]
 struct Linear {
-    inp: u64,
-    out: u64,
+    inp: u128,
+    out: u128,
 }
 
 /// Parameters and bytes of a model's weights on one rank.
@@ -86,16 +86,21 @@ pub fn weight_bytes(
             "the TP degree must be at least 1".into(),
         ));
     }
-    let h = cfg.hidden_size;
-    let key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim;
-    let value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim;
-    let hv = cfg.linear_num_value_heads;
-    let q_out = cfg.num_attention_heads * cfg.head_dim * if cfg.attn_output_gate { 2 } else { 1 };
-    let kv_out = cfg.num_key_value_heads * cfg.head_dim;
-    let mut linears: Vec<(Linear, u64)> = Vec::new();
+    // In 128 bits: with every config count at most MAX_COUNT (2^24) nothing below can
+    // overflow, and the results are checked against MAX_BYTES at the end.
+    let w = u128::from;
+    let h = w(cfg.hidden_size);
+    let key_dim = w(cfg.linear_num_key_heads) * w(cfg.linear_key_head_dim);
+    let value_dim = w(cfg.linear_num_value_heads) * w(cfg.linear_value_head_dim);
+    let hv = w(cfg.linear_num_value_heads);
+    let head_dim = w(cfg.head_dim);
+    let q_out = w(cfg.num_attention_heads) * head_dim * if cfg.attn_output_gate { 2 } else { 1 };
+    let kv_out = w(cfg.num_key_value_heads) * head_dim;
+    let mut linears: Vec<(Linear, u128)> = Vec::new();
     // `copies` identical `inp -> out` linears (gate and up, k and v, the experts).
-    let mut linear = |inp: u64, out: u64, copies: u64| linears.push((Linear { inp, out }, copies));
-    let mut other = 0u64;
+    let mut linear =
+        |inp: u128, out: u128, copies: u128| linears.push((Linear { inp, out }, copies));
+    let mut other = 0u128;
     for kind in &cfg.layer_types {
         match kind {
             LayerKind::LinearAttention => {
@@ -103,63 +108,66 @@ pub fn weight_bytes(
                 linear(value_dim, h, 1);
                 // b and a projections are tiny; kept with the other (unquantised) parameters.
                 other += h * 2 * hv;
-                other += (2 * key_dim + value_dim) * cfg.linear_conv_kernel_dim;
-                other += 2 * hv + cfg.linear_value_head_dim;
+                other += (2 * key_dim + value_dim) * w(cfg.linear_conv_kernel_dim);
+                other += 2 * hv + w(cfg.linear_value_head_dim);
             }
             LayerKind::FullAttention => {
                 linear(h, q_out, 1);
                 linear(h, kv_out, 2);
-                linear(cfg.num_attention_heads * cfg.head_dim, h, 1);
-                other += 2 * cfg.head_dim;
+                linear(w(cfg.num_attention_heads) * head_dim, h, 1);
+                other += 2 * head_dim;
             }
         }
         match (&cfg.moe, cfg.intermediate_size) {
             (Some(m), _) => {
-                linear(h, m.moe_intermediate_size, 2 * m.num_experts);
-                linear(m.moe_intermediate_size, h, m.num_experts);
+                let (mi, experts) = (w(m.moe_intermediate_size), w(m.num_experts));
+                linear(h, mi, 2 * experts);
+                linear(mi, h, experts);
                 if m.shared_expert_intermediate_size > 0 {
-                    let si = m.shared_expert_intermediate_size;
+                    let si = w(m.shared_expert_intermediate_size);
                     linear(h, si, 2);
                     linear(si, h, 1);
                     other += h; // shared_expert_gate
                 }
-                other += h * m.num_experts; // router
+                other += h * experts; // router
             }
             (None, Some(i)) => {
-                linear(h, i, 2);
-                linear(i, h, 1);
+                linear(h, w(i), 2);
+                linear(w(i), h, 1);
             }
             (None, None) => {}
         }
         other += 2 * h;
     }
     other += h; // final norm
-    let embed = cfg.vocab_size * h * if cfg.tie_word_embeddings { 1 } else { 2 };
+    let embed = w(cfg.vocab_size) * h * if cfg.tie_word_embeddings { 1 } else { 2 };
 
-    let linear_params: u64 = linears.iter().map(|(l, n)| l.inp * l.out * n).sum();
-    let linear_bytes: u64 = linears
+    let linear_params: u128 = linears.iter().map(|(l, n)| l.inp * l.out * n).sum();
+    let linear_bytes: u128 = linears
         .iter()
         .map(|(l, n)| {
-            let w = l.inp * l.out;
+            let p = l.inp * l.out;
             n * match format {
-                WeightFormat::Bf16 => 2 * w,
-                WeightFormat::Fp8Block128 => w + 4 * l.inp.div_ceil(128) * l.out.div_ceil(128),
+                WeightFormat::Bf16 => 2 * p,
+                WeightFormat::Fp8Block128 => p + 4 * l.inp.div_ceil(128) * l.out.div_ceil(128),
                 WeightFormat::Int4 { group } => {
-                    let groups = l.inp.div_ceil(group);
-                    w / 2 + groups * l.out * 2 + groups * l.out / 2
+                    let groups = l.inp.div_ceil(w(group));
+                    p / 2 + groups * l.out * 2 + groups * l.out / 2
                 }
             }
         })
         .sum();
     // Column/row-parallel linears and the vocab-parallel embedding split across ranks; norms,
     // conv and gates are replicated or too small to matter.
+    let tp = w(tp);
     let linear_params = linear_params / tp;
     let other_params = other + embed / tp;
+    use crate::error::{fit_bytes, fit_count};
     Ok(WeightEstimate {
         format,
-        linear_params,
-        other_params,
-        bytes: linear_bytes / tp + 2 * other_params,
+        linear_params: fit_count("the linear parameters", linear_params)?,
+        other_params: fit_count("the other parameters", other_params)?,
+        bytes: fit_bytes("the weights", linear_bytes / tp + 2 * other_params)?,
     })
 }
 

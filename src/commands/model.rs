@@ -232,7 +232,9 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn parse_range(s: &str) -> anyhow::Result<(u64, u64)> {
+/// Parses `--sweep T0..T1`: whole token counts from 1 up to
+/// [`vramtrace_models::MAX_TOKENS`], in order.
+pub fn parse_range(s: &str) -> anyhow::Result<(u64, u64)> {
     let (a, b) = s.split_once("..").with_context(|| {
         format!("--sweep {s:?} is not a range; write it as T0..T1, e.g. 1024..65536")
     })?;
@@ -247,8 +249,18 @@ fn parse_range(s: &str) -> anyhow::Result<(u64, u64)> {
     if a == 0 || b < a {
         bail!("--sweep {s:?} must go from at least 1 token up to a larger count");
     }
+    if b > vramtrace_models::MAX_TOKENS {
+        bail!(
+            "--sweep {s:?} goes past {} tokens (2^40), the most the models accept",
+            vramtrace_models::MAX_TOKENS
+        );
+    }
     Ok((a, b))
 }
+
+/// The most rows one `--sweep` prints; a finer step over a wide range is refused, not ground
+/// through (each row is a full prediction).
+pub const MAX_SWEEP_ROWS: u64 = 10_000;
 
 /// The peak of each variant for one sequence of `tokens`, and the largest of them.
 fn peaks_at(
@@ -281,6 +293,13 @@ fn sweep(
     if step == 0 {
         bail!("--step must be at least 1");
     }
+    // Rows: t0, t0 + step, ... below t1, then t1.
+    let rows_wanted = (t1 - t0).div_ceil(step) + 1;
+    if rows_wanted > MAX_SWEEP_ROWS {
+        bail!(
+            "--sweep {t0}..{t1} with --step {step} gives {rows_wanted} rows, more than {MAX_SWEEP_ROWS}; choose a larger --step or a narrower range"
+        );
+    }
     let mut rows = Vec::new();
     let mut t = t0;
     loop {
@@ -288,7 +307,7 @@ fn sweep(
         if t >= t1 {
             break;
         }
-        t = (t + step).min(t1);
+        t = t.saturating_add(step).min(t1);
     }
     if as_json {
         let list: Vec<Value> = rows
@@ -484,7 +503,7 @@ fn human_report(
             "{} sequences ({:?}), {} tokens",
             opts.seqlens.len(),
             opts.seqlens,
-            opts.seqlens.iter().sum::<u64>()
+            opts.seqlens.iter().map(|&t| u128::from(t)).sum::<u128>()
         )
     };
     let _ = writeln!(
