@@ -15,7 +15,7 @@ use vramtrace_models::{Variant, Workload};
 /// Arguments of `vramtrace compare`.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  vramtrace compare trace-dir --model config.json --variant fla-0.6.0 --tokens 4128\n  vramtrace compare trace-dir --model config.json --kernel gdn --at oom --json\n\nEach predicted tensor is matched to at most one observed allocation: first by name (annotation\nor innermost range label), then by allocation order and equal size, then by size alone."
+    after_help = "Examples:\n  vramtrace compare trace-dir --model config.json --variant fla-0.6.0 --tokens 4128\n  vramtrace compare trace-dir --model config.json --kernel gdn --at oom --json\n\nEach predicted tensor is matched to at most one observed allocation: first by name (annotation\nor innermost range label), then by allocation order and equal size, then by size alone.\n\nWithout --variant, every variant of the kernels asked for (--kernel, all by default) is set\nbeside the moment and the one that explains the most observed bytes is shown; the report says\nwhich and among how many."
 )]
 pub struct CompareArgs {
     /// A trace directory or file.
@@ -44,7 +44,10 @@ pub struct CompareArgs {
     pub json: bool,
 }
 
-fn parse_at(s: &str) -> anyhow::Result<At> {
+/// Parses `--at`: `peak`, `oom`, `oom:N` or a window `T0..T1` of seconds into the trace. A
+/// window's ends must be finite, not negative and in order; anything else is an error that says
+/// what to write.
+pub fn parse_at(s: &str) -> anyhow::Result<At> {
     if s == "peak" {
         return Ok(At::Peak);
     }
@@ -58,12 +61,19 @@ fn parse_at(s: &str) -> anyhow::Result<At> {
         ));
     }
     if let Some((a, b)) = s.split_once("..") {
-        let a: f64 = a
-            .parse()
-            .with_context(|| format!("--at {s}: {a:?} is not a number of seconds"))?;
-        let b: f64 = b
-            .parse()
-            .with_context(|| format!("--at {s}: {b:?} is not a number of seconds"))?;
+        let secs = |x: &str| -> anyhow::Result<f64> {
+            let v: f64 = x
+                .trim()
+                .parse()
+                .with_context(|| format!("--at {s}: {x:?} is not a number of seconds"))?;
+            if !v.is_finite() || v < 0.0 || v > MAX_WINDOW_S {
+                bail!(
+                    "--at {s}: {x:?} is not a time in the trace; write seconds from 0 to {MAX_WINDOW_S}, e.g. --at 1.5..2"
+                );
+            }
+            Ok(v)
+        };
+        let (a, b) = (secs(a)?, secs(b)?);
         if b < a {
             bail!("--at {s}: the window ends before it starts");
         }
@@ -72,18 +82,68 @@ fn parse_at(s: &str) -> anyhow::Result<At> {
     bail!("--at takes peak, oom, oom:N or T0..T1 (seconds), not {s:?}")
 }
 
+/// The latest second a window may name: about 292 years, the span of `u64` nanoseconds, so a
+/// window's ends always convert to trace times exactly.
+pub const MAX_WINDOW_S: f64 = 1.8e10;
+
 /// Runs `vramtrace compare`.
 pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let at = parse_at(&args.at)?;
     let (cfg, variants, opts) = args.select.resolve(&args.config)?;
-    let [variant] = variants.as_slice() else {
-        bail!("compare one kernel at a time: pass --kernel gdn|fa|ffn or --variant NAME");
-    };
     let workload = Workload::from_config(&cfg, &opts)?;
-    let tensors = variant.tensors(&workload)?;
     let trace = Trace::open(&args.trace)?;
+    crate::trace::warn_unreadable(&trace);
     let m = observe(&trace, args.pid, args.device, at).map_err(anyhow::Error::msg)?;
-    let a = attribute(&tensors, m.observed.clone(), args.align.max(1), m.moment);
+    let align = args.align.max(1);
+    // One variant named: that one. Otherwise every variant of the kernels asked for (all by
+    // default) is set beside the moment, and the one that explains the most bytes is reported;
+    // ties go to the order `--help` lists them in.
+    let candidates: Vec<Variant> = if args.select.variant.is_some() {
+        variants
+    } else {
+        Variant::ALL
+            .into_iter()
+            .filter(|v| variants.iter().any(|c| c.kernel() == v.kernel()))
+            .collect()
+    };
+    let mut best: Option<(Variant, Attribution)> = None;
+    let mut first_error = None;
+    for v in &candidates {
+        let tensors = match v.tensors(&workload) {
+            Ok(t) => t,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
+        let a = attribute(&tensors, m.observed.clone(), align, m.moment);
+        if best
+            .as_ref()
+            .is_none_or(|(_, b)| a.attributed_bytes > b.attributed_bytes)
+        {
+            best = Some((*v, a));
+        }
+    }
+    let Some((variant, a)) = best else {
+        return Err(match first_error {
+            Some(e) => anyhow::Error::from(e),
+            None => anyhow::anyhow!("no model variant to compare with"),
+        });
+    };
+    let variant = &variant;
+    let choice = if candidates.len() > 1 {
+        format!(
+            "the best match of {} variants ({}); pass --variant to choose",
+            candidates.len(),
+            candidates
+                .iter()
+                .map(|v| v.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        "chosen with --variant".to_string()
+    };
     if args.json {
         let v = serde_json::json!({
             "trace": args.trace,
@@ -92,6 +152,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
             "device": m.device,
             "t_s": m.t_s,
             "variant": variant.name(),
+            "variant_choice": choice,
             "source": variant.source(),
             "config": cfg.path,
             "seqlens": opts.seqlens,
@@ -105,6 +166,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
             "{}",
             render(&m, *variant, &cfg.display_name(), &opts.seqlens, &a)
         );
+        if candidates.len() > 1 {
+            println!("  model variant: {choice}");
+        }
     }
     Ok(0)
 }
@@ -256,20 +320,29 @@ pub fn render(
 const MAX_LISTED: usize = 16;
 
 /// `layer.12.kv.chunk.3` → `layer.#.kv.chunk.#`: allocations that differ only in their
-/// numbers (one per layer, per chunk) are one group.
+/// numbers (one per layer, per chunk) are one group. Only a number that is a whole part of the
+/// name (between separators such as `.`, `/`, `_`, `-`, `:` or the ends) is an index; digits
+/// inside a word (`l2norm`, `fp32`, `bf16`) are part of the word.
 fn pattern(s: &str) -> String {
+    let is_sep = |c: char| !c.is_alphanumeric();
     let mut out = String::with_capacity(s.len());
-    let mut in_digits = false;
-    for c in s.chars() {
-        if c.is_ascii_digit() {
-            if !in_digits {
+    let mut rest = s;
+    while let Some(c) = rest.chars().next() {
+        if c.is_ascii_digit() && out.chars().next_back().is_none_or(is_sep) {
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            if rest[end..].chars().next().is_none_or(is_sep) {
                 out.push('#');
+                rest = &rest[end..];
+                continue;
             }
-            in_digits = true;
-        } else {
-            out.push(c);
-            in_digits = false;
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+            continue;
         }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
     }
     out
 }
@@ -295,7 +368,7 @@ fn render_groups(out: &mut String, a: &Attribution) {
         match groups.iter_mut().find(|g| g.0 == key) {
             Some(g) => {
                 g.1 += 1;
-                g.2 += o.size;
+                g.2 = g.2.saturating_add(o.size);
             }
             None => groups.push((key, 1, o.size)),
         }
@@ -311,7 +384,9 @@ fn render_groups(out: &mut String, a: &Attribution) {
         let _ = writeln!(out, "    {:>12}  x{n:<5} {key}", fmt_bytes(*bytes));
     }
     if groups.len() > MAX_LISTED {
-        let rest: u64 = groups[MAX_LISTED..].iter().map(|g| g.2).sum();
+        let rest = groups[MAX_LISTED..]
+            .iter()
+            .fold(0u64, |acc, g| acc.saturating_add(g.2));
         let _ = writeln!(
             out,
             "    {:>12}  in {} more groups",
@@ -333,5 +408,18 @@ mod tests {
             "prefill/chunk.#/layer.#/gdn/inputs"
         );
         assert_eq!(pattern("lm_head"), "lm_head");
+        assert_eq!(pattern("3"), "#");
+        assert_eq!(pattern("layer_3-4:5"), "layer_#-#:#");
+    }
+
+    #[test]
+    fn digits_inside_a_word_are_kept() {
+        assert_eq!(pattern("l2norm"), "l2norm");
+        assert_eq!(
+            pattern("layer.3/gdn/l2norm_fwd/q_fp32"),
+            "layer.#/gdn/l2norm_fwd/q_fp32"
+        );
+        assert_eq!(pattern("2d.buf"), "2d.buf");
+        assert_eq!(pattern("bf16[4, 8]"), "bf16[#, #]");
     }
 }
