@@ -424,6 +424,9 @@ pub fn observe(
             ControlFlow::Continue(())
         })
         .map_err(|e| e.to_string())?;
+    if let Some(m) = replay.overflow() {
+        return Err(m.to_string());
+    }
     // Choose the process and device.
     let mut keys: Vec<(usize, i32, u64)> = replay
         .levels()
@@ -475,7 +478,7 @@ pub fn observe(
             let (mine, count) = failures.remove(&(pi, dev)).unwrap_or_default();
             let Some(&(seq, e)) = mine.get(n) else {
                 return Err(format!(
-                    "process {} has {count} failed allocation(s) on device {dev}; there is no failure #{n}",
+                    "process {} has {count} out-of-memory failure(s) on device {dev}; there is no failure #{n} (calls refused for other reasons, such as CUDA_ERROR_NOT_PERMITTED, are not out-of-memory: `vramtrace summary` lists them)",
                     p.pid(),
                 ));
             };
@@ -501,7 +504,9 @@ pub fn observe(
             })
         }
         At::Window(from, to) => {
-            let (lo, hi) = (t0 + (from * 1e9) as u64, t0 + (to * 1e9) as u64);
+            // `as` saturates a float: a window past the end of time ends at the end of time.
+            let ns = |s: f64| t0.saturating_add((s.max(0.0) * 1e9) as u64);
+            let (lo, hi) = (ns(from), ns(to));
             // Allocations made in the window (the failed ones as their events), in time order.
             let mut made: Vec<Result<LiveAlloc, Event>> = Vec::new();
             let mut r = Replayer::new();

@@ -16,4 +16,13 @@ pub enum Error {
         "{0} holds no trace files (*.vtr): was the program run under `vramtrace run`, and did it touch CUDA?"
     )]
     EmptyTraceDir(PathBuf),
+    /// A path that is neither a directory nor a regular file (a FIFO, a device, a socket).
+    #[error("{0} is not a regular file but {1}; give a trace directory or one trace file (*.vtr)")]
+    NotRegular(PathBuf, &'static str),
+    /// Every trace file of a directory was unreadable.
+    #[error("{0} holds no readable trace file: {1}")]
+    NoReadableTrace(PathBuf, String),
+    /// A total went past what 64 bits hold: the trace's sizes cannot be real.
+    #[error("{0}")]
+    Overflow(String),
 }

@@ -38,8 +38,12 @@
 pub mod attribution;
 pub mod cli;
 pub mod commands;
+pub mod cu_result;
 pub mod error;
 pub mod events;
+pub mod live;
+pub mod export;
+pub mod plots;
 pub mod preload;
 pub mod replay;
 pub mod summary;

@@ -189,9 +189,12 @@ pub enum Step {
         /// The released allocation.
         freed: Option<LiveAlloc>,
     },
-    /// An allocation failed; nothing changed.
+    /// An allocation failed because the device was out of memory
+    /// (`CUDA_ERROR_OUT_OF_MEMORY`); nothing changed.
     Failed,
-    /// A call that changed nothing (a failed release, an unknown function).
+    /// A call that changed nothing: a failed release, an unknown function, or an allocation
+    /// refused for another reason than memory (`CUDA_ERROR_NOT_PERMITTED` from a `cuMemCreate`
+    /// probe, an invalid value): such a refusal is a failed call, never an out-of-memory.
     Unchanged,
 }
 
@@ -233,6 +236,8 @@ pub struct Replayer {
     /// Followed allocations by replay index: their latest annotation and whether still live.
     followed: FastMap<usize, (Option<Annotation>, bool)>,
     followed_live: usize,
+    /// The first total that went past 2^64 bytes, in words.
+    overflow: Option<String>,
 }
 
 impl Replayer {
@@ -247,7 +252,11 @@ impl Replayer {
             return Step::Unchanged;
         };
         if e.kind == EventKind::AllocFailed {
-            return Step::Failed;
+            return if crate::cu_result::is_out_of_memory(e.result) {
+                Step::Failed
+            } else {
+                Step::Unchanged
+            };
         }
         if e.result != 0 {
             return Step::Unchanged;
@@ -267,7 +276,23 @@ impl Replayer {
                 self.gone(&old);
             }
             let level = self.levels.entry((process, e.device, pool)).or_default();
-            level.live += e.size;
+            match level.live.checked_add(e.size) {
+                Some(v) => level.live = v,
+                None => {
+                    // No device holds 2^64 bytes: the sizes are corrupt. Saturate rather than
+                    // wrap, and say so once; readers of the replay turn it into an error.
+                    level.live = u64::MAX;
+                    self.overflow.get_or_insert_with(|| {
+                        format!(
+                            "the live {} bytes of process #{process} on device {} pass 2^64 at event {seq} ({} of {} bytes): the trace's sizes cannot be real",
+                            pool.name(),
+                            e.device,
+                            e.api.name(),
+                            e.size
+                        )
+                    });
+                }
+            }
             level.count += 1;
             if level.live > level.peak {
                 level.peak = level.live;
@@ -342,6 +367,20 @@ impl Replayer {
         {
             f.1 = false;
             self.followed_live -= 1;
+        }
+    }
+
+    /// Why a total of this replay is not exact: the first live total that passed 2^64 bytes
+    /// (it was held at `u64::MAX` from then on). `None` for every real trace.
+    pub fn overflow(&self) -> Option<&str> {
+        self.overflow.as_deref()
+    }
+
+    /// [`Replayer::overflow`] as an error, for passes that report totals.
+    pub fn check_overflow(&self) -> Result<(), Error> {
+        match &self.overflow {
+            Some(m) => Err(Error::Overflow(m.clone())),
+            None => Ok(()),
         }
     }
 

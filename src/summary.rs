@@ -18,8 +18,9 @@ use vramtrace_models::units::{fmt_bytes, fmt_secs};
 
 /// How many allocations to list at a peak or a failure.
 pub const DEFAULT_TOP: usize = 10;
-/// Failures whose live set is captured in full; later ones keep counts only.
-const MAX_DETAILED_FAILURES: usize = 64;
+/// Failures whose live set is captured in full (and refused calls listed); later ones keep
+/// counts only.
+pub const MAX_DETAILED_FAILURES: usize = 64;
 
 /// One allocation as shown in a summary.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -64,6 +65,8 @@ pub struct Failure {
     pub size: u64,
     /// The driver's result code.
     pub result: i32,
+    /// Its name (`CUDA_ERROR_OUT_OF_MEMORY`).
+    pub error: String,
     /// Free device memory the driver reported at that moment.
     pub free_bytes: u64,
     /// Total device memory the driver reported.
@@ -85,11 +88,34 @@ pub struct Failure {
     pub frames: Vec<String>,
 }
 
+/// An allocation call the driver refused for another reason than memory (a `cuMemCreate`
+/// probe answered `CUDA_ERROR_NOT_PERMITTED`, an invalid value): a failed call, not an OOM.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FailedCall {
+    /// Seconds since the trace began.
+    pub t_s: f64,
+    /// Driver function.
+    pub api: &'static str,
+    /// Bytes requested.
+    pub size: u64,
+    /// The driver's result code.
+    pub result: i32,
+    /// Its name (`CUDA_ERROR_NOT_PERMITTED`), or `CUresult N` for a value not in the table.
+    pub error: String,
+    /// Label active when it was made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
 /// Peak bytes of a non-device bucket.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct PoolPeak {
     /// The bucket.
     pub pool: Pool,
+    /// Successful allocations in it.
+    pub allocations: u64,
+    /// Releases paired with one of them.
+    pub frees: u64,
     /// Its highest live bytes.
     pub peak_bytes: u64,
     /// Live at the end of the trace.
@@ -123,8 +149,13 @@ pub struct DeviceSummary {
     pub live_at_end: u64,
     /// Failed allocations, in time order.
     pub failures: Vec<Failure>,
-    /// Failed allocations in all (beyond those detailed).
+    /// Failed allocations in all (beyond those detailed): out-of-memory failures only.
     pub failed_allocations: u64,
+    /// Allocation calls refused for another reason than memory, in time order (the first
+    /// [`MAX_DETAILED_FAILURES`]).
+    pub failed_calls: Vec<FailedCall>,
+    /// Such calls in all.
+    pub failed_call_count: u64,
     /// Other buckets (host, managed, address space, mapped).
     pub other_pools: Vec<PoolPeak>,
 }
@@ -154,6 +185,8 @@ pub struct ProcessSummary {
 pub struct Summary {
     /// Per process, in start order.
     pub processes: Vec<ProcessSummary>,
+    /// Files of the trace directory that could not be read, and why.
+    pub unreadable: Vec<crate::trace::Unreadable>,
 }
 
 /// Options for [`summarize`].
@@ -190,6 +223,20 @@ struct Acc {
     frees: u64,
     failed: u64,
     failures: Vec<FailureAt>,
+    refused: u64,
+    refusals: Vec<Event>,
+    /// Allocations and paired releases of the other buckets, by [`pool_index`].
+    other: [(u64, u64); 5],
+}
+
+fn pool_index(p: Pool) -> usize {
+    match p {
+        Pool::Device => 0,
+        Pool::Managed => 1,
+        Pool::Host => 2,
+        Pool::Address => 3,
+        Pool::Mapped => 4,
+    }
 }
 
 /// The live set at a device peak, found in the same pass when it is cheap.
@@ -259,11 +306,21 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                     *p = PeakSet::Now;
                 }
             }
-            Step::Allocated { .. } => {
-                acc.entry((pi, e.device)).or_default();
+            Step::Allocated { pool } => {
+                acc.entry((pi, e.device)).or_default().other[pool_index(pool)].0 += 1;
             }
             Step::Released { freed: Some(f) } if f.pool == Pool::Device => {
                 acc.entry((pi, f.event.device)).or_default().frees += 1
+            }
+            Step::Released { freed: Some(f) } => {
+                acc.entry((pi, f.event.device)).or_default().other[pool_index(f.pool)].1 += 1
+            }
+            Step::Unchanged if e.kind == EventKind::AllocFailed => {
+                let a = acc.entry((pi, e.device)).or_default();
+                a.refused += 1;
+                if a.refusals.len() < MAX_DETAILED_FAILURES {
+                    a.refusals.push(e);
+                }
             }
             Step::Failed if e.kind == EventKind::AllocFailed => {
                 let a = acc.entry((pi, e.device)).or_default();
@@ -285,6 +342,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
         seq += 1;
         ControlFlow::Continue(())
     })?;
+    replay.check_overflow()?;
     // Peaks with no release after them: the live set at the end is the set at the peak.
     for ((pi, dev), p) in peaks.iter_mut() {
         if matches!(p, PeakSet::Now) {
@@ -365,6 +423,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             api: e.api.name(),
             size: e.size,
             result: e.result,
+            error: crate::cu_result::describe(e.result),
             free_bytes: e.free_bytes,
             total_bytes: e.total_bytes,
             label: trace.processes[pi].string(e.label).map(str::to_owned),
@@ -391,8 +450,11 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                 .into_iter()
                 .filter_map(|pool| {
                     let l = replay.level(pi, *dev, pool);
+                    let (allocations, frees) = a.other[pool_index(pool)];
                     (l.peak > 0).then_some(PoolPeak {
                         pool,
+                        allocations,
+                        frees,
                         peak_bytes: l.peak,
                         live_at_end: l.live,
                     })
@@ -415,6 +477,20 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                 live_at_end: level.live,
                 failures: a.failures.iter().map(|f| failure(pi, f)).collect(),
                 failed_allocations: a.failed,
+                failed_calls: a
+                    .refusals
+                    .iter()
+                    .map(|e| FailedCall {
+                        t_s: rel(e.t_ns, t0),
+                        api: e.api.name(),
+                        size: e.size,
+                        result: e.result,
+                        error: crate::cu_result::name(e.result)
+                            .map_or_else(|| format!("CUresult {}", e.result), str::to_owned),
+                        label: p.string(e.label).map(str::to_owned),
+                    })
+                    .collect(),
+                failed_call_count: a.refused,
                 other_pools,
             });
         }
@@ -428,7 +504,10 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             problems: p.problems.iter().map(|x| x.to_string()).collect(),
         });
     }
-    Ok(Summary { processes })
+    Ok(Summary {
+        processes,
+        unreadable: trace.unreadable.clone(),
+    })
 }
 
 fn rel(t_ns: u64, t0: u64) -> f64 {
@@ -440,6 +519,16 @@ pub fn render(s: &Summary, detail: bool) -> String {
     let mut out = String::new();
     if s.processes.is_empty() {
         out.push_str("no traced process recorded anything\n");
+    }
+    if !s.unreadable.is_empty() {
+        let _ = writeln!(
+            out,
+            "warning: skipped {} unreadable trace file(s):",
+            s.unreadable.len()
+        );
+        for u in &s.unreadable {
+            let _ = writeln!(out, "  {}: {}", u.file.display(), u.reason);
+        }
     }
     for p in &s.processes {
         let cmd = p.command.join(" ");
@@ -462,25 +551,49 @@ pub fn render(s: &Summary, detail: bool) -> String {
                 (Some(n), None) => format!(" ({n})"),
                 _ => String::new(),
             };
-            let dev = if d.device < 0 {
-                "host".to_string()
-            } else {
-                format!("device {}", d.device)
+            // Ordinal -1 holds what belongs to no device: pinned host memory (and anything
+            // else recorded without a device). Its line is about that memory, not about a
+            // device pool it never had; a bucket shown on the first line is not repeated.
+            let (dev, first, others) = match d.other_pools.as_slice() {
+                [only, rest @ ..] if d.device < 0 && d.allocations == 0 && d.peak_bytes == 0 => {
+                    let what = match only.pool {
+                        Pool::Host => "pinned memory".to_string(),
+                        p => format!("{} memory", p.name()),
+                    };
+                    let line = format!(
+                        "{} allocations, {} frees, peak {}, {} live at end",
+                        only.allocations,
+                        only.frees,
+                        fmt_bytes(only.peak_bytes),
+                        fmt_bytes(only.live_at_end)
+                    );
+                    (format!("host ({what})"), line, rest)
+                }
+                all => {
+                    let dev = if d.device < 0 {
+                        "host".to_string()
+                    } else {
+                        format!("device {}", d.device)
+                    };
+                    let line = format!(
+                        "{} allocations, {} frees, peak {} at {}, {} live at end",
+                        d.allocations,
+                        d.frees,
+                        fmt_bytes(d.peak_bytes),
+                        fmt_secs(d.peak_t_s),
+                        fmt_bytes(d.live_at_end)
+                    );
+                    (dev, line, all)
+                }
             };
-            let _ = writeln!(
-                out,
-                "  {dev}{name}: {} allocations, {} frees, peak {} at {}, {} live at end",
-                d.allocations,
-                d.frees,
-                fmt_bytes(d.peak_bytes),
-                fmt_secs(d.peak_t_s),
-                fmt_bytes(d.live_at_end)
-            );
-            for o in &d.other_pools {
+            let _ = writeln!(out, "  {dev}{name}: {first}");
+            for o in others {
                 let _ = writeln!(
                     out,
-                    "    {}: peak {}, {} live at end",
+                    "    {}: {} allocations, {} frees, peak {}, {} live at end",
                     o.pool.name(),
+                    o.allocations,
+                    o.frees,
                     fmt_bytes(o.peak_bytes),
                     fmt_bytes(o.live_at_end)
                 );
@@ -504,11 +617,11 @@ pub fn render(s: &Summary, detail: bool) -> String {
                     .unwrap_or_default();
                 let _ = writeln!(
                     out,
-                    "      at {}: {} of {} failed (result {}){label}; driver said {} free of {}; this process held {} in {} allocations",
+                    "      at {}: {} of {} failed with {}{label}; driver said {} free of {}; this process held {} in {} allocations",
                     fmt_secs(f.t_s),
                     f.api,
                     fmt_bytes(f.size),
-                    f.result,
+                    f.error,
                     fmt_bytes(f.free_bytes),
                     fmt_bytes(f.total_bytes),
                     fmt_bytes(f.live_bytes),
@@ -525,6 +638,36 @@ pub fn render(s: &Summary, detail: bool) -> String {
                     out,
                     "      ... {} more not shown",
                     d.failed_allocations as usize - d.failures.len()
+                );
+            }
+            if d.failed_call_count > 0 {
+                let _ = writeln!(
+                    out,
+                    "    {} failed call(s) that were not out-of-memory:",
+                    d.failed_call_count
+                );
+            }
+            for c in &d.failed_calls {
+                let label = c
+                    .label
+                    .as_deref()
+                    .map(|l| format!(" in {l}"))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "      at {}: {} of {}: {} ({}){label}",
+                    fmt_secs(c.t_s),
+                    c.api,
+                    fmt_bytes(c.size),
+                    c.error,
+                    c.result
+                );
+            }
+            if (d.failed_calls.len() as u64) < d.failed_call_count {
+                let _ = writeln!(
+                    out,
+                    "      ... {} more not shown",
+                    d.failed_call_count - d.failed_calls.len() as u64
                 );
             }
         }

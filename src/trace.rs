@@ -316,38 +316,130 @@ impl Process {
 pub struct Trace {
     /// Processes ordered by start time, then pid.
     pub processes: Vec<Process>,
+    /// Files of the directory that could not be read, with why, in name order. A process killed
+    /// between creating its file and writing the header leaves an empty one; they never hide
+    /// the good files beside them.
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// A trace file that was skipped, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Unreadable {
+    /// The file.
+    pub file: PathBuf,
+    /// Why it was skipped, as a sentence.
+    pub reason: String,
+}
+
+/// Says on stderr which files of a trace directory were skipped (for commands whose stdout is
+/// data, not a report).
+pub fn warn_unreadable(trace: &Trace) {
+    for u in &trace.unreadable {
+        eprintln!(
+            "vramtrace: warning: skipped {}: {}",
+            u.file.display(),
+            u.reason
+        );
+    }
+}
+
+/// An error and its causes, joined: `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Refuses what is not a regular file before opening it: opening a FIFO blocks until a
+/// writer comes, and a device (`/dev/zero`) never ends.
+fn check_regular(path: &Path) -> Result<(), Error> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::Io(path.to_path_buf(), e))?;
+    if meta.is_file() {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let ft = meta.file_type();
+    let what = if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else {
+        "something else"
+    };
+    Err(Error::NotRegular(path.to_path_buf(), what))
+}
+
+/// Opens one file of a trace directory, or says why it cannot be read.
+fn open_file(path: &Path) -> Result<Process, String> {
+    check_regular(path).map_err(|e| chain(&e))?;
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() == 0 => {
+            return Err(
+                "the file is empty: its process ended (or was killed) before it wrote the header"
+                    .into(),
+            );
+        }
+        _ => {}
+    }
+    Process::open(path).map_err(|e| chain(&e))
 }
 
 impl Trace {
     /// Opens a trace directory (every `*.vtr` file in it) or a single trace file, reading the
-    /// side tables of each.
+    /// side tables of each. In a directory, files that cannot be read are skipped and listed in
+    /// [`Trace::unreadable`]; only a directory with no readable file is an error. A path that
+    /// is not a directory or a regular file (a FIFO, a device) is refused without being opened.
     pub fn open(path: &Path) -> Result<Trace, Error> {
         let meta = std::fs::metadata(path).map_err(|e| Error::Io(path.to_path_buf(), e))?;
-        let files = if meta.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                .map_err(|e| Error::Io(path.to_path_buf(), e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == FILE_EXTENSION))
-                .collect();
-            files.sort();
-            if files.is_empty() {
-                return Err(Error::EmptyTraceDir(path.to_path_buf()));
+        if !meta.is_dir() {
+            check_regular(path)?;
+            return Ok(Trace::from_processes(vec![Process::open(path)?]));
+        }
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| Error::Io(path.to_path_buf(), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == FILE_EXTENSION))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(Error::EmptyTraceDir(path.to_path_buf()));
+        }
+        let mut processes = Vec::new();
+        let mut unreadable = Vec::new();
+        for f in files {
+            match open_file(&f) {
+                Ok(p) => processes.push(p),
+                Err(reason) => unreadable.push(Unreadable { file: f, reason }),
             }
-            files
-        } else {
-            vec![path.to_path_buf()]
-        };
-        let processes = files
-            .iter()
-            .map(|f| Process::open(f))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Trace::from_processes(processes))
+        }
+        if processes.is_empty() {
+            let list: Vec<String> = unreadable
+                .iter()
+                .map(|u| format!("{}: {}", u.file.display(), u.reason))
+                .collect();
+            return Err(Error::NoReadableTrace(path.to_path_buf(), list.join("; ")));
+        }
+        let mut t = Trace::from_processes(processes);
+        t.unreadable = unreadable;
+        Ok(t)
     }
 
     /// Builds a trace from processes already in memory (tests, the live view).
     pub fn from_processes(mut processes: Vec<Process>) -> Trace {
         processes.sort_by_key(|p| (p.header.start_mono_ns, p.header.pid));
-        Trace { processes }
+        Trace {
+            processes,
+            unreadable: Vec::new(),
+        }
     }
 
     /// Builds a trace from decoded files.

@@ -21,6 +21,7 @@ pub struct EventsArgs {
 /// Runs `vramtrace events`.
 pub fn run(args: EventsArgs) -> anyhow::Result<i32> {
     let trace = Trace::open(&args.trace)?;
+    crate::trace::warn_unreadable(&trace);
     for p in &trace.processes {
         for prob in &p.problems {
             eprintln!("vramtrace: warning: {}: {prob}", p.path.display());

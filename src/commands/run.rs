@@ -57,8 +57,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     } else {
         Vec::new()
     };
+    check_writable(&out)?;
     let status = preload::run_traced(&preload, &out, &args.command, &env, opts)?;
     let code = report_exit(&args.command[0], status);
+    if !holds_trace_file(&out) {
+        // Never claim a trace that is not there. A program that made no CUDA call leaves none
+        // (and keeps its own exit code: it ran unchanged); a recorder that could not create
+        // its file said why on stderr above.
+        eprintln!(
+            "vramtrace: no trace file was written to {}: the program made no CUDA allocation call the recorder saw, or the recorder could not create its file (see its message above)",
+            out.display()
+        );
+        return Ok(code);
+    }
     if !args.quiet {
         eprintln!("vramtrace: trace written to {}", out.display());
         match Trace::open(&out).and_then(|t| summarize(&t, SummaryOptions::default())) {
@@ -67,6 +78,41 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(code)
+}
+
+/// Refuses a trace directory this process cannot create files in (an existing directory of
+/// another user, a read-only mount): the program would otherwise run unrecorded. Creates and
+/// removes a probe file, which is what the recorder will do.
+pub fn check_writable(dir: &Path) -> anyhow::Result<()> {
+    let probe = dir.join(format!(".vramtrace-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(f) => {
+            drop(f);
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => bail!(
+            "cannot write into {} ({e}): the program would run unrecorded; choose a directory you can write with --out",
+            dir.display()
+        ),
+    }
+}
+
+/// Whether the trace directory holds at least one trace file.
+fn holds_trace_file(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| {
+        entries.any(|e| {
+            e.is_ok_and(|e| {
+                e.path()
+                    .extension()
+                    .is_some_and(|x| x == vramtrace_format::FILE_EXTENSION)
+            })
+        })
+    })
 }
 
 /// Exit code to pass on: the program's, or 128 + signal like a shell.
