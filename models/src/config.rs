@@ -541,7 +541,7 @@ mod tests {
         let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "`num_key_value_heads` in c.json is invalid: expected a positive whole number, found 0 (in `text_config`)"
+            "`num_key_value_heads` in c.json is invalid: expected a positive whole number up to 16777216, found 0 (in `text_config`)"
         );
 
         let mut v = qwen36();
