@@ -33,6 +33,8 @@ pub enum Command {
     /// Replay a trace against a smaller card: the first allocation that would fail, and the
     /// headroom over time.
     Replay(commands::replay::ReplayArgs),
+    /// Write a trace as Parquet tables, a PyTorch memory snapshot, Perfetto JSON or a flamegraph.
+    Export(commands::export::ExportArgs),
 }
 
 /// Runs the chosen subcommand and returns the process exit code.
@@ -45,5 +47,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Model(a) => commands::model::run(a),
         Command::Compare(a) => commands::compare::run(a),
         Command::Replay(a) => commands::replay::run(a),
+        Command::Export(a) => commands::export::run(a),
     }
 }

@@ -3,6 +3,7 @@
 pub mod compare;
 pub mod demo;
 pub mod events;
+pub mod export;
 pub mod model;
 pub mod replay;
 pub mod run;

@@ -1,0 +1,238 @@
+//! `vramtrace export`: a trace in a format another tool opens.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use crate::export::{
+    FlamegraphOptions, Progress, Weight, export_flamegraph, export_parquet, export_perfetto,
+    export_pytorch, has_items,
+};
+use crate::trace::Trace;
+
+/// The export formats.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Parquet tables in the directory OUT: events, stacks, processes, devices.
+    Parquet,
+    /// A PyTorch memory snapshot pickle, for torch.cuda._memory_viz and pytorch.org/memory_viz.
+    Pytorch,
+    /// Chrome trace event JSON, for ui.perfetto.dev and chrome://tracing.
+    Perfetto,
+    /// A flamegraph SVG of device memory by native stack (folded text with --folded).
+    Flamegraph,
+}
+
+/// How the flamegraph weighs stacks.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightArg {
+    /// Bytes live at each process's and device's peak.
+    Peak,
+    /// Bytes live at each process's and device's first failed allocation.
+    Oom,
+    /// Every byte allocated over the trace.
+    Allocated,
+}
+
+/// Arguments of `vramtrace export`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Formats, and what opens them:
+  parquet     OUT is a directory (created if missing) that gets four files: events.parquet (one
+              row per event: pid, tid, t_ns, kind, api, mem, pool, device, ptr, size, result,
+              stream, aux, free_bytes, total_bytes, stack_id, label, name, dtype, unmatched),
+              stacks.parquet (pid, stack_id, frame 0 = innermost, address, module, symbol, file,
+              line), processes.parquet (pid, ppid, command_line, host, start_unix_ns,
+              start_mono_ns, driver_version, path, problems) and devices.parquet (pid, ordinal,
+              name, total_bytes). Integers are INT64/INT32, text UTF8, times INT64 nanoseconds
+              (t_ns is CLOCK_MONOTONIC, like start_mono_ns). Opens in DuckDB, pyarrow, polars:
+                duckdb -c \"SELECT kind, count(*), sum(size) FROM 'OUT/events.parquet' GROUP BY kind\"
+  pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns: each driver
+              allocation is a segment with one block, failures are 'oom' entries. One process
+              per snapshot (--pid; default: the one with the highest device peak). Open it on
+              pytorch.org/memory_viz, or: python -m torch.cuda._memory_viz trace_plot OUT -o out.html
+  perfetto    OUT is Chrome trace event JSON: a live-bytes counter per process and device, a
+              slice per allocation lifetime (named by tensor, label or driver function), an
+              instant per failed allocation, ranges and marks. Open it on ui.perfetto.dev or in
+              chrome://tracing.
+  flamegraph  OUT is an SVG (any browser) of device memory by allocating native stack, weighed
+              by --weight: peak (bytes live at each process's and device's peak, the default),
+              oom (bytes live at the first failed allocation) or allocated (every byte ever
+              allocated). --folded writes the folded stacks instead (inferno, flamegraph.pl,
+              speedscope).
+
+An existing OUT is only replaced with --force. Progress goes to stderr when it is a terminal.
+Examples:
+  vramtrace export trace-dir --format parquet -o tables/
+  vramtrace export trace-dir --format pytorch -o snapshot.pickle
+  vramtrace export trace-dir --format flamegraph --weight oom -o oom.svg")]
+pub struct ExportArgs {
+    /// A trace directory (every process in it) or one trace file.
+    pub trace: PathBuf,
+    /// The output format.
+    #[arg(long, short = 'f', value_enum)]
+    pub format: Format,
+    /// Where to write: a file, or for parquet a directory.
+    #[arg(long, short = 'o', value_name = "OUT")]
+    pub output: PathBuf,
+    /// Replace OUT (for parquet: the four table files in it) if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// pytorch: the process to snapshot (default: the one with the highest device peak).
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// flamegraph: how stacks are weighed.
+    #[arg(long, value_enum, default_value = "peak")]
+    pub weight: WeightArg,
+    /// flamegraph: write folded stacks (text) instead of an SVG.
+    #[arg(long)]
+    pub folded: bool,
+}
+
+const PARQUET_FILES: [&str; 4] = [
+    "events.parquet",
+    "stacks.parquet",
+    "processes.parquet",
+    "devices.parquet",
+];
+
+/// Runs `vramtrace export`.
+pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
+    let trace = Trace::open(&args.trace)?;
+    for p in &trace.processes {
+        for prob in &p.problems {
+            eprintln!("vramtrace: warning: {}: {prob}", p.path.display());
+        }
+    }
+    if !has_items(&trace)? {
+        bail!(
+            "{} holds {} process(es) but no recorded event: nothing to export (did the program \
+             allocate device memory while recording?)",
+            args.trace.display(),
+            trace.processes.len()
+        );
+    }
+    let out = &args.output;
+    if args.format == Format::Parquet {
+        if out.exists() && !out.is_dir() {
+            bail!(
+                "{} exists and is not a directory: parquet writes four files into a directory",
+                out.display()
+            );
+        }
+        let taken: Vec<String> = PARQUET_FILES
+            .iter()
+            .map(|f| out.join(f))
+            .filter(|p| p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        if !taken.is_empty() && !args.force {
+            bail!(
+                "{} already exist(s): pass --force to replace",
+                taken.join(", ")
+            );
+        }
+        let progress = Progress::stderr("parquet");
+        let n = export_parquet(&trace, out, &progress)
+            .with_context(|| format!("exporting to {}", out.display()))?;
+        progress.finish();
+        eprintln!(
+            "vramtrace: wrote {} events, {} stack frames, {} processes, {} devices into {}",
+            n.events,
+            n.stacks,
+            n.processes,
+            n.devices,
+            out.display()
+        );
+        return Ok(0);
+    }
+    if out.is_dir() {
+        bail!("{} is a directory: give a file name", out.display());
+    }
+    if out.exists() && !args.force {
+        bail!(
+            "{} already exists: pass --force to replace it",
+            out.display()
+        );
+    }
+    let mut w = create(out)?;
+    let what = match args.format {
+        Format::Parquet => unreachable!("handled above"),
+        Format::Pytorch => {
+            let progress = Progress::stderr("pytorch");
+            let n = export_pytorch(&trace, args.pid, &mut w, &progress);
+            progress.finish();
+            let n = n.with_context(|| format!("exporting to {}", out.display()));
+            let n = remove_on_error(out, n)?;
+            if !n.others.is_empty() && args.pid.is_none() {
+                let others: Vec<String> = n.others.iter().map(u32::to_string).collect();
+                eprintln!(
+                    "vramtrace: the snapshot is of process {}; {} also allocated device \
+                     memory (export each with --pid)",
+                    n.pid,
+                    others.join(", ")
+                );
+            }
+            format!(
+                "process {}: {} segments live at the end, {} trace entries ({} oom)",
+                n.pid, n.segments, n.entries, n.ooms
+            )
+        }
+        Format::Perfetto => {
+            let progress = Progress::stderr("perfetto");
+            let n = export_perfetto(&trace, &mut w, &progress);
+            progress.finish();
+            let n = remove_on_error(
+                out,
+                n.with_context(|| format!("exporting to {}", out.display())),
+            )?;
+            format!(
+                "{} counter samples, {} allocation slices, {} failures",
+                n.counters, n.slices, n.failures
+            )
+        }
+        Format::Flamegraph => {
+            let opts = FlamegraphOptions {
+                weight: match args.weight {
+                    WeightArg::Peak => Weight::Peak,
+                    WeightArg::Oom => Weight::Oom,
+                    WeightArg::Allocated => Weight::Allocated,
+                },
+                folded: args.folded,
+                title: None,
+            };
+            let progress = Progress::stderr("flamegraph");
+            let n = export_flamegraph(&trace, &opts, &mut w, &progress);
+            progress.finish();
+            let n = remove_on_error(
+                out,
+                n.with_context(|| format!("exporting to {}", out.display())),
+            )?;
+            format!("{} weighed", vramtrace_models::units::fmt_bytes(n))
+        }
+    };
+    w.flush()
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    eprintln!("vramtrace: wrote {}: {what}", out.display());
+    Ok(0)
+}
+
+fn create(path: &Path) -> anyhow::Result<BufWriter<File>> {
+    let f = File::create(path).with_context(|| {
+        format!(
+            "cannot create {} (does its directory exist, and is it writable?)",
+            path.display()
+        )
+    })?;
+    Ok(BufWriter::new(f))
+}
+
+/// A failed export leaves no half-written file behind.
+fn remove_on_error<T>(path: &Path, r: anyhow::Result<T>) -> anyhow::Result<T> {
+    if r.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    r
+}

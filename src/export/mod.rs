@@ -1,0 +1,112 @@
+//! Exports: a trace written into the formats other tools read.
+//!
+//! One module per format, each with one entry point that takes the [`Trace`] and where to
+//! write:
+//!
+//! | format | entry point | opened by |
+//! | --- | --- | --- |
+//! | Parquet tables | [`export_parquet`] | DuckDB, pyarrow, polars, pandas, Spark, Trino |
+//! | PyTorch memory snapshot | [`export_pytorch`] | `torch.cuda._memory_viz`, the memory_viz web page |
+//! | Chrome trace event JSON | [`export_perfetto`] | the Perfetto UI, `chrome://tracing` |
+//! | folded stacks / flamegraph SVG | [`export_flamegraph`] | any browser; `inferno`, `flamegraph.pl` |
+//!
+//! Every exporter streams: it folds [`Trace::items`] as they come and holds only the live set,
+//! the stack table and (Parquet) one row group, never the whole trace.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::trace::Trace;
+
+pub mod flamegraph;
+pub mod parquet;
+pub mod perfetto;
+pub mod pytorch;
+
+pub use self::flamegraph::{FlamegraphOptions, Weight, export_flamegraph};
+pub use self::parquet::{ParquetTables, export_parquet};
+pub use self::perfetto::export_perfetto;
+pub use self::pytorch::{SnapshotCounts, export_pytorch};
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] crate::Error),
+    /// Writing the output failed.
+    #[error("cannot write {0}")]
+    Write(PathBuf, #[source] std::io::Error),
+    /// Writing the output failed (a stream with no path).
+    #[error("cannot write the output")]
+    Io(#[from] std::io::Error),
+    /// The Parquet encoder refused something.
+    #[error("cannot encode Parquet")]
+    Parquet(#[from] ::parquet::errors::ParquetError),
+    /// The pickle encoder refused something.
+    #[error("cannot encode the pickle")]
+    Pickle(#[from] serde_pickle::Error),
+    /// The trace holds nothing this format can show.
+    #[error("{0}")]
+    Nothing(String),
+}
+
+/// Progress of a long export on stderr: a spinner with the count of items read, drawn only
+/// when stderr is a terminal (never into a log or a pipe).
+pub struct Progress(Option<ProgressBar>);
+
+impl Progress {
+    /// No progress output (tests, library callers).
+    pub fn hidden() -> Progress {
+        Progress(None)
+    }
+
+    /// A spinner on stderr named `what`, or nothing when stderr is not a terminal.
+    pub fn stderr(what: &str) -> Progress {
+        if !std::io::stderr().is_terminal() {
+            return Progress::hidden();
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            ProgressStyle::with_template("{spinner} {msg}: {human_pos} items ({per_sec}) {elapsed}")
+        {
+            bar.set_style(style);
+        }
+        bar.set_message(what.to_string());
+        Progress(Some(bar))
+    }
+
+    /// Counts `n` more items read. Cheap: the bar redraws at most a few times a second.
+    pub fn inc(&self, n: u64) {
+        if let Some(b) = &self.0 {
+            b.inc(n);
+        }
+    }
+
+    /// Names the current pass.
+    pub fn pass(&self, what: &str) {
+        if let Some(b) = &self.0 {
+            b.set_message(what.to_string());
+            b.set_position(0);
+        }
+    }
+
+    /// Removes the spinner.
+    pub fn finish(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Microseconds since the trace's start, for formats that count in µs.
+pub(crate) fn rel_us(trace_start_ns: u64, t_ns: u64) -> f64 {
+    t_ns.saturating_sub(trace_start_ns) as f64 / 1000.0
+}
+
+/// Whether the trace holds any timed item at all.
+pub fn has_items(trace: &Trace) -> Result<bool, ExportError> {
+    Ok(trace.items()?.next().is_some())
+}

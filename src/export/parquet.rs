@@ -1,0 +1,445 @@
+//! Parquet: the trace as four tables, one file each, for DuckDB, pyarrow, polars or Spark.
+//!
+//! [`export_parquet`] writes into a directory:
+//!
+//! | file | one row per | columns |
+//! | --- | --- | --- |
+//! | `events.parquet` | event, in time order | `pid`, `tid`, `t_ns`, `kind`, `api`, `mem`, `pool`, `device`, `ptr`, `size`, `result`, `stream`, `aux`, `free_bytes`, `total_bytes`, `stack_id`, `label`, `name`, `dtype`, `unmatched` |
+//! | `stacks.parquet` | frame of a recorded stack | `pid`, `stack_id`, `frame` (0 = innermost), `address`, `module`, `symbol`, `file`, `line` |
+//! | `processes.parquet` | traced process | `pid`, `ppid`, `command_line`, `host`, `start_unix_ns`, `start_mono_ns`, `driver_version`, `path`, `problems` |
+//! | `devices.parquet` | device a process reported | `pid`, `ordinal`, `name`, `total_bytes` |
+//!
+//! Integers are INT64 (INT32 for `device`, `result`, `frame`, `ordinal`, `line`,
+//! `driver_version`), text is UTF8, times are INT64 nanoseconds: `t_ns` and `start_mono_ns` are
+//! `CLOCK_MONOTONIC` (one clock for every process of a boot), `start_unix_ns` is the wall clock
+//! at `start_mono_ns`, so `start_unix_ns + (t_ns - start_mono_ns)` dates an event. Absent values
+//! are NULL, never 0: `stream`, `aux` and `stack_id` when the call has none, `free_bytes` and
+//! `total_bytes` except on `alloc_failed`.
+//!
+//! The event rows match `vramtrace events`: a release carries the size, device and memory kind
+//! of what it released (`unmatched` when nothing recorded matched it) and the tensor name of a
+//! named allocation; a name given through the annotation ABI is an `annotate` row of its own
+//! (the allocation's `ptr`, `size` and `device`). `pool` is the accounting bucket (`device`,
+//! `managed`, `host`, `address`, `mapped`); buckets are never to be summed together.
+//!
+//! Rows are written as [`Trace::items`] streams them, [`ROW_GROUP_ROWS`] to a row group (DuckDB
+//! writes 122,880-row groups itself), so a 10 M-event trace exports holding one row group
+//! (about 60 MB), the live set and the string table. Pages are Snappy-compressed.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+use std::sync::Arc;
+
+use ::parquet::basic::Compression;
+use ::parquet::data_type::{BoolType, ByteArray, ByteArrayType, Int32Type, Int64Type};
+use ::parquet::file::properties::WriterProperties;
+use ::parquet::file::writer::SerializedFileWriter;
+use ::parquet::schema::parser::parse_message_type;
+use vramtrace_format::{EventKind, MemKind};
+
+use super::{ExportError, Progress};
+use crate::replay::{Replayer, Step};
+use crate::symbolize::StackSymbolizer;
+use crate::trace::{Item, Trace};
+
+/// Rows per row group.
+pub const ROW_GROUP_ROWS: usize = 256 * 1024;
+
+/// Rows written to each table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParquetTables {
+    /// Rows of `events.parquet`.
+    pub events: u64,
+    /// Rows of `stacks.parquet` (frames).
+    pub stacks: u64,
+    /// Rows of `processes.parquet`.
+    pub processes: u64,
+    /// Rows of `devices.parquet`.
+    pub devices: u64,
+}
+
+const EVENTS_SCHEMA: &str = "message events {
+  REQUIRED INT64 pid;
+  REQUIRED INT64 tid;
+  REQUIRED INT64 t_ns;
+  REQUIRED BYTE_ARRAY kind (UTF8);
+  REQUIRED BYTE_ARRAY api (UTF8);
+  REQUIRED BYTE_ARRAY mem (UTF8);
+  REQUIRED BYTE_ARRAY pool (UTF8);
+  REQUIRED INT32 device;
+  REQUIRED INT64 ptr;
+  REQUIRED INT64 size;
+  REQUIRED INT32 result;
+  OPTIONAL INT64 stream;
+  OPTIONAL INT64 aux;
+  OPTIONAL INT64 free_bytes;
+  OPTIONAL INT64 total_bytes;
+  OPTIONAL INT64 stack_id;
+  OPTIONAL BYTE_ARRAY label (UTF8);
+  OPTIONAL BYTE_ARRAY name (UTF8);
+  OPTIONAL BYTE_ARRAY dtype (UTF8);
+  REQUIRED BOOLEAN unmatched;
+}";
+
+const STACKS_SCHEMA: &str = "message stacks {
+  REQUIRED INT64 pid;
+  REQUIRED INT64 stack_id;
+  REQUIRED INT32 frame;
+  REQUIRED INT64 address;
+  REQUIRED BYTE_ARRAY module (UTF8);
+  OPTIONAL BYTE_ARRAY symbol (UTF8);
+  OPTIONAL BYTE_ARRAY file (UTF8);
+  OPTIONAL INT32 line;
+}";
+
+const PROCESSES_SCHEMA: &str = "message processes {
+  REQUIRED INT64 pid;
+  REQUIRED INT64 ppid;
+  REQUIRED BYTE_ARRAY command_line (UTF8);
+  REQUIRED BYTE_ARRAY host (UTF8);
+  REQUIRED INT64 start_unix_ns;
+  REQUIRED INT64 start_mono_ns;
+  OPTIONAL INT32 driver_version;
+  REQUIRED BYTE_ARRAY path (UTF8);
+  REQUIRED INT64 problems;
+}";
+
+const DEVICES_SCHEMA: &str = "message devices {
+  REQUIRED INT64 pid;
+  REQUIRED INT32 ordinal;
+  REQUIRED BYTE_ARRAY name (UTF8);
+  REQUIRED INT64 total_bytes;
+}";
+
+/// Writes `events.parquet`, `stacks.parquet`, `processes.parquet` and `devices.parquet` into
+/// `dir` (created if missing; files there of those names are replaced).
+pub fn export_parquet(
+    trace: &Trace,
+    dir: &Path,
+    progress: &Progress,
+) -> Result<ParquetTables, ExportError> {
+    std::fs::create_dir_all(dir).map_err(|e| ExportError::Write(dir.to_path_buf(), e))?;
+    let mut n = ParquetTables::default();
+
+    let mut t = Table::create(&dir.join("processes.parquet"), PROCESSES_SCHEMA)?;
+    for p in &trace.processes {
+        let h = &p.header;
+        t.i64(0, h.pid.into());
+        t.i64(1, h.ppid.into());
+        t.str(2, Some(bytes(&h.cmdline.join(" "))));
+        t.str(3, Some(bytes(&h.hostname)));
+        t.i64(4, h.start_unix_ns as i64);
+        t.i64(5, h.start_mono_ns as i64);
+        t.opt_i32(6, p.driver_version);
+        t.str(7, Some(bytes(&p.path.to_string_lossy())));
+        t.i64(8, p.problems.len() as i64);
+        t.end_row()?;
+    }
+    n.processes = t.close()?;
+
+    let mut t = Table::create(&dir.join("devices.parquet"), DEVICES_SCHEMA)?;
+    for p in &trace.processes {
+        for d in &p.devices {
+            t.i64(0, p.pid().into());
+            t.i32(1, d.ordinal);
+            t.str(2, Some(bytes(&d.name)));
+            t.i64(3, d.total_bytes as i64);
+            t.end_row()?;
+        }
+    }
+    n.devices = t.close()?;
+
+    progress.pass("parquet: stacks");
+    let mut t = Table::create(&dir.join("stacks.parquet"), STACKS_SCHEMA)?;
+    for p in &trace.processes {
+        let mut sym = StackSymbolizer::new(p);
+        let mut ids: Vec<u32> = p.stacks.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            for (i, f) in sym.stack(id).into_iter().enumerate() {
+                let addr = u64::from_str_radix(f.addr.trim_start_matches("0x"), 16).unwrap_or(0);
+                t.i64(0, p.pid().into());
+                t.i64(1, id.into());
+                t.i32(2, i as i32);
+                t.i64(3, addr as i64);
+                t.str(4, Some(bytes(&f.module)));
+                t.str(5, f.function.as_deref().map(bytes));
+                t.str(6, f.file.as_deref().map(bytes));
+                t.opt_i32(7, f.line.map(|l| l as i32));
+                t.end_row()?;
+            }
+            progress.inc(1);
+        }
+    }
+    n.stacks = t.close()?;
+
+    progress.pass("parquet: events");
+    n.events = write_events(trace, &dir.join("events.parquet"), progress)?;
+    Ok(n)
+}
+
+fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, ExportError> {
+    let mut t = Table::create(path, EVENTS_SCHEMA)?;
+    // Every string of a row comes from a small set (kinds, driver functions, interned labels
+    // and names): each is encoded once and shared, so a buffered row costs no allocation.
+    let mut statics: HashMap<&'static str, ByteArray> = HashMap::new();
+    let mut stat = |s: &'static str| statics.entry(s).or_insert_with(|| bytes(s)).clone();
+    let mut interned: HashMap<(usize, u32), ByteArray> = HashMap::new();
+    let mut intern = |pi: usize, id: u32| -> Option<ByteArray> {
+        let s = trace.processes[pi].string(id)?;
+        Some(interned.entry((pi, id)).or_insert_with(|| bytes(s)).clone())
+    };
+    let mut replay = Replayer::new();
+    for (seq, (pi, item)) in trace.items()?.enumerate() {
+        if seq % 4096 == 0 {
+            progress.inc(4096);
+        }
+        let pid = i64::from(trace.processes[pi].pid());
+        match item {
+            Item::Annotate(a) => {
+                let hit = replay.annotate(pi, &a);
+                t.i64(0, pid);
+                t.i64(1, a.tid.into());
+                t.i64(2, a.t_ns as i64);
+                t.str(3, Some(stat("annotate")));
+                t.str(4, Some(stat("vramtrace_annotate")));
+                t.str(5, Some(stat("device")));
+                t.str(6, Some(stat("device")));
+                t.i32(7, hit.map_or(-1, |h| h.device));
+                t.i64(8, a.ptr as i64);
+                t.i64(9, hit.map_or(0, |h| h.size) as i64);
+                t.i32(10, 0);
+                for c in 11..=15 {
+                    t.opt_i64(c, None);
+                }
+                t.str(16, None);
+                t.str(17, intern(pi, a.name));
+                t.str(18, intern(pi, a.dtype));
+                t.bool(19, hit.is_none());
+                t.end_row()?;
+            }
+            Item::Event(e) => {
+                let (mut size, mut device, mut mem) = (e.size, e.device, e.mem);
+                let mut pool = pool_of(e.mem);
+                let mut tensor = None;
+                let mut unmatched = false;
+                match replay.apply(pi, seq, &e) {
+                    Step::Released { freed: Some(a) } => {
+                        size = a.event.size;
+                        device = a.event.device;
+                        mem = a.event.mem;
+                        pool = a.pool.name();
+                        tensor = a.annotation;
+                    }
+                    Step::Released { freed: None } => unmatched = e.result == 0,
+                    Step::Allocated { pool: p } => pool = p.name(),
+                    Step::Failed | Step::Unchanged => {}
+                }
+                let failed = e.kind == EventKind::AllocFailed;
+                t.i64(0, pid);
+                t.i64(1, e.tid.into());
+                t.i64(2, e.t_ns as i64);
+                t.str(3, Some(stat(e.kind.name())));
+                t.str(4, Some(stat(e.api.name())));
+                t.str(5, Some(stat(mem.name())));
+                t.str(6, Some(stat(pool)));
+                t.i32(7, device);
+                t.i64(8, e.ptr as i64);
+                t.i64(9, size as i64);
+                t.i32(10, e.result);
+                t.opt_i64(11, nonzero(e.stream));
+                t.opt_i64(12, nonzero(e.aux));
+                t.opt_i64(13, failed.then_some(e.free_bytes as i64));
+                t.opt_i64(14, failed.then_some(e.total_bytes as i64));
+                t.opt_i64(15, nonzero(e.stack.into()));
+                t.str(16, intern(pi, e.label));
+                t.str(17, tensor.as_ref().and_then(|a| intern(pi, a.name)));
+                t.str(18, tensor.as_ref().and_then(|a| intern(pi, a.dtype)));
+                t.bool(19, unmatched);
+                t.end_row()?;
+            }
+            _ => {}
+        }
+    }
+    t.close()
+}
+
+/// The accounting bucket of an event's memory kind (as the replay counts it).
+fn pool_of(mem: MemKind) -> &'static str {
+    match mem {
+        MemKind::Device | MemKind::Array => "device",
+        MemKind::Managed => "managed",
+        MemKind::Host => "host",
+        MemKind::Address => "address",
+        MemKind::Mapping => "mapped",
+    }
+}
+
+fn nonzero(v: u64) -> Option<i64> {
+    (v != 0).then_some(v as i64)
+}
+
+fn bytes(s: &str) -> ByteArray {
+    ByteArray::from(s)
+}
+
+/// One buffered column: the present values, and for an optional column one definition level
+/// per row (1 present, 0 NULL).
+enum Column {
+    I64(Vec<i64>, Option<Vec<i16>>),
+    I32(Vec<i32>, Option<Vec<i16>>),
+    Str(Vec<ByteArray>, Option<Vec<i16>>),
+    Bool(Vec<bool>),
+}
+
+/// A Parquet file being written row by row: rows are buffered column by column and written as
+/// a row group every [`ROW_GROUP_ROWS`] rows.
+struct Table {
+    writer: SerializedFileWriter<BufWriter<File>>,
+    columns: Vec<Column>,
+    buffered: usize,
+    rows: u64,
+}
+
+impl Table {
+    fn create(path: &Path, schema: &str) -> Result<Table, ExportError> {
+        let schema = Arc::new(parse_message_type(schema)?);
+        let columns = schema
+            .get_fields()
+            .iter()
+            .map(|f| {
+                let optional = f.is_optional();
+                let defs = || optional.then(Vec::new);
+                match f.get_physical_type() {
+                    ::parquet::basic::Type::INT64 => Column::I64(Vec::new(), defs()),
+                    ::parquet::basic::Type::INT32 => Column::I32(Vec::new(), defs()),
+                    ::parquet::basic::Type::BOOLEAN => Column::Bool(Vec::new()),
+                    _ => Column::Str(Vec::new(), defs()),
+                }
+            })
+            .collect();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_created_by(format!("vramtrace {}", env!("CARGO_PKG_VERSION")))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .build();
+        let file = File::create(path).map_err(|e| ExportError::Write(path.to_path_buf(), e))?;
+        let writer = SerializedFileWriter::new(BufWriter::new(file), schema, Arc::new(props))?;
+        Ok(Table {
+            writer,
+            columns,
+            buffered: 0,
+            rows: 0,
+        })
+    }
+
+    fn i64(&mut self, c: usize, v: i64) {
+        self.opt_i64(c, Some(v));
+    }
+
+    fn opt_i64(&mut self, c: usize, v: Option<i64>) {
+        if let Column::I64(vals, defs) = &mut self.columns[c] {
+            push(vals, defs, v);
+        } else {
+            unreachable!("column {c} is not INT64");
+        }
+    }
+
+    fn i32(&mut self, c: usize, v: i32) {
+        self.opt_i32(c, Some(v));
+    }
+
+    fn opt_i32(&mut self, c: usize, v: Option<i32>) {
+        if let Column::I32(vals, defs) = &mut self.columns[c] {
+            push(vals, defs, v);
+        } else {
+            unreachable!("column {c} is not INT32");
+        }
+    }
+
+    fn str(&mut self, c: usize, v: Option<ByteArray>) {
+        if let Column::Str(vals, defs) = &mut self.columns[c] {
+            push(vals, defs, v);
+        } else {
+            unreachable!("column {c} is not BYTE_ARRAY");
+        }
+    }
+
+    fn bool(&mut self, c: usize, v: bool) {
+        if let Column::Bool(vals) = &mut self.columns[c] {
+            vals.push(v);
+        } else {
+            unreachable!("column {c} is not BOOLEAN");
+        }
+    }
+
+    fn end_row(&mut self) -> Result<(), ExportError> {
+        self.buffered += 1;
+        if self.buffered >= ROW_GROUP_ROWS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), ExportError> {
+        if self.buffered == 0 {
+            return Ok(());
+        }
+        let mut rg = self.writer.next_row_group()?;
+        for col in &mut self.columns {
+            let mut w = rg
+                .next_column()?
+                .expect("the schema has a column for every buffer");
+            match col {
+                Column::I64(v, d) => {
+                    w.typed::<Int64Type>().write_batch(v, d.as_deref(), None)?;
+                    clear(v, d);
+                }
+                Column::I32(v, d) => {
+                    w.typed::<Int32Type>().write_batch(v, d.as_deref(), None)?;
+                    clear(v, d);
+                }
+                Column::Str(v, d) => {
+                    w.typed::<ByteArrayType>()
+                        .write_batch(v, d.as_deref(), None)?;
+                    clear(v, d);
+                }
+                Column::Bool(v) => {
+                    w.typed::<BoolType>().write_batch(v, None, None)?;
+                    v.clear();
+                }
+            }
+            w.close()?;
+        }
+        rg.close()?;
+        self.rows += self.buffered as u64;
+        self.buffered = 0;
+        Ok(())
+    }
+
+    /// Writes what is buffered and the footer; returns the rows written.
+    fn close(mut self) -> Result<u64, ExportError> {
+        self.flush()?;
+        self.writer.close()?;
+        Ok(self.rows)
+    }
+}
+
+fn push<T>(vals: &mut Vec<T>, defs: &mut Option<Vec<i16>>, v: Option<T>) {
+    match defs {
+        Some(d) => {
+            d.push(i16::from(v.is_some()));
+            vals.extend(v);
+        }
+        None => vals.push(v.expect("a required column is given a value")),
+    }
+}
+
+fn clear<T>(v: &mut Vec<T>, d: &mut Option<Vec<i16>>) {
+    v.clear();
+    if let Some(d) = d {
+        d.clear();
+    }
+}

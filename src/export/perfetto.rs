@@ -1,0 +1,284 @@
+//! Chrome trace event JSON, for the Perfetto UI (ui.perfetto.dev: "Open trace file") and
+//! `chrome://tracing`.
+//!
+//! [`export_perfetto`] writes the JSON object form of the Trace Event Format
+//! (`{"traceEvents": [...], "displayTimeUnit": "ns"}`), `ts` and `dur` in microseconds since
+//! the trace's start (the earliest process's start), with:
+//!
+//! - **Counters** (`"ph": "C"`): one track per process, device and bucket, named
+//!   `live bytes: device 0` (`live bytes: host`, `live bytes: managed 0`, ...), whose `bytes`
+//!   value is what is live after each change. Buckets are separate tracks: they are never summed.
+//! - **Allocation lifetimes** (`"ph": "X"`): one slice per allocation, from its allocation to
+//!   its release, named by its tensor name, else the label active when it was made, else the
+//!   driver function; `args` hold `size`, `ptr`, `api`, `device`, `label`, `stream`,
+//!   `stack_id`. Lifetimes overlap without nesting, so each process puts them on lanes (pseudo
+//!   threads named `device 0 allocations`), a lane taken by at most one allocation at a time.
+//!   What is still live when the trace ends closes there with `"live_at_end": true`.
+//! - **Failures** (`"ph": "i"`, process scope): `alloc failed: 1.00 GiB` with the request, the
+//!   free and total memory the driver reported, the driver function and result.
+//! - **Ranges and marks** on the threads that pushed them (`"B"`/`"E"`, `"i"`).
+//! - **Names** (`"ph": "M"`): `process_name` and `thread_name` metadata.
+//!
+//! Events are written as the trace streams, not sorted (the format does not ask for it);
+//! memory follows the live set.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::Write;
+
+use serde_json::{Value, json};
+use vramtrace_format::EventKind;
+use vramtrace_models::units::fmt_bytes;
+
+use super::{ExportError, Progress, rel_us};
+use crate::replay::{LiveAlloc, Pool, Replayer, Step};
+use crate::trace::{Item, Trace};
+
+/// What [`export_perfetto`] wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerfettoCounts {
+    /// Counter samples.
+    pub counters: u64,
+    /// Allocation lifetime slices.
+    pub slices: u64,
+    /// Failed allocations.
+    pub failures: u64,
+}
+
+/// First pseudo thread id of the allocation lanes: above any kernel thread id (Linux's
+/// `pid_max` is at most 2^22).
+const LANE_BASE: i64 = 1 << 30;
+
+fn pool_index(p: Pool) -> i64 {
+    match p {
+        Pool::Device => 0,
+        Pool::Managed => 1,
+        Pool::Host => 2,
+        Pool::Address => 3,
+        Pool::Mapped => 4,
+    }
+}
+
+fn track_name(pool: Pool, device: i32) -> String {
+    if device < 0 {
+        pool.name().to_string()
+    } else {
+        format!("{} {device}", pool.name())
+    }
+}
+
+/// Lanes of one process, device and bucket: the lowest free one is taken first.
+#[derive(Default)]
+struct Lanes {
+    free: BinaryHeap<Reverse<i64>>,
+    next: i64,
+}
+
+struct Writer<'w> {
+    out: &'w mut dyn Write,
+    first: bool,
+    buf: Vec<u8>,
+}
+
+impl Writer<'_> {
+    fn event(&mut self, v: &Value) -> Result<(), ExportError> {
+        self.buf.clear();
+        if !self.first {
+            self.buf.extend_from_slice(b",\n");
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.buf, v).map_err(std::io::Error::from)?;
+        self.out.write_all(&self.buf)?;
+        Ok(())
+    }
+}
+
+/// Writes `trace` as Chrome trace event JSON to `out`.
+pub fn export_perfetto(
+    trace: &Trace,
+    out: &mut dyn Write,
+    progress: &Progress,
+) -> Result<PerfettoCounts, ExportError> {
+    let start = trace.start_ns();
+    let mut n = PerfettoCounts::default();
+    out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
+    let mut w = Writer {
+        out,
+        first: true,
+        buf: Vec::with_capacity(512),
+    };
+    for p in &trace.processes {
+        let name = format!("{} {}", p.display_name(), p.header.cmdline.join(" "));
+        w.event(
+            &json!({"ph": "M", "name": "process_name", "pid": p.pid(), "tid": 0,
+                        "args": {"name": name.trim_end()}}),
+        )?;
+    }
+    let mut replay = Replayer::new();
+    let mut lanes: HashMap<(usize, i32, Pool), Lanes> = HashMap::new();
+    // The lane of every live allocation, by (process, replay index of its allocation).
+    let mut lane_of: HashMap<(usize, usize), i64> = HashMap::new();
+    let mut named_lanes: std::collections::HashSet<(usize, i64)> = Default::default();
+    let mut last_t = start;
+    for (seq, (pi, item)) in trace.items()?.enumerate() {
+        if seq % 4096 == 0 {
+            progress.inc(4096);
+        }
+        let p = &trace.processes[pi];
+        let pid = p.pid();
+        last_t = last_t.max(item.t_ns());
+        let ts = rel_us(start, item.t_ns());
+        match item {
+            Item::Event(e) => match replay.apply(pi, seq, &e) {
+                Step::Allocated { pool } => {
+                    let key = (pi, e.device, pool);
+                    let l = lanes.entry(key).or_default();
+                    let lane = match l.free.pop() {
+                        Some(Reverse(x)) => x,
+                        None => {
+                            l.next += 1;
+                            l.next - 1
+                        }
+                    };
+                    let tid = LANE_BASE
+                        + (pool_index(pool) * 1024 + i64::from(e.device + 1)) * 65_536
+                        + lane;
+                    if named_lanes.insert((pi, tid)) {
+                        let name = format!("{} allocations", track_name(pool, e.device));
+                        w.event(&json!({"ph": "M", "name": "thread_name", "pid": pid,
+                                        "tid": tid, "args": {"name": name}}))?;
+                        w.event(&json!({"ph": "M", "name": "thread_sort_index", "pid": pid,
+                                        "tid": tid, "args": {"sort_index": tid}}))?;
+                    }
+                    lane_of.insert((pi, seq), tid);
+                    counter(&mut w, &replay, pi, pid, e.device, pool, ts)?;
+                    n.counters += 1;
+                }
+                Step::Released { freed: Some(a) } => {
+                    if let Some(tid) = lane_of.remove(&(pi, a.seq)) {
+                        slice(&mut w, trace, &a, tid, start, e.t_ns, false)?;
+                        n.slices += 1;
+                        free_lane(&mut lanes, &a, tid);
+                    }
+                    counter(&mut w, &replay, pi, pid, a.event.device, a.pool, ts)?;
+                    n.counters += 1;
+                }
+                Step::Failed => {
+                    let mut args = json!({"size": e.size, "free_bytes": e.free_bytes,
+                        "total_bytes": e.total_bytes, "api": e.api.name(), "result": e.result,
+                        "device": e.device});
+                    if let Some(l) = p.string(e.label) {
+                        args["label"] = l.into();
+                    }
+                    if e.stack != 0 {
+                        args["stack_id"] = e.stack.into();
+                    }
+                    w.event(&json!({"ph": "i", "s": "p", "cat": "failure",
+                        "name": format!("alloc failed: {}", fmt_bytes(e.size)),
+                        "pid": pid, "tid": e.tid, "ts": ts, "args": args}))?;
+                    n.failures += 1;
+                }
+                Step::Released { freed: None } | Step::Unchanged => {
+                    if e.kind == EventKind::FreeFailed {
+                        w.event(&json!({"ph": "i", "s": "t", "cat": "failure",
+                            "name": format!("{} failed", e.api.name()), "pid": pid,
+                            "tid": e.tid, "ts": ts,
+                            "args": {"ptr": format!("{:#x}", e.ptr), "result": e.result}}))?;
+                    }
+                }
+            },
+            Item::Annotate(a) => {
+                replay.annotate(pi, &a);
+            }
+            Item::RangePush { tid, name, .. } => {
+                let name = p.string(name).unwrap_or("?");
+                w.event(&json!({"ph": "B", "cat": "range", "name": name, "pid": pid,
+                                "tid": tid, "ts": ts}))?;
+            }
+            Item::RangePop { tid, .. } => {
+                w.event(&json!({"ph": "E", "cat": "range", "pid": pid, "tid": tid, "ts": ts}))?;
+            }
+            Item::Mark { tid, name, .. } => {
+                let name = p.string(name).unwrap_or("?");
+                w.event(&json!({"ph": "i", "s": "t", "cat": "mark", "name": name,
+                                "pid": pid, "tid": tid, "ts": ts}))?;
+            }
+        }
+    }
+    // What is still live closes where the trace ends.
+    let mut keys: Vec<(usize, i32, Pool)> = replay.levels().map(|(k, _)| k).collect();
+    keys.sort();
+    for (pi, device, pool) in keys {
+        let mut live = replay.live_set(pi, device, pool);
+        live.sort_by_key(|a| a.seq);
+        for a in live {
+            if let Some(tid) = lane_of.get(&(pi, a.seq)) {
+                slice(&mut w, trace, &a, *tid, start, last_t, true)?;
+                n.slices += 1;
+            }
+        }
+    }
+    w.out.write_all(b"\n]}\n")?;
+    w.out.flush()?;
+    Ok(n)
+}
+
+fn free_lane(lanes: &mut HashMap<(usize, i32, Pool), Lanes>, a: &LiveAlloc, tid: i64) {
+    if let Some(l) = lanes.get_mut(&(a.process, a.event.device, a.pool)) {
+        l.free.push(Reverse((tid - LANE_BASE) % 65_536));
+    }
+}
+
+fn counter(
+    w: &mut Writer<'_>,
+    replay: &Replayer,
+    pi: usize,
+    pid: u32,
+    device: i32,
+    pool: Pool,
+    ts: f64,
+) -> Result<(), ExportError> {
+    let live = replay.level(pi, device, pool).live;
+    w.event(
+        &json!({"ph": "C", "name": format!("live bytes: {}", track_name(pool, device)),
+                    "pid": pid, "ts": ts, "args": {"bytes": live}}),
+    )
+}
+
+fn slice(
+    w: &mut Writer<'_>,
+    trace: &Trace,
+    a: &LiveAlloc,
+    tid: i64,
+    start: u64,
+    end_ns: u64,
+    live_at_end: bool,
+) -> Result<(), ExportError> {
+    let p = &trace.processes[a.process];
+    let e = &a.event;
+    let label = p.string(e.label);
+    let name = match &a.annotation {
+        Some(t) => p.tensor_name(t),
+        None => label.unwrap_or(e.api.name()).to_string(),
+    };
+    let mut args = json!({"size": e.size, "ptr": format!("{:#x}", e.ptr), "api": e.api.name(),
+                          "device": e.device});
+    if let Some(l) = label {
+        args["label"] = l.into();
+    }
+    if e.stream != 0 {
+        args["stream"] = format!("{:#x}", e.stream).into();
+    }
+    if e.stack != 0 {
+        args["stack_id"] = e.stack.into();
+    }
+    if live_at_end {
+        args["live_at_end"] = true.into();
+    }
+    let ts = rel_us(start, e.t_ns);
+    let dur = end_ns.saturating_sub(e.t_ns) as f64 / 1000.0;
+    w.event(
+        &json!({"ph": "X", "cat": a.pool.name(), "name": name, "pid": p.pid(),
+                    "tid": tid, "ts": ts, "dur": dur, "args": args}),
+    )
+}
