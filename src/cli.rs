@@ -33,6 +33,10 @@ pub enum Command {
     /// Replay a trace against a smaller card: the first allocation that would fail, and the
     /// headroom over time.
     Replay(commands::replay::ReplayArgs),
+    /// Watch a trace directory live (or replay a finished one) in the terminal.
+    Live(commands::live::LiveArgs),
+    /// Draw a timeline, breakdown or cliff plot as PNG or SVG.
+    Plot(commands::plot::PlotArgs),
     /// Write a trace as Parquet tables, a PyTorch memory snapshot, Perfetto JSON or a flamegraph.
     Export(commands::export::ExportArgs),
 }
@@ -47,6 +51,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Model(a) => commands::model::run(a),
         Command::Compare(a) => commands::compare::run(a),
         Command::Replay(a) => commands::replay::run(a),
+        Command::Live(a) => commands::live::run(a),
+        Command::Plot(a) => commands::plot::run(a),
         Command::Export(a) => commands::export::run(a),
     }
 }

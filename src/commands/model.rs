@@ -262,8 +262,8 @@ pub fn parse_range(s: &str) -> anyhow::Result<(u64, u64)> {
 /// through (each row is a full prediction).
 pub const MAX_SWEEP_ROWS: u64 = 10_000;
 
-/// The peak of each variant for one sequence of `tokens`, and the largest of them.
-fn peaks_at(
+/// The peak of each variant for one sequence of `tokens`.
+pub fn peaks_at(
     cfg: &ModelConfig,
     variants: &[Variant],
     opts: &WorkloadOptions,
@@ -289,7 +289,7 @@ fn sweep(
     step: Option<u64>,
     as_json: bool,
 ) -> anyhow::Result<i32> {
-    let step = step.unwrap_or_else(|| ((t1 - t0) / 32).div_ceil(64).max(1) * 64);
+    let step = step.unwrap_or_else(|| default_step(t0, t1));
     if step == 0 {
         bail!("--step must be at least 1");
     }
@@ -367,32 +367,7 @@ fn cliff(
             .max()
             .unwrap_or(0))
     };
-    // Every modelled peak grows with the token count, so the first failing count is found by
-    // doubling, then bisecting.
-    let mut cliff = None;
-    if peak_of(1)? > budget {
-        cliff = Some(1);
-    } else {
-        let (mut lo, mut hi) = (1u64, 2u64);
-        while peak_of(hi)? <= budget {
-            lo = hi;
-            hi = hi.saturating_mul(2);
-            if hi > 1 << 40 {
-                break;
-            }
-        }
-        if hi <= 1 << 40 {
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                if peak_of(mid)? > budget {
-                    hi = mid
-                } else {
-                    lo = mid
-                }
-            }
-            cliff = Some(hi);
-        }
-    }
+    let cliff = cliff_tokens(cfg, variants, opts, budget)?;
     let names: Vec<&str> = variants.iter().map(|v| v.name()).collect();
     match cliff {
         Some(t) => {
@@ -441,6 +416,55 @@ fn cliff(
         }
     }
     Ok(0)
+}
+
+/// The step `model --sweep` uses between T0 and T1 when none is given: a multiple of 64
+/// giving about 32 rows.
+pub fn default_step(t0: u64, t1: u64) -> u64 {
+    ((t1 - t0) / 32).div_ceil(64).max(1) * 64
+}
+
+/// The first token count (one sequence) whose largest variant peak exceeds `budget` bytes, or
+/// `None` below 2^40 tokens: what `model --capacity --resident` reports.
+pub fn cliff_tokens(
+    cfg: &ModelConfig,
+    variants: &[Variant],
+    opts: &WorkloadOptions,
+    budget: u64,
+) -> anyhow::Result<Option<u64>> {
+    let peak_of = |t: u64| -> anyhow::Result<u64> {
+        Ok(peaks_at(cfg, variants, opts, t)?
+            .into_iter()
+            .max()
+            .unwrap_or(0))
+    };
+    // Every modelled peak grows with the token count, so the first failing count is found by
+    // doubling, then bisecting.
+    let mut cliff = None;
+    if peak_of(1)? > budget {
+        cliff = Some(1);
+    } else {
+        let (mut lo, mut hi) = (1u64, 2u64);
+        while peak_of(hi)? <= budget {
+            lo = hi;
+            hi = hi.saturating_mul(2);
+            if hi > 1 << 40 {
+                break;
+            }
+        }
+        if hi <= 1 << 40 {
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if peak_of(mid)? > budget {
+                    hi = mid
+                } else {
+                    lo = mid
+                }
+            }
+            cliff = Some(hi);
+        }
+    }
+    Ok(cliff)
 }
 
 fn tensor_json(t: &Tensor, kernel: Kernel, variant: Variant) -> Value {

@@ -34,6 +34,10 @@ pub struct RunArgs {
     /// With --simulate: the stand-in card's memory, e.g. `24GiB` (the default) or `23.5GiB`.
     #[arg(long, requires = "simulate", value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
+    /// Show the live view in this terminal while the program runs (its output goes to
+    /// `command.log` in the trace directory). Without a terminal, runs as usual.
+    #[arg(long)]
+    pub live: bool,
     /// Do not print the summary when the program exits.
     #[arg(long, short)]
     pub quiet: bool,
@@ -44,6 +48,11 @@ pub struct RunArgs {
 
 /// Runs `vramtrace run`.
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    if args.live
+        && let Some(code) = crate::commands::live::run_live(&args)?
+    {
+        return Ok(code);
+    }
     let preload = preload::locate(args.preload.as_deref())?;
     let out = match &args.out {
         Some(dir) => prepare_out_dir(dir)?,

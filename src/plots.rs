@@ -1,0 +1,269 @@
+//! View models of `vramtrace plot`, built from traces and the analytical models; the viewer
+//! crate draws them.
+//!
+//! - [`timeline`]: the directory read as the live view reads it ([`crate::live::read_all`]),
+//!   stacked by [`crate::live::CATEGORIES`] (categories never used are left out).
+//! - [`breakdown`]: a moment observed as `compare` observes it, against the variant that
+//!   explains the most bytes.
+//! - [`cliff`]: the model's peak against prompt tokens as `model --sweep` computes it, plus the
+//!   resident bytes, against a capacity, with observed points.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use vramtrace_models::units::fmt_bytes;
+use vramtrace_models::{ModelConfig, Tensor, Variant, Workload, WorkloadOptions};
+use vramtrace_viewer::model::{
+    BreakdownPlot, BreakdownRow, CliffCurve, DeviceInfo, TimelinePlot, TimelinePoint, Update,
+};
+use vramtrace_viewer::{DEFAULT_MAX_POINTS, Timeline};
+
+use crate::attribution::{At, Attribution, ObservedMoment, attribute, observe};
+use crate::commands::model::{cliff_tokens, peaks_at};
+use crate::live::{CATEGORIES, category, read_all};
+use crate::trace::Trace;
+
+/// The timeline of every device of the trace in `dir`, stacked by category.
+pub fn timeline(
+    dir: &Path,
+    title: &str,
+    capacity: Option<u64>,
+    predicted_peak: Option<u64>,
+    hide: &[String],
+) -> anyhow::Result<TimelinePlot> {
+    for h in hide {
+        if !CATEGORIES.contains(&h.as_str()) {
+            bail!("--hide {h:?}: the categories are {}", CATEGORIES.join(", "));
+        }
+    }
+    // Refuses an empty directory or one with no readable file, with the reader's words.
+    Trace::open(dir)?;
+    let updates = read_all(dir);
+    let mut infos: BTreeMap<u32, DeviceInfo> = BTreeMap::new();
+    let mut points: BTreeMap<u32, Vec<TimelinePoint>> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for u in updates {
+        match u {
+            Update::Device(d) => {
+                infos.insert(d.ordinal, d);
+            }
+            Update::Sample { device, point } => points.entry(device).or_default().push(point),
+            Update::Failure(f) => failures.push(f),
+            _ => {}
+        }
+    }
+    if points.is_empty() {
+        bail!(
+            "{} holds no device allocation to plot (its processes made none the recorder saw)",
+            dir.display()
+        );
+    }
+    let mut devices = Vec::new();
+    for (ordinal, pts) in points {
+        // Only the categories that ever held bytes.
+        let used: Vec<usize> = (0..CATEGORIES.len())
+            .filter(|&c| !hide.iter().any(|h| h == CATEGORIES[c]))
+            .filter(|&c| {
+                pts.iter()
+                    .any(|p| p.by_category.get(c).is_some_and(|b| *b > 0))
+            })
+            .collect();
+        let mut t = Timeline::new(DEFAULT_MAX_POINTS)
+            .with_categories(used.iter().map(|&c| CATEGORIES[c].to_string()).collect())
+            .with_capacity_bytes(capacity)
+            .with_predicted_peak_bytes(predicted_peak);
+        for p in pts {
+            let parts = used
+                .iter()
+                .map(|&c| p.by_category.get(c).copied().unwrap_or(0));
+            t.push(TimelinePoint::stacked(p.time_s, parts.collect()));
+        }
+        for f in failures.iter().filter(|f| f.device == ordinal) {
+            t.push_failure(f.clone());
+        }
+        let info = infos.remove(&ordinal).unwrap_or(DeviceInfo {
+            ordinal,
+            name: format!("cuda:{ordinal}"),
+            total_bytes: 0,
+        });
+        devices.push((info, t));
+    }
+    Ok(TimelinePlot {
+        title: title.to_string(),
+        devices,
+    })
+}
+
+/// Among `candidates`, the variant whose tensors explain the most observed bytes (ties: the
+/// first), as `compare` chooses without `--variant`.
+pub fn best_variant(
+    candidates: &[Variant],
+    workload: &Workload,
+    m: &ObservedMoment,
+    align: u64,
+) -> anyhow::Result<(Variant, Vec<Tensor>, Attribution)> {
+    let mut best: Option<(Variant, Vec<Tensor>, Attribution)> = None;
+    let mut first_error = None;
+    for v in candidates {
+        let tensors = match v.tensors(workload) {
+            Ok(t) => t,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
+        let a = attribute(&tensors, m.observed.clone(), align.max(1), m.moment);
+        if best
+            .as_ref()
+            .is_none_or(|(_, _, b)| a.attributed_bytes > b.attributed_bytes)
+        {
+            best = Some((*v, tensors, a));
+        }
+    }
+    best.ok_or_else(|| match first_error {
+        Some(e) => anyhow::Error::from(e),
+        None => anyhow::anyhow!("no model variant to compare with"),
+    })
+}
+
+/// Observed beside predicted bytes per tensor at a moment.
+pub fn breakdown(
+    model_name: &str,
+    at: &str,
+    variant: Variant,
+    m: &ObservedMoment,
+    a: &Attribution,
+) -> BreakdownPlot {
+    let rows: Vec<BreakdownRow> = a
+        .rows
+        .iter()
+        .map(|r| {
+            let failed = a.failed_tensor == Some(r.tensor);
+            BreakdownRow {
+                tensor: if failed {
+                    format!("{} (failed request)", r.name)
+                } else {
+                    r.name.clone()
+                },
+                predicted_bytes: Some(r.predicted_bytes),
+                observed_bytes: r.observed.map(|i| a.observed[i].size),
+            }
+        })
+        .collect();
+    // What the model does not name is left out (its bytes would dwarf the tensors); the
+    // title says how much.
+    let rest: u64 = a
+        .unexplained
+        .iter()
+        .map(|&i| &a.observed[i])
+        .filter(|o| !o.failed)
+        .map(|o| o.size)
+        .sum();
+    BreakdownPlot {
+        title: format!(
+            "{} on {model_name} at {at} ({:.3} s), pid {}, cuda:{}; {} live not in the model",
+            variant.name(),
+            m.t_s,
+            m.pid,
+            m.device,
+            fmt_bytes(rest)
+        ),
+        rows,
+    }
+}
+
+/// Bytes live at a moment that the model does not explain, without the `other` category
+/// (ballast and reservations that stand in for memory the card does not have), and the
+/// observed total of the moment on the same terms (the failed request included).
+pub fn resident_and_observed(a: &Attribution) -> (u64, u64) {
+    let mut resident = 0u64;
+    let mut total = 0u64;
+    for (i, o) in a.observed.iter().enumerate() {
+        let c = category(o.label.as_deref(), o.name.as_deref());
+        if CATEGORIES[c] == "other" {
+            continue;
+        }
+        total = total.saturating_add(o.size);
+        if !o.failed && a.unexplained.contains(&i) {
+            resident = resident.saturating_add(o.size);
+        }
+    }
+    (resident, total)
+}
+
+/// The cliff curve: `resident` plus the largest variant peak at each token count of the sweep.
+#[allow(clippy::too_many_arguments)]
+pub fn cliff(
+    title: &str,
+    cfg: &ModelConfig,
+    variants: &[Variant],
+    opts: &WorkloadOptions,
+    range: Option<(u64, u64)>,
+    capacity: u64,
+    resident: u64,
+    observed: Vec<(u64, u64)>,
+) -> anyhow::Result<CliffCurve> {
+    let budget = capacity.checked_sub(resident).with_context(|| {
+        format!(
+            "the resident bytes ({}) already exceed the capacity ({}); nothing fits",
+            fmt_bytes(resident),
+            fmt_bytes(capacity)
+        )
+    })?;
+    let cliff_at = cliff_tokens(cfg, variants, opts, budget)?;
+    let (t0, t1) = match range {
+        Some(r) => r,
+        None => {
+            let far = observed.iter().map(|o| o.0).max().unwrap_or(0);
+            let end = cliff_at
+                .unwrap_or(65_536)
+                .max(far)
+                .saturating_mul(2)
+                .max(64);
+            (64.min(end), end)
+        }
+    };
+    let step = ((t1 - t0) / 128).max(1);
+    let mut model = Vec::new();
+    let mut t = t0;
+    loop {
+        let p = peaks_at(cfg, variants, opts, t)?
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        model.push((t, resident.saturating_add(p)));
+        if t >= t1 {
+            break;
+        }
+        t = (t + step).min(t1);
+    }
+    if let Some(c) = cliff_at
+        && (t0..=t1).contains(&c)
+    {
+        let p = peaks_at(cfg, variants, opts, c)?
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        model.push((c, resident.saturating_add(p)));
+        model.sort_by_key(|m| m.0);
+        model.dedup_by_key(|m| m.0);
+    }
+    Ok(CliffCurve {
+        title: title.to_string(),
+        model,
+        capacity_bytes: Some(capacity),
+        cliff_tokens: cliff_at,
+        observed,
+    })
+}
+
+/// Observes the moment `at` of a trace (as `compare --at`).
+pub fn observe_at(
+    trace: &Trace,
+    pid: Option<u32>,
+    device: Option<i32>,
+    at: At,
+) -> anyhow::Result<ObservedMoment> {
+    observe(trace, pid, device, at).map_err(anyhow::Error::msg)
+}
