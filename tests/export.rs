@@ -660,3 +660,65 @@ fn cli_writes_each_format_and_refuses_bad_input() {
         assert!(help.contains(opener), "--help does not mention {opener}");
     }
 }
+
+#[test]
+fn parquet_splits_a_long_trace_into_row_groups() {
+    use parquet::file::reader::FileReader as _;
+    let dir = scratch("export-parquet-groups");
+    let mut bytes = Vec::new();
+    Header {
+        version: 1,
+        pid: 3,
+        ..Header::default()
+    }
+    .encode(&mut bytes);
+    let mut buf = vec![0u8; 256];
+    // 150,000 allocate/free pairs: 300,000 rows, more than one row group.
+    let pairs = 150_000u64;
+    for i in 0..pairs {
+        for (k, kind, name) in [
+            (0, EventKind::Alloc, "cuMemAlloc_v2"),
+            (1, EventKind::Free, "cuMemFree_v2"),
+        ] {
+            let e = Event {
+                t_ns: 10 + 2 * i + k,
+                kind,
+                api: api(name),
+                ptr: 0x1000 + (i % 7) * 0x100_0000,
+                size: if k == 0 { 512 * (i % 5 + 1) } else { 0 },
+                ..Event::default()
+            };
+            bytes.extend_from_slice(Record::Event(e).encode(&mut buf));
+        }
+    }
+    std::fs::write(dir.join("3.vtr"), bytes).unwrap();
+    let trace = Trace::open(&dir).unwrap();
+    let n = export_parquet(&trace, &dir.join("t"), &Progress::hidden()).unwrap();
+    assert_eq!(n.events, 2 * pairs);
+    let r = SerializedFileReader::new(std::fs::File::open(dir.join("t/events.parquet")).unwrap())
+        .unwrap();
+    let groups: Vec<i64> = r
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows())
+        .collect();
+    let full = vramtrace::export::parquet::ROW_GROUP_ROWS as i64;
+    assert_eq!(groups, [full, 2 * pairs as i64 - full]);
+    // Every release carries the size it released: allocated bytes == released bytes.
+    let (mut alloc, mut freed) = (0i64, 0i64);
+    for row in r.get_row_iter(None).unwrap() {
+        let row = row.unwrap();
+        let f = fields(&row);
+        let Field::Long(size) = get(&f, "size") else {
+            panic!()
+        };
+        match get(&f, "kind") {
+            Field::Str(k) if k == "alloc" => alloc += size,
+            Field::Str(k) if k == "free" => freed += size,
+            k => panic!("{k:?}"),
+        }
+    }
+    let expect: i64 = (0..pairs).map(|i| 512 * (i as i64 % 5 + 1)).sum();
+    assert_eq!((alloc, freed), (expect, expect));
+}
