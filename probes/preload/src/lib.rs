@@ -70,15 +70,17 @@
 //! - Depends on `vramtrace-format`, `libc` and `framehop`. x86-64 Linux with glibc.
 //!
 //! # Layers
-//! Each module imports only from those below it. Bottom to top: the leaves `config`, `ffi`,
-//! `guard`, `fork` (each module that keeps per-process state registers its own fork child
-//! handler) and `real_dlsym` (glibc's `dlsym`); `driver`, the table of the driver's real entry
-//! points; `sink`, the trace file (per-thread blocks in a shared mapping, the clock, the
-//! thread id, the file's fork handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
+//! Each module imports only from those below it. Bottom to top: the leaves `clock` (the
+//! monotonic clock, from the TSC where that is safe), `config`, `ffi`, `guard`, `fork` (each
+//! module that keeps per-process state registers its own fork child handler) and `real_dlsym`
+//! (glibc's `dlsym`); `driver`, the table of the driver's real entry points; `sink`, the trace
+//! file (per-thread blocks in a shared mapping, the clock, the thread id, the file's fork
+//! handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
 //! need only the sink; `recorder`, one body per event family, with its stack and label;
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
 //! pointers and wraps `cuGetProcAddress`; `dlsym`, the override, on top.
 
+mod clock;
 mod config;
 mod dlsym;
 mod driver;

@@ -106,16 +106,6 @@ const NO_CURSOR: Cursor = Cursor {
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
     static CURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
-    /// This thread's last [`mono_ns`] reading (0 before the first).
-    static LAST_CLOCK: Cell<u64> = const { Cell::new(0) };
-}
-
-/// This thread's last [`mono_ns`] reading, or the clock now if it has none.
-fn last_clock() -> u64 {
-    match LAST_CLOCK.try_with(Cell::get) {
-        Ok(t) if t != 0 => t,
-        _ => mono_ns(),
-    }
 }
 
 /// The open trace file, as [`with_file`] and [`file()`] hand it out: the only way to write.
@@ -153,7 +143,7 @@ impl File {
         // A block's base time must not follow any time in it. An untimed record (a string, a
         // stack) is often written between reading the clock for an event and writing the
         // event, so it takes the thread's last clock reading, not a fresh one.
-        let t = payload_time(tag, payload).unwrap_or_else(last_clock);
+        let t = payload_time(tag, payload).unwrap_or_else(crate::clock::last_ns);
         append(total, t, |dst, _| {
             // Safety: `append` hands out `total` writable bytes of this thread's block.
             unsafe {
@@ -415,21 +405,11 @@ fn set_errno(v: c_int) {
     unsafe { *libc::__errno_location() = v }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds (remembered per thread for the base times of blocks).
+/// `CLOCK_MONOTONIC` in nanoseconds, never below this thread's previous reading (remembered
+/// per thread for the base times of blocks); from the TSC where that is safe (`src/clock.rs`).
+#[inline]
 pub(crate) fn mono_ns() -> u64 {
-    let t = clock_ns(libc::CLOCK_MONOTONIC);
-    let _ = LAST_CLOCK.try_with(|c| c.set(t));
-    t
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // Safety: valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::clock::now_ns()
 }
 
 /// The kernel thread id, cached per thread (reset in a fork child).
@@ -543,7 +523,7 @@ fn open_trace() -> Result<c_int, String> {
         pid,
         // Safety: no preconditions.
         ppid: unsafe { libc::getppid() } as u32,
-        start_unix_ns: clock_ns(libc::CLOCK_REALTIME),
+        start_unix_ns: crate::clock::clock_ns(libc::CLOCK_REALTIME),
         start_mono_ns: mono_ns(),
         hostname: hostname(),
         cmdline: cmdline(),
