@@ -1,8 +1,18 @@
 //! The process-wide driver behind one mutex, each thread's context stack,
 //! and a count of calls per entry point.
+//!
+//! As in the real driver, the current context is the calling thread's own:
+//! `cuCtxGetCurrent` and `cuCtxGetDevice` read it without the process-wide
+//! lock ([`current_context`], [`current_device`]). The device of the current
+//! context is remembered per thread once checked under the lock, together
+//! with [`CONTEXT_GENERATION`], which moves whenever a context may have
+//! stopped being valid (destroyed, a primary context's last release, a reset):
+//! a thread then checks again under the lock, and gets the same error it
+//! would have got there.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::config;
@@ -21,9 +31,85 @@ static STATE: Mutex<State> = Mutex::new(State {
     calls: BTreeMap::new(),
 });
 
+/// Set by the first successful `cuInit` (which cannot be undone).
+static INITIALISED: AtomicBool = AtomicBool::new(false);
+/// Moves (under the lock) whenever a context may have stopped being valid.
+static CONTEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+/// Calls answered without the lock, by entry point, added to [`calls`].
+static UNLOCKED_CALLS: [(&str, AtomicU64); 2] = [
+    ("cuCtxGetCurrent", AtomicU64::new(0)),
+    ("cuCtxGetDevice", AtomicU64::new(0)),
+];
+
+/// A thread's current context and its device, as last checked under the lock.
+#[derive(Clone, Copy)]
+struct Checked {
+    /// [`CONTEXT_GENERATION`] when checked; 0: nothing checked.
+    generation: u64,
+    context: u64,
+    device: usize,
+}
+
 thread_local! {
     /// The calling thread's context stack; the current context is the last.
     static STACK: RefCell<ContextStack> = const { RefCell::new(Vec::new()) };
+    static CHECKED: Cell<Checked> =
+        const { Cell::new(Checked { generation: 0, context: 0, device: 0 }) };
+}
+
+/// Called by the driver (under the lock) when a context may have stopped being valid.
+pub(crate) fn contexts_changed() {
+    CONTEXT_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+fn count_unlocked(api: usize) {
+    UNLOCKED_CALLS[api].1.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The calling thread's context stack's top (0: none), without the lock. `None` before
+/// `cuInit` or when the thread's stack is gone or busy.
+fn stack_top() -> Option<u64> {
+    if !INITIALISED.load(Ordering::Acquire) {
+        return None;
+    }
+    STACK
+        .try_with(|s| s.try_borrow().ok().map(|s| s.last().copied().unwrap_or(0)))
+        .ok()
+        .flatten()
+}
+
+/// `cuCtxGetCurrent` without the lock: the top of this thread's stack (0: none), or `None`
+/// when only the locked path can answer (before `cuInit`).
+pub(crate) fn current_context() -> Option<u64> {
+    let top = stack_top()?;
+    count_unlocked(0);
+    Some(top)
+}
+
+/// `cuCtxGetDevice` without the lock: the current context's device if it was checked under
+/// the lock since the last change to any context; `None` otherwise (then call
+/// [`checked_current`] under the lock).
+pub(crate) fn current_device() -> Option<usize> {
+    let top = stack_top()?;
+    let c = CHECKED.try_with(Cell::get).ok()?;
+    if top == 0 || c.context != top || c.generation != CONTEXT_GENERATION.load(Ordering::Acquire) {
+        return None;
+    }
+    count_unlocked(1);
+    Some(c.device)
+}
+
+/// `Driver::current` under the lock, remembered for [`current_device`].
+pub(crate) fn checked_current(d: &Driver, stack: &ContextStack) -> Res<(u64, usize)> {
+    let (context, device) = d.current(stack)?;
+    let _ = CHECKED.try_with(|c| {
+        c.set(Checked {
+            generation: CONTEXT_GENERATION.load(Ordering::Acquire),
+            context,
+            device,
+        })
+    });
+    Ok((context, device))
 }
 
 /// The state, even if a thread panicked while holding it: bookkeeping stays
@@ -39,7 +125,12 @@ pub(crate) fn count(api: &'static str) {
 
 /// How often `api` has been called in this process.
 pub(crate) fn calls(api: &str) -> u64 {
-    lock().calls.get(api).copied().unwrap_or(0)
+    let unlocked: u64 = UNLOCKED_CALLS
+        .iter()
+        .filter(|(name, _)| *name == api)
+        .map(|(_, n)| n.load(Ordering::Relaxed))
+        .sum();
+    lock().calls.get(api).copied().unwrap_or(0) + unlocked
 }
 
 /// `cuInit`: reads the configuration on first use and creates the driver.
@@ -56,6 +147,7 @@ pub(crate) fn init(flags: u32) -> CUresult {
         return CUDA_ERROR_NO_DEVICE;
     }
     state.driver.get_or_insert_with(|| Driver::new(config));
+    INITIALISED.store(true, Ordering::Release);
     CUDA_SUCCESS
 }
 

@@ -626,6 +626,92 @@ fn the_current_context_is_per_thread() {
 }
 
 #[test]
+fn the_current_device_follows_the_thread_s_context_until_it_goes() {
+    if !is_child() {
+        run_child_ok(
+            "the_current_device_follows_the_thread_s_context_until_it_goes",
+            &[("VRAMTRACE_FAKE_DEVICES", "2")],
+        );
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> CUresult;
+    type CtxDestroy = unsafe extern "C" fn(*mut c_void) -> CUresult;
+    type CtxGetDevice = unsafe extern "C" fn(*mut c_int) -> CUresult;
+    type CtxGetCurrent = unsafe extern "C" fn(*mut *mut c_void) -> CUresult;
+    type PrimaryRelease = unsafe extern "C" fn(c_int) -> CUresult;
+    type CallCount = unsafe extern "C" fn(*const c_char) -> u64;
+    let lib = Library::open(&library());
+    // Safety: the signatures of these exports.
+    let (init, retain, release, set, create, destroy, device, current, count): (
+        Init,
+        PrimaryRetain,
+        PrimaryRelease,
+        SetCurrent,
+        CtxCreate,
+        CtxDestroy,
+        CtxGetDevice,
+        CtxGetCurrent,
+        CallCount,
+    ) = unsafe {
+        (
+            lib.function("cuInit"),
+            lib.function("cuDevicePrimaryCtxRetain"),
+            lib.function("cuDevicePrimaryCtxRelease_v2"),
+            lib.function("cuCtxSetCurrent"),
+            lib.function("cuCtxCreate_v2"),
+            lib.function("cuCtxDestroy_v2"),
+            lib.function("cuCtxGetDevice"),
+            lib.function("cuCtxGetCurrent"),
+            lib.function("vramtrace_fake_call_count"),
+        )
+    };
+    let (mut primary, mut made, mut seen) = (null_mut(), null_mut(), null_mut());
+    let mut dev = -1;
+    // Safety: writable out-pointers, handles the driver gave out.
+    unsafe {
+        assert_eq!(init(0), 0);
+        assert_eq!(
+            device(&mut dev),
+            CUDA_ERROR_INVALID_CONTEXT,
+            "no context yet"
+        );
+        assert_eq!(current(&mut seen), 0);
+        assert!(seen.is_null());
+        assert_eq!(retain(&mut primary, 0), 0);
+        assert_eq!(set(primary), 0);
+        for _ in 0..3 {
+            assert_eq!(device(&mut dev), 0);
+            assert_eq!(dev, 0);
+        }
+        assert_eq!(device(null_mut()), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(create(&mut made, 0, 1), 0, "pushed: current now");
+        assert_eq!(current(&mut seen), 0);
+        assert_eq!(seen, made);
+        for _ in 0..3 {
+            assert_eq!(device(&mut dev), 0);
+            assert_eq!(dev, 1);
+        }
+        // Destroyed by another thread: still this thread's current context, no longer valid.
+        let made_address = made as usize;
+        std::thread::spawn(move || assert_eq!(destroy(made_address as *mut c_void), 0))
+            .join()
+            .unwrap();
+        assert_eq!(device(&mut dev), CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(set(primary), 0);
+        assert_eq!(device(&mut dev), 0);
+        assert_eq!(dev, 0);
+        // The primary context's last release makes it invalid too.
+        assert_eq!(release(0), 0);
+        assert_eq!(device(&mut dev), CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(retain(&mut primary, 0), 0);
+        assert_eq!(device(&mut dev), 0);
+        // Every call counts, whichever path answered it.
+        assert_eq!(count(c"cuCtxGetDevice".as_ptr()), 12);
+        assert_eq!(count(c"cuCtxGetCurrent".as_ptr()), 2);
+    }
+}
+
+#[test]
 fn cuda_13_runtime_bootstrap_through_the_self_lookup() {
     if !is_child() {
         run_child_ok(

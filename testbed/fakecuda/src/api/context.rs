@@ -1,12 +1,13 @@
 //! Primary contexts and contexts: `cuDevicePrimaryCtx*`, `cuCtx*`.
-//! The context stack is per thread.
+//! The context stack is per thread; `cuCtxGetCurrent` and `cuCtxGetDevice` read it
+//! without the process-wide lock (`state::current_context`, `state::current_device`).
 
 use std::ffi::{c_int, c_uint};
 
 use super::{handle, key, load, require, store};
 use crate::abi::{CUctxCreateParams, CUdevice, Handle};
 use crate::result::*;
-use crate::state::with_driver;
+use crate::state::{self, with_driver};
 
 /// `cuDevicePrimaryCtxRetain`: the device's primary context, one reference more.
 #[unsafe(no_mangle)]
@@ -173,6 +174,13 @@ pub unsafe extern "C" fn cuCtxSetCurrent(context: Handle) -> CUresult {
 /// `cuCtxGetCurrent`: the top of this thread's stack, or null.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut Handle) -> CUresult {
+    if !context.is_null()
+        && let Some(top) = state::current_context()
+    {
+        // Safety: `context` is non-null and writable per the API contract.
+        unsafe { context.write(handle(top)) };
+        return CUDA_SUCCESS;
+    }
     with_driver("cuCtxGetCurrent", |_, stack| {
         let top = stack.last().copied().unwrap_or(0);
         // Safety: `context` is null or writable per the API contract.
@@ -183,8 +191,15 @@ pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut Handle) -> CUresult {
 /// `cuCtxGetDevice`: the current context's device.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    if !device.is_null()
+        && let Some(ordinal) = state::current_device()
+    {
+        // Safety: `device` is non-null and writable per the API contract.
+        unsafe { device.write(ordinal as CUdevice) };
+        return CUDA_SUCCESS;
+    }
     with_driver("cuCtxGetDevice", |d, stack| {
-        let (_, ordinal) = d.current(stack)?;
+        let (_, ordinal) = state::checked_current(d, stack)?;
         // Safety: `device` is null or writable per the API contract.
         unsafe { store(device, ordinal as CUdevice) }
     })

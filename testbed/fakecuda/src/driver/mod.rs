@@ -506,6 +506,8 @@ impl Driver {
     /// Pinned host memory is forgotten but not unmapped, so a late access
     /// through a dangling pointer cannot crash the test that made the mistake.
     fn release_context_resources(&mut self, context: u64) {
+        // The context may stop being valid: threads check their current one again.
+        crate::state::contexts_changed();
         self.streams.retain(|_, s| s.context != context);
         self.events.retain(|_, e| e.context != context);
         let doomed: Vec<u64> = self
