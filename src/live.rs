@@ -233,9 +233,14 @@ struct NvmlProbe {
 impl NvmlProbe {
     fn new(enabled: bool) -> Self {
         let nvml = if enabled {
-            nvml_wrapper::Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))
+            nvml_wrapper::Nvml::init().map_err(|e| match e {
+                nvml_wrapper::error::NvmlError::LibloadingError(_) => {
+                    "libnvidia-ml.so.1 cannot be loaded (no NVIDIA driver here)".to_string()
+                }
+                e => e.to_string(),
+            })
         } else {
-            Err("NVML not asked (--no-nvml)".into())
+            Err("not asked (--no-nvml)".into())
         };
         NvmlProbe { nvml, last: None }
     }
@@ -287,6 +292,7 @@ pub struct DirSource {
     frames: HashMap<(u32, u32), Vec<String>>,
     past: Option<(SnapshotQuery, Option<LiveSnapshot>)>,
     said_waiting: bool,
+    said_following: bool,
     events: u64,
 }
 
@@ -311,6 +317,7 @@ impl DirSource {
             frames: HashMap::new(),
             past: None,
             said_waiting: false,
+            said_following: false,
             events: 0,
         }
     }
@@ -381,6 +388,14 @@ impl DirSource {
                 }),
                 Err(e) => out.push(Update::Notice(format!("skipped {}: {e}", path.display()))),
             }
+        }
+        if self.said_waiting && !self.procs.is_empty() && !self.said_following {
+            self.said_following = true;
+            out.push(Update::Notice(format!(
+                "following {} trace file(s) in {}",
+                self.procs.len(),
+                self.dir.display()
+            )));
         }
         if self.files.is_empty() && !self.said_waiting {
             out.push(Update::Notice(format!(

@@ -87,9 +87,20 @@ impl LiveSource for RunSource {
             && let Some(st) = *self.status.lock().unwrap_or_else(|e| e.into_inner())
         {
             self.said = true;
+            let how = match (
+                st.code(),
+                std::os::unix::process::ExitStatusExt::signal(&st),
+            ) {
+                (Some(c), _) => format!("exit {c}"),
+                (None, Some(s)) => format!("signal {s}"),
+                _ => "ended".to_string(),
+            };
+            let prog = Path::new(&self.command)
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| self.command.clone());
             u.push(Update::Notice(format!(
-                "{} exited ({st}); its output is in {}; q quits",
-                self.command,
+                "{prog} exited ({how}), output in {}; q quits",
                 self.log.display()
             )));
         }
