@@ -100,7 +100,7 @@ fn main() {
                         size: 1 << 20,
                         ..Event::default()
                     });
-                    if (n / 2 + i as u64) % 64 != 0 {
+                    if !(n / 2 + i as u64).is_multiple_of(64) {
                         batch.push(Event {
                             t_ns: now,
                             kind: EventKind::Free,
@@ -183,7 +183,7 @@ fn main() {
         }
         let r = rss_kib();
         rss.push(r);
-        if rss.len() % 10 == 0 {
+        if rss.len().is_multiple_of(10) {
             println!(
                 "{:>6.1} {:>12} {:>10.2} {:>9.2} {:>10.1} {:>9}",
                 began.elapsed().as_secs_f64(),
