@@ -4,6 +4,8 @@
 //!   at the first CUDA activity). Unset or empty: the library only passes calls through.
 //! - `VRAMTRACE_DISABLE`: any value but empty or `0` turns recording off.
 //! - `VRAMTRACE_STACKS`: `0` (or `off`, `false`) records no native stacks; on by default.
+//! - `VRAMTRACE_FREE_STACKS`: `1` (or `on`, `true`, `yes`) records native stacks on successful
+//!   releases too; off by default (allocations, mappings and failures always get theirs).
 //!
 //! Read with `getenv` on first use, never in a constructor: constructors run while the dynamic
 //! linker is still setting the process up.
@@ -17,6 +19,7 @@ const ON: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNREAD);
 static STACKS: AtomicU8 = AtomicU8::new(UNREAD);
+static FREE_STACKS: AtomicU8 = AtomicU8::new(UNREAD);
 /// The trace directory, NUL-terminated, leaked once (`Box<[u8]>` turned raw).
 static DIR: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 
@@ -43,6 +46,25 @@ pub(crate) fn stacks() -> bool {
             );
             STACKS.store(if off { OFF } else { ON }, Ordering::Release);
             !off
+        }
+    }
+}
+
+/// True when successful releases get native stacks too (`VRAMTRACE_FREE_STACKS` is `1`, `on`,
+/// `true` or `yes`, and stacks are on). Off by default: attribution needs the allocation's
+/// stack, and the unwind is most of a hook's cost.
+#[inline]
+pub(crate) fn free_stacks() -> bool {
+    match FREE_STACKS.load(Ordering::Acquire) {
+        ON => true,
+        OFF => false,
+        _ => {
+            let on = matches!(
+                env(c"VRAMTRACE_FREE_STACKS"),
+                Some(b"1") | Some(b"on") | Some(b"true") | Some(b"yes")
+            );
+            FREE_STACKS.store(if on { ON } else { OFF }, Ordering::Release);
+            on
         }
     }
 }

@@ -26,9 +26,10 @@
 //! memory, and for successful releases, whose device the reader takes from the allocation
 //! they release), the driver function, pointer or handle, requested size (0 for releases: the
 //! reader pairs them), result code, stream, an extra operand (pool, pitch, physical handle,
-//! host flags, released range size), free and total device memory for failed allocations (our own
-//! `cuMemGetInfo_v2`), the native stack (`src/stacks.rs`, with MODULE records for
-//! offline symbolisation) and the label (the thread's open ranges, `src/labels.rs`).
+//! host flags, released range size), free and total device memory for failed allocations (our
+//! own `cuMemGetInfo_v2`), the native stack (`src/stacks.rs`, with MODULE records for offline
+//! symbolisation; a successful release's only with `VRAMTRACE_FREE_STACKS=1`) and the label
+//! (the thread's open ranges, `src/labels.rs`).
 //!
 //! # Labels
 //! - The annotation C ABI, declared in `include/vramtrace.h`: `vramtrace_annotate`,
@@ -44,6 +45,8 @@
 //!   does nothing but pass calls through.
 //! - `VRAMTRACE_DISABLE`: any value but empty or `0` turns recording off.
 //! - `VRAMTRACE_STACKS`: `0` (or `off`, `false`, `no`) records no native stacks.
+//! - `VRAMTRACE_FREE_STACKS`: `1` (or `on`, `true`, `yes`) also records the native stacks of
+//!   successful releases (off by default: allocations, mappings and failures get theirs).
 //!
 //! Each process writes `<dir>/<pid>.vtr` (`<pid>-<n>.vtr` if the name is taken), created
 //! exclusively on its first recorded event (or its first range, mark or annotation): a program

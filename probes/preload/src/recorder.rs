@@ -107,10 +107,10 @@ impl Call {
     fn acquired(self, kind: EventKind, result: c_int, op: Op) {
         guarded(|| {
             if result == 0 {
-                emit(kind, result, op, 0, 0)
+                emit(kind, result, op, 0, 0, true)
             } else {
                 let (free, total) = mem_info();
-                emit(EventKind::AllocFailed, result, op, free, total)
+                emit(EventKind::AllocFailed, result, op, free, total, true)
             }
         });
     }
@@ -122,15 +122,19 @@ impl Call {
     /// allocation), which is also right when the memory belongs to another device than the
     /// current context's. Not asking the driver saves a `cuCtxGetDevice` per release. A failed
     /// release pairs with nothing, so it keeps the current context's device.
+    ///
+    /// Its native stack likewise: attribution needs the allocation's, and the unwind is most of
+    /// a hook's cost, so a successful release gets one only with `VRAMTRACE_FREE_STACKS=1`; a
+    /// failed release (rare, and worth seeing where) always does.
     fn released(self, kind: EventKind, result: c_int, op: Op) {
-        let (kind, device) = if result == 0 {
+        let (kind, device, stack) = if result == 0 {
             let device = match op.device {
                 Dev::Current => Dev::Known(-1),
                 known => known,
             };
-            (kind, device)
+            (kind, device, crate::config::free_stacks())
         } else {
-            (EventKind::FreeFailed, op.device)
+            (EventKind::FreeFailed, op.device, true)
         };
         guarded(|| {
             emit(
@@ -143,6 +147,7 @@ impl Call {
                 },
                 0,
                 0,
+                stack,
             )
         });
     }
@@ -174,8 +179,8 @@ fn mem_info() -> (u64, u64) {
     }
 }
 
-/// Builds and writes one event.
-fn emit(kind: EventKind, result: c_int, op: Op, free_bytes: u64, total_bytes: u64) {
+/// Builds and writes one event, with its native stack if `stack` (and stacks are on).
+fn emit(kind: EventKind, result: c_int, op: Op, free_bytes: u64, total_bytes: u64, stack: bool) {
     FORK.register();
     let device = match op.device {
         Dev::Known(d) => d,
@@ -201,7 +206,11 @@ fn emit(kind: EventKind, result: c_int, op: Op, free_bytes: u64, total_bytes: u6
         aux: op.aux,
         free_bytes,
         total_bytes,
-        stack: crate::stacks::capture(file),
+        stack: if stack {
+            crate::stacks::capture(file)
+        } else {
+            0
+        },
         label: crate::labels::current_label(file),
     };
     file.write_event(&ev);

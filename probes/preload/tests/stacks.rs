@@ -111,12 +111,18 @@ fn stacks_name_the_programs_own_functions() {
         .iter()
         .filter(|r| matches!(r, Record::Stack { .. }))
         .count();
-    let frees_distinct: std::collections::HashSet<u32> =
-        events(&t).iter().map(|e| e.stack).collect();
-    assert_eq!(
-        stack_records,
-        frees_distinct.len(),
-        "each stack written once"
+    let distinct: std::collections::HashSet<u32> = events(&t)
+        .iter()
+        .map(|e| e.stack)
+        .filter(|&s| s != 0)
+        .collect();
+    assert_eq!(stack_records, distinct.len(), "each stack written once");
+    // Releases get no stack unless asked for (VRAMTRACE_FREE_STACKS).
+    assert!(
+        events(&t)
+            .iter()
+            .filter(|e| e.kind == EventKind::Free)
+            .all(|e| e.stack == 0)
     );
 
     // Frame 0 is in the preload; then the program's functions, innermost first.
@@ -143,6 +149,30 @@ fn stacks_name_the_programs_own_functions() {
         .map(|&a| locate(a, &mods, &exe, &funcs))
         .collect();
     assert_eq!(names[..2], ["vramtrace_test_inner", "main"], "{names:?}");
+}
+
+#[test]
+fn releases_get_stacks_when_asked() {
+    let s = Scratch::new("free-stacks");
+    let exe = compile(&s, "stacks", true);
+    let mut cmd = traced(&exe, &s.trace_dir());
+    cmd.env("VRAMTRACE_FREE_STACKS", "1");
+    run_ok(cmd);
+    let t = only_trace(&s.trace_dir());
+    let evs = events(&t);
+    let frees: Vec<_> = evs.iter().filter(|e| e.kind == EventKind::Free).collect();
+    assert_eq!(frees.len(), 4);
+    assert!(frees.iter().all(|e| e.stack != 0));
+    let alloc_stacks: Vec<u32> = evs
+        .iter()
+        .filter(|e| e.kind == EventKind::Alloc)
+        .map(|e| e.stack)
+        .collect();
+    assert!(!alloc_stacks.contains(&frees[0].stack), "another call site");
+    assert_eq!(
+        stack(&t, frees[0].stack).len(),
+        stack(&t, frees[3].stack).len()
+    );
 }
 
 #[test]
