@@ -17,8 +17,8 @@ use parquet::record::{Field, Row};
 use serde_pickle::{HashableValue as H, Value as V};
 use vramtrace::Trace;
 use vramtrace::export::{
-    FlamegraphOptions, Progress, Weight, export_flamegraph, export_parquet, export_perfetto,
-    export_pytorch,
+    FlamegraphOptions, Progress, SnapshotOptions, Weight, export_flamegraph, export_parquet,
+    export_perfetto, export_pytorch,
 };
 use vramtrace_format::{Annotation, Api, DeviceInfo, Event, EventKind, Header, MemKind, Record};
 
@@ -360,7 +360,13 @@ fn pytorch_snapshot_has_the_fields_memory_viz_reads() {
     let dir = trace_dir("export-pytorch");
     let trace = Trace::open(&dir).unwrap();
     let mut out = Vec::new();
-    let n = export_pytorch(&trace, None, &mut out, &Progress::hidden()).unwrap();
+    let n = export_pytorch(
+        &trace,
+        &SnapshotOptions::default(),
+        &mut out,
+        &Progress::hidden(),
+    )
+    .unwrap();
     assert_eq!((n.pid, n.segments, n.entries, n.ooms), (77, 1, 8, 1));
     let snap: V = serde_pickle::value_from_slice(&out, Default::default()).unwrap();
 
@@ -454,6 +460,29 @@ fn pytorch_snapshot_has_the_fields_memory_viz_reads() {
         list(key(&t[3], "frames")).len(),
         3,
         "two native frames and the label"
+    );
+    assert_eq!(
+        list(key(&t[4], "frames")).len(),
+        0,
+        "free_requested carries none"
+    );
+
+    // Only the newest 4 entries: the release of A and the failure.
+    let opts = SnapshotOptions {
+        pid: Some(77),
+        max_entries: Some(4),
+    };
+    let mut out = Vec::new();
+    let n = export_pytorch(&trace, &opts, &mut out, &Progress::hidden()).unwrap();
+    assert_eq!((n.entries, n.segments), (4, 1));
+    let snap: V = serde_pickle::value_from_slice(&out, Default::default()).unwrap();
+    let kept: Vec<&str> = list(&list(key(&snap, "device_traces"))[0])
+        .iter()
+        .map(|e| text(key(e, "action")))
+        .collect();
+    assert_eq!(
+        kept,
+        ["free_requested", "free_completed", "segment_free", "oom"]
     );
 }
 

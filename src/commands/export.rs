@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::export::{
-    FlamegraphOptions, Progress, Weight, export_flamegraph, export_parquet, export_perfetto,
-    export_pytorch, has_items,
+    FlamegraphOptions, Progress, SnapshotOptions, Weight, export_flamegraph, export_parquet,
+    export_perfetto, export_pytorch, has_items,
 };
 use crate::trace::Trace;
 
@@ -51,7 +51,8 @@ Formats, and what opens them:
                 duckdb -c \"SELECT kind, count(*), sum(size) FROM 'OUT/events.parquet' GROUP BY kind\"
   pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns: each driver
               allocation is a segment with one block, failures are 'oom' entries. One process
-              per snapshot (--pid; default: the one with the highest device peak). Open it on
+              per snapshot (--pid; default: the one with the highest device peak); each device
+              trace keeps its newest --max-entries entries (default 100000). Open it on
               pytorch.org/memory_viz, or: python -m torch.cuda._memory_viz trace_plot OUT -o out.html
   perfetto    OUT is Chrome trace event JSON: a live-bytes counter per process and device, a
               slice per allocation lifetime (named by tensor, label or driver function), an
@@ -83,6 +84,10 @@ pub struct ExportArgs {
     /// pytorch: the process to snapshot (default: the one with the highest device peak).
     #[arg(long)]
     pub pid: Option<u32>,
+    /// pytorch: keep only the newest N entries of each device trace, as PyTorch's own history
+    /// does (0: keep all; each entry repeats its stack, so a long trace makes a large file).
+    #[arg(long, value_name = "N", default_value_t = crate::export::pytorch::DEFAULT_MAX_ENTRIES)]
+    pub max_entries: u64,
     /// flamegraph: how stacks are weighed.
     #[arg(long, value_enum, default_value = "peak")]
     pub weight: WeightArg,
@@ -162,7 +167,11 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
         Format::Parquet => unreachable!("handled above"),
         Format::Pytorch => {
             let progress = Progress::stderr("pytorch");
-            let n = export_pytorch(&trace, args.pid, &mut w, &progress);
+            let opts = SnapshotOptions {
+                pid: args.pid,
+                max_entries: (args.max_entries > 0).then_some(args.max_entries),
+            };
+            let n = export_pytorch(&trace, &opts, &mut w, &progress);
             progress.finish();
             let n = n.with_context(|| format!("exporting to {}", out.display()));
             let n = remove_on_error(out, n)?;

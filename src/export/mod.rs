@@ -28,7 +28,7 @@ pub mod pytorch;
 pub use self::flamegraph::{FlamegraphOptions, Weight, export_flamegraph};
 pub use self::parquet::{ParquetTables, export_parquet};
 pub use self::perfetto::export_perfetto;
-pub use self::pytorch::{SnapshotCounts, export_pytorch};
+pub use self::pytorch::{SnapshotCounts, SnapshotOptions, export_pytorch};
 
 /// Why an export failed.
 #[derive(Debug, thiserror::Error)]

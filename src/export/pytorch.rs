@@ -29,6 +29,13 @@
 //! A snapshot is one process's (a device pointer means something only in its process): the
 //! one asked for, else the one with the highest device peak.
 //!
+//! Like PyTorch's own history (`_record_memory_history(max_entries=...)`), each device trace
+//! keeps only its newest [`SnapshotOptions::max_entries`] entries: the viewers replay
+//! backwards from `segments`, so a trace cut at its old end still agrees with them, and an
+//! allocation whose `alloc` was cut shows as allocated before the history began. Frames are
+//! repeated on each entry (pickle has no sharing here), so the cap is also what bounds the
+//! file: `free_requested` entries carry no frames, the entry after them repeats them.
+//!
 //! The dict is written as it is built (the pickle encoder emits each list item as it comes):
 //! one pass over the trace finds the final state, then one pass over the chosen process per
 //! device writes its trace; memory follows the live set and the stack table.
@@ -61,18 +68,42 @@ pub struct SnapshotCounts {
     pub ooms: u64,
 }
 
-/// Writes the snapshot pickle of process `pid` (or of the process with the highest device
-/// peak) to `out`.
+/// Options of [`export_pytorch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotOptions {
+    /// The process to snapshot; `None`: the one with the highest device peak.
+    pub pid: Option<u32>,
+    /// Keep only the newest this many entries of each device trace; `None`: all.
+    pub max_entries: Option<u64>,
+}
+
+impl Default for SnapshotOptions {
+    fn default() -> Self {
+        SnapshotOptions {
+            pid: None,
+            max_entries: Some(DEFAULT_MAX_ENTRIES),
+        }
+    }
+}
+
+/// Entries kept per device by default: the memory_viz page stays responsive, and a deep-stack
+/// trace stays a file of tens of megabytes rather than gigabytes.
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+
+/// Writes the snapshot pickle of one process to `out`.
 pub fn export_pytorch(
     trace: &Trace,
-    pid: Option<u32>,
+    opts: &SnapshotOptions,
     out: &mut dyn Write,
     progress: &Progress,
 ) -> Result<SnapshotCounts, ExportError> {
+    let pid = opts.pid;
     // Pass 1: every process's device peak, and the state at the end.
     let mut replay = Replayer::new();
     let mut max_device = -1;
     let mut failed: HashMap<usize, u64> = HashMap::new();
+    // Entries each process and device will have, to know how many old ones to leave out.
+    let mut entries: HashMap<(usize, i32), u64> = HashMap::new();
     for (seq, (pi, item)) in trace.items()?.enumerate() {
         if seq % 4096 == 0 {
             progress.inc(4096);
@@ -84,7 +115,19 @@ pub fn export_pytorch(
             if role(&e).is_some() || e.kind == EventKind::AllocFailed {
                 max_device = max_device.max(e.device);
             }
-            replay.apply(pi, seq, &e);
+            let n = match replay.apply(pi, seq, &e) {
+                Step::Allocated { .. } if role(&e).is_some() => Some((e.device, 2)),
+                Step::Released { freed: Some(a) } if role(&a.event).is_some() => {
+                    Some((a.event.device, 3))
+                }
+                Step::Failed if e.kind == EventKind::AllocFailed && e.mem == MemKind::Device => {
+                    Some((e.device, 1))
+                }
+                _ => None,
+            };
+            if let Some((d, n)) = n {
+                *entries.entry((pi, d)).or_default() += n;
+            }
         } else if let Item::Annotate(a) = item {
             replay.annotate(pi, &a);
         }
@@ -159,9 +202,16 @@ pub fn export_pytorch(
     let segments: Vec<Segment> = finals.iter().map(|a| segment(a, &frames)).collect();
     counts.segments = segments.len() as u64;
     progress.pass("pytorch: device traces");
+    let skip: Vec<u64> = (0..=max_device)
+        .map(|d| {
+            let n = entries.get(&(pi, d)).copied().unwrap_or(0);
+            opts.max_entries.map_or(0, |m| n.saturating_sub(m))
+        })
+        .collect();
     let traces = DeviceTraces {
         process: p,
         devices: max_device + 1,
+        skip,
         frames: &frames,
         progress,
         entries: Cell::new(0),
@@ -332,6 +382,8 @@ impl Frames<'_> {
 struct DeviceTraces<'a> {
     process: &'a Process,
     devices: i32,
+    /// Per device: how many of its oldest entries to leave out.
+    skip: Vec<u64>,
     frames: &'a Frames<'a>,
     progress: &'a Progress,
     entries: Cell<u64>,
@@ -362,7 +414,12 @@ impl Serialize for DeviceTrace<'_, '_> {
             (h.start_unix_ns as i128 + t_ns as i128 - h.start_mono_ns as i128).max(0) as u64 / 1000
         };
         let mut seq = s.serialize_seq(None)?;
-        let emit = |seq: &mut S::SerializeSeq, e: Entry| {
+        let mut skip = of.skip.get(self.device as usize).copied().unwrap_or(0);
+        let mut emit = |seq: &mut S::SerializeSeq, e: Entry| {
+            if skip > 0 {
+                skip -= 1;
+                return Ok(());
+            }
             of.entries.set(of.entries.get() + 1);
             seq.serialize_element(&e)
         };
@@ -419,7 +476,11 @@ impl Serialize for DeviceTrace<'_, '_> {
                             size: a.event.size,
                             stream: a.event.stream,
                             time_us,
-                            frames: &frames,
+                            frames: if action == "free_requested" {
+                                &[]
+                            } else {
+                                &frames
+                            },
                             device_free: None,
                         };
                         emit(&mut seq, entry)?;
