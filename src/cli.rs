@@ -39,6 +39,11 @@ pub enum Command {
     Plot(commands::plot::PlotArgs),
     /// Write a trace as Parquet tables, a PyTorch memory snapshot, Perfetto JSON or a flamegraph.
     Export(commands::export::ExportArgs),
+    /// A Markdown (or HTML) report to paste into a bug report: what failed, where, why, what
+    /// to change, then every peak, failure and process in full.
+    Report(commands::report::ReportArgs),
+    /// Peak and live-set differences between two traces, by label and by stack.
+    Diff(commands::diff::DiffArgs),
 }
 
 /// Runs the chosen subcommand and returns the process exit code.
@@ -54,5 +59,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Live(a) => commands::live::run(a),
         Command::Plot(a) => commands::plot::run(a),
         Command::Export(a) => commands::export::run(a),
+        Command::Report(a) => commands::report::run(a),
+        Command::Diff(a) => commands::diff::run(a),
     }
 }

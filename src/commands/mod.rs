@@ -2,11 +2,13 @@
 
 pub mod compare;
 pub mod demo;
+pub mod diff;
 pub mod events;
-pub mod live;
 pub mod export;
+pub mod live;
 pub mod model;
 pub mod plot;
 pub mod replay;
+pub mod report;
 pub mod run;
 pub mod summary;

@@ -1,0 +1,573 @@
+//! `vramtrace report`: one Markdown document a user pastes into a bug report, built from the
+//! same passes as `summary`, `compare` and `model`.
+//!
+//! [`build`] gathers everything ([`Report`]); [`markdown::render`] writes it, short at the top
+//! (what failed, where, why, what to change) and complete below; [`html::render`] turns that
+//! Markdown into one self-contained HTML file with the plots inline.
+//!
+//! Live allocations are put in the categories of the live view ([`crate::live::category`]):
+//! weights, KV cache (with the recurrent state kept between chunks), activations, other
+//! (ballast, reservations), unnamed. Within a category they are grouped by name and label with
+//! the numbers that index layers and chunks collapsed ([`crate::names::pattern`]).
+
+pub mod html;
+pub mod levers;
+pub mod markdown;
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+use vramtrace_format::EventKind;
+use vramtrace_models::{ModelConfig, Variant, Workload, WorkloadOptions};
+
+use crate::attribution::{At, Attribution, observe};
+use crate::live::{CATEGORIES, category};
+use crate::names::pattern;
+use crate::replay::{Pool, Replayer, Step};
+use crate::summary::{AllocItem, Failure, Summary, SummaryOptions, summarize};
+use crate::symbolize::StackSymbolizer;
+use crate::trace::{Item, Trace};
+
+pub use levers::Levers;
+
+/// Allocations whose stacks are shown at a peak or a failure.
+pub const TOP_STACKS: usize = 5;
+/// Frames of each stack shown.
+pub const STACK_FRAMES: usize = 12;
+/// Groups listed per live set; the rest are summed in one line.
+pub const MAX_GROUPS: usize = 12;
+/// Failures set beside the model (each is one more pass over the trace).
+pub const MAX_COMPARED_FAILURES: usize = 8;
+/// Live allocations kept per peak or failure for grouping: all of them in any real trace.
+const LIVE_CAP: usize = 1 << 20;
+
+/// The model a report compares with: the config, the variants to choose from, the batch.
+#[derive(Debug, Clone)]
+pub struct ModelInput {
+    /// The config.
+    pub cfg: ModelConfig,
+    /// The variants to choose from (one when `--variant` was given).
+    pub variants: Vec<Variant>,
+    /// Whether `--variant` named the one to use.
+    pub variant_given: bool,
+    /// The batch (the prefill chunk: `--tokens` / `--seqlens`, `--tp`, dtype).
+    pub opts: WorkloadOptions,
+}
+
+/// What the report is built from besides the trace.
+#[derive(Debug, Clone, Default)]
+pub struct ReportOptions {
+    /// A name for the trace (its directory's name).
+    pub title: String,
+    /// The model, when `--model` was given.
+    pub model: Option<ModelInput>,
+    /// The card the levers are computed for (default: the failing device's total).
+    pub capacity: Option<u64>,
+}
+
+/// One group of live allocations: same category, same name and label pattern.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    /// Index in [`CATEGORIES`].
+    pub category: usize,
+    /// `name [label]` with numbers collapsed to `#`.
+    pub key: String,
+    /// Allocations.
+    pub count: usize,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// A live set summed by category and by group.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LiveSet {
+    /// Bytes and counts per category, in [`CATEGORIES`] order.
+    pub by_category: Vec<(u64, usize)>,
+    /// Groups, largest first.
+    pub groups: Vec<Group>,
+    /// Bytes of the KV cache proper: KV-category allocations that are not recurrent state.
+    pub kv_cache_bytes: u64,
+    /// Bytes of allocations named through the annotation ABI.
+    pub named_bytes: u64,
+}
+
+/// The plain tensor name of a summary item's `name dtype[shape]`.
+fn tensor_name(t: &str) -> &str {
+    let Some(open) = t.rfind('[').filter(|_| t.ends_with(']')) else {
+        return t;
+    };
+    let prefix = &t[..open];
+    match prefix.strip_suffix(' ') {
+        Some(name) => name,
+        None => prefix.rsplit_once(' ').map_or(prefix, |(n, _)| n),
+    }
+}
+
+impl LiveSet {
+    /// Sums `items` by category and group.
+    pub fn of(items: &[AllocItem]) -> LiveSet {
+        let mut s = LiveSet {
+            by_category: vec![(0, 0); CATEGORIES.len()],
+            ..LiveSet::default()
+        };
+        let mut groups: BTreeMap<(usize, String), (usize, u64)> = BTreeMap::new();
+        for a in items {
+            let name = a.tensor.as_deref().map(tensor_name);
+            let c = category(a.label.as_deref(), name);
+            let e = &mut s.by_category[c];
+            e.0 = e.0.saturating_add(a.size);
+            e.1 += 1;
+            if name.is_some() {
+                s.named_bytes = s.named_bytes.saturating_add(a.size);
+            }
+            let is_state = |x: Option<&str>| x.is_some_and(|x| x.contains("state"));
+            if CATEGORIES[c] == "KV cache" && !is_state(name) && !is_state(a.label.as_deref()) {
+                s.kv_cache_bytes = s.kv_cache_bytes.saturating_add(a.size);
+            }
+            let key = match (name, a.label.as_deref()) {
+                (Some(n), Some(l)) => format!("{} [{}]", pattern(n), pattern(l)),
+                (Some(n), None) => pattern(n),
+                (None, Some(l)) => format!("(unnamed) [{}]", pattern(l)),
+                (None, None) => format!("(unnamed) {}", a.api),
+            };
+            let g = groups.entry((c, key)).or_default();
+            g.0 += 1;
+            g.1 = g.1.saturating_add(a.size);
+        }
+        s.groups = groups
+            .into_iter()
+            .map(|((category, key), (count, bytes))| Group {
+                category,
+                key,
+                count,
+                bytes,
+            })
+            .collect();
+        s.groups
+            .sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.key.cmp(&b.key)));
+        s
+    }
+
+    /// Bytes of one category by name.
+    pub fn category_bytes(&self, name: &str) -> u64 {
+        CATEGORIES
+            .iter()
+            .position(|c| *c == name)
+            .map_or(0, |i| self.by_category[i].0)
+    }
+}
+
+/// A model set beside a failure or a peak.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// The variant shown.
+    pub variant: Variant,
+    /// How it was chosen, in words.
+    pub choice: String,
+    /// Predicted beside observed.
+    pub attribution: Attribution,
+}
+
+/// Every failed allocation of one process and device, with what the report adds.
+#[derive(Debug, Clone)]
+pub struct FailureReport {
+    /// Index of the process in the trace.
+    pub process: usize,
+    /// Device ordinal.
+    pub device: i32,
+    /// The n-th failure of this process and device (0-based).
+    pub index: usize,
+    /// The failure as `summary` sees it (live set in full).
+    pub failure: Failure,
+    /// The live set grouped.
+    pub live: LiveSet,
+    /// Traced live device bytes of every process on this ordinal at that moment, by pid.
+    pub traced_by_process: Vec<(u32, u64)>,
+    /// Symbolised frames of the failed request.
+    pub frames: Vec<String>,
+    /// Of those, the frames with a function name (what the first screen shows).
+    pub named_frames: Vec<String>,
+    /// The model beside it (`--model`; the first [`MAX_COMPARED_FAILURES`]).
+    pub comparison: Option<Comparison>,
+}
+
+impl FailureReport {
+    /// Traced live bytes of every process on this device then.
+    pub fn traced_all(&self) -> u64 {
+        self.traced_by_process
+            .iter()
+            .fold(0u64, |a, (_, b)| a.saturating_add(*b))
+    }
+
+    /// What the driver counted as used but the trace did not see: total − free − traced live
+    /// across the processes (the CUDA contexts, loaded modules, processes not traced). `None`
+    /// when the driver's numbers are missing.
+    pub fn untraced(&self) -> Option<i128> {
+        let f = &self.failure;
+        (f.total_bytes > 0).then(|| {
+            i128::from(f.total_bytes) - i128::from(f.free_bytes) - i128::from(self.traced_all())
+        })
+    }
+
+    /// Bytes the request lacked: request − free (0 when the driver said enough was free).
+    pub fn shortfall(&self) -> u64 {
+        self.failure.size.saturating_sub(self.failure.free_bytes)
+    }
+}
+
+/// A device peak of one process, with what the report adds.
+#[derive(Debug, Clone)]
+pub struct PeakReport {
+    /// Index of the process in the trace.
+    pub process: usize,
+    /// Device ordinal.
+    pub device: i32,
+    /// The live set at the peak grouped.
+    pub live: LiveSet,
+    /// The largest allocations live at the peak, with their symbolised frames.
+    pub top: Vec<(AllocItem, Vec<String>)>,
+}
+
+/// Everything a report shows.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The trace's name.
+    pub title: String,
+    /// The summary, live sets in full.
+    pub summary: Summary,
+    /// Per process and device, in the summary's order.
+    pub peaks: Vec<PeakReport>,
+    /// Every failed allocation detailed, in time order.
+    pub failures: Vec<FailureReport>,
+    /// The model, when given.
+    pub model: Option<ModelInput>,
+    /// The levers, with a model.
+    pub levers: Option<Levers>,
+    /// Why the levers could not be computed with the model given.
+    pub levers_error: Option<String>,
+    /// The capacity the levers were computed for, and whether it was given.
+    pub capacity: Option<(u64, bool)>,
+    /// Whether some frame shown could not be symbolised (the traced files are not here).
+    pub unsymbolised: bool,
+    /// Host names of the processes, in order.
+    pub host_names: Vec<String>,
+    /// When the first process started (UTC), when known.
+    pub started: Option<String>,
+}
+
+impl Report {
+    /// The failure the top of the report is about: the first in time.
+    pub fn first_failure(&self) -> Option<&FailureReport> {
+        self.failures.first()
+    }
+
+    /// The process, device and live set at the highest peak of the trace.
+    pub fn highest_peak(&self) -> Option<&PeakReport> {
+        self.peaks.iter().max_by(|a, b| {
+            self.device(a.process, a.device)
+                .map(|d| d.peak_bytes)
+                .cmp(&self.device(b.process, b.device).map(|d| d.peak_bytes))
+                .then(b.process.cmp(&a.process))
+        })
+    }
+
+    /// The summary of one process and device.
+    pub fn device(&self, process: usize, device: i32) -> Option<&crate::summary::DeviceSummary> {
+        self.summary
+            .processes
+            .get(process)?
+            .devices
+            .iter()
+            .find(|d| d.device == device)
+    }
+}
+
+/// Builds the report of `trace`.
+pub fn build(trace: &Trace, opts: &ReportOptions) -> anyhow::Result<Report> {
+    let summary = summarize(
+        trace,
+        SummaryOptions {
+            top: LIVE_CAP,
+            frames: 0,
+        },
+    )?;
+    let mut syms: Vec<StackSymbolizer> = trace.processes.iter().map(StackSymbolizer::new).collect();
+    let mut unsymbolised = false;
+    let mut frames_of = |pi: usize, stack: u32| -> (Vec<String>, Vec<String>) {
+        if stack == 0 {
+            return (Vec::new(), Vec::new());
+        }
+        let frames: Vec<_> = syms[pi]
+            .stack(stack)
+            .into_iter()
+            .take(STACK_FRAMES)
+            .collect();
+        unsymbolised |= frames.iter().any(|f| f.function.is_none());
+        (
+            frames.iter().map(|f| f.to_string()).collect(),
+            frames
+                .iter()
+                .filter(|f| f.function.is_some())
+                .map(|f| f.to_string())
+                .collect(),
+        )
+    };
+    let mut peaks = Vec::new();
+    let mut failures = Vec::new();
+    let across = traced_at_failures(trace)?;
+    for (pi, p) in summary.processes.iter().enumerate() {
+        for d in &p.devices {
+            if d.peak_bytes > 0 {
+                peaks.push(PeakReport {
+                    process: pi,
+                    device: d.device,
+                    live: LiveSet::of(&d.peak_live),
+                    top: d
+                        .peak_live
+                        .iter()
+                        .take(TOP_STACKS)
+                        .map(|a| (a.clone(), frames_of(pi, a.stack).0))
+                        .collect(),
+                });
+            }
+            for (n, f) in d.failures.iter().enumerate() {
+                let (frames, named_frames) = frames_of(pi, f.stack);
+                failures.push(FailureReport {
+                    process: pi,
+                    device: d.device,
+                    index: n,
+                    failure: f.clone(),
+                    live: LiveSet::of(&f.live),
+                    traced_by_process: across.get(&(pi, d.device, n)).cloned().unwrap_or_default(),
+                    frames,
+                    named_frames,
+                    comparison: None,
+                });
+            }
+        }
+    }
+    failures.sort_by(|a, b| {
+        a.failure
+            .t_s
+            .total_cmp(&b.failure.t_s)
+            .then(a.process.cmp(&b.process))
+    });
+    let mut report = Report {
+        unsymbolised,
+        title: opts.title.clone(),
+        summary,
+        peaks,
+        failures,
+        model: opts.model.clone(),
+        levers: None,
+        levers_error: None,
+        capacity: None,
+        host_names: trace
+            .processes
+            .iter()
+            .map(|p| p.header.hostname.clone())
+            .collect(),
+        started: trace
+            .processes
+            .iter()
+            .map(|p| p.header.start_unix_ns)
+            .filter(|t| *t > 0)
+            .min()
+            .and_then(|t| jiff::Timestamp::from_nanosecond(i128::from(t)).ok())
+            .map(|t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string()),
+    };
+    if let Some(m) = &opts.model {
+        let workload = Workload::from_config(&m.cfg, &m.opts)?;
+        for f in report.failures.iter_mut().take(MAX_COMPARED_FAILURES) {
+            let pid = trace.processes[f.process].header.pid;
+            let moment = observe(trace, Some(pid), Some(f.device), At::Failure(f.index))
+                .map_err(anyhow::Error::msg)?;
+            f.comparison = Some(compare(m, &workload, &moment)?);
+        }
+        let capacity = opts.capacity.map(|c| (c, true)).or_else(|| {
+            let (pi, dev) = report
+                .first_failure()
+                .map(|f| (f.process, f.device))
+                .or_else(|| report.highest_peak().map(|p| (p.process, p.device)))?;
+            report
+                .device(pi, dev)
+                .and_then(|d| d.total_bytes)
+                .map(|t| (t, false))
+        });
+        report.capacity = capacity;
+        match capacity {
+            None => {
+                report.levers_error =
+                    Some("the trace does not say how large the device is; pass --capacity".into())
+            }
+            Some((cap, _)) => match levers_for(trace, &report, m, &workload, cap) {
+                Ok(l) => report.levers = Some(l),
+                Err(e) => report.levers_error = Some(format!("{e:#}")),
+            },
+        }
+    }
+    Ok(report)
+}
+
+/// The levers at the first failure, or at the highest peak without one.
+fn levers_for(
+    trace: &Trace,
+    report: &Report,
+    m: &ModelInput,
+    workload: &Workload,
+    capacity: u64,
+) -> anyhow::Result<Levers> {
+    let (comparison, live, failure) = match report.first_failure() {
+        Some(f) => (
+            f.comparison.clone().expect("the first failure is compared"),
+            f.live.clone(),
+            Some(f),
+        ),
+        None => {
+            let p = report
+                .highest_peak()
+                .ok_or_else(|| anyhow::anyhow!("the trace has no device allocation"))?;
+            let pid = trace.processes[p.process].header.pid;
+            let moment =
+                observe(trace, Some(pid), Some(p.device), At::Peak).map_err(anyhow::Error::msg)?;
+            (compare(m, workload, &moment)?, p.live.clone(), None)
+        }
+    };
+    levers::compute(m, &comparison, &live, failure, capacity)
+}
+
+/// The variant that explains the most bytes of a moment (or the one named).
+fn compare(
+    m: &ModelInput,
+    workload: &Workload,
+    moment: &crate::attribution::ObservedMoment,
+) -> anyhow::Result<Comparison> {
+    let candidates: Vec<Variant> = if m.variant_given {
+        m.variants.clone()
+    } else {
+        Variant::ALL
+            .into_iter()
+            .filter(|v| m.variants.iter().any(|c| c.kernel() == v.kernel()))
+            .collect()
+    };
+    let (variant, _, attribution) = crate::plots::best_variant(&candidates, workload, moment, 1)?;
+    let choice = if m.variant_given {
+        "chosen with --variant".to_string()
+    } else {
+        format!(
+            "the best match of {} variants; pass --variant to choose",
+            candidates.len()
+        )
+    };
+    Ok(Comparison {
+        variant,
+        choice,
+        attribution,
+    })
+}
+
+/// Per failed allocation (process index, device, n-th failure of that process and device): the
+/// traced live device bytes of every process on the same ordinal at that moment.
+type Across = BTreeMap<(usize, i32, usize), Vec<(u32, u64)>>;
+
+fn traced_at_failures(trace: &Trace) -> anyhow::Result<Across> {
+    let mut replay = Replayer::new();
+    let mut counts: BTreeMap<(usize, i32), usize> = BTreeMap::new();
+    let mut out = Across::new();
+    let mut seq = 0usize;
+    trace.for_each_item(|pi, it| {
+        if let Item::Event(e) = it
+            && replay.apply(pi, seq, &e) == Step::Failed
+            && e.kind == EventKind::AllocFailed
+        {
+            let n = counts.entry((pi, e.device)).or_default();
+            if *n < crate::summary::MAX_DETAILED_FAILURES {
+                let mut by: BTreeMap<u32, u64> = BTreeMap::new();
+                for ((q, dev, pool), level) in replay.levels() {
+                    if dev == e.device && pool == Pool::Device && level.live > 0 {
+                        let pid = trace.processes[q].header.pid;
+                        let b = by.entry(pid).or_default();
+                        *b = b.saturating_add(level.live);
+                    }
+                }
+                out.insert((pi, e.device, *n), by.into_iter().collect());
+            }
+            *n += 1;
+        }
+        seq += 1;
+        ControlFlow::Continue(())
+    })?;
+    Ok(out)
+}
+
+/// A rank or worker the command line names: `--rank N`, `--local-rank=N`, `RANK=N`,
+/// `Worker_TP0`, `EngineCore`; `None` when it names none.
+pub fn rank_of(cmdline: &[String]) -> Option<String> {
+    let mut found = Vec::new();
+    let mut it = cmdline.iter().peekable();
+    while let Some(a) = it.next() {
+        let lower = a.to_ascii_lowercase();
+        let key = lower.trim_start_matches('-');
+        let (k, v) = match key.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => (key.to_string(), None),
+        };
+        let k = k.replace('_', "-");
+        if matches!(
+            k.as_str(),
+            "rank" | "local-rank" | "node-rank" | "tp-rank" | "pp-rank" | "dp-rank"
+        ) {
+            let v = v.or_else(|| it.peek().map(|s| s.to_string()));
+            if let Some(v) = v.filter(|v| v.parse::<u64>().is_ok()) {
+                found.push(format!("{k} {v}"));
+            }
+        }
+        for word in a.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+            if word.starts_with("Worker_")
+                || word == "EngineCore"
+                || word.starts_with("EngineCore_")
+            {
+                found.push(word.to_string());
+            }
+        }
+    }
+    found.dedup();
+    (!found.is_empty()).then(|| found.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn ranks_from_command_lines() {
+        assert_eq!(
+            rank_of(&s(&["python", "train.py", "--local_rank=1"])).as_deref(),
+            Some("local-rank 1")
+        );
+        assert_eq!(
+            rank_of(&s(&["torchrun", "--rank", "3", "x.py"])).as_deref(),
+            Some("rank 3")
+        );
+        assert_eq!(
+            rank_of(&s(&["VLLM::Worker_TP1"])).as_deref(),
+            Some("Worker_TP1")
+        );
+        assert_eq!(rank_of(&s(&["python", "-m", "vllm", "serve"])), None);
+        assert_eq!(rank_of(&s(&["x", "--rank", "all"])), None);
+    }
+
+    #[test]
+    fn tensor_names_drop_dtype_and_shape() {
+        assert_eq!(
+            tensor_name("capacity ballast u8[130230124544]"),
+            "capacity ballast"
+        );
+        assert_eq!(tensor_name("h bf16[1, 65, 48, 128, 128]"), "h");
+        assert_eq!(tensor_name("o"), "o");
+    }
+}
