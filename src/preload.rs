@@ -109,16 +109,16 @@ pub fn ld_preload_value(existing: Option<&OsStr>, preload: &Path) -> OsString {
     v
 }
 
-/// Runs `command` with the preload recording into `dir`, with extra environment `env`, and
-/// waits for it. Interrupts (Ctrl-C) reach the program, not vramtrace, so the summary still
-/// prints after it exits.
-pub fn run_traced(
+/// `command` set up to run with the preload recording into `dir`, with extra environment `env`
+/// (not started): the recorder appended to `LD_PRELOAD`, the trace directory, the stack option,
+/// and the preload as NVTX's injection library unless the caller chose one.
+pub fn traced_command(
     preload: &Path,
     dir: &Path,
     command: &[OsString],
     env: &[(OsString, OsString)],
     opts: Options,
-) -> anyhow::Result<ExitStatus> {
+) -> anyhow::Result<std::process::Command> {
     let Some((prog, args)) = command.split_first() else {
         bail!("no command given to run");
     };
@@ -136,13 +136,26 @@ pub fn run_traced(
     for (k, v) in env {
         cmd.env(k, v);
     }
+    Ok(cmd)
+}
+
+/// Runs `command` with the preload recording into `dir` (see [`traced_command`]) and waits for
+/// it. Interrupts (Ctrl-C) reach the program, not vramtrace, so the summary still prints after
+/// it exits.
+pub fn run_traced(
+    preload: &Path,
+    dir: &Path,
+    command: &[OsString],
+    env: &[(OsString, OsString)],
+    opts: Options,
+) -> anyhow::Result<ExitStatus> {
+    let mut cmd = traced_command(preload, dir, command, env, opts)?;
+    let prog = command[0].to_string_lossy();
     let mut child = cmd
         .spawn()
-        .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
+        .with_context(|| format!("cannot start {prog}"))?;
     let _guard = IgnoreInterrupts::new();
-    child
-        .wait()
-        .with_context(|| format!("waiting for {}", prog.to_string_lossy()))
+    child.wait().with_context(|| format!("waiting for {prog}"))
 }
 
 /// Ignores SIGINT and SIGQUIT while alive (as a shell does while it waits for a job), restoring

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::commands::run::{RunArgs, new_out_dir, prepare_out_dir, report_exit};
+use crate::commands::run::{RunArgs, check_writable, new_out_dir, prepare_out_dir, report_exit};
 use crate::live::{DirSource, LiveOptions};
 use crate::preload;
 use crate::summary::{SummaryOptions, render, summarize};
@@ -112,8 +112,8 @@ impl LiveSource for RunSource {
     }
 }
 
-/// Starts `command` with the recorder preloaded into `dir` (the environment of
-/// [`preload::run_traced`]), its stdin empty and its stdout and stderr in `log`.
+/// Starts `command` with the recorder preloaded into `dir` (see [`preload::traced_command`]),
+/// its stdin empty and its stdout and stderr in `log`.
 fn spawn_traced(
     preload_lib: &Path,
     dir: &Path,
@@ -122,33 +122,18 @@ fn spawn_traced(
     stacks: bool,
     log: &Path,
 ) -> anyhow::Result<Child> {
-    let Some((prog, args)) = command.split_first() else {
-        bail!("no command given to run");
-    };
+    let mut cmd =
+        preload::traced_command(preload_lib, dir, command, env, preload::Options { stacks })?;
     let out = std::fs::File::create(log)
         .with_context(|| format!("cannot create the log file {}", log.display()))?;
     let err = out
         .try_clone()
         .with_context(|| format!("cannot reopen {}", log.display()))?;
-    let mut cmd = std::process::Command::new(prog);
-    cmd.args(args)
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
-        .env(
-            "LD_PRELOAD",
-            preload::ld_preload_value(std::env::var_os("LD_PRELOAD").as_deref(), preload_lib),
-        )
-        .env("VRAMTRACE_DIR", dir)
-        .env("VRAMTRACE_STACKS", if stacks { "1" } else { "0" });
-    if std::env::var_os("NVTX_INJECTION64_PATH").is_none() {
-        cmd.env("NVTX_INJECTION64_PATH", preload_lib);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn()
-        .with_context(|| format!("cannot start {}", prog.to_string_lossy()))
+        .spawn()
+        .with_context(|| format!("cannot start {}", command[0].to_string_lossy()))
 }
 
 /// The log file of `vramtrace run --live`, in the trace directory.
@@ -174,6 +159,7 @@ pub fn run_live(args: &RunArgs) -> anyhow::Result<Option<i32>> {
     } else {
         Vec::new()
     };
+    check_writable(&out)?;
     let log = out.join(LOG_FILE);
     let mut child = spawn_traced(
         &preload_lib,
