@@ -117,13 +117,10 @@ impl Default for DiffOptions {
 
 /// The key of an allocation by name and label.
 pub fn label_key(a: &AllocItem) -> String {
-    let name = a.tensor.as_deref().map(|t| {
-        // `name dtype[shape]`: the shape's numbers are collapsed with the rest.
-        t.to_string()
-    });
+    let name = a.tensor.as_deref().map(crate::report::tensor_name);
     match (name, a.label.as_deref()) {
-        (Some(n), Some(l)) => format!("{} [{}]", pattern(&n), pattern(l)),
-        (Some(n), None) => pattern(&n),
+        (Some(n), Some(l)) => format!("{} [{}]", pattern(n), pattern(l)),
+        (Some(n), None) => pattern(n),
         (None, Some(l)) => format!("(unnamed) [{}]", pattern(l)),
         (None, None) => "(unnamed, no label)".into(),
     }
@@ -184,14 +181,16 @@ fn peaks(trace: &Trace, opts: DiffOptions) -> Result<BTreeMap<i32, Peak>, Error>
                     if a.stack == 0 {
                         return "(no stack)".into();
                     }
+                    // Addresses differ between runs: only named frames can match across traces.
                     let frames: Vec<String> = sym
                         .stack(a.stack)
                         .iter()
+                        .filter(|f| f.function.is_some())
                         .take(opts.frames)
                         .map(|f| f.to_string())
                         .collect();
                     if frames.is_empty() {
-                        "(no stack)".into()
+                        "(not symbolised on this machine)".into()
                     } else {
                         frames.join(" ← ")
                     }
@@ -344,26 +343,15 @@ fn side_line(name: &str, s: &Option<Side>) -> String {
 }
 
 fn table(out: &mut String, title: &str, rows: &[Row], top: usize) {
-    let _ = writeln!(
-        out,
-        "  {:<60} {:>14} {:>14} {:>14}",
-        title, "A", "B", "B - A"
-    );
+    let _ = writeln!(out, "  {:>16} {:>16} {:>13}  {title}", "A", "B", "B - A");
     for r in rows.iter().take(top) {
-        let key = if r.key.chars().count() > 60 {
-            let mut k: String = r.key.chars().take(59).collect();
-            k.push('…');
-            k
-        } else {
-            r.key.clone()
-        };
         let _ = writeln!(
             out,
-            "  {:<60} {:>14} {:>14} {:>14}",
-            key,
+            "  {:>16} {:>16} {:>13}  {}",
             format!("{} x{}", fmt_bytes(r.a_bytes), r.a_count),
             format!("{} x{}", fmt_bytes(r.b_bytes), r.b_count),
-            signed(r.difference)
+            signed(r.difference),
+            r.key
         );
     }
     if rows.len() > top {
@@ -371,11 +359,11 @@ fn table(out: &mut String, title: &str, rows: &[Row], top: usize) {
         let d: i128 = rest.iter().map(|r| r.difference).sum();
         let _ = writeln!(
             out,
-            "  {:<60} {:>14} {:>14} {:>14}",
-            format!("({} more groups)", rest.len()),
+            "  {:>16} {:>16} {:>13}  ({} more groups)",
             "",
             "",
-            signed(d)
+            signed(d),
+            rest.len()
         );
     }
 }

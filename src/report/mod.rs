@@ -91,8 +91,8 @@ pub struct LiveSet {
     pub named_bytes: u64,
 }
 
-/// The plain tensor name of a summary item's `name dtype[shape]`.
-fn tensor_name(t: &str) -> &str {
+/// The plain tensor name of a summary item's `name dtype[shape]` (`h bf16[1, 65]` → `h`).
+pub fn tensor_name(t: &str) -> &str {
     let Some(open) = t.rfind('[').filter(|_| t.ends_with(']')) else {
         return t;
     };
