@@ -168,8 +168,18 @@ impl File {
         append(MAX_EVENT_RECORD_LEN, ev.t_ns, |dst, deltas| {
             let mut rec = [0u8; MAX_EVENT_RECORD_LEN];
             let n = encode_event(ev, deltas, &mut rec);
-            // Safety: `append` hands out MAX_EVENT_RECORD_LEN writable bytes, n is at most that.
-            unsafe { core::ptr::copy_nonoverlapping(rec.as_ptr().add(1), dst.add(1), n - 1) };
+            // The whole buffer, not `n` bytes: a copy of constant length is a few vector
+            // stores, where one of `n` bytes was a call to memcpy (4% of a traced alloc/free
+            // loop). The bytes past `n` are the buffer's zeros over the block's zeros, so the
+            // block still ends at the first zero tag.
+            // Safety: `append` hands out MAX_EVENT_RECORD_LEN writable bytes.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    rec.as_ptr().add(1),
+                    dst.add(1),
+                    MAX_EVENT_RECORD_LEN - 1,
+                )
+            };
             (rec[0], n)
         });
     }
