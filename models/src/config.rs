@@ -82,7 +82,7 @@ impl ModelConfig {
     /// Reads and checks a `config.json`.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Read {
+        let text = read_limited(path).map_err(|source| ModelError::Read {
             path: path.to_path_buf(),
             source,
         })?;
@@ -324,6 +324,33 @@ impl RawFields {
             attn_output_gate: self.attn_output_gate.or(other.attn_output_gate),
         }
     }
+}
+
+/// The largest `config.json` read (16 MiB; real ones are a few KiB).
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// Reads a config file as text: only a regular file (a FIFO would block, `/dev/zero` never
+/// ends), and at most [`MAX_CONFIG_BYTES`].
+fn read_limited(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "not a regular file; give the model's config.json",
+        ));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_BYTES} bytes; a config.json is a few KiB"),
+        ));
+    }
+    Ok(text)
 }
 
 /// A count the models divide and multiply by: a positive whole number up to

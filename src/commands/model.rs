@@ -127,18 +127,38 @@ impl KernelArgs {
         config: &std::path::Path,
     ) -> anyhow::Result<(ModelConfig, Vec<Variant>, WorkloadOptions)> {
         let mut cfg = ModelConfig::from_path(config)?;
-        let set = |field: &mut u64, v: Option<u64>| {
+        // Overrides obey the same bounds as the config's own counts.
+        let set = |field: &mut u64, v: Option<u64>, flag: &str| -> anyhow::Result<()> {
             if let Some(v) = v {
+                if !(1..=vramtrace_models::MAX_COUNT).contains(&v) {
+                    bail!(
+                        "{flag} {v}: give a count from 1 to {}",
+                        vramtrace_models::MAX_COUNT
+                    );
+                }
                 *field = v;
             }
+            Ok(())
         };
-        set(&mut cfg.linear_num_value_heads, self.value_heads);
-        set(&mut cfg.linear_num_key_heads, self.key_heads);
-        set(&mut cfg.linear_key_head_dim, self.key_dim);
-        set(&mut cfg.linear_value_head_dim, self.value_dim);
-        set(&mut cfg.num_attention_heads, self.attention_heads);
-        set(&mut cfg.num_key_value_heads, self.kv_heads);
-        set(&mut cfg.head_dim, self.head_dim);
+        set(
+            &mut cfg.linear_num_value_heads,
+            self.value_heads,
+            "--value-heads",
+        )?;
+        set(&mut cfg.linear_num_key_heads, self.key_heads, "--key-heads")?;
+        set(&mut cfg.linear_key_head_dim, self.key_dim, "--key-dim")?;
+        set(
+            &mut cfg.linear_value_head_dim,
+            self.value_dim,
+            "--value-dim",
+        )?;
+        set(
+            &mut cfg.num_attention_heads,
+            self.attention_heads,
+            "--attention-heads",
+        )?;
+        set(&mut cfg.num_key_value_heads, self.kv_heads, "--kv-heads")?;
+        set(&mut cfg.head_dim, self.head_dim, "--head-dim")?;
         let variants = self.variants()?;
         let dtype = match &self.dtype {
             Some(d) => d.parse::<DType>().map_err(anyhow::Error::msg)?,
