@@ -146,6 +146,7 @@ fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
+#[inline(always)]
 fn unzigzag(v: u64) -> i64 {
     (v >> 1) as i64 ^ -((v & 1) as i64)
 }
@@ -252,86 +253,86 @@ struct Varints<'a> {
 }
 
 impl Varints<'_> {
+    #[inline(always)]
     fn u8(&mut self) -> Option<u8> {
         let b = *self.buf.get(self.pos)?;
         self.pos += 1;
         Some(b)
     }
 
+    #[inline(always)]
     fn u64(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
+        let b = self.u8()?;
+        if b < 0x80 {
+            return Some(b as u64);
+        }
+        let mut v = (b & 0x7f) as u64;
+        let mut shift = 7;
+        loop {
             let b = self.u8()?;
             v |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
+            if b < 0x80 {
                 return Some(v);
             }
+            shift += 7;
+            if shift >= 64 {
+                return None;
+            }
         }
-        None
     }
 
+    #[inline(always)]
     fn i64(&mut self) -> Option<i64> {
         self.u64().map(unzigzag)
     }
 }
 
-/// Decodes a compact event payload. `None` when it is malformed; `Some(None)` for an event of a
-/// kind this reader does not know (skipped, like an unknown record).
-fn decode_event(payload: &[u8], tid: u32, deltas: &mut Deltas) -> Option<Option<Event>> {
+/// Decodes a compact event payload into `ev` (every field written but `tid`, which the block
+/// header gives). `None` when it is malformed; `Some(false)` for an event of a kind this reader
+/// does not know (skipped, like an unknown record). Decoding in place, rather than returning
+/// an `Event`, keeps its fields' stores aligned with the loads that move it on.
+#[inline(always)]
+fn decode_event(payload: &[u8], deltas: &mut Deltas, ev: &mut Event) -> Option<bool> {
     let mut c = Varints {
         buf: payload,
         pos: 0,
     };
     let km = c.u8()?;
     let flags = c.u8()?;
-    let api = Api(c.u64()?.try_into().ok()?);
-    let t_ns = deltas.t_ns.wrapping_add(c.i64()? as u64);
-    let ptr = deltas.ptr.wrapping_add(c.i64()? as u64);
+    ev.api = Api(c.u64()?.try_into().ok()?);
+    ev.t_ns = deltas.t_ns.wrapping_add(c.i64()? as u64);
+    ev.ptr = deltas.ptr.wrapping_add(c.i64()? as u64);
     let opt = |c: &mut Varints, bit: u8| -> Option<u64> {
         if flags & bit != 0 { c.u64() } else { Some(0) }
     };
-    let device = if flags & has::DEVICE != 0 {
+    ev.device = if flags & has::DEVICE != 0 {
         c.i64()?.try_into().ok()?
     } else {
         0
     };
-    let size = opt(&mut c, has::SIZE)?;
-    let stack = opt(&mut c, has::STACK)?.try_into().ok()?;
-    let label = opt(&mut c, has::LABEL)?.try_into().ok()?;
-    let stream = opt(&mut c, has::STREAM)?;
-    let aux = opt(&mut c, has::AUX)?;
-    let result = if flags & has::RESULT != 0 {
+    ev.size = opt(&mut c, has::SIZE)?;
+    ev.stack = opt(&mut c, has::STACK)?.try_into().ok()?;
+    ev.label = opt(&mut c, has::LABEL)?.try_into().ok()?;
+    ev.stream = opt(&mut c, has::STREAM)?;
+    ev.aux = opt(&mut c, has::AUX)?;
+    ev.result = if flags & has::RESULT != 0 {
         c.i64()?.try_into().ok()?
     } else {
         0
     };
-    let (free_bytes, total_bytes) = if flags & has::MEM_INFO != 0 {
+    (ev.free_bytes, ev.total_bytes) = if flags & has::MEM_INFO != 0 {
         (c.u64()?, c.u64()?)
     } else {
         (0, 0)
     };
-    deltas.t_ns = t_ns;
-    deltas.ptr = ptr;
+    deltas.t_ns = ev.t_ns;
+    deltas.ptr = ev.ptr;
     let (Some(kind), Some(mem)) = (EventKind::from_u8(km & 0xf), MemKind::from_u8(km >> 4)) else {
-        return Some(None);
+        return Some(false);
     };
-    Some(Some(Event {
-        t_ns,
-        tid,
-        device,
-        kind,
-        mem,
-        api,
-        result,
-        ptr,
-        size,
-        stream,
-        aux,
-        free_bytes,
-        total_bytes,
-        stack,
-        label,
-    }))
+    ev.kind = kind;
+    ev.mem = mem;
+    Some(true)
 }
 
 /// What reading one step of a block found.
@@ -381,6 +382,7 @@ impl BlockCursor {
     /// block when the file ends inside it). `complete`: the file will not grow (a finished
     /// trace), so a record cut by the end of the file, or bytes after a zero tag, are a torn
     /// record and are reported as such in `problems`; otherwise they are awaited.
+    #[inline]
     pub(crate) fn step(
         &mut self,
         bytes: &[u8],
@@ -421,9 +423,13 @@ impl BlockCursor {
                 let payload = &bytes[start..end];
                 self.pos = end;
                 let rec = if tag == kind::EVENT {
-                    match decode_event(payload, self.header.tid, &mut self.deltas) {
-                        Some(Some(ev)) => Record::Event(ev),
-                        Some(None) => Record::Unknown { kind: tag },
+                    let mut ev = Event {
+                        tid: self.header.tid,
+                        ..Event::default()
+                    };
+                    match decode_event(payload, &mut self.deltas, &mut ev) {
+                        Some(true) => Record::Event(ev),
+                        Some(false) => Record::Unknown { kind: tag },
                         None => return Step::Malformed(at, tag),
                     }
                 } else {
