@@ -224,6 +224,111 @@ pub struct Annotated {
     pub seq: usize,
 }
 
+/// The key of a live allocation: its pointer (or handle) within a process and namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LiveKey {
+    ptr: u64,
+    process: u32,
+    ns: Namespace,
+}
+
+impl std::hash::Hash for LiveKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // One word: pointers differ in their middle bits, the process and namespace go above
+        // any address a process hands out. Equal words of different keys only share a bucket.
+        state.write_u64(self.ptr ^ (u64::from(self.process) << 52) ^ ((self.ns as u64) << 60));
+    }
+}
+
+/// A live allocation as the replay holds it: what [`LiveAlloc`] reports, without the fields
+/// a successful allocation never has (result, free and total bytes), and with its name boxed
+/// (few allocations have one). 72 bytes against about 200 for a [`LiveAlloc`]: the live table
+/// is the replay's working set, and every release is a lookup in it.
+#[derive(Clone, Debug)]
+struct Live {
+    seq: usize,
+    size: u64,
+    t_ns: u64,
+    stream: u64,
+    aux: u64,
+    annotation: Option<Box<Annotation>>,
+    device: i32,
+    tid: u32,
+    stack: u32,
+    label: u32,
+    api: Api,
+    kind: EventKind,
+    mem: MemKind,
+    pool: Pool,
+}
+
+impl Live {
+    fn new(seq: usize, e: &Event, pool: Pool) -> Live {
+        Live {
+            seq,
+            size: e.size,
+            t_ns: e.t_ns,
+            stream: e.stream,
+            aux: e.aux,
+            annotation: None,
+            device: e.device,
+            tid: e.tid,
+            stack: e.stack,
+            label: e.label,
+            api: e.api,
+            kind: e.kind,
+            mem: e.mem,
+            pool,
+        }
+    }
+
+    /// The allocation as reported; `annotation` is cloned only when `named`.
+    fn to_alloc(&self, key: &LiveKey, named: bool) -> LiveAlloc {
+        LiveAlloc {
+            process: key.process as usize,
+            seq: self.seq,
+            event: self.event(key),
+            pool: self.pool,
+            annotation: if named {
+                self.annotation.as_deref().cloned()
+            } else {
+                None
+            },
+        }
+    }
+
+    fn into_alloc(self, key: &LiveKey) -> LiveAlloc {
+        LiveAlloc {
+            process: key.process as usize,
+            seq: self.seq,
+            event: self.event(key),
+            pool: self.pool,
+            annotation: self.annotation.map(|a| *a),
+        }
+    }
+
+    /// The allocating event (its result, free and total bytes were 0: it succeeded).
+    fn event(&self, key: &LiveKey) -> Event {
+        Event {
+            t_ns: self.t_ns,
+            tid: self.tid,
+            device: self.device,
+            kind: self.kind,
+            mem: self.mem,
+            api: self.api,
+            result: 0,
+            ptr: key.ptr,
+            size: self.size,
+            stream: self.stream,
+            aux: self.aux,
+            free_bytes: 0,
+            total_bytes: 0,
+            stack: self.stack,
+            label: self.label,
+        }
+    }
+}
+
 /// The replay state machine. Feed it events in time order with [`Replayer::apply`].
 ///
 /// It holds only what is live: an allocation is forgotten when it is released. To learn the
@@ -231,7 +336,7 @@ pub struct Annotated {
 /// then keeps the last annotation it is given while it lives.
 #[derive(Debug, Default, Clone)]
 pub struct Replayer {
-    live: FastMap<(usize, Namespace, u64), LiveAlloc>,
+    live: FastMap<LiveKey, Live>,
     levels: FastMap<(usize, i32, Pool), Level>,
     /// Followed allocations by replay index: their latest annotation and whether still live.
     followed: FastMap<usize, (Option<Annotation>, bool)>,
@@ -261,19 +366,17 @@ impl Replayer {
         if e.result != 0 {
             return Step::Unchanged;
         }
+        let key = LiveKey {
+            ptr: e.ptr,
+            process: process as u32,
+            ns,
+        };
         if obtains {
             let pool = Pool::of(e.mem);
-            let alloc = LiveAlloc {
-                process,
-                seq,
-                event: *e,
-                pool,
-                annotation: None,
-            };
             // A pointer handed out again while we think it is live means a release we never
             // saw; the old one is gone.
-            if let Some(old) = self.live.insert((process, ns, e.ptr), alloc) {
-                self.gone(&old);
+            if let Some(old) = self.live.insert(key, Live::new(seq, e, pool)) {
+                self.gone(process, &old);
             }
             let level = self.levels.entry((process, e.device, pool)).or_default();
             match level.live.checked_add(e.size) {
@@ -301,11 +404,13 @@ impl Replayer {
             }
             Step::Allocated { pool }
         } else {
-            let freed = self.live.remove(&(process, ns, e.ptr));
+            let freed = self.live.remove(&key);
             if let Some(f) = &freed {
-                self.gone(f);
+                self.gone(process, f);
             }
-            Step::Released { freed }
+            Step::Released {
+                freed: freed.map(|f| f.into_alloc(&key)),
+            }
         }
     }
 
@@ -317,22 +422,33 @@ impl Replayer {
             return None;
         }
         self.live
-            .get(&(process, ns, e.ptr))
-            .map(|a| (a.event.device, a.pool))
+            .get(&LiveKey {
+                ptr: e.ptr,
+                process: process as u32,
+                ns,
+            })
+            .map(|a| (a.device, a.pool))
     }
 
     /// Attaches a name to the live allocation at the annotation's pointer; `None` if nothing
     /// is live there.
     pub fn annotate(&mut self, process: usize, a: &Annotation) -> Option<Annotated> {
-        let l = self.live.get_mut(&(process, Namespace::Pointer, a.ptr))?;
-        l.annotation = Some(a.clone());
+        let l = self.live.get_mut(&LiveKey {
+            ptr: a.ptr,
+            process: process as u32,
+            ns: Namespace::Pointer,
+        })?;
+        match &mut l.annotation {
+            Some(old) => (**old).clone_from(a),
+            None => l.annotation = Some(Box::new(a.clone())),
+        }
         let seq = l.seq;
         if let Some(f) = self.followed.get_mut(&seq) {
             f.0 = Some(a.clone());
         }
         Some(Annotated {
-            size: l.event.size,
-            device: l.event.device,
+            size: l.size,
+            device: l.device,
             seq,
         })
     }
@@ -346,6 +462,14 @@ impl Replayer {
         }
     }
 
+    /// Stops following `a` (a copy of a live set that a later one superseded): its annotation
+    /// is forgotten, so following copy after copy holds only the copies kept.
+    pub fn unfollow(&mut self, a: &LiveAlloc) {
+        if let Some((_, true)) = self.followed.remove(&a.seq) {
+            self.followed_live -= 1;
+        }
+    }
+
     /// Whether a followed allocation is still live (its annotation may still change).
     pub fn following_live(&self) -> bool {
         self.followed_live > 0
@@ -356,9 +480,9 @@ impl Replayer {
         self.followed.get(&seq).and_then(|f| f.0.as_ref())
     }
 
-    fn gone(&mut self, a: &LiveAlloc) {
-        if let Some(l) = self.levels.get_mut(&(a.process, a.event.device, a.pool)) {
-            l.live = l.live.saturating_sub(a.event.size);
+    fn gone(&mut self, process: usize, a: &Live) {
+        if let Some(l) = self.levels.get_mut(&(process, a.device, a.pool)) {
+            l.live = l.live.saturating_sub(a.size);
             l.count = l.count.saturating_sub(1);
         }
         if self.followed_live > 0
@@ -411,19 +535,19 @@ impl Replayer {
     /// The `n` largest allocations live now in one process, device and bucket, largest first
     /// (ties: older first).
     pub fn largest(&self, process: usize, device: i32, pool: Pool, n: usize) -> Vec<LiveAlloc> {
-        let order =
-            |a: &&LiveAlloc, b: &&LiveAlloc| b.size().cmp(&a.size()).then(a.seq.cmp(&b.seq));
-        let mut v: Vec<&LiveAlloc> = self
+        type Entry<'a> = (&'a LiveKey, &'a Live);
+        let order = |a: &Entry, b: &Entry| b.1.size.cmp(&a.1.size).then(a.1.seq.cmp(&b.1.seq));
+        let mut v: Vec<Entry> = self
             .live
-            .values()
-            .filter(|a| a.process == process && a.event.device == device && a.pool == pool)
+            .iter()
+            .filter(|(k, a)| k.process as usize == process && a.device == device && a.pool == pool)
             .collect();
         if n < v.len() {
             v.select_nth_unstable_by(n, order);
             v.truncate(n);
         }
         v.sort_by(order);
-        v.into_iter().cloned().collect()
+        v.into_iter().map(|(k, a)| a.to_alloc(k, true)).collect()
     }
 }
 
