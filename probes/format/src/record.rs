@@ -40,6 +40,12 @@ pub mod kind {
     pub const MARK: u8 = 10;
     /// A message from the recorder itself (e.g. why recording stopped).
     pub const NOTE: u8 = 11;
+    /// The Python frames of a stack id: the interpreter's frames of the thread that made the
+    /// event, beside the native frames of the STACK record with the same id.
+    pub const PY_STACK: u8 = 12;
+    /// A tensor allocated or freed inside PyTorch's caching allocator, or an allocation the
+    /// allocator refused ([`crate::TensorEvent`]).
+    pub const TENSOR: u8 = 13;
 }
 
 /// What an event did.
@@ -275,6 +281,37 @@ pub(crate) fn frame_crc(kind: u8, len: u16, payload: &[u8]) -> u32 {
     c.finish()
 }
 
+/// Most dimensions a TENSOR record keeps.
+pub const MAX_TENSOR_RANK: usize = 16;
+/// Largest TENSOR record, frame included.
+pub const TENSOR_RECORD_MAX_LEN: usize =
+    FRAME_HEADER_LEN + 8 + 4 + 4 + 1 + 8 * 7 + 4 * 3 + 2 + 8 * MAX_TENSOR_RANK;
+
+impl TensorEvent {
+    /// Appends the payload (without allocating; the shape is cut to [`MAX_TENSOR_RANK`]).
+    pub fn encode_payload(&self, e: &mut Encoder<'_>) {
+        let shape = &self.shape[..self.shape.len().min(MAX_TENSOR_RANK)];
+        e.u64(self.t_ns)
+            .u32(self.tid)
+            .i32(self.device)
+            .u8(self.action as u8)
+            .u64(self.ptr)
+            .u64(self.size)
+            .u64(self.segment)
+            .u64(self.allocated)
+            .u64(self.reserved)
+            .u64(self.limit)
+            .u64(self.free)
+            .u32(self.stack)
+            .u32(self.op)
+            .u32(self.dtype)
+            .u16(shape.len() as u16);
+        for &d in shape {
+            e.i64(d);
+        }
+    }
+}
+
 impl Event {
     /// Encodes the event as one complete record into `out`.
     pub fn encode(&self, out: &mut [u8; EVENT_RECORD_LEN]) {
@@ -342,6 +379,93 @@ pub struct Annotation {
     pub shape: Vec<i64>,
 }
 
+/// One Python frame: where the interpreter was in one function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PyFrame {
+    /// Interned id of the code object's file name (`co_filename`).
+    pub file: u32,
+    /// Interned id of the function's name (`co_name`).
+    pub function: u32,
+    /// The line being executed (0 when unknown).
+    pub line: u32,
+}
+
+/// Bytes of one [`PyFrame`] in a PY_STACK payload.
+pub const PY_FRAME_LEN: usize = 12;
+
+/// What a tensor event did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum TensorAction {
+    /// The caching allocator handed out a block.
+    #[default]
+    Alloc = 1,
+    /// A block went back to the cache.
+    Free = 2,
+    /// The allocator raised an out-of-memory error for a request of `size` bytes.
+    AllocFailed = 3,
+}
+
+impl TensorAction {
+    /// Decodes the byte; `None` for actions this reader does not know.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Alloc,
+            2 => Self::Free,
+            3 => Self::AllocFailed,
+            _ => return None,
+        })
+    }
+
+    /// The name used in `vramtrace events` output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Alloc => "tensor_alloc",
+            Self::Free => "tensor_free",
+            Self::AllocFailed => "tensor_alloc_failed",
+        }
+    }
+}
+
+/// A tensor-level event reported by the Python probe from inside PyTorch: a block of the
+/// caching allocator handed out or returned (inside a segment the driver events show), or a
+/// request the allocator refused, with the allocator's own numbers at that moment.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TensorEvent {
+    /// `CLOCK_MONOTONIC` in nanoseconds, the clock of every other record.
+    pub t_ns: u64,
+    /// Kernel thread id of the reporting thread.
+    pub tid: u32,
+    /// Device ordinal, -1 if unknown.
+    pub device: i32,
+    /// What happened.
+    pub action: TensorAction,
+    /// The tensor's data pointer (0 for a failed request).
+    pub ptr: u64,
+    /// Bytes: the block's size for an allocation, 0 for a free (the reader pairs it), the
+    /// requested bytes for a failure.
+    pub size: u64,
+    /// Base address of the segment holding the block, 0 if unknown (the reader finds it among
+    /// the driver's allocations).
+    pub segment: u64,
+    /// Bytes the allocator had allocated to tensors at a failure, else 0.
+    pub allocated: u64,
+    /// Bytes the allocator had reserved from the driver at a failure, else 0.
+    pub reserved: u64,
+    /// The allocator's limit at a failure (`set_per_process_memory_fraction`), 0 for none.
+    pub limit: u64,
+    /// Free device memory the driver reported at a failure, else 0.
+    pub free: u64,
+    /// Id of the stack ([`Record::Stack`], with its [`Record::PyStack`]), 0 for none.
+    pub stack: u32,
+    /// Interned id of the operator that produced the tensor, 0 if unknown.
+    pub op: u32,
+    /// Interned id of the dtype, 0 if unknown.
+    pub dtype: u32,
+    /// The shape, outermost first; empty if unknown.
+    pub shape: Vec<i64>,
+}
+
 /// A decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -404,6 +528,15 @@ pub enum Record {
         /// The message.
         text: String,
     },
+    /// The Python frames of a stack.
+    PyStack {
+        /// The id of the STACK record these frames go with.
+        stack: u32,
+        /// Python frames, innermost first.
+        frames: Vec<PyFrame>,
+    },
+    /// A tensor allocated, freed or refused inside PyTorch's caching allocator.
+    Tensor(TensorEvent),
     /// A record of a kind this reader does not know; skipped.
     Unknown {
         /// Its kind byte.
@@ -574,6 +707,49 @@ impl Record {
                 t_ns: c.u64()?,
                 text: String::from_utf8_lossy(c.rest()).into_owned(),
             },
+            kind::PY_STACK => {
+                let stack = c.u32()?;
+                let frames = c
+                    .rest()
+                    .chunks_exact(PY_FRAME_LEN)
+                    .map(|b| PyFrame {
+                        file: u32::from_le_bytes(b[0..4].try_into().unwrap()),
+                        function: u32::from_le_bytes(b[4..8].try_into().unwrap()),
+                        line: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+                    })
+                    .collect();
+                Record::PyStack { stack, frames }
+            }
+            kind::TENSOR => {
+                let t_ns = c.u64()?;
+                let tid = c.u32()?;
+                let device = c.i32()?;
+                let Some(action) = TensorAction::from_u8(c.u8()?) else {
+                    return Ok(Record::Unknown { kind: kind_byte });
+                };
+                let mut t = TensorEvent {
+                    t_ns,
+                    tid,
+                    device,
+                    action,
+                    ptr: c.u64()?,
+                    size: c.u64()?,
+                    segment: c.u64()?,
+                    allocated: c.u64()?,
+                    reserved: c.u64()?,
+                    limit: c.u64()?,
+                    free: c.u64()?,
+                    stack: c.u32()?,
+                    op: c.u32()?,
+                    dtype: c.u32()?,
+                    shape: Vec::new(),
+                };
+                let rank = c.u16()? as usize;
+                for _ in 0..rank.min(64) {
+                    t.shape.push(c.i64()?);
+                }
+                Record::Tensor(t)
+            }
             other => Record::Unknown { kind: other },
         })
     }
@@ -637,9 +813,112 @@ impl Record {
                 e.u64(*t_ns).bytes(text.as_bytes());
                 kind::NOTE
             }
+            Record::PyStack { stack, frames } => {
+                e.u32(*stack);
+                for f in frames {
+                    e.u32(f.file).u32(f.function).u32(f.line);
+                }
+                kind::PY_STACK
+            }
+            Record::Tensor(t) => {
+                t.encode_payload(&mut e);
+                kind::TENSOR
+            }
             Record::Unknown { kind } => *kind,
         };
         let len = e.finish(k).len();
         &buf[..len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BlockFileWriter, Header, TraceFile};
+
+    fn py_stack() -> Record {
+        Record::PyStack {
+            stack: 7,
+            frames: vec![
+                PyFrame {
+                    file: 3,
+                    function: 4,
+                    line: 565,
+                },
+                PyFrame {
+                    file: 5,
+                    function: 6,
+                    line: 1,
+                },
+            ],
+        }
+    }
+
+    fn tensor() -> Record {
+        Record::Tensor(TensorEvent {
+            t_ns: 1_000,
+            tid: 42,
+            device: 0,
+            action: TensorAction::AllocFailed,
+            ptr: 0,
+            size: 50_724_864,
+            segment: 0,
+            allocated: 17 << 30,
+            reserved: 18 << 30,
+            limit: 18 << 30,
+            free: 100 << 30,
+            stack: 7,
+            op: 8,
+            dtype: 9,
+            shape: vec![1, 4128, 48, 128],
+        })
+    }
+
+    #[test]
+    fn py_stack_and_tensor_round_trip_in_both_layouts() {
+        let mut buf = vec![0u8; 4096];
+        for r in [py_stack(), tensor()] {
+            let frame = r.encode(&mut buf).to_vec();
+            assert_eq!(
+                Record::decode(frame[1], &frame[FRAME_HEADER_LEN..]),
+                Some(r.clone())
+            );
+        }
+        let mut w = BlockFileWriter::new(&Header::default(), 1 << 16);
+        w.push(42, &py_stack()).unwrap();
+        w.push(42, &tensor()).unwrap();
+        let t = TraceFile::from_bytes("t".as_ref(), &w.finish()).unwrap();
+        assert!(t.problems.is_empty(), "{:?}", t.problems);
+        assert_eq!(t.records, vec![py_stack(), tensor()]);
+    }
+
+    #[test]
+    fn a_tensor_record_fits_its_maximum_and_keeps_sixteen_dimensions() {
+        let Record::Tensor(mut t) = tensor() else {
+            unreachable!()
+        };
+        t.shape = (0..40).collect();
+        let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
+        let mut e = Encoder::new(&mut buf);
+        t.encode_payload(&mut e);
+        assert!(!e.overflowed());
+        let frame = e.finish(kind::TENSOR).to_vec();
+        assert_eq!(frame.len(), TENSOR_RECORD_MAX_LEN);
+        let Some(Record::Tensor(back)) = Record::decode(kind::TENSOR, &frame[FRAME_HEADER_LEN..])
+        else {
+            panic!("not a tensor record")
+        };
+        assert_eq!(back.shape, (0..16).collect::<Vec<i64>>());
+    }
+
+    #[test]
+    fn an_unknown_tensor_action_is_skipped_not_misread() {
+        let mut buf = vec![0u8; 4096];
+        let mut frame = tensor().encode(&mut buf).to_vec();
+        frame[FRAME_HEADER_LEN + 16] = 99; // the action byte
+        assert_eq!(
+            Record::decode(kind::TENSOR, &frame[FRAME_HEADER_LEN..]),
+            Some(Record::Unknown { kind: kind::TENSOR })
+        );
     }
 }
