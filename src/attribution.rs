@@ -387,11 +387,28 @@ fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
     }
 }
 
+/// A candidate peak's live set during `observe`'s first pass.
+///
+/// A new peak makes the live set then the one to report, and it stays that set until the
+/// first release from it (an allocation after it is a newer peak). The copy waits for that
+/// release, and the copies together may scan at most as many live entries as the pass has
+/// read items, so the pass costs at most twice a plain one; a peak past that budget is taken
+/// by a second pass that stops there.
+enum PeakCopy {
+    /// The live set now is the set at the peak; not copied yet.
+    Now,
+    /// Copied (every allocation followed for its final name).
+    Taken(Vec<LiveAlloc>),
+    /// Too costly to copy in the pass.
+    Later,
+}
+
 /// Extracts the allocations of one moment of one process and device. `pid` and `device` may be
 /// left out when the trace has one process (or one with device activity) and one device.
 ///
-/// Two streaming passes: one for the levels, peaks and failures; one that stops once the
-/// moment's live set is taken and the names of its allocations are final.
+/// A streaming pass for the levels, peaks and failures, which at the peak usually also copies
+/// the peak's live set; when it could not, and for the other moments, a second pass that stops
+/// once the moment's live set is taken and the names of its allocations are final.
 pub fn observe(
     trace: &Trace,
     pid: Option<u32>,
@@ -408,17 +425,69 @@ pub fn observe(
     // Per process and device: the first failures (replay index, request) and how many in all.
     type Failures = (Vec<(usize, Event)>, usize);
     let mut failures: FastMap<(usize, i32), Failures> = FastMap::default();
+    // At the peak, the same pass copies each candidate's live set at its peak when that is
+    // cheap (see `PeakCopy`), so a second pass is seldom needed.
+    let at_peak = matches!(at, At::Peak);
+    let wanted = |pi: usize, d: i32| {
+        pid.is_none_or(|p| trace.processes[pi].pid() == p) && device.is_none_or(|x| x == d)
+    };
+    let mut peaks: FastMap<(usize, i32), PeakCopy> = FastMap::default();
+    let mut pending = 0usize; // keys in PeakCopy::Now
+    let mut budget = 0usize;
     let mut seq = 0usize;
     trace
         .for_each_item(|pi, it| {
-            if let Item::Event(e) = it
-                && replay.apply(pi, seq, &e) == Step::Failed
-            {
-                let f = failures.entry((pi, e.device)).or_default();
-                if f.0.len() < keep {
-                    f.0.push((seq, e));
+            budget += 1;
+            match it {
+                Item::Event(e) => {
+                    if pending > 0
+                        && let Some((dev, Pool::Device)) = replay.would_remove(pi, &e)
+                        && let Some(p) = peaks.get_mut(&(pi, dev))
+                        && matches!(p, PeakCopy::Now)
+                    {
+                        // The first change to the set since its peak: copy it now or never.
+                        pending -= 1;
+                        let cost = replay.live_len();
+                        *p = if cost <= budget {
+                            budget -= cost;
+                            let set = replay.live_set(pi, dev, Pool::Device);
+                            set.iter().for_each(|a| replay.follow(a));
+                            PeakCopy::Taken(set)
+                        } else {
+                            PeakCopy::Later
+                        };
+                    }
+                    match replay.apply(pi, seq, &e) {
+                        Step::Failed => {
+                            let f = failures.entry((pi, e.device)).or_default();
+                            if f.0.len() < keep {
+                                f.0.push((seq, e));
+                            }
+                            f.1 += 1;
+                        }
+                        Step::Allocated { pool: Pool::Device }
+                            if at_peak
+                                && replay.level(pi, e.device, Pool::Device).peak_seq == seq
+                                && wanted(pi, e.device) =>
+                        {
+                            let p = peaks.entry((pi, e.device)).or_insert(PeakCopy::Later);
+                            match std::mem::replace(p, PeakCopy::Now) {
+                                PeakCopy::Now => {}
+                                PeakCopy::Taken(old) => {
+                                    old.iter().for_each(|a| replay.unfollow(a));
+                                    pending += 1;
+                                }
+                                PeakCopy::Later => pending += 1,
+                            }
+                        }
+                        _ => {}
+                    }
                 }
-                f.1 += 1;
+                // Names given before a copy is taken travel with it; later ones are followed.
+                Item::Annotate(a) if at_peak => {
+                    replay.annotate(pi, &a);
+                }
+                _ => {}
             }
             seq += 1;
             ControlFlow::Continue(())
@@ -441,6 +510,23 @@ pub fn observe(
     let Some(&(pi, dev, _)) = keys.first() else {
         return Err("no device allocation of the chosen process and device is in the trace".into());
     };
+    // The chosen peak's live set if the first pass has it, each allocation with its final
+    // name, in time order.
+    let copied = match peaks.remove(&(pi, dev)) {
+        Some(PeakCopy::Taken(mut set)) => {
+            for a in &mut set {
+                a.annotation = replay.annotation_of(a.seq).cloned();
+            }
+            Some(set)
+        }
+        // Nothing of it was released after the peak: the set at the end is the set then.
+        Some(PeakCopy::Now) => Some(replay.live_set(pi, dev, Pool::Device)),
+        _ => None,
+    }
+    .map(|mut set| {
+        set.sort_by_key(|a| a.seq);
+        set
+    });
     let p = &trace.processes[pi];
     // The whole live set of the chosen process and device after replay index `seq`, in time
     // order, each allocation with its final name.
@@ -460,7 +546,10 @@ pub fn observe(
     match at {
         At::Peak => {
             let level = replay.level(pi, dev, Pool::Device);
-            let live = live_at(level.peak_seq)?;
+            let live = match copied {
+                Some(set) => set,
+                None => live_at(level.peak_seq)?,
+            };
             Ok(ObservedMoment {
                 observed: live.iter().map(|a| observed_of(trace, a)).collect(),
                 moment: Moment::Peak,
@@ -604,7 +693,7 @@ mod tests {
         tl.free(a);
         let _w = tl.alloc("w", &[100, 128], DType::BF16, "test");
         let _u = tl.alloc("u", &[100, 128], DType::BF16, "test");
-        tl.finish()
+        tl.finish().unwrap()
     }
 
     #[test]
@@ -682,7 +771,7 @@ mod tests {
         // kernel's.
         let mut tl = Timeline::new();
         tl.alloc("g (cumsum)", &[100, 4], DType::F32, "test");
-        let model = tl.finish();
+        let model = tl.finish().unwrap();
         let observed = vec![obs(1600, 1, Some("input g")), obs(1600, 2, None)];
         let a = attribute(&model, observed, 1, Moment::Window);
         assert_eq!(a.rows[0].observed, Some(1));
