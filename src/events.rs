@@ -3,12 +3,23 @@
 
 use std::io::{self, Write};
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use vramtrace_format::EventKind;
 
 use crate::replay::{Replayer, Step};
 use crate::symbolize::StackSymbolizer;
 use crate::trace::{Item, Trace};
+
+/// A pointer, handle or stream: written as a hex string (`"0x7f00"`), formatted only when the
+/// line is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hex(pub u64);
+
+impl Serialize for Hex {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{:#x}", self.0))
+    }
+}
 
 /// A tensor's name, dtype and shape.
 #[derive(Debug, Clone, Serialize)]
@@ -40,7 +51,7 @@ pub struct EventLine<'a> {
     /// The driver function.
     pub api: &'static str,
     /// Pointer or handle, hex.
-    pub ptr: String,
+    pub ptr: Hex,
     /// Bytes: requested for allocations, released for releases (0 if the release matched
     /// nothing recorded).
     pub size: u64,
@@ -48,10 +59,10 @@ pub struct EventLine<'a> {
     pub result: i32,
     /// The stream, hex, for stream-ordered calls.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream: Option<String>,
+    pub stream: Option<Hex>,
     /// Pool, pitch, physical handle or flags, hex, where the call has one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub aux: Option<String>,
+    pub aux: Option<Hex>,
     /// Free device memory at a failed allocation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub free_bytes: Option<u64>,
@@ -76,6 +87,134 @@ pub struct EventLine<'a> {
     pub unmatched: bool,
 }
 
+impl EventLine<'_> {
+    /// Appends the line as JSON to `out`: the very bytes `serde_json::to_writer` writes for
+    /// it (the tests hold the two equal), without serde's per-field calls and integer and
+    /// string formatting. `frames` is not written: a line with frames goes through serde_json.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"t_ns\":");
+        json::uint(out, self.t_ns);
+        out.extend_from_slice(b",\"pid\":");
+        json::uint(out, self.pid.into());
+        out.extend_from_slice(b",\"tid\":");
+        json::uint(out, self.tid.into());
+        out.extend_from_slice(b",\"device\":");
+        json::int(out, self.device.into());
+        out.extend_from_slice(b",\"kind\":");
+        json::str(out, self.kind);
+        out.extend_from_slice(b",\"mem\":");
+        json::str(out, self.mem);
+        out.extend_from_slice(b",\"api\":");
+        json::str(out, self.api);
+        out.extend_from_slice(b",\"ptr\":");
+        json::hex(out, self.ptr.0);
+        out.extend_from_slice(b",\"size\":");
+        json::uint(out, self.size);
+        out.extend_from_slice(b",\"result\":");
+        json::int(out, self.result.into());
+        if let Some(Hex(v)) = self.stream {
+            out.extend_from_slice(b",\"stream\":");
+            json::hex(out, v);
+        }
+        if let Some(Hex(v)) = self.aux {
+            out.extend_from_slice(b",\"aux\":");
+            json::hex(out, v);
+        }
+        if let Some(v) = self.free_bytes {
+            out.extend_from_slice(b",\"free_bytes\":");
+            json::uint(out, v);
+        }
+        if let Some(v) = self.total_bytes {
+            out.extend_from_slice(b",\"total_bytes\":");
+            json::uint(out, v);
+        }
+        if let Some(l) = self.label {
+            out.extend_from_slice(b",\"label\":");
+            json::str(out, l);
+        }
+        if let Some(t) = &self.tensor {
+            out.extend_from_slice(b",\"tensor\":{\"name\":");
+            json::str(out, t.name);
+            if let Some(d) = t.dtype {
+                out.extend_from_slice(b",\"dtype\":");
+                json::str(out, d);
+            }
+            out.extend_from_slice(b",\"shape\":[");
+            for (i, d) in t.shape.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                json::int(out, *d);
+            }
+            out.extend_from_slice(b"]}");
+        }
+        if let Some(s) = self.stack {
+            out.extend_from_slice(b",\"stack\":");
+            json::uint(out, s.into());
+        }
+        if self.unmatched {
+            out.extend_from_slice(b",\"unmatched\":true");
+        }
+        out.push(b'}');
+    }
+}
+
+/// JSON pieces written as serde_json writes them.
+mod json {
+    /// A string, escaped as serde_json escapes it: `"`, `\\` and control characters only.
+    pub fn str(out: &mut Vec<u8>, s: &str) {
+        if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+            serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+        } else {
+            out.push(b'"');
+            out.extend_from_slice(s.as_bytes());
+            out.push(b'"');
+        }
+    }
+
+    /// An unsigned integer in decimal.
+    pub fn uint(out: &mut Vec<u8>, mut v: u64) {
+        let mut buf = [0u8; 20];
+        let mut i = buf.len();
+        loop {
+            i -= 1;
+            buf[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        out.extend_from_slice(&buf[i..]);
+    }
+
+    /// A signed integer in decimal.
+    pub fn int(out: &mut Vec<u8>, v: i64) {
+        if v < 0 {
+            out.push(b'-');
+        }
+        uint(out, v.unsigned_abs());
+    }
+
+    /// A value as a quoted hex string, as `format!("{:#x}")` writes it.
+    pub fn hex(out: &mut Vec<u8>, v: u64) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 16];
+        let mut i = buf.len();
+        let mut v = v;
+        loop {
+            i -= 1;
+            buf[i] = DIGITS[(v & 0xf) as usize];
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        out.extend_from_slice(b"\"0x");
+        out.extend_from_slice(&buf[i..]);
+        out.push(b'"');
+    }
+}
+
 /// Calls `f` with each line in time order, with the index of its process and the stack id to
 /// symbolise (0: none).
 pub fn for_each_event<'t>(
@@ -98,7 +237,7 @@ pub fn for_each_event<'t>(
                     kind: "annotate",
                     mem: "device",
                     api: "vramtrace_annotate",
-                    ptr: format!("{:#x}", a.ptr),
+                    ptr: Hex(a.ptr),
                     size: size.map_or(0, |s| s.size),
                     result: 0,
                     stream: None,
@@ -128,11 +267,11 @@ pub fn for_each_event<'t>(
             kind: e.kind.name(),
             mem: e.mem.name(),
             api: e.api.name(),
-            ptr: format!("{:#x}", e.ptr),
+            ptr: Hex(e.ptr),
             size: e.size,
             result: e.result,
-            stream: (e.stream != 0).then(|| format!("{:#x}", e.stream)),
-            aux: (e.aux != 0).then(|| format!("{:#x}", e.aux)),
+            stream: (e.stream != 0).then_some(Hex(e.stream)),
+            aux: (e.aux != 0).then_some(Hex(e.aux)),
             free_bytes: (e.kind == EventKind::AllocFailed).then_some(e.free_bytes),
             total_bytes: (e.kind == EventKind::AllocFailed).then_some(e.total_bytes),
             label: p.string(e.label),
@@ -169,23 +308,103 @@ pub fn write_events(trace: &Trace, stacks: bool, out: &mut dyn Write) -> io::Res
     } else {
         Vec::new()
     };
-    // Each line is built in one buffer and written whole: serde_json's many small writes
-    // through `dyn Write` cost more than the rest of the line.
-    let mut buf = Vec::with_capacity(512);
+    // Lines are built in one buffer, written whole once it holds about 64 KiB: serde_json's
+    // many small writes through `dyn Write` cost more than the rest of a line, and its field
+    // by field formatting more than the replay (`EventLine::write_json` writes the same bytes).
+    const FLUSH_AT: usize = 64 << 10;
+    let mut buf = Vec::with_capacity(FLUSH_AT + 4096);
     let r = for_each_event(trace, |pi, line, stack| {
-        buf.clear();
         if stacks && stack != 0 {
             let mut l = line.clone();
             l.frames = Some(syms[pi].stack(stack));
             serde_json::to_writer(&mut buf, &l)?;
         } else {
-            serde_json::to_writer(&mut buf, line)?;
+            line.write_json(&mut buf);
         }
         buf.push(b'\n');
-        out.write_all(&buf)
-    });
+        if buf.len() >= FLUSH_AT {
+            out.write_all(&buf)?;
+            buf.clear();
+        }
+        Ok(())
+    })
+    .and_then(|_| out.write_all(&buf));
     match r.and_then(|_| out.flush()) {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `EventLine::write_json` writes exactly what serde_json writes for the line.
+    #[test]
+    fn write_json_is_serde_json() {
+        let base = EventLine {
+            t_ns: 0,
+            pid: 1,
+            tid: 2,
+            device: -1,
+            kind: "alloc",
+            mem: "device",
+            api: "cuMemAlloc_v2",
+            ptr: Hex(0),
+            size: 0,
+            result: 0,
+            stream: None,
+            aux: None,
+            free_bytes: None,
+            total_bytes: None,
+            label: None,
+            tensor: None,
+            stack: None,
+            frames: None,
+            unmatched: false,
+        };
+        let mut lines = vec![base.clone()];
+        lines.push(EventLine {
+            t_ns: u64::MAX,
+            pid: u32::MAX,
+            tid: 4_000_000_000,
+            device: i32::MIN,
+            ptr: Hex(u64::MAX),
+            size: 1 << 40,
+            result: -7,
+            stream: Some(Hex(0x10)),
+            aux: Some(Hex(0xdead_beef)),
+            free_bytes: Some(0),
+            total_bytes: Some(144 << 30),
+            label: Some("prefill/\"layer\" 3\\x\n\t\u{1}\u{7f} é ✓"),
+            tensor: Some(TensorLine {
+                name: "q\"k",
+                dtype: Some("bf16"),
+                shape: vec![i64::MIN, -1, 0, 7, i64::MAX],
+            }),
+            stack: Some(0),
+            unmatched: true,
+            ..base.clone()
+        });
+        lines.push(EventLine {
+            device: 3,
+            result: 2,
+            tensor: Some(TensorLine {
+                name: "",
+                dtype: None,
+                shape: vec![],
+            }),
+            stack: Some(u32::MAX),
+            ..base.clone()
+        });
+        for l in &lines {
+            let mut mine = Vec::new();
+            l.write_json(&mut mine);
+            let theirs = serde_json::to_vec(l).unwrap();
+            assert_eq!(
+                String::from_utf8(mine).unwrap(),
+                String::from_utf8(theirs).unwrap()
+            );
+        }
     }
 }
