@@ -8,7 +8,10 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 cargo build --release --workspace
 mkdir -p .device/bin .device/whl
 cp "$TARGET/release/vramtrace" "$TARGET/release/vramtrace-workload" "$TARGET/release/libvramtrace_preload.so" .device/bin/
-# Not stripped: the traces it records are symbolised from these very files.
+# The CLI loses its debug info (the carry limit is 64 MiB; nothing symbolises the CLI). The
+# preload and the workload are not stripped: the traces they record are symbolised from these
+# very files.
+strip --strip-debug .device/bin/vramtrace
 # The C probes, linked against the stand-in only for its soname (libcuda.so.1): there they load
 # the real driver.
 lib=$(mktemp -d)
