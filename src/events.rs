@@ -172,19 +172,20 @@ mod json {
         }
     }
 
-    /// An unsigned integer in decimal.
-    pub fn uint(out: &mut Vec<u8>, mut v: u64) {
+    /// An unsigned integer in decimal. The digits are written left-aligned into a fixed
+    /// buffer that is appended whole and cut back: a copy of constant length is a few moves,
+    /// one of the digits' length a call to `memcpy`.
+    pub fn uint(out: &mut Vec<u8>, v: u64) {
+        let n = v.checked_ilog10().unwrap_or(0) as usize + 1;
         let mut buf = [0u8; 20];
-        let mut i = buf.len();
-        loop {
-            i -= 1;
+        let mut v = v;
+        for i in (0..n).rev() {
             buf[i] = b'0' + (v % 10) as u8;
             v /= 10;
-            if v == 0 {
-                break;
-            }
         }
-        out.extend_from_slice(&buf[i..]);
+        let len = out.len();
+        out.extend_from_slice(&buf);
+        out.truncate(len + n);
     }
 
     /// A signed integer in decimal.
@@ -195,23 +196,22 @@ mod json {
         uint(out, v.unsigned_abs());
     }
 
-    /// A value as a quoted hex string, as `format!("{:#x}")` writes it.
+    /// A value as a quoted hex string, as `format!("{:#x}")` writes it (fixed buffer as in
+    /// [`uint`]).
     pub fn hex(out: &mut Vec<u8>, v: u64) {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut buf = [0u8; 16];
-        let mut i = buf.len();
+        let n = (v.checked_ilog2().unwrap_or(0) / 4) as usize + 1;
+        let mut buf = [0u8; 20];
+        buf[..3].copy_from_slice(b"\"0x");
         let mut v = v;
-        loop {
-            i -= 1;
+        for i in (3..3 + n).rev() {
             buf[i] = DIGITS[(v & 0xf) as usize];
             v >>= 4;
-            if v == 0 {
-                break;
-            }
         }
-        out.extend_from_slice(b"\"0x");
-        out.extend_from_slice(&buf[i..]);
-        out.push(b'"');
+        buf[3 + n] = b'"';
+        let len = out.len();
+        out.extend_from_slice(&buf);
+        out.truncate(len + n + 4);
     }
 }
 
@@ -397,6 +397,19 @@ mod tests {
             stack: Some(u32::MAX),
             ..base.clone()
         });
+        // Every width of decimal and hex number, and its edges.
+        for k in 0..64 {
+            for v in [1u64 << k, (1u64 << k) - 1, 10u64.saturating_pow(k / 3).saturating_add(1)] {
+                lines.push(EventLine {
+                    t_ns: v,
+                    device: (v as i32).wrapping_neg(),
+                    ptr: Hex(v),
+                    size: v.wrapping_mul(9),
+                    stream: Some(Hex(v.wrapping_mul(9))),
+                    ..base.clone()
+                });
+            }
+        }
         for l in &lines {
             let mut mine = Vec::new();
             l.write_json(&mut mine);
