@@ -399,7 +399,11 @@ mod tests {
         });
         // Every width of decimal and hex number, and its edges.
         for k in 0..64 {
-            for v in [1u64 << k, (1u64 << k) - 1, 10u64.saturating_pow(k / 3).saturating_add(1)] {
+            for v in [
+                1u64 << k,
+                (1u64 << k) - 1,
+                10u64.saturating_pow(k / 3).saturating_add(1),
+            ] {
                 lines.push(EventLine {
                     t_ns: v,
                     device: (v as i32).wrapping_neg(),
