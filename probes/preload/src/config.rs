@@ -7,6 +7,8 @@
 //! - `VRAMTRACE_FREE_STACKS`: `1` (or `on`, `true`, `yes`) records native stacks on successful
 //!   releases too; off by default (allocations, mappings and failures always get theirs).
 //!
+//! - `VRAMTRACE_PYTHON`: `0` (or `off`, `false`, `no`) records no Python frames; on by default.
+//!
 //! Read with `getenv` on first use, never in a constructor: constructors run while the dynamic
 //! linker is still setting the process up.
 
@@ -20,6 +22,7 @@ const ON: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNREAD);
 static STACKS: AtomicU8 = AtomicU8::new(UNREAD);
 static FREE_STACKS: AtomicU8 = AtomicU8::new(UNREAD);
+static PYTHON: AtomicU8 = AtomicU8::new(UNREAD);
 /// The trace directory, NUL-terminated, leaked once (`Box<[u8]>` turned raw).
 static DIR: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 
@@ -65,6 +68,24 @@ pub(crate) fn free_stacks() -> bool {
             );
             FREE_STACKS.store(if on { ON } else { OFF }, Ordering::Release);
             on
+        }
+    }
+}
+
+/// True when the Python frames of events are to be recorded (`VRAMTRACE_PYTHON` is not
+/// `0`/`off`/`false`/`no`).
+#[inline]
+pub(crate) fn python() -> bool {
+    match PYTHON.load(Ordering::Acquire) {
+        ON => true,
+        OFF => false,
+        _ => {
+            let off = matches!(
+                env(c"VRAMTRACE_PYTHON"),
+                Some(b"0") | Some(b"off") | Some(b"false") | Some(b"no")
+            );
+            PYTHON.store(if off { OFF } else { ON }, Ordering::Release);
+            !off
         }
     }
 }

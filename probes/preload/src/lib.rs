@@ -28,8 +28,10 @@
 //! reader pairs them), result code, stream, an extra operand (pool, pitch, physical handle,
 //! host flags, released range size), free and total device memory for failed allocations (our
 //! own `cuMemGetInfo_v2`), the native stack (`src/stacks.rs`, with MODULE records for offline
-//! symbolisation; a successful release's only with `VRAMTRACE_FREE_STACKS=1`) and the label
-//! (the thread's open ranges, `src/labels.rs`).
+//! symbolisation; a successful release's only with `VRAMTRACE_FREE_STACKS=1`), on a CPython
+//! thread the Python frames beside it (file, function, line; a PY_STACK record under the same
+//! stack id, `src/python.rs`, CPython 3.10 to 3.13, read without the GIL and without importing
+//! anything) and the label (the thread's open ranges, `src/labels.rs`).
 //!
 //! # Labels
 //! - The annotation C ABI, declared in `include/vramtrace.h`: `vramtrace_annotate`,
@@ -47,6 +49,7 @@
 //! - `VRAMTRACE_STACKS`: `0` (or `off`, `false`, `no`) records no native stacks.
 //! - `VRAMTRACE_FREE_STACKS`: `1` (or `on`, `true`, `yes`) also records the native stacks of
 //!   successful releases (off by default: allocations, mappings and failures get theirs).
+//! - `VRAMTRACE_PYTHON`: `0` (or `off`, `false`, `no`) records no Python frames.
 //!
 //! Each process writes `<dir>/<pid>.vtr` (`<pid>-<n>.vtr` if the name is taken), created
 //! exclusively on its first recorded event (or its first range, mark or annotation): a program
@@ -79,7 +82,8 @@
 //! (glibc's `dlsym`); `driver`, the table of the driver's real entry points; `sink`, the trace
 //! file (per-thread blocks in a shared mapping, the clock, the thread id, the file's fork
 //! handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
-//! need only the sink; `recorder`, one body per event family, with its stack and label;
+//! need only the sink (`stacks` asks `python`, which reads the interpreter's frames and interns
+//! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label;
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
 //! pointers and wraps `cuGetProcAddress`; `dlsym`, the override, on top.
 
@@ -95,6 +99,7 @@ mod intern;
 mod labels;
 mod modules;
 mod nvtx;
+mod python;
 mod real_dlsym;
 mod recorder;
 mod routing;

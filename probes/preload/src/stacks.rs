@@ -21,10 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{MustNotAllocateDuringUnwind, Unwinder};
-use vramtrace_format::{Encoder, FRAME_HEADER_LEN, kind};
+use vramtrace_format::{Encoder, FRAME_HEADER_LEN, PY_FRAME_LEN, PyFrame, kind};
 
 use crate::fork::ForkHandler;
 use crate::modules::{LoadedModule, Mapped, generation, scan};
+use crate::python::{MAX_PY_FRAMES, PyFrames};
 use crate::sink::File;
 
 /// Deepest stack kept, in frames.
@@ -133,6 +134,17 @@ fn stack_hash(frames: &[u64]) -> u64 {
     (h ^ (h >> 29)) | 1
 }
 
+/// Folds Python frames into a native stack's hash (unchanged when there are none).
+fn py_hash(mut h: u64, py: &[PyFrame]) -> u64 {
+    for f in py {
+        for w in [(f.file as u64) << 32 | f.function as u64, f.line as u64] {
+            h = (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd);
+            h ^= h >> 32;
+        }
+    }
+    h | 1
+}
+
 impl State {
     /// An empty state; [`State::refresh`] fills the module list.
     fn new() -> State {
@@ -196,14 +208,15 @@ impl State {
         }
     }
 
-    /// The id of a stack, writing its STACK record (and any missing MODULE records) first.
-    fn intern(&mut self, file: File, frames: &[u64], file_generation: u32) -> u32 {
+    /// The id of a stack (native frames and Python frames together), writing its STACK record
+    /// (and any missing MODULE records) first, then its PY_STACK record if it has Python frames.
+    fn intern(&mut self, file: File, frames: &[u64], py: &[PyFrame], file_generation: u32) -> u32 {
         if self.table_generation != file_generation {
             self.hashes.iter_mut().for_each(|h| *h = 0);
             self.ids.iter_mut().for_each(|i| *i = 0);
             self.table_generation = file_generation;
         }
-        let h = stack_hash(frames);
+        let h = py_hash(stack_hash(frames), py);
         let mut i = h as usize & (TABLE_SLOTS - 1);
         for _ in 0..64 {
             if self.hashes[i] == h {
@@ -220,6 +233,15 @@ impl State {
                     e.u64(*f);
                 }
                 file.write(e.finish(kind::STACK));
+                if !py.is_empty() {
+                    let mut buf = [0u8; FRAME_HEADER_LEN + 4 + PY_FRAME_LEN * MAX_PY_FRAMES];
+                    let mut e = Encoder::new(&mut buf);
+                    e.u32(id);
+                    for f in py {
+                        e.u32(f.file).u32(f.function).u32(f.line);
+                    }
+                    file.write(e.finish(kind::PY_STACK));
+                }
                 self.hashes[i] = h;
                 self.ids[i] = id;
                 return id;
@@ -230,11 +252,14 @@ impl State {
     }
 }
 
-/// Captures the calling thread's stack and returns its id in the STACK table (0 when stacks
-/// are off or unavailable).
+/// Captures the calling thread's stack, native and Python (`src/python.rs`), and returns its
+/// id in the STACK table (0 when both are off or unavailable).
 #[inline(never)]
 pub(crate) fn capture(file: File) -> u32 {
-    if !crate::config::stacks() || BROKEN.load(Ordering::Relaxed) {
+    let mut py = PyFrames::new();
+    crate::python::capture(file, &mut py);
+    let native = crate::config::stacks() && !BROKEN.load(Ordering::Relaxed);
+    if !native && py.len == 0 {
         return 0;
     }
     let (ip, sp, bp): (u64, u64, u64);
@@ -259,9 +284,12 @@ pub(crate) fn capture(file: File) -> u32 {
         // Safety: LOCK is held: this is the only reference to the state.
         let slot = unsafe { &mut *STATE.0.get() };
         let state = slot.get_or_insert_with(State::new);
-        state.refresh();
         let mut frames = [0u64; MAX_FRAMES];
         let mut n = 0;
+        if !native {
+            return state.intern(file, &[], py.as_slice(), file_generation);
+        }
+        state.refresh();
         let mut read_stack = |addr: u64| {
             if addr >= sp
                 && addr.checked_add(8).is_some_and(|end| end <= top)
@@ -295,10 +323,10 @@ pub(crate) fn capture(file: File) -> u32 {
                 break;
             }
         }
-        if n == 0 {
+        if n == 0 && py.len == 0 {
             return 0;
         }
-        state.intern(file, &frames[..n], file_generation)
+        state.intern(file, &frames[..n], py.as_slice(), file_generation)
     });
     r.unwrap_or_else(|_| {
         BROKEN.store(true, Ordering::Relaxed);
