@@ -1,6 +1,8 @@
 //! Offline symbolisation of native stacks: addresses recorded in the traced process become
 //! function names and, where debug info exists, file:line, using the module map the preload
-//! wrote (path, address range, load bias, build id).
+//! wrote (path, address range, load bias, build id). A stack's Python frames (recorded by the
+//! preload on CPython threads) come first, innermost first, shown as `file.py:LINE function`,
+//! so the line of the program that asked for the memory leads the native frames under it.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -30,8 +32,31 @@ pub struct Frame {
     pub line: Option<u32>,
 }
 
+/// The `module` of a Python frame.
+pub const PYTHON_MODULE: &str = "python";
+
+impl Frame {
+    /// True for a frame of the Python interpreter's stack (file, function, line), not a native
+    /// return address.
+    pub fn is_python(&self) -> bool {
+        self.module == PYTHON_MODULE && self.addr.is_empty()
+    }
+}
+
 impl std::fmt::Display for Frame {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_python() {
+            let file = self.file.as_deref().unwrap_or("?");
+            let base = Path::new(file)
+                .file_name()
+                .map(|s| s.to_string_lossy())
+                .unwrap_or_default();
+            write!(f, "{base}")?;
+            if let Some(l) = self.line {
+                write!(f, ":{l}")?;
+            }
+            return write!(f, " {}", self.function.as_deref().unwrap_or("?"));
+        }
         match &self.function {
             Some(func) => write!(f, "{func}")?,
             None => write!(f, "{} {}", self.module, self.addr)?,
@@ -161,7 +186,8 @@ impl<'p> StackSymbolizer<'p> {
         ok
     }
 
-    /// The symbolised frames of a stack id, innermost first, without the recorder's own frames.
+    /// The symbolised frames of a stack id: its Python frames (innermost first), then its native
+    /// frames (innermost first, without the recorder's own).
     pub fn stack(&mut self, id: u32) -> Vec<Frame> {
         if id == 0 {
             return Vec::new();
@@ -181,6 +207,20 @@ impl<'p> StackSymbolizer<'p> {
             .take_while(|f| f.module.split(' ').next() == Some(OWN_MODULE))
             .count();
         frames.drain(..own);
+        if let Some(py) = self.process.py_stacks.get(&id) {
+            let text = |id: u32| self.process.strings.get(&id).cloned();
+            let python: Vec<Frame> = py
+                .iter()
+                .map(|f| Frame {
+                    addr: String::new(),
+                    module: PYTHON_MODULE.into(),
+                    function: Some(text(f.function).unwrap_or_else(|| "?".into())),
+                    file: text(f.file),
+                    line: (f.line > 0).then_some(f.line),
+                })
+                .collect();
+            frames.splice(0..0, python);
+        }
         self.stacks.insert(id, frames.clone());
         frames
     }

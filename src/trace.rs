@@ -172,6 +172,8 @@ pub struct Process {
     pub strings: HashMap<u32, String>,
     /// Native stacks by id, innermost frame first.
     pub stacks: HashMap<u32, Vec<u64>>,
+    /// The Python frames of a stack id (PY_STACK records), innermost first.
+    pub py_stacks: HashMap<u32, Vec<vramtrace_format::PyFrame>>,
     /// Modules the process had loaded, in record order (later records for a range win).
     pub modules: Vec<ModuleInfo>,
     /// What the reader had to step over (a torn tail after a crash).
@@ -193,6 +195,7 @@ impl Process {
             devices: Vec::new(),
             strings: HashMap::new(),
             stacks: HashMap::new(),
+            py_stacks: HashMap::new(),
             modules: Vec::new(),
             problems: Vec::new(),
             source: source.clone(),
@@ -219,6 +222,7 @@ impl Process {
             devices: f.devices,
             strings: HashMap::new(),
             stacks: HashMap::new(),
+            py_stacks: HashMap::new(),
             modules: Vec::new(),
             problems: source.problems.clone(),
             source: Arc::new(MemorySource::default()),
@@ -251,6 +255,9 @@ impl Process {
             }
             Record::Stack { id, frames } => {
                 self.stacks.insert(id, frames);
+            }
+            Record::PyStack { stack, frames } => {
+                self.py_stacks.insert(stack, frames);
             }
             Record::Module(m) => self.modules.push(m),
             _ => {}
