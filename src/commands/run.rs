@@ -27,6 +27,16 @@ pub struct RunArgs {
     /// Do not capture native stacks (faster, smaller traces).
     #[arg(long)]
     pub no_stacks: bool,
+    /// Do not start the PyTorch probe. By default a Python program that imports torch records
+    /// each tensor the caching allocator hands out and takes back, with its Python line, and
+    /// the allocator's own out-of-memory errors (probes/python/vramtrace_torch.py, put on
+    /// PYTHONPATH; nothing changes in a program that never imports torch).
+    #[arg(long)]
+    pub no_torch_probe: bool,
+    /// Also name each PyTorch operator's output tensors with the operator, shape and dtype
+    /// (`empty_like [1, 4128, 48, 128] bf16`); slower: a Python call per operator.
+    #[arg(long, conflicts_with = "no_torch_probe")]
+    pub torch_shapes: bool,
     /// Run the program against vramtrace's stand-in driver instead of a GPU: a `libcuda.so.1`
     /// that keeps host-side books and fails with real out-of-memory errors. No GPU needed.
     #[arg(long)]
@@ -61,11 +71,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let opts = preload::Options {
         stacks: !args.no_stacks,
     };
-    let env = if args.simulate {
+    let mut env = if args.simulate {
         preload::stand_in_env(&out, args.capacity)?
     } else {
         Vec::new()
     };
+    env.extend(torch_probe_env(&preload, &args)?);
     check_writable(&out)?;
     let status = preload::run_traced(&preload, &out, &args.command, &env, opts)?;
     let code = report_exit(&args.command[0], status);
@@ -87,6 +98,53 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(code)
+}
+
+/// The environment that starts the PyTorch probe in Python programs: its `sitecustomize`
+/// directory ahead of `PYTHONPATH`, and `VRAMTRACE_TORCH_SHAPES=1` for `--torch-shapes`.
+/// Without the probe's files (an install that lacks them) the program runs without it, unless
+/// `--torch-shapes` asked for it.
+fn torch_probe_env(preload: &Path, args: &RunArgs) -> anyhow::Result<Vec<(OsString, OsString)>> {
+    if args.no_torch_probe {
+        return Ok(vec![("VRAMTRACE_TORCH_PROBE".into(), "0".into())]);
+    }
+    let Some(dir) = torch_probe_dir(preload) else {
+        if args.torch_shapes {
+            bail!(
+                "--torch-shapes needs the Python probe (probes/python/autostart), which is not                  beside {}: set VRAMTRACE_PYTHON_PROBE to its directory",
+                preload.display()
+            );
+        }
+        return Ok(Vec::new());
+    };
+    let mut path = dir.into_os_string();
+    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let mut env = vec![("PYTHONPATH".into(), path)];
+    if args.torch_shapes {
+        env.push(("VRAMTRACE_TORCH_SHAPES".into(), "1".into()));
+    }
+    Ok(env)
+}
+
+/// The probe's `autostart` directory: `VRAMTRACE_PYTHON_PROBE`, else `python/autostart` beside
+/// the preload (an install), else the source tree's `probes/python/autostart` (a build in
+/// `target/<profile>/`).
+fn torch_probe_dir(preload: &Path) -> Option<PathBuf> {
+    let lib_dir = preload.parent()?;
+    let candidates = [
+        std::env::var_os("VRAMTRACE_PYTHON_PROBE").map(PathBuf::from),
+        Some(lib_dir.join("python/autostart")),
+        Some(lib_dir.join("../share/vramtrace/python/autostart")),
+        Some(lib_dir.join("../../probes/python/autostart")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("sitecustomize.py").is_file())
+        .and_then(|d| std::path::absolute(d).ok())
 }
 
 /// Refuses a trace directory this process cannot create files in (an existing directory of

@@ -290,7 +290,13 @@ pub const TENSOR_RECORD_MAX_LEN: usize =
 impl TensorEvent {
     /// Appends the payload (without allocating; the shape is cut to [`MAX_TENSOR_RANK`]).
     pub fn encode_payload(&self, e: &mut Encoder<'_>) {
-        let shape = &self.shape[..self.shape.len().min(MAX_TENSOR_RANK)];
+        self.encode_payload_with_shape(e, &self.shape);
+    }
+
+    /// [`TensorEvent::encode_payload`] with `shape` in place of the event's own (a writer that
+    /// must not allocate keeps its shape in an array).
+    pub fn encode_payload_with_shape(&self, e: &mut Encoder<'_>, shape: &[i64]) {
+        let shape = &shape[..shape.len().min(MAX_TENSOR_RANK)];
         e.u64(self.t_ns)
             .u32(self.tid)
             .i32(self.device)

@@ -38,6 +38,9 @@
 //!   `vramtrace_range_push`, `vramtrace_range_pop`, `vramtrace_mark`, `vramtrace_abi_version`.
 //!   Callers find them with `dlsym(RTLD_DEFAULT, …)`; the header's `vramtrace_try_*` helpers
 //!   are no-ops without the preload.
+//! - The tensor ABI, `vramtrace_tensor` (`src/tensors.rs`): PyTorch's caching allocator as the
+//!   Python probe sees it (blocks handed out and taken back, refused requests with PyTorch's own
+//!   numbers), each a TENSOR record with the reporting thread's Python frames.
 //! - NVTX: with `NVTX_INJECTION64_PATH` set to this library, `InitializeInjectionNvtx2` accepts
 //!   NVTX's injection and turns range pushes/pops and marks into the same ranges
 //!   (`src/nvtx.rs`).
@@ -105,6 +108,7 @@ mod recorder;
 mod routing;
 mod sink;
 mod stacks;
+mod tensors;
 
 pub use dlsym::dlsym;
 pub use hooks::*;
@@ -114,3 +118,4 @@ pub use labels::{
 };
 pub use nvtx::InitializeInjectionNvtx2;
 pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};
+pub use tensors::vramtrace_tensor;

@@ -334,6 +334,26 @@ pub(crate) fn capture(file: File) -> u32 {
     })
 }
 
+/// The calling thread's Python frames alone, as a stack id (0 when it has none): for events
+/// reported from Python (the tensor ABI), whose native frames are only the interpreter's.
+pub(crate) fn capture_python(file: File) -> u32 {
+    let mut py = PyFrames::new();
+    crate::python::capture(file, &mut py);
+    if py.len == 0 {
+        return 0;
+    }
+    FORK.register();
+    let file_generation = FILE_GENERATION.load(Ordering::Acquire);
+    std::panic::catch_unwind(|| {
+        let _guard = LOCK.lock();
+        // Safety: LOCK is held: this is the only reference to the state.
+        let slot = unsafe { &mut *STATE.0.get() };
+        let state = slot.get_or_insert_with(State::new);
+        state.intern(file, &[], py.as_slice(), file_generation)
+    })
+    .unwrap_or(0)
+}
+
 /// In a fork child: open the lock (its holder is gone) and start a new file's tables.
 extern "C" fn after_fork_child() {
     LOCK.0.store(false, Ordering::Release);

@@ -1,0 +1,84 @@
+//! The tensor ABI: PyTorch's caching allocator, seen from Python by the probe
+//! (`probes/python/vramtrace_torch.py`), reports each block it hands out or takes back and each
+//! request it refuses; each report becomes a TENSOR record with the same clock and thread as the
+//! driver's events and the Python frames of the reporting thread (read here, not in Python).
+
+use core::ffi::c_char;
+
+use vramtrace_format::{
+    Encoder, MAX_TENSOR_RANK, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent, kind,
+};
+
+use crate::labels::c_str;
+use crate::sink::{mono_ns, tid, with_file};
+
+/// `int vramtrace_tensor(uint32_t action, int32_t device, uint64_t ptr, uint64_t size,
+/// uint64_t segment, uint64_t allocated, uint64_t reserved, uint64_t limit, uint64_t free,
+/// const char *op, const char *dtype, const int64_t *shape, uint32_t rank)`: records a tensor
+/// event. `action`: 1 allocated, 2 freed, 3 refused (an allocator out-of-memory, `size` the
+/// request, `allocated`/`reserved`/`limit`/`free` PyTorch's numbers at that moment). Returns 0,
+/// or -1 for an unknown action.
+///
+/// # Safety
+/// `op` and `dtype` are null or NUL-terminated; `shape` is null or points at `rank` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vramtrace_tensor(
+    action: u32,
+    device: i32,
+    ptr: u64,
+    size: u64,
+    segment: u64,
+    allocated: u64,
+    reserved: u64,
+    limit: u64,
+    free: u64,
+    op: *const c_char,
+    dtype: *const c_char,
+    shape: *const i64,
+    rank: u32,
+) -> i32 {
+    let Some(action) = u8::try_from(action).ok().and_then(TensorAction::from_u8) else {
+        return -1;
+    };
+    // Safety: the caller's strings, valid for the call.
+    let (op, dtype) = unsafe { (c_str(op), c_str(dtype)) };
+    let mut dims = [0i64; MAX_TENSOR_RANK];
+    let rank = if shape.is_null() {
+        0
+    } else {
+        (rank as usize).min(MAX_TENSOR_RANK)
+    };
+    if rank > 0 {
+        // Safety: the caller's array of at least `rank` values; only MAX_TENSOR_RANK are read.
+        dims[..rank].copy_from_slice(unsafe { core::slice::from_raw_parts(shape, rank) });
+    }
+    with_file(|file| {
+        let t = TensorEvent {
+            t_ns: mono_ns(),
+            tid: tid(),
+            device,
+            action,
+            ptr,
+            size,
+            segment,
+            allocated,
+            reserved,
+            limit,
+            free,
+            // A free needs no frames: the reader pairs it with its allocation.
+            stack: if action == TensorAction::Free {
+                0
+            } else {
+                crate::stacks::capture_python(file)
+            },
+            op: op.map_or(0, |o| crate::intern::intern(file, o)),
+            dtype: dtype.map_or(0, |d| crate::intern::intern(file, d)),
+            shape: Vec::new(),
+        };
+        let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
+        let mut e = Encoder::new(&mut buf);
+        t.encode_payload_with_shape(&mut e, &dims[..rank]);
+        file.write(e.finish(kind::TENSOR));
+    });
+    0
+}

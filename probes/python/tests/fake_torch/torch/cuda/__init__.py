@@ -1,0 +1,55 @@
+from .. import _C
+from . import _gpu_trace
+
+TOTAL = 24 << 30
+_next = [0x7F00_0000_0000]
+
+
+def is_available():
+    return True
+
+
+def is_initialized():
+    return True
+
+
+def device_count():
+    return 1
+
+
+def get_per_process_memory_fraction(dev):
+    return 0.5
+
+
+class _Props:
+    total_memory = TOTAL
+
+
+def get_device_properties(dev):
+    return _Props()
+
+
+def fake_alloc(size):
+    """The caching allocator hands out a block: counter first, then the callbacks."""
+    ptr = _next[0]
+    _next[0] += size
+    _C.STATE["allocated"] += size
+    _C.STATE["reserved"] = max(_C.STATE["reserved"], _C.STATE["allocated"])
+    if _C.STATE["active"]:
+        for cb in _gpu_trace.alloc_callbacks:
+            cb(ptr)
+    return ptr
+
+
+def fake_free(ptr, size):
+    """A block goes back: the callbacks first, then the counter."""
+    if _C.STATE["active"]:
+        for cb in _gpu_trace.free_callbacks:
+            cb(ptr)
+    _C.STATE["allocated"] -= size
+
+
+def fake_oom(size):
+    for cb in _C.STATE["oom_observers"]:
+        cb(0, size, _C.STATE["allocated"], 1 << 30)
+    raise MemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")

@@ -1,0 +1,147 @@
+"""PyTorch's caching allocator, tensor by tensor, into the vramtrace trace while the program runs.
+
+`vramtrace run` activates this for Python programs (probes/python/autostart/sitecustomize.py
+calls `activate()` right after `import torch` finishes; `--no-torch-probe` turns it off). Nothing
+is imported into a program that never imports torch.
+
+What is recorded, through the preload's `vramtrace_tensor` (same trace, same clock):
+- each block the caching allocator hands out (`torch.cuda._gpu_trace` allocation callback: the
+  data pointer as it happens), with its size: the growth of the allocator's `allocated_bytes`
+  counter since the previous event, which the allocator updates before it calls the callback
+  (the probe keeps each live block's size, so a free moves the baseline by what it frees);
+- each block taken back (the deallocation callback, called before the counter drops);
+- each request the allocator refuses (`torch._C._cuda_attach_out_of_memory_observer`), with
+  PyTorch's own numbers: the request, allocated and reserved bytes, the per-process limit
+  (`set_per_process_memory_fraction`) and the driver's free memory.
+The Python line of each allocation is read by the preload from the interpreter's frames.
+
+With `VRAMTRACE_TORCH_SHAPES=1` (`vramtrace run --torch-shapes`), a TorchDispatchMode names each
+operator's output tensors: `empty_like [1, 4128, 48, 128] bf16` (operator, shape, dtype) through
+`vramtrace_annotate`.
+
+Sizes come from one counter per device, so two threads allocating on the same device at the same
+moment can swap sizes; inference servers allocate from one thread per device.
+"""
+import ctypes
+import os
+import sys
+import threading
+
+_lib = ctypes.CDLL(None)
+try:
+    _tensor = _lib.vramtrace_tensor
+    _tensor.argtypes = [ctypes.c_uint32, ctypes.c_int32] + [ctypes.c_uint64] * 7 + [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_uint32,
+    ]
+    _tensor.restype = ctypes.c_int
+except AttributeError:  # not under the preload
+    _tensor = None
+try:
+    _annotate = _lib.vramtrace_annotate
+    _annotate.argtypes = [
+        ctypes.c_uint64,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_uint32,
+    ]
+    _annotate.restype = None
+except AttributeError:
+    _annotate = None
+
+ALLOC, FREE, REFUSED = 1, 2, 3
+_state = {"active": False}
+_lock = threading.Lock()
+
+
+def _note(text):
+    """A line on stderr when the probe cannot do what `vramtrace run` asked of it."""
+    sys.stderr.write(f"vramtrace: torch probe: {text}\n")
+
+
+def activate(shapes=None):
+    """Start recording tensor events; a no-op without the preload, CUDA, or on a second call."""
+    if _state["active"] or _tensor is None:
+        return False
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    if shapes is None:
+        shapes = os.environ.get("VRAMTRACE_TORCH_SHAPES") == "1"
+    stats = torch._C._cuda_memoryStats
+    get_device = torch._C._cuda_getDevice
+    sizes = {}  # live block pointer -> (device, bytes)
+    baseline = {}  # device -> allocated bytes after the last event we saw
+
+    def allocated(dev):
+        return stats(dev)["allocated_bytes"]["all"]["current"]
+
+    def on_alloc(ptr):
+        dev = get_device()
+        now = allocated(dev)
+        with _lock:
+            size = now - baseline.get(dev, now)
+            baseline[dev] = now
+            sizes[ptr] = (dev, size)
+        _tensor(ALLOC, dev, ptr, max(size, 0), 0, 0, 0, 0, 0, None, None, None, 0)
+
+    def on_free(ptr):
+        with _lock:
+            dev, size = sizes.pop(ptr, (get_device(), 0))
+            if dev in baseline:
+                baseline[dev] -= size
+        _tensor(FREE, dev, ptr, 0, 0, 0, 0, 0, 0, None, None, None, 0)
+
+    def on_oom(device, alloc, device_allocated, device_free):
+        s = stats(device)
+        reserved = s["reserved_bytes"]["all"]["current"]
+        limit = 0
+        try:
+            fraction = torch.cuda.get_per_process_memory_fraction(device)
+            if fraction < 1.0:
+                limit = int(fraction * torch.cuda.get_device_properties(device).total_memory)
+        except Exception:  # older torch: no getter
+            pass
+        _tensor(REFUSED, device, 0, alloc, 0, device_allocated, reserved, limit, device_free, None, None, None, 0)
+
+    for dev in range(torch.cuda.device_count()):
+        # Blocks allocated before activation have no size here; count from now.
+        baseline[dev] = allocated(dev) if torch.cuda.is_initialized() else 0
+    from torch.cuda import _gpu_trace
+
+    _gpu_trace.register_callback_for_memory_allocation(on_alloc)
+    _gpu_trace.register_callback_for_memory_deallocation(on_free)
+    torch._C._activate_gpu_trace()
+    try:
+        torch._C._cuda_attach_out_of_memory_observer(on_oom)
+    except AttributeError:
+        _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
+    if shapes:
+        _shapes_mode(torch).__enter__()
+    _state["active"] = True
+    return True
+
+
+def _shapes_mode(torch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    Tensor = torch.Tensor
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__.encode()
+            for t in tree_leaves(out):
+                if isinstance(t, Tensor) and t.is_cuda:
+                    shape = list(t.shape)
+                    arr = (ctypes.c_int64 * len(shape))(*shape)
+                    dtype = str(t.dtype).replace("torch.", "").encode()
+                    _annotate(t.data_ptr(), name, dtype, arr, len(shape))
+            return out
+
+    return Shapes()

@@ -1,0 +1,146 @@
+//! The PyTorch probe through `vramtrace run`, against a stand-in `torch` package (no CUDA
+//! here: probes/python/tests/fake_torch mimics the allocator callbacks the probe uses): a
+//! program that never mentions vramtrace gets a TENSOR record per block handed out, with its
+//! size and Python line, one per block taken back, and the allocator's refusal with PyTorch's
+//! numbers; `--no-torch-probe` records none.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use vramtrace_format::{Record, TensorAction, TensorEvent, TraceFile};
+
+fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/tests")
+}
+
+fn run(out: &Path, extra: &[&str]) -> String {
+    let o = Command::new(vramtrace())
+        .arg("run")
+        .arg("-q")
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .arg("--")
+        .arg("python3")
+        .arg(python_dir().join("tensors_prog.py"))
+        .env("PYTHONPATH", python_dir().join("fake_torch"))
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn trace(out: &Path) -> TraceFile {
+    let f = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "vtr"))
+        .expect("a trace file");
+    TraceFile::read(&f).unwrap()
+}
+
+fn tensors(t: &TraceFile) -> Vec<TensorEvent> {
+    t.records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Tensor(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// (function, line) of the user's frames of a stack: the probe's and torch's own skipped.
+fn user_frames(t: &TraceFile, stack: u32) -> Vec<(String, u32)> {
+    let strings: HashMap<u32, &str> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::String { id, text } => Some((*id, text.as_str())),
+            _ => None,
+        })
+        .collect();
+    t.records
+        .iter()
+        .find_map(|r| match r {
+            Record::PyStack { stack: s, frames } if *s == stack => Some(frames.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+        .iter()
+        .filter(|f| strings[&f.file].ends_with("tensors_prog.py"))
+        .map(|f| (strings[&f.function].to_string(), f.line))
+        .collect()
+}
+
+#[test]
+fn tensors_and_allocator_ooms_recorded_without_changing_the_program() {
+    let out = scratch("torch-probe").join("trace");
+    let stdout = run(&out, &[]);
+    let t = trace(&out);
+    let ev = tensors(&t);
+    let allocs: Vec<&TensorEvent> = ev
+        .iter()
+        .filter(|e| e.action == TensorAction::Alloc)
+        .collect();
+    let printed: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter(|l| l.starts_with("tensor "))
+        .map(|l| l.split(' ').skip(1).collect())
+        .collect();
+    assert_eq!(allocs.len(), 3, "{ev:?}");
+    for (e, p) in allocs.iter().zip(&printed) {
+        assert_eq!(e.ptr, p[0].parse::<u64>().unwrap());
+        assert_eq!(e.size, p[1].parse::<u64>().unwrap(), "the block's size");
+        let frames = user_frames(&t, e.stack);
+        assert_eq!(
+            frames[0],
+            ("chunk_fwd_o".to_string(), p[2].parse().unwrap()),
+            "the allocating line: {frames:?}"
+        );
+        assert_eq!(frames[1].0, "forward");
+    }
+    let frees: Vec<&TensorEvent> = ev
+        .iter()
+        .filter(|e| e.action == TensorAction::Free)
+        .collect();
+    assert_eq!(frees.len(), 1);
+    assert_eq!(frees[0].ptr, allocs[0].ptr);
+    let oom = ev
+        .iter()
+        .find(|e| e.action == TensorAction::AllocFailed)
+        .expect("the allocator's refusal");
+    assert_eq!(oom.size, 20 << 30);
+    assert_eq!(oom.allocated, 50724864 + 3145728);
+    assert_eq!(oom.reserved, 102236160 + 50724864);
+    assert_eq!(oom.limit, 12 << 30, "half of the stand-in's 24 GiB");
+    assert_eq!(oom.free, 1 << 30);
+    let oom_line: u32 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("oom "))
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        user_frames(&t, oom.stack)[0],
+        ("forward".to_string(), oom_line)
+    );
+
+    let out = scratch("torch-probe-off").join("trace");
+    run(&out, &["--no-torch-probe"]);
+    assert!(
+        !out.read_dir()
+            .unwrap()
+            .any(|e| e.unwrap().path().extension().is_some_and(|x| x == "vtr"))
+            || tensors(&trace(&out)).is_empty(),
+        "--no-torch-probe: no tensor records"
+    );
+}
