@@ -54,6 +54,8 @@ except AttributeError:
 
 ALLOC, FREE, REFUSED = 1, 2, 3
 _state = {"active": False}
+# What was reported, for VRAMTRACE_TORCH_PROBE_STATS=1 (a line on stderr at exit).
+counts = {"alloc": 0, "free": 0, "refused": 0, "alloc_bytes": 0, "unsized": 0, "shapes": 0}
 _lock = threading.Lock()
 
 
@@ -87,6 +89,9 @@ def activate(shapes=None):
             size = now - baseline.get(dev, now)
             baseline[dev] = now
             sizes[ptr] = (dev, size)
+            counts["alloc"] += 1
+            counts["alloc_bytes"] += max(size, 0)
+            counts["unsized"] += size <= 0
         _tensor(ALLOC, dev, ptr, max(size, 0), 0, 0, 0, 0, 0, None, None, None, 0)
 
     def on_free(ptr):
@@ -94,6 +99,7 @@ def activate(shapes=None):
             dev, size = sizes.pop(ptr, (get_device(), 0))
             if dev in baseline:
                 baseline[dev] -= size
+            counts["free"] += 1
         _tensor(FREE, dev, ptr, 0, 0, 0, 0, 0, 0, None, None, None, 0)
 
     def on_oom(device, alloc, device_allocated, device_free):
@@ -106,6 +112,7 @@ def activate(shapes=None):
                 limit = int(fraction * torch.cuda.get_device_properties(device).total_memory)
         except Exception:  # older torch: no getter
             pass
+        counts["refused"] += 1
         _tensor(REFUSED, device, 0, alloc, 0, device_allocated, reserved, limit, device_free, None, None, None, 0)
 
     for dev in range(torch.cuda.device_count()):
@@ -122,6 +129,10 @@ def activate(shapes=None):
         _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
     if shapes:
         _shapes_mode(torch).__enter__()
+    if os.environ.get("VRAMTRACE_TORCH_PROBE_STATS") == "1":
+        import atexit
+
+        atexit.register(lambda: _note(" ".join(f"{k}={v}" for k, v in counts.items())))
     _state["active"] = True
     return True
 
@@ -142,6 +153,7 @@ def _shapes_mode(torch):
                     arr = (ctypes.c_int64 * len(shape))(*shape)
                     dtype = str(t.dtype).replace("torch.", "").encode()
                     _annotate(t.data_ptr(), name, dtype, arr, len(shape))
+                    counts["shapes"] += 1
             return out
 
     return Shapes()
