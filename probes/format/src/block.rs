@@ -349,6 +349,19 @@ pub(crate) enum Step {
     Done,
 }
 
+/// What [`BlockCursor::step_into`] found: [`Step`] with the record left in place.
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// A record at this file offset, decoded into the caller's record.
+    Record(u64),
+    /// See [`Step::Malformed`].
+    Malformed(u64, u8),
+    /// See [`Step::Pending`].
+    Pending,
+    /// See [`Step::Done`].
+    Done,
+}
+
 /// A position inside one block, decoding its records in order.
 #[derive(Clone, Debug)]
 pub(crate) struct BlockCursor {
@@ -389,12 +402,33 @@ impl BlockCursor {
         complete: bool,
         problems: &mut Vec<crate::Problem>,
     ) -> Step {
+        let mut r = Record::Unknown { kind: 0 };
+        match self.step_into(bytes, complete, problems, &mut r) {
+            Found::Record(at) => Step::Record(at, r),
+            Found::Malformed(at, tag) => Step::Malformed(at, tag),
+            Found::Pending => Step::Pending,
+            Found::Done => Step::Done,
+        }
+    }
+
+    /// [`BlockCursor::step`] decoding the record into `out` (only meaningful when
+    /// [`Found::Record`] is returned). An event decodes field by field into the event `out`
+    /// already holds: a record is not moved on through a return value, whose copy right after
+    /// its fields were stored one by one stalls the load on the stores.
+    #[inline]
+    pub(crate) fn step_into(
+        &mut self,
+        bytes: &[u8],
+        complete: bool,
+        problems: &mut Vec<crate::Problem>,
+        out: &mut Record,
+    ) -> Found {
         let at = self.offset + self.pos as u64;
         if self.pos >= self.block_size {
-            return Step::Done;
+            return Found::Done;
         }
         let Some(&tag) = bytes.get(self.pos) else {
-            return Step::Pending;
+            return Found::Pending;
         };
         if tag == 0 {
             if complete {
@@ -407,9 +441,9 @@ impl BlockCursor {
                         bytes: last as u64 + 1,
                     });
                 }
-                return Step::Done;
+                return Found::Done;
             }
-            return Step::Pending;
+            return Found::Pending;
         }
         let mut c = Varints {
             buf: &bytes[..bytes.len().min(self.block_size)],
@@ -422,23 +456,26 @@ impl BlockCursor {
             Some(end) if end <= bytes.len() && end <= self.block_size => {
                 let payload = &bytes[start..end];
                 self.pos = end;
-                let rec = if tag == kind::EVENT {
-                    let mut ev = Event {
-                        tid: self.header.tid,
-                        ..Event::default()
+                if tag == kind::EVENT {
+                    if !matches!(out, Record::Event(_)) {
+                        *out = Record::Event(Event::default());
+                    }
+                    let Record::Event(ev) = out else {
+                        unreachable!("set just above")
                     };
-                    match decode_event(payload, &mut self.deltas, &mut ev) {
-                        Some(true) => Record::Event(ev),
-                        Some(false) => Record::Unknown { kind: tag },
-                        None => return Step::Malformed(at, tag),
+                    ev.tid = self.header.tid;
+                    match decode_event(payload, &mut self.deltas, ev) {
+                        Some(true) => {}
+                        Some(false) => *out = Record::Unknown { kind: tag },
+                        None => return Found::Malformed(at, tag),
                     }
                 } else {
                     match Record::decode(tag, payload) {
-                        Some(r) => r,
-                        None => return Step::Malformed(at, tag),
+                        Some(r) => *out = r,
+                        None => return Found::Malformed(at, tag),
                     }
-                };
-                Step::Record(at, rec)
+                }
+                Found::Record(at)
             }
             Some(end) if end <= self.block_size => {
                 // The file ends inside this record.
@@ -447,18 +484,18 @@ impl BlockCursor {
                         offset: at,
                         bytes: (bytes.len() - self.pos) as u64,
                     });
-                    Step::Done
+                    Found::Done
                 } else {
-                    Step::Pending
+                    Found::Pending
                 }
             }
-            None if bytes.len() < self.block_size && !complete => Step::Pending,
+            None if bytes.len() < self.block_size && !complete => Found::Pending,
             None if bytes.len() < self.block_size => {
                 problems.push(crate::Problem::TornTail {
                     offset: at,
                     bytes: (bytes.len() - self.pos) as u64,
                 });
-                Step::Done
+                Found::Done
             }
             _ => {
                 // A length that runs past the block: not something the writer produces.
@@ -467,7 +504,7 @@ impl BlockCursor {
                     bytes: (self.block_size - self.pos) as u64,
                 });
                 self.pos = self.block_size;
-                Step::Done
+                Found::Done
             }
         }
     }

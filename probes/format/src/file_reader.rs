@@ -19,7 +19,7 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::block::{BLOCK_HEADER_LEN, BadBlock, BlockCursor, BlockHeader, Step};
+use crate::block::{BLOCK_HEADER_LEN, BadBlock, BlockCursor, BlockHeader, Found, Step};
 use crate::header::{Header, Layout};
 use crate::reader::{Problem, ReadError, scan_records};
 use crate::record::Record;
@@ -382,24 +382,26 @@ struct BlockSource {
 }
 
 impl BlockSource {
-    /// The next timed record of `chain`, with its time and file offset.
+    /// Decodes the next timed record of `chain` into `out`; its time and file offset.
+    #[inline]
     fn advance(
         &self,
         chain: &mut Chain,
         problems: &mut Vec<Problem>,
-    ) -> Option<(u64, u64, Record)> {
+        out: &mut Record,
+    ) -> Option<(u64, u64)> {
         loop {
             if let Some(cur) = &mut chain.cur {
-                match cur.step(&chain.buf, true, problems) {
-                    Step::Record(at, r) => match crate::time_of(&r) {
-                        Some(t) => return Some((t, at, r)),
+                match cur.step_into(&chain.buf, true, problems, out) {
+                    Found::Record(at) => match crate::time_of(out) {
+                        Some(t) => return Some((t, at)),
                         None => continue,
                     },
-                    Step::Malformed(offset, kind) => {
+                    Found::Malformed(offset, kind) => {
                         problems.push(Problem::Malformed { offset, kind });
                         continue;
                     }
-                    Step::Pending | Step::Done => chain.cur = None,
+                    Found::Pending | Found::Done => chain.cur = None,
                 }
             }
             let (offset, h) = chain.blocks.pop_front()?;
@@ -416,11 +418,11 @@ impl BlockSource {
     }
 }
 
-/// A started chain and its next timed record.
+/// A started chain and its next timed record, decoded in place.
 #[derive(Debug)]
 struct Head {
     chain: Chain,
-    record: Option<Record>,
+    record: Record,
 }
 
 /// The timed records of a version 2 file in time order: a k-way merge over its threads' chains.
@@ -498,7 +500,11 @@ impl Merge {
         let Some((_, _, mut chain)) = self.waiting.pop() else {
             return;
         };
-        let Some((t, at, r)) = self.src.advance(&mut chain, &mut self.problems) else {
+        let mut record = Record::Unknown { kind: 0 };
+        let Some((t, at)) = self
+            .src
+            .advance(&mut chain, &mut self.problems, &mut record)
+        else {
             return;
         };
         let slot = match self.heads.iter().position(Option::is_none) {
@@ -508,10 +514,7 @@ impl Merge {
                 self.heads.len() - 1
             }
         };
-        self.heads[slot] = Some(Head {
-            chain,
-            record: Some(r),
-        });
+        self.heads[slot] = Some(Head { chain, record });
         let key = (t, at, slot);
         match self.current {
             Some(cur) if cur < key => self.others.push(Reverse(key)),
@@ -538,10 +541,13 @@ impl Iterator for Merge {
         let head = self.heads[slot]
             .as_mut()
             .expect("the current chain is started");
-        let out = head.record.take();
-        match self.src.advance(&mut head.chain, &mut self.problems) {
-            Some((t, at, r)) => {
-                head.record = Some(r);
+        // The record goes out; its slot is left an event, ready to be decoded into again.
+        let out = std::mem::replace(&mut head.record, Record::Event(Default::default()));
+        match self
+            .src
+            .advance(&mut head.chain, &mut self.problems, &mut head.record)
+        {
+            Some((t, at)) => {
                 let key = (t, at, slot);
                 self.current = Some(key);
                 if let Some(mut top) = self.others.peek_mut()
@@ -557,6 +563,6 @@ impl Iterator for Merge {
                 self.current = self.others.pop().map(|Reverse(k)| k);
             }
         }
-        out
+        Some(out)
     }
 }
