@@ -180,8 +180,7 @@ impl<'p> StackSymbolizer<'p> {
         }
         let ok = Path::new(&m.path).is_file()
             && (m.build_id.is_empty()
-                || matches!(blazesym::helper::read_elf_build_id(&m.path),
-                            Ok(Some(id)) if id.as_ref() == m.build_id.as_slice()));
+                || elf_build_id(Path::new(&m.path)).as_deref() == Some(m.build_id.as_slice()));
         self.usable.insert(m.path.clone(), ok);
         ok
     }
@@ -223,5 +222,120 @@ impl<'p> StackSymbolizer<'p> {
         }
         self.stacks.insert(id, frames.clone());
         frames
+    }
+}
+
+/// The GNU build id of an ELF file, read as the recorder reads it in memory: from the notes of
+/// its `PT_NOTE` segments, the note whose owner is `GNU` and whose type is 3. Looking at the
+/// type alone is not enough: PyTorch's libraries carry SystemTap notes (`stapsdt`), whose type
+/// is 3 too, in a note section ahead of the build id.
+pub fn elf_build_id(path: &Path) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut eh = [0u8; 64];
+    f.read_exact(&mut eh).ok()?;
+    // 64-bit little-endian ELF only: what the recorder runs in.
+    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+        return None;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (u64_at(&eh, 32), u16_at(&eh, 54) as usize, u16_at(&eh, 56));
+    if phentsize < 56 || phnum > 4096 {
+        return None;
+    }
+    let mut phdrs = vec![0u8; phentsize * phnum as usize];
+    f.seek(SeekFrom::Start(phoff)).ok()?;
+    f.read_exact(&mut phdrs).ok()?;
+    for ph in phdrs.chunks_exact(phentsize) {
+        const PT_NOTE: u32 = 4;
+        let (offset, size, align) = (u64_at(ph, 8), u64_at(ph, 32), u64_at(ph, 48));
+        if u32_at(ph, 0) != PT_NOTE || size > 1 << 20 {
+            continue;
+        }
+        let mut notes = vec![0u8; size as usize];
+        f.seek(SeekFrom::Start(offset)).ok()?;
+        f.read_exact(&mut notes).ok()?;
+        let pad = |n: usize| {
+            if align == 8 {
+                n.next_multiple_of(8)
+            } else {
+                n.next_multiple_of(4)
+            }
+        };
+        let mut at = 0usize;
+        while at + 12 <= notes.len() {
+            let (namesz, descsz, kind) = (
+                u32_at(&notes, at) as usize,
+                u32_at(&notes, at + 4) as usize,
+                u32_at(&notes, at + 8),
+            );
+            let name_at = at + 12;
+            let desc_at = name_at + pad(namesz);
+            let next = desc_at + pad(descsz);
+            if next > notes.len() {
+                break;
+            }
+            if kind == 3 && &notes[name_at..name_at + namesz] == b"GNU\0" {
+                return Some(notes[desc_at..desc_at + descsz].to_vec());
+            }
+            at = next;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(name: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
+        let mut n = Vec::new();
+        n.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        n.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+        n.extend_from_slice(&kind.to_le_bytes());
+        n.extend_from_slice(name);
+        n.resize(n.len().next_multiple_of(4), 0);
+        n.extend_from_slice(desc);
+        n.resize(n.len().next_multiple_of(4), 0);
+        n
+    }
+
+    /// PyTorch's libc10_cuda.so on the H200: a SystemTap note (type 3, owner `stapsdt`) ahead
+    /// of the GNU build id. Taking the first type-3 note made every frame of it "not the traced
+    /// file" on the very machine that recorded it.
+    #[test]
+    fn the_build_id_is_the_gnu_note_not_any_note_of_type_3() {
+        let id: Vec<u8> = (1..=20).collect();
+        let mut notes = note(b"stapsdt\0", 3, b"BADBADBA");
+        notes.extend(note(b"GNU\0", 3, &id));
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        elf[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        elf[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        let mut ph = vec![0u8; 56];
+        ph[..4].copy_from_slice(&4u32.to_le_bytes()); // PT_NOTE
+        ph[8..16].copy_from_slice(&120u64.to_le_bytes()); // p_offset
+        ph[32..40].copy_from_slice(&(notes.len() as u64).to_le_bytes()); // p_filesz
+        ph[48..56].copy_from_slice(&4u64.to_le_bytes()); // p_align
+        elf.extend(ph);
+        elf.extend(notes);
+        let path = std::env::temp_dir().join(format!("vt-buildid-{}.so", std::process::id()));
+        std::fs::write(&path, &elf).unwrap();
+        assert_eq!(elf_build_id(&path), Some(id));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_plain_binary_reads_as_its_linker_wrote_it() {
+        let exe = std::env::current_exe().unwrap();
+        let ours = elf_build_id(&exe);
+        let theirs = blazesym::helper::read_elf_build_id(&exe)
+            .unwrap()
+            .map(|b| b.to_vec());
+        assert_eq!(ours, theirs);
+        assert!(ours.is_some_and(|id| id.len() >= 8));
     }
 }
