@@ -188,3 +188,57 @@ fn real_prefill_oom_is_attributed_to_h() {
     );
     assert_eq!(f["free_bytes"], 73u64 * 1024 * 1024 + 128 * 1024);
 }
+
+/// The same PyTorch run recorded on the H200 by the version 2 recorder (a shared file mapping,
+/// one block per thread, compact events): the same exact sizes and the driver's numbers at the
+/// failure.
+#[test]
+fn version_2_pytorch_caching_off_reads_as_recorded() {
+    let ev = events(&sample("v2-torch-nocache"));
+    let allocs: Vec<u64> = ev
+        .iter()
+        .filter(|e| e["kind"] == "alloc")
+        .map(|e| e["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(allocs, [4096, 512000, 3145728, 52428800, 50724864, 1000]);
+    // Releases carry the device of what they release, although the recorder no longer asks.
+    assert!(
+        ev.iter()
+            .filter(|e| e["kind"] == "free")
+            .all(|e| e["device"] == 0)
+    );
+    let failed: Vec<_> = ev.iter().filter(|e| e["kind"] == "alloc_failed").collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["size"], 1u64 << 50);
+    assert_eq!(failed[0]["total_bytes"], 150_109_880_320u64);
+    assert_eq!(failed[0]["free_bytes"], 149_498_757_120u64);
+    let ts: Vec<u64> = ev.iter().map(|e| e["t_ns"].as_u64().unwrap()).collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]));
+}
+
+/// `expandable_segments:True` on the H200: 20 MiB `cuMemCreate` chunks mapped into reserved
+/// address space until the card is full. PyTorch's start-up probe, a 2 MiB `cuMemCreate` the
+/// driver refuses with 800 (not permitted), is a failed call, not an out-of-memory.
+#[test]
+fn version_2_expandable_segments_count_only_real_out_of_memory() {
+    let s = json(&[
+        "summary",
+        "--json",
+        sample("v2-torch-expandable").to_str().unwrap(),
+    ]);
+    let d = &s["processes"][0]["devices"][0];
+    assert_eq!(d["allocations"], 14260);
+    assert_eq!(d["frees"], 14256);
+    assert_eq!(d["peak_bytes"], 149_550_006_272u64);
+    assert_eq!(d["failed_allocations"], 2);
+    for f in d["failures"].as_array().unwrap() {
+        assert_eq!(
+            (f["api"].as_str(), f["size"].as_u64(), f["result"].as_i64()),
+            (Some("cuMemCreate"), Some(20 << 20), Some(2))
+        );
+    }
+    assert_eq!(d["failed_call_count"], 1);
+    let call = &d["failed_calls"][0];
+    assert_eq!(call["error"], "CUDA_ERROR_NOT_PERMITTED");
+    assert_eq!(call["size"], 2u64 << 20);
+}
