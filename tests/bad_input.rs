@@ -126,6 +126,8 @@ struct Traces {
     dirs: Vec<(&'static str, PathBuf, Want)>,
 }
 
+// One case a line, each built beside its push.
+#[allow(clippy::vec_init_then_push)]
 fn make_traces() -> Traces {
     let root = scratch("bad-input");
     let good = std::fs::read(sample_file()).unwrap();

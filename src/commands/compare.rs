@@ -67,7 +67,7 @@ pub fn parse_at(s: &str) -> anyhow::Result<At> {
                 .trim()
                 .parse()
                 .with_context(|| format!("--at {s}: {x:?} is not a number of seconds"))?;
-            if !v.is_finite() || v < 0.0 || v > MAX_WINDOW_S {
+            if !v.is_finite() || !(0.0..=MAX_WINDOW_S).contains(&v) {
                 bail!(
                     "--at {s}: {x:?} is not a time in the trace; write seconds from 0 to {MAX_WINDOW_S}, e.g. --at 1.5..2"
                 );
