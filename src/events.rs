@@ -44,7 +44,9 @@ pub struct EventLine<'a> {
     pub tid: u32,
     /// Device ordinal (-1: host memory or unknown).
     pub device: i32,
-    /// `alloc`, `free`, `alloc_failed`, `map`, `unmap`, `free_failed`, `annotate`.
+    /// `alloc`, `free`, `alloc_failed`, `map`, `unmap`, `free_failed`, `annotate`, and for
+    /// PyTorch's caching allocator `tensor_alloc`, `tensor_free`, `tensor_alloc_failed` (mem
+    /// `tensor`: a block inside a segment, never added to the driver's bytes).
     pub kind: &'static str,
     /// `device`, `managed`, `host`, `array`, `address`, `mapping`.
     pub mem: &'static str,
@@ -76,6 +78,9 @@ pub struct EventLine<'a> {
     /// a named allocation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tensor: Option<TensorLine<'a>>,
+    /// PyTorch's own numbers at an allocator-raised out-of-memory (`tensor_alloc_failed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch: Option<crate::tensors::TorchOom>,
     /// Stack id within the process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stack: Option<u32>,
@@ -147,6 +152,19 @@ impl EventLine<'_> {
                 json::int(out, *d);
             }
             out.extend_from_slice(b"]}");
+        }
+        if let Some(t) = &self.torch {
+            for (k, v) in [
+                (&b",\"torch\":{\"requested\":"[..], t.requested),
+                (b",\"allocated\":", t.allocated),
+                (b",\"reserved\":", t.reserved),
+                (b",\"limit\":", t.limit),
+                (b",\"free\":", t.free),
+            ] {
+                out.extend_from_slice(k);
+                json::uint(out, v);
+            }
+            out.push(b'}');
         }
         if let Some(s) = self.stack {
             out.extend_from_slice(b",\"stack\":");
@@ -222,6 +240,7 @@ pub fn for_each_event<'t>(
     mut f: impl FnMut(usize, &EventLine<'t>, u32) -> io::Result<()>,
 ) -> io::Result<()> {
     let mut replay = Replayer::new();
+    let mut tensors = crate::tensors::TensorReplay::new();
     let items = trace.items().map_err(io::Error::other)?;
     for (seq, (pi, item)) in items.enumerate() {
         let p = &trace.processes[pi];
@@ -250,11 +269,29 @@ pub fn for_each_event<'t>(
                         dtype: p.string(a.dtype),
                         shape: a.shape.clone(),
                     }),
+                    torch: None,
                     stack: None,
                     frames: None,
                     unmatched: size.is_none(),
                 };
                 f(pi, &line, 0)?;
+                continue;
+            }
+            Item::Tensor(t) => {
+                let mut line = tensor_line(p, &t);
+                if let crate::tensors::TensorStep::Released(freed) = tensors.apply(pi, seq, &t) {
+                    match freed {
+                        Some(a) => {
+                            line.size = a.event.size;
+                            line.device = a.event.device;
+                            line.stack = (a.event.stack != 0).then_some(a.event.stack);
+                            line.tensor = tensor_of(p, &a.event);
+                        }
+                        None => line.unmatched = true,
+                    }
+                }
+                let stack = line.stack.unwrap_or(0);
+                f(pi, &line, stack)?;
                 continue;
             }
             _ => continue,
@@ -276,6 +313,7 @@ pub fn for_each_event<'t>(
             total_bytes: (e.kind == EventKind::AllocFailed).then_some(e.total_bytes),
             label: p.string(e.label),
             tensor: None,
+            torch: None,
             stack: (e.stack != 0).then_some(e.stack),
             frames: None,
             unmatched: false,
@@ -298,6 +336,47 @@ pub fn for_each_event<'t>(
         f(pi, &line, e.stack)?;
     }
     Ok(())
+}
+
+/// The line of a tensor record (a free's size and name are filled in from its allocation).
+fn tensor_line<'t>(p: &'t crate::Process, t: &vramtrace_format::TensorEvent) -> EventLine<'t> {
+    let failed = t.action == vramtrace_format::TensorAction::AllocFailed;
+    EventLine {
+        t_ns: t.t_ns,
+        pid: p.header.pid,
+        tid: t.tid,
+        device: t.device,
+        kind: t.action.name(),
+        mem: "tensor",
+        api: "pytorch",
+        ptr: Hex(t.ptr),
+        size: t.size,
+        result: 0,
+        stream: None,
+        aux: (t.segment != 0).then_some(Hex(t.segment)),
+        free_bytes: failed.then_some(t.free),
+        total_bytes: None,
+        label: None,
+        tensor: tensor_of(p, t),
+        torch: failed.then(|| crate::tensors::TorchOom::of(t)),
+        stack: (t.stack != 0).then_some(t.stack),
+        frames: None,
+        unmatched: false,
+    }
+}
+
+/// The operator, dtype and shape a tensor record carries, if any.
+fn tensor_of<'t>(
+    p: &'t crate::Process,
+    t: &vramtrace_format::TensorEvent,
+) -> Option<TensorLine<'t>> {
+    let name = p.string(t.op);
+    let dtype = p.string(t.dtype);
+    (name.is_some() || dtype.is_some() || !t.shape.is_empty()).then(|| TensorLine {
+        name: name.unwrap_or("tensor"),
+        dtype,
+        shape: t.shape.clone(),
+    })
 }
 
 /// Writes every event as JSON lines, with symbolised frames if `stacks`. A closed pipe
@@ -359,6 +438,7 @@ mod tests {
             total_bytes: None,
             label: None,
             tensor: None,
+            torch: None,
             stack: None,
             frames: None,
             unmatched: false,
@@ -395,6 +475,13 @@ mod tests {
                 shape: vec![],
             }),
             stack: Some(u32::MAX),
+            torch: Some(crate::tensors::TorchOom {
+                requested: 20 << 30,
+                allocated: u64::MAX,
+                reserved: 0,
+                limit: 12 << 30,
+                free: 1,
+            }),
             ..base.clone()
         });
         // Every width of decimal and hex number, and its edges.

@@ -51,6 +51,7 @@ pub mod replay;
 pub mod report;
 pub mod summary;
 pub mod symbolize;
+pub mod tensors;
 pub mod trace;
 pub mod whatif;
 

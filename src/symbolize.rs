@@ -208,8 +208,10 @@ impl<'p> StackSymbolizer<'p> {
         frames.drain(..own);
         if let Some(py) = self.process.py_stacks.get(&id) {
             let text = |id: u32| self.process.strings.get(&id).cloned();
+            // The PyTorch probe's own callbacks are never the allocating line.
             let python: Vec<Frame> = py
                 .iter()
+                .filter(|f| !text(f.file).is_some_and(|p| crate::tensors::is_probe_file(&p)))
                 .map(|f| Frame {
                     addr: String::new(),
                     module: PYTHON_MODULE.into(),

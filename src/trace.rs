@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use vramtrace_format::{
     Annotation, DeviceInfo, Event, FILE_EXTENSION, FileReader, Header, ModuleInfo, Problem, Record,
-    TraceFile,
+    TensorEvent, TraceFile,
 };
 
 use crate::error::Error;
@@ -53,6 +53,9 @@ pub enum Item {
         /// Interned id of the mark's text.
         name: u32,
     },
+    /// A tensor allocated, freed or refused inside PyTorch's caching allocator (see
+    /// [`crate::tensors`]).
+    Tensor(TensorEvent),
 }
 
 impl Item {
@@ -64,6 +67,7 @@ impl Item {
             Record::RangePush { t_ns, tid, name } => Item::RangePush { t_ns, tid, name },
             Record::RangePop { t_ns, tid } => Item::RangePop { t_ns, tid },
             Record::Mark { t_ns, tid, name } => Item::Mark { t_ns, tid, name },
+            Record::Tensor(t) => Item::Tensor(t),
             _ => return None,
         })
     }
@@ -76,6 +80,7 @@ impl Item {
             Item::RangePush { t_ns, .. }
             | Item::RangePop { t_ns, .. }
             | Item::Mark { t_ns, .. } => *t_ns,
+            Item::Tensor(t) => t.t_ns,
         }
     }
 }

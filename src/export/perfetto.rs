@@ -203,6 +203,17 @@ pub fn export_perfetto(
                 w.event(&json!({"ph": "i", "s": "t", "cat": "mark", "name": name,
                                 "pid": pid, "tid": tid, "ts": ts}))?;
             }
+            // Tensors live inside segments the driver events already show; an allocator OOM
+            // is a failure of its own.
+            Item::Tensor(t) if t.action == vramtrace_format::TensorAction::AllocFailed => {
+                w.event(&json!({"ph": "i", "s": "p", "cat": "failure",
+                    "name": format!("PyTorch allocator OOM: {}", fmt_bytes(t.size)),
+                    "pid": pid, "tid": t.tid, "ts": ts,
+                    "args": {"size": t.size, "allocated": t.allocated, "reserved": t.reserved,
+                             "limit": t.limit, "free_bytes": t.free, "device": t.device}}))?;
+                n.failures += 1;
+            }
+            Item::Tensor(_) => {}
         }
     }
     // What is still live closes where the trace ends.

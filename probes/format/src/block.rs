@@ -239,9 +239,12 @@ pub fn frame_record(kind: u8, payload: &[u8], out: &mut [u8]) -> Option<usize> {
 /// mark, note), for a writer that needs a block's base time. `None` for untimed kinds.
 pub fn payload_time(kind_byte: u8, payload: &[u8]) -> Option<u64> {
     match kind_byte {
-        kind::ANNOTATE | kind::RANGE_PUSH | kind::RANGE_POP | kind::MARK | kind::NOTE => {
-            Some(u64::from_le_bytes(payload.get(..8)?.try_into().ok()?))
-        }
+        kind::ANNOTATE
+        | kind::RANGE_PUSH
+        | kind::RANGE_POP
+        | kind::MARK
+        | kind::NOTE
+        | kind::TENSOR => Some(u64::from_le_bytes(payload.get(..8)?.try_into().ok()?)),
         _ => None,
     }
 }

@@ -77,8 +77,8 @@ impl FileReader {
     }
 
     /// The timed records ([`Record::Event`], [`Record::Annotate`], [`Record::RangePush`],
-    /// [`Record::RangePop`], [`Record::Mark`]) in time order; records with equal times keep
-    /// their storage order.
+    /// [`Record::RangePop`], [`Record::Mark`], [`Record::Tensor`]) in time order; records
+    /// with equal times keep their storage order.
     pub fn timed(&self) -> Result<Timed, ReadError> {
         let start = match self.layout {
             Layout::Stream { start } => start,
@@ -109,6 +109,7 @@ pub fn time_of(r: &Record) -> Option<u64> {
         Record::RangePush { t_ns, .. }
         | Record::RangePop { t_ns, .. }
         | Record::Mark { t_ns, .. } => Some(*t_ns),
+        Record::Tensor(t) => Some(t.t_ns),
         _ => None,
     }
 }
