@@ -190,19 +190,30 @@ mod json {
         }
     }
 
-    /// An unsigned integer in decimal. The digits are written left-aligned into a fixed
-    /// buffer that is appended whole and cut back: a copy of constant length is a few moves,
-    /// one of the digits' length a call to `memcpy`.
+    /// An unsigned integer in decimal.
     pub fn uint(out: &mut Vec<u8>, v: u64) {
-        let n = v.checked_ilog10().unwrap_or(0) as usize + 1;
-        let mut buf = [0u8; 20];
-        let mut v = v;
-        for i in (0..n).rev() {
-            buf[i] = b'0' + (v % 10) as u8;
-            v /= 10;
+        const E16: u64 = 10_000_000_000_000_000;
+        if v >= E16 {
+            uint(out, v / E16);
+            digits(out, v % E16, 16, 10);
+        } else {
+            digits(out, v, v.checked_ilog10().unwrap_or(0) as usize + 1, 10);
+        }
+    }
+
+    /// The last `n` (at most 16) digits of `v` in base `radix` (10 or 16), most significant
+    /// first. They are gathered in a register and appended as one 16-byte word that is then
+    /// cut back: digits stored one by one into memory and copied on at once would stall the
+    /// copy on the stores, and a copy of the digits' own length is a call to `memcpy`.
+    fn digits(out: &mut Vec<u8>, mut v: u64, n: usize, radix: u64) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut w = 0u128;
+        for _ in 0..n {
+            w = (w << 8) | u128::from(DIGITS[(v % radix) as usize]);
+            v /= radix;
         }
         let len = out.len();
-        out.extend_from_slice(&buf);
+        out.extend_from_slice(&w.to_le_bytes());
         out.truncate(len + n);
     }
 
@@ -214,22 +225,16 @@ mod json {
         uint(out, v.unsigned_abs());
     }
 
-    /// A value as a quoted hex string, as `format!("{:#x}")` writes it (fixed buffer as in
-    /// [`uint`]).
+    /// A value as a quoted hex string, as `format!("{:#x}")` writes it.
     pub fn hex(out: &mut Vec<u8>, v: u64) {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let n = (v.checked_ilog2().unwrap_or(0) / 4) as usize + 1;
-        let mut buf = [0u8; 20];
-        buf[..3].copy_from_slice(b"\"0x");
-        let mut v = v;
-        for i in (3..3 + n).rev() {
-            buf[i] = DIGITS[(v & 0xf) as usize];
-            v >>= 4;
-        }
-        buf[3 + n] = b'"';
-        let len = out.len();
-        out.extend_from_slice(&buf);
-        out.truncate(len + n + 4);
+        out.extend_from_slice(b"\"0x");
+        digits(
+            out,
+            v,
+            (v.checked_ilog2().unwrap_or(0) / 4) as usize + 1,
+            16,
+        );
+        out.push(b'"');
     }
 }
 
