@@ -13,6 +13,9 @@ use vramtrace_format::{Event, EventKind};
 use crate::error::Error;
 use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
 use crate::symbolize::StackSymbolizer;
+use crate::tensors::{
+    LiveTensor, Names, Segment, TensorMoment, TensorReplay, TensorStep, TorchOom,
+};
 use crate::trace::{Item, Trace};
 use vramtrace_models::units::{fmt_bytes, fmt_secs};
 
@@ -86,6 +89,32 @@ pub struct Failure {
     /// Symbolised frames of the failed request, innermost first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<String>,
+    /// PyTorch's numbers when its caching allocator raised the out-of-memory (the driver was
+    /// not asked: `api` is `pytorch`, `size` the request).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch: Option<TorchOom>,
+    /// The tensors live then, inside their segments (traces with tensor records).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<TensorMoment>,
+}
+
+/// PyTorch's caching allocator on one device of one process, from tensor records: blocks
+/// inside the segments the driver events show (their bytes are never added to them).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TensorSummary {
+    /// Tensors allocated.
+    pub allocations: u64,
+    /// Tensors freed (paired with an allocation).
+    pub frees: u64,
+    /// Highest bytes in live tensors ("allocated by PyTorch").
+    pub peak_bytes: u64,
+    /// When (seconds since the trace began).
+    pub peak_t_s: f64,
+    /// Bytes in live tensors at the end.
+    pub live_at_end: u64,
+    /// The tensors live at that peak, inside the segments live then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_peak: Option<TensorMoment>,
 }
 
 /// An allocation call the driver refused for another reason than memory (a `cuMemCreate`
@@ -158,6 +187,9 @@ pub struct DeviceSummary {
     pub failed_call_count: u64,
     /// Other buckets (host, managed, address space, mapped).
     pub other_pools: Vec<PoolPeak>,
+    /// Tensor-level view (traces with tensor records).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<TensorSummary>,
 }
 
 /// One process.
@@ -214,6 +246,17 @@ struct FailureAt {
     live_bytes: u64,
     live_count: usize,
     live: Vec<LiveAlloc>,
+    /// An allocator-raised OOM: PyTorch's numbers.
+    torch: Option<TorchOom>,
+    /// The live tensors and segments then.
+    tensors: Option<(Vec<LiveTensor>, Vec<Segment>)>,
+}
+
+/// The tensors live at a tensor peak, found as [`PeakSet`] finds the driver's.
+enum TensorPeak {
+    Now,
+    Taken(Vec<LiveTensor>, Vec<Segment>),
+    Later,
 }
 
 /// Counts of one process and device.
@@ -264,6 +307,9 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
     let mut pending = 0usize; // keys in PeakSet::Now
     let mut budget = 0usize;
     let mut replay = Replayer::new();
+    let mut tensors = TensorReplay::new();
+    let mut tpeaks: FastMap<(usize, i32), TensorPeak> = FastMap::default();
+    let mut names = Names::default();
     let mut seq = 0usize;
     trace.for_each_item(|pi, it| {
         budget += 1;
@@ -271,6 +317,63 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             Item::Event(e) => e,
             Item::Annotate(a) => {
                 replay.annotate(pi, &a);
+                names.note(trace, pi, &a);
+                seq += 1;
+                return ControlFlow::Continue(());
+            }
+            Item::Tensor(t) => {
+                if let Some(dev) = tensors.would_remove(pi, &t)
+                    && let Some(p) = tpeaks.get_mut(&(pi, dev))
+                    && matches!(p, TensorPeak::Now)
+                {
+                    let cost = tensors.live_len() + replay.live_len();
+                    *p = if cost <= budget {
+                        budget -= cost;
+                        TensorPeak::Taken(
+                            tensors.live_set(pi, dev),
+                            crate::tensors::segments_of(&replay, pi, dev),
+                        )
+                    } else {
+                        TensorPeak::Later
+                    };
+                }
+                let a = acc.entry((pi, t.device)).or_default();
+                match tensors.apply(pi, seq, &t) {
+                    TensorStep::Allocated => {
+                        if tensors.level(pi, t.device).peak_seq == seq {
+                            tpeaks.insert((pi, t.device), TensorPeak::Now);
+                        }
+                    }
+                    TensorStep::Refused => {
+                        a.failed += 1;
+                        if a.failures.len() < MAX_DETAILED_FAILURES {
+                            let live = replay.largest(pi, t.device, Pool::Device, opts.top);
+                            live.iter().for_each(|x| replay.follow(x));
+                            let level = replay.level(pi, t.device, Pool::Device);
+                            a.failures.push(FailureAt {
+                                event: Event {
+                                    t_ns: t.t_ns,
+                                    tid: t.tid,
+                                    device: t.device,
+                                    kind: EventKind::AllocFailed,
+                                    size: t.size,
+                                    free_bytes: t.free,
+                                    stack: t.stack,
+                                    ..Event::default()
+                                },
+                                live_bytes: level.live,
+                                live_count: level.count,
+                                live,
+                                torch: Some(TorchOom::of(&t)),
+                                tensors: Some((
+                                    tensors.live_set(pi, t.device),
+                                    crate::tensors::segments_of(&replay, pi, t.device),
+                                )),
+                            });
+                        }
+                    }
+                    TensorStep::Released(_) => {}
+                }
                 seq += 1;
                 return ControlFlow::Continue(());
             }
@@ -329,11 +432,19 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                     let live = replay.largest(pi, e.device, Pool::Device, opts.top);
                     live.iter().for_each(|x| replay.follow(x));
                     let level = replay.level(pi, e.device, Pool::Device);
+                    let at = tensors.any().then(|| {
+                        (
+                            tensors.live_set(pi, e.device),
+                            crate::tensors::segments_of(&replay, pi, e.device),
+                        )
+                    });
                     a.failures.push(FailureAt {
                         event: e,
                         live_bytes: level.live,
                         live_count: level.count,
                         live,
+                        torch: None,
+                        tensors: at,
                     });
                 }
             }
@@ -385,6 +496,28 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
         peaks.insert(k, PeakSet::Taken(set, count));
     }
 
+    // Tensor peaks: still the live set at the end, or taken by a pass of their own.
+    let mut tensor_sets: FastMap<(usize, i32), (Vec<LiveTensor>, Vec<Segment>)> =
+        FastMap::default();
+    for ((pi, dev), p) in tpeaks {
+        let set = match p {
+            TensorPeak::Now => (
+                tensors.live_set(pi, dev),
+                crate::tensors::segments_of(&replay, pi, dev),
+            ),
+            TensorPeak::Taken(t, s) => (t, s),
+            TensorPeak::Later => {
+                let (t, s, _) =
+                    crate::tensors::live_at(trace, pi, dev, tensors.level(pi, dev).peak_seq)?;
+                (t, s)
+            }
+        };
+        tensor_sets.insert((pi, dev), set);
+    }
+    let moment = |(t, s): &(Vec<LiveTensor>, Vec<Segment>)| {
+        crate::tensors::moment(trace, t, s, opts.top, opts.frames, &names.0)
+    };
+
     let syms: Vec<RefCell<StackSymbolizer>> = trace
         .processes
         .iter()
@@ -418,6 +551,31 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
     };
     let failure = |pi: usize, f: &FailureAt| {
         let e = &f.event;
+        if let Some(torch) = f.torch {
+            // The allocator refused: the request and PyTorch's numbers, the driver's total.
+            let p = &trace.processes[pi];
+            return Failure {
+                t_s: rel(e.t_ns, t0),
+                api: "pytorch",
+                size: e.size,
+                result: 0,
+                error: "PyTorch OutOfMemoryError (raised by the caching allocator)".into(),
+                free_bytes: torch.free,
+                total_bytes: p
+                    .devices
+                    .iter()
+                    .find(|d| d.ordinal == e.device)
+                    .map_or(0, |d| d.total_bytes),
+                label: None,
+                live_bytes: f.live_bytes,
+                live_count: f.live_count,
+                live: f.live.iter().map(item).collect(),
+                stack: e.stack,
+                frames: crate::tensors::python_frames(p, e.stack, opts.frames.max(1)),
+                torch: Some(torch),
+                tensors: f.tensors.as_ref().map(moment),
+            };
+        }
         Failure {
             t_s: rel(e.t_ns, t0),
             api: e.api.name(),
@@ -432,6 +590,8 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             live: f.live.iter().map(item).collect(),
             stack: e.stack,
             frames: frames_of(pi, e.stack),
+            torch: None,
+            tensors: f.tensors.as_ref().map(moment),
         }
     };
 
@@ -492,6 +652,21 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                     .collect(),
                 failed_call_count: a.refused,
                 other_pools,
+                tensors: tensors.level_if_any(pi, *dev).map(|l| TensorSummary {
+                    allocations: l.allocations,
+                    frees: l.frees,
+                    peak_bytes: l.peak,
+                    peak_t_s: if l.peak > 0 {
+                        rel(l.peak_t_ns, t0)
+                    } else {
+                        0.0
+                    },
+                    live_at_end: l.live,
+                    at_peak: tensor_sets
+                        .get(&(pi, *dev))
+                        .filter(|_| l.peak > 0)
+                        .map(moment),
+                }),
             });
         }
         processes.push(ProcessSummary {
@@ -598,6 +773,21 @@ pub fn render(s: &Summary, detail: bool) -> String {
                     fmt_bytes(o.live_at_end)
                 );
             }
+            if let Some(t) = &d.tensors {
+                let _ = writeln!(
+                    out,
+                    "    tensors (PyTorch's caching allocator, inside the segments above): {} allocations, {} frees, peak {} at {}, {} live at end",
+                    t.allocations,
+                    t.frees,
+                    fmt_bytes(t.peak_bytes),
+                    fmt_secs(t.peak_t_s),
+                    fmt_bytes(t.live_at_end)
+                );
+                if detail && let Some(m) = &t.at_peak {
+                    let _ = writeln!(out, "    at the tensor peak:");
+                    render_tensor_moment(&mut out, m, None);
+                }
+            }
             if detail && !d.peak_live.is_empty() {
                 let _ = writeln!(
                     out,
@@ -615,6 +805,29 @@ pub fn render(s: &Summary, detail: bool) -> String {
                     .as_deref()
                     .map(|l| format!(" in {l}"))
                     .unwrap_or_default();
+                if let Some(t) = &f.torch {
+                    let limit = if t.limit > 0 {
+                        format!(", limit {}", fmt_bytes(t.limit))
+                    } else {
+                        String::new()
+                    };
+                    let _ = writeln!(
+                        out,
+                        "      at {}: PyTorch's caching allocator refused {} (allocated {}, reserved {}{limit}; driver said {} free); this process held {} from the driver in {} allocations",
+                        fmt_secs(f.t_s),
+                        fmt_bytes(t.requested),
+                        fmt_bytes(t.allocated),
+                        fmt_bytes(t.reserved),
+                        fmt_bytes(t.free),
+                        fmt_bytes(f.live_bytes),
+                        f.live_count,
+                    );
+                    render_frames(&mut out, &f.frames, "        ");
+                    if let Some(m) = &f.tensors {
+                        render_tensor_moment(&mut out, m, Some(t.requested));
+                    }
+                    continue;
+                }
                 let _ = writeln!(
                     out,
                     "      at {}: {} of {} failed with {}{label}; driver said {} free of {}; this process held {} in {} allocations",
@@ -628,6 +841,9 @@ pub fn render(s: &Summary, detail: bool) -> String {
                     f.live_count,
                 );
                 render_frames(&mut out, &f.frames, "        ");
+                if let Some(m) = &f.tensors {
+                    render_tensor_moment(&mut out, m, Some(f.size));
+                }
                 if detail && !f.live.is_empty() {
                     let _ = writeln!(out, "      largest allocations live then:");
                     render_items(&mut out, &f.live);
@@ -673,6 +889,81 @@ pub fn render(s: &Summary, detail: bool) -> String {
         }
     }
     out
+}
+
+/// The tensors live at a moment, in their segments; `request`: the failed request's bytes,
+/// set against the largest free block.
+fn render_tensor_moment(out: &mut String, m: &TensorMoment, request: Option<u64>) {
+    let outside = if m.outside_segments_bytes > 0 {
+        format!(
+            ", {} of them in no recorded segment",
+            fmt_bytes(m.outside_segments_bytes)
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "        {} tensors live, {}{outside}; segments {}, of which reserved but unallocated {}; largest free block {}",
+        m.tensor_count,
+        fmt_bytes(m.tensor_bytes),
+        fmt_bytes(m.segment_bytes),
+        fmt_bytes(m.unallocated_bytes),
+        fmt_bytes(m.largest_free_block),
+    );
+    if let Some(r) = request {
+        let verdict = if m.segment_bytes == 0 {
+            "no segment recorded"
+        } else if m.largest_free_block >= r {
+            "a free block could hold it"
+        } else {
+            "no free block holds it: a new segment was needed"
+        };
+        let _ = writeln!(
+            out,
+            "        the request {} against the largest free block {}: {verdict}",
+            fmt_bytes(r),
+            fmt_bytes(m.largest_free_block)
+        );
+    }
+    for t in &m.tensors {
+        let seg = t
+            .segment
+            .as_deref()
+            .map(|s| format!(" in segment {s}"))
+            .unwrap_or_default();
+        let name = t
+            .tensor
+            .as_deref()
+            .map(|n| format!(" {n}"))
+            .unwrap_or_default();
+        let line = t
+            .line
+            .as_deref()
+            .map(|l| format!(" @ {l}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "        {:>12}  tensor {}{seg} t={}{name}{line}",
+            fmt_bytes(t.size),
+            t.ptr,
+            fmt_secs(t.t_s)
+        );
+        for f in t.frames.iter().skip(1) {
+            let _ = writeln!(out, "            at {f}");
+        }
+    }
+    for sgm in m.segments.iter().filter(|s| s.unallocated_bytes > 0) {
+        let _ = writeln!(
+            out,
+            "        segment {} of {}: {} tensors, {} unallocated, largest free block {}",
+            sgm.base,
+            fmt_bytes(sgm.size),
+            sgm.tensors,
+            fmt_bytes(sgm.unallocated_bytes),
+            fmt_bytes(sgm.largest_free_block)
+        );
+    }
 }
 
 fn render_items(out: &mut String, items: &[AllocItem]) {

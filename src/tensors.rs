@@ -208,6 +208,11 @@ impl TensorReplay {
             .unwrap_or_default()
     }
 
+    /// The level of one process and device, `None` if it has no tensor record.
+    pub fn level_if_any(&self, process: usize, device: i32) -> Option<TensorLevel> {
+        self.levels.get(&(process, device)).copied()
+    }
+
     /// Every (process, device) with tensor records, and its level.
     pub fn levels(&self) -> impl Iterator<Item = ((usize, i32), TensorLevel)> + '_ {
         self.levels.iter().map(|(k, v)| (*k, *v))
@@ -493,6 +498,9 @@ impl TorchOom {
     }
 }
 
+/// The live tensors, the segments and the tensors' names at one moment.
+pub type LiveAt = (Vec<LiveTensor>, Vec<Segment>, FastMap<(usize, u64), String>);
+
 /// Replays `trace` until replay index `seq` and returns the live tensors of one process and
 /// device then, the segments, and the `--torch-shapes` names of the tensors.
 pub fn live_at(
@@ -500,7 +508,7 @@ pub fn live_at(
     process: usize,
     device: i32,
     seq: usize,
-) -> Result<(Vec<LiveTensor>, Vec<Segment>, FastMap<(usize, u64), String>), crate::Error> {
+) -> Result<LiveAt, crate::Error> {
     let mut r = Replayer::new();
     let mut t = TensorReplay::new();
     let mut names = Names::default();

@@ -134,6 +134,37 @@ fn tensors_and_allocator_ooms_recorded_without_changing_the_program() {
         ("forward".to_string(), oom_line)
     );
 
+    // The CLI reads them: the tensor peak with each tensor's line, the refusal as a failure
+    // with PyTorch's numbers (no driver segment in the stand-in: no segment bytes).
+    let o = Command::new(vramtrace())
+        .args(["summary", "--json", "--frames", "4"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = &v["processes"][0]["devices"][0];
+    assert_eq!(d["tensors"]["peak_bytes"], 102236160u64 + 50724864);
+    assert_eq!(d["tensors"]["live_at_end"], 50724864u64 + 3145728);
+    let peak = &d["tensors"]["at_peak"]["tensors"];
+    assert_eq!(peak[0]["size"], 102236160u64);
+    let line = format!("tensors_prog.py:{} chunk_fwd_o", printed[0][2]);
+    assert!(
+        peak[0]["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str() == Some(line.as_str())),
+        "{peak}"
+    );
+    assert!(!o.stdout.windows(18).any(|w| w == b"vramtrace_torch.py"));
+    let f = &d["failures"][0];
+    assert_eq!(f["api"], "pytorch");
+    assert_eq!(f["torch"]["requested"], 20u64 << 30);
+    assert_eq!(f["torch"]["limit"], 12u64 << 30);
+    assert_eq!(f["tensors"]["tensor_bytes"], 50724864u64 + 3145728);
+    assert_eq!(d["failed_allocations"], 1);
+
     let out = scratch("torch-probe-off").join("trace");
     run(&out, &["--no-torch-probe"]);
     assert!(
