@@ -21,6 +21,8 @@ use crate::routing::{name_bytes, route_dlsym};
 
 /// Cheap filter run on every lookup before any table work: driver API names are `cu[A-Z]…`.
 #[inline]
+// `c_char` is `u8` on aarch64, `i8` on x86-64: the cast is needed on one of them.
+#[allow(clippy::unnecessary_cast)]
 fn is_driver_name(s: *const c_char) -> bool {
     // Safety: `s` is a NUL-terminated string (dlsym's contract); the && chain stops at the NUL
     // before reading past it.
@@ -94,5 +96,48 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     )
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-compile_error!("the vramtrace preload's dlsym override is written for x86-64 only");
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+/// The exported `dlsym` (aarch64). See the module docs: the same routing as on x86-64, ending
+/// in `br` with x30 (the link register, the caller's return address that glibc reads for
+/// `RTLD_NEXT`) untouched.
+///
+/// # Safety
+/// Same contract as glibc's `dlsym`.
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // x0 = handle, x1 = symbol. RTLD_NEXT is -1, RTLD_DEFAULT is 0. x16 is the intra-procedure
+    // scratch register (and a `br x16` lands on a BTI `bti c` pad).
+    core::arch::naked_asm!(
+        "cmn x0, #1",
+        "b.eq 2f",
+        "cbz x0, 2f",
+        "b {on_handle}",
+        "2:",
+        "adrp x16, {real}",
+        "ldr x16, [x16, :lo12:{real}]",
+        "cbz x16, 3f",
+        "br x16",
+        "3:",
+        // First use: find the real dlsym, keeping the arguments and x30 (the bl below
+        // overwrites it; it is restored before the branch, so the caller glibc sees stays ours').
+        "stp x29, x30, [sp, #-32]!",
+        "mov x29, sp",
+        "stp x0, x1, [sp, #16]",
+        "bl {init}",
+        "mov x16, x0",
+        "ldp x0, x1, [sp, #16]",
+        "ldp x29, x30, [sp], #32",
+        "cbz x16, 4f",
+        "br x16",
+        "4:",
+        "mov x0, xzr",
+        "ret",
+        on_handle = sym vramtrace_dlsym_on_handle,
+        real = sym REAL_DLSYM,
+        init = sym vramtrace_init_real_dlsym,
+    )
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("the vramtrace preload's dlsym override is written for x86-64 and aarch64 only");

@@ -197,7 +197,12 @@ pub(crate) trait Memory {
 pub(crate) struct Local;
 
 /// The lowest and one past the highest address a user-space object can have on x86-64.
+#[cfg(not(target_arch = "aarch64"))]
 const USER_SPACE: core::ops::Range<u64> = 0x1000..0x0000_8000_0000_0000;
+/// The same on aarch64: 48-bit user addresses (a 52-bit kernel hands out higher ones only to
+/// an mmap that asks), so stacks and heaps sit near 0xffff_xxxx_xxxx.
+#[cfg(target_arch = "aarch64")]
+const USER_SPACE: core::ops::Range<u64> = 0x1000..0x0001_0000_0000_0000;
 
 impl Memory for Local {
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {

@@ -12,7 +12,8 @@ type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 /// glibc's own `dlsym`; null until first needed. Read by the naked `dlsym`'s fast path.
 pub(crate) static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
 
-/// Finds glibc's `dlsym` (`GLIBC_2.34` since libdl merged into libc, `GLIBC_2.2.5` before).
+/// Finds glibc's `dlsym` (`GLIBC_2.34` since libdl merged into libc, `GLIBC_2.2.5` before on
+/// x86-64, `GLIBC_2.17` on aarch64).
 /// Returns null only if neither exists, in which case `dlsym` answers null. Called by the naked
 /// `dlsym` on its first use, with the C ABI.
 pub(crate) extern "C" fn vramtrace_init_real_dlsym() -> *mut c_void {
@@ -20,7 +21,12 @@ pub(crate) extern "C" fn vramtrace_init_real_dlsym() -> *mut c_void {
     if !p.is_null() {
         return p;
     }
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+    // The version before 2.34 is the architecture's first: 2.2.5 on x86-64, 2.17 on aarch64.
+    #[cfg(target_arch = "x86_64")]
+    let versions = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
+    #[cfg(target_arch = "aarch64")]
+    let versions = [c"GLIBC_2.34", c"GLIBC_2.17"];
+    for version in versions {
         // Safety: dlvsym with valid C strings. RTLD_NEXT from this object finds the next
         // definition after the preload: glibc's. dlvsym is not overridden here.
         let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };

@@ -19,7 +19,14 @@
 use core::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+#[cfg(target_arch = "aarch64")]
+use framehop::aarch64::{
+    CacheAarch64 as NativeCache, PtrAuthMask, UnwindRegsAarch64, UnwinderAarch64 as NativeUnwinder,
+};
+#[cfg(target_arch = "x86_64")]
+use framehop::x86_64::{
+    CacheX86_64 as NativeCache, UnwindRegsX86_64, UnwinderX86_64 as NativeUnwinder,
+};
 use framehop::{MustNotAllocateDuringUnwind, Unwinder};
 use vramtrace_format::{Encoder, FRAME_HEADER_LEN, PY_FRAME_LEN, PyFrame, kind};
 
@@ -72,8 +79,8 @@ impl Drop for SpinGuard<'_> {
 static LOCK: SpinLock = SpinLock(AtomicBool::new(false));
 
 struct State {
-    unwinder: UnwinderX86_64<Mapped, MustNotAllocateDuringUnwind>,
-    cache: Box<CacheX86_64<MustNotAllocateDuringUnwind>>,
+    unwinder: NativeUnwinder<Mapped, MustNotAllocateDuringUnwind>,
+    cache: Box<NativeCache<MustNotAllocateDuringUnwind>>,
     modules: Vec<(LoadedModule, u32)>, // with the file generation its record was written in
     loader_counts: (u64, u64),
     own: core::ops::Range<u64>,
@@ -149,8 +156,8 @@ impl State {
     /// An empty state; [`State::refresh`] fills the module list.
     fn new() -> State {
         State {
-            unwinder: UnwinderX86_64::new(),
-            cache: Box::new(CacheX86_64::new_in()),
+            unwinder: NativeUnwinder::new(),
+            cache: Box::new(NativeCache::new_in()),
             modules: Vec::new(),
             loader_counts: (u64::MAX, u64::MAX),
             own: 0..0,
@@ -262,8 +269,10 @@ pub(crate) fn capture(file: File) -> u32 {
     if !native && py.len == 0 {
         return 0;
     }
+    #[cfg(target_arch = "x86_64")]
     let (ip, sp, bp): (u64, u64, u64);
     // Safety: reads three registers, touches nothing else.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         core::arch::asm!(
             "lea {ip}, [rip]",
@@ -275,6 +284,34 @@ pub(crate) fn capture(file: File) -> u32 {
             options(nomem, nostack, preserves_flags),
         );
     }
+    #[cfg(target_arch = "x86_64")]
+    let regs = UnwindRegsX86_64::new(ip, sp, bp);
+    #[cfg(target_arch = "aarch64")]
+    let (ip, sp, regs) = {
+        let (ip, sp, fp, lr): (u64, u64, u64, u64);
+        // Safety: reads four registers, touches nothing else.
+        unsafe {
+            core::arch::asm!(
+                "adr {ip}, .",
+                "mov {sp}, sp",
+                "mov {fp}, x29",
+                "mov {lr}, x30",
+                ip = out(reg) ip,
+                sp = out(reg) sp,
+                fp = out(reg) fp,
+                lr = out(reg) lr,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+        // Return addresses signed by pointer authentication carry the signature above the
+        // 48 address bits of Linux user space.
+        let mask = PtrAuthMask(0x0000_ffff_ffff_ffff);
+        (
+            ip,
+            sp,
+            UnwindRegsAarch64::new_with_ptr_auth_mask(mask, lr, sp, fp),
+        )
+    };
     let top = stack_top();
     // Before the lock is first taken: a fork child must find it open.
     FORK.register();
@@ -301,12 +338,9 @@ pub(crate) fn capture(file: File) -> u32 {
                 Err(())
             }
         };
-        let mut iter = state.unwinder.iter_frames(
-            ip,
-            UnwindRegsX86_64::new(ip, sp, bp),
-            &mut state.cache,
-            &mut read_stack,
-        );
+        let mut iter = state
+            .unwinder
+            .iter_frames(ip, regs, &mut state.cache, &mut read_stack);
         let mut own_seen = false;
         while let Ok(Some(frame)) = iter.next() {
             let addr = frame.address();
