@@ -44,6 +44,8 @@ pub enum Command {
     Report(commands::report::ReportArgs),
     /// Peak and live-set differences between two traces, by label and by stack.
     Diff(commands::diff::DiffArgs),
+    /// Turn a PyTorch memory snapshot pickle into a trace directory.
+    Import(commands::import::ImportArgs),
 }
 
 /// Runs the chosen subcommand and returns the process exit code.
@@ -60,6 +62,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Plot(a) => commands::plot::run(a),
         Command::Export(a) => commands::export::run(a),
         Command::Report(a) => commands::report::run(a),
+        Command::Import(a) => commands::import::run(a),
         Command::Diff(a) => commands::diff::run(a),
     }
 }

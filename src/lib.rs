@@ -43,6 +43,7 @@ pub mod diff;
 pub mod error;
 pub mod events;
 pub mod export;
+pub mod import;
 pub mod live;
 pub mod names;
 pub mod plots;

@@ -5,6 +5,7 @@ pub mod demo;
 pub mod diff;
 pub mod events;
 pub mod export;
+pub mod import;
 pub mod live;
 pub mod model;
 pub mod plot;

@@ -1,0 +1,546 @@
+//! A PyTorch memory snapshot (`torch.cuda.memory._snapshot()`, pickled) as a vramtrace trace.
+//!
+//! The pickle is decoded into plain values by a reader that knows only plain-data opcodes
+//! (`unpickle`): no Python runs and no class is instantiated (a global reference in the
+//! stream is refused). Anything that is not a snapshot
+//! dict (`segments` and `device_traces` lists) is refused with a sentence saying why.
+//!
+//! What each part becomes, in one version 2 trace file written with the format crate's encoder:
+//! - `segment_alloc` / `segment_free`: a driver allocation / release (`cuMemAlloc_v2` /
+//!   `cuMemFree_v2`) of the segment's address and size; `segment_map` / `segment_unmap`
+//!   (expandable segments): a `cuMemCreate` of the bytes mapped with a `cuMemMap` of the range,
+//!   and their release (touching mappings read as one segment, see [`crate::tensors`]).
+//! - `alloc` / `free_completed`: a TENSOR record allocated / freed at the block's address (a
+//!   `free_requested` waits for its completion: the block is reusable only then).
+//! - `oom`: a TENSOR record the allocator refused, with the request, the driver's free memory
+//!   (`device_free`), and the allocated and reserved bytes as the snapshot replays to then.
+//! - `frames`: the Python frames (file names ending in `.py`) as a PY_STACK with its strings;
+//!   native frames are not kept (a snapshot has no addresses to symbolise).
+//! - What was live before the history began (a release whose allocation is not in the trace, a
+//!   segment or block of `segments` the trace never allocated) is allocated at the start.
+//!
+//! Times are `time_us` (wall clock, µs) in ns; a snapshot without times gets one µs per entry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde_pickle::{HashableValue, Value};
+
+mod unpickle;
+use vramtrace_format::{
+    Api, BlockFileWriter, Event, EventKind, Header, MemKind, PyFrame, Record, TensorAction,
+    TensorEvent,
+};
+
+/// Why a file could not be imported.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The file could not be read.
+    #[error("cannot read {0}: {1}")]
+    Io(std::path::PathBuf, std::io::Error),
+    /// The bytes are not a pickle serde-pickle decodes without running code.
+    #[error(
+        "{0} is not a pickle that can be read safely: {1} (only plain values are decoded; nothing in the file is run)"
+    )]
+    Pickle(std::path::PathBuf, String),
+    /// A pickle, but not a snapshot.
+    #[error("{0} is not a PyTorch memory snapshot: {1}")]
+    NotSnapshot(std::path::PathBuf, String),
+}
+
+/// What an import produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Imported {
+    /// Segments allocated (including those live when the history began).
+    pub segments: usize,
+    /// Tensor allocations.
+    pub tensors: usize,
+    /// Tensor frees.
+    pub frees: usize,
+    /// Out-of-memory entries.
+    pub ooms: usize,
+    /// Devices with a trace.
+    pub devices: usize,
+}
+
+fn key<'a>(d: &'a BTreeMap<HashableValue, Value>, k: &str) -> Option<&'a Value> {
+    d.get(&HashableValue::String(k.to_string()))
+}
+
+fn int(v: Option<&Value>) -> Option<u64> {
+    match v? {
+        Value::I64(i) => u64::try_from(*i).ok(),
+        Value::Int(b) => b.to_string().parse().ok(),
+        // A u64 above i64::MAX (LONG1 of 9 bytes) comes as an i128 cast to f64: exact only
+        // below 2^53, which addresses and sizes are.
+        Value::F64(f) if *f >= 0.0 && f.is_finite() => Some(*f as u64),
+        Value::Bool(b) => Some(u64::from(*b)),
+        _ => None,
+    }
+}
+
+fn text(v: Option<&Value>) -> Option<&str> {
+    match v? {
+        Value::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn list(v: Option<&Value>) -> Option<&[Value]> {
+    match v? {
+        Value::List(l) | Value::Tuple(l) => Some(l),
+        _ => None,
+    }
+}
+
+fn dict(v: &Value) -> Option<&BTreeMap<HashableValue, Value>> {
+    match v {
+        Value::Dict(d) => Some(d),
+        _ => None,
+    }
+}
+
+/// Decodes a snapshot pickle and checks its shape.
+pub fn read_snapshot(path: &Path) -> Result<Value, ImportError> {
+    let bytes = std::fs::read(path).map_err(|e| ImportError::Io(path.to_path_buf(), e))?;
+    let v = unpickle::loads(&bytes).map_err(|e| ImportError::Pickle(path.to_path_buf(), e))?;
+    let not = |why: &str| ImportError::NotSnapshot(path.to_path_buf(), why.to_string());
+    let d = dict(&v).ok_or_else(|| not("the pickle holds no dict"))?;
+    if list(key(d, "segments")).is_none() {
+        return Err(not("it has no `segments` list"));
+    }
+    if list(key(d, "device_traces")).is_none() {
+        return Err(not("it has no `device_traces` list"));
+    }
+    Ok(v)
+}
+
+/// Interns strings and Python stacks for the records.
+#[derive(Default)]
+struct Tables {
+    strings: HashMap<String, u32>,
+    stacks: HashMap<Vec<PyFrame>, u32>,
+    out: Vec<Record>,
+}
+
+impl Tables {
+    fn string(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.strings.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32 + 1;
+        self.strings.insert(s.to_string(), id);
+        self.out.push(Record::String {
+            id,
+            text: s.to_string(),
+        });
+        id
+    }
+
+    /// The stack id of a snapshot entry's `frames` (Python frames only), 0 for none.
+    fn stack(&mut self, frames: Option<&[Value]>) -> u32 {
+        let mut py = Vec::new();
+        for f in frames.unwrap_or_default() {
+            let Some(f) = dict(f) else { continue };
+            let Some(file) = text(key(f, "filename")) else {
+                continue;
+            };
+            if !file.ends_with(".py") {
+                continue;
+            }
+            let function = text(key(f, "name")).unwrap_or("?");
+            let line = int(key(f, "line")).unwrap_or(0) as u32;
+            py.push(PyFrame {
+                file: self.string(file),
+                function: self.string(function),
+                line,
+            });
+            if py.len() == 256 {
+                break;
+            }
+        }
+        if py.is_empty() {
+            return 0;
+        }
+        if let Some(&id) = self.stacks.get(&py) {
+            return id;
+        }
+        let id = self.stacks.len() as u32 + 1;
+        self.stacks.insert(py.clone(), id);
+        self.out.push(Record::Stack {
+            id,
+            frames: Vec::new(),
+        });
+        self.out.push(Record::PyStack {
+            stack: id,
+            frames: py,
+        });
+        id
+    }
+}
+
+/// One entry of a device trace, decoded.
+struct Entry<'a> {
+    action: &'a str,
+    addr: u64,
+    size: u64,
+    t_ns: u64,
+    frames: Option<&'a [Value]>,
+    device_free: u64,
+}
+
+fn api(name: &str) -> Api {
+    Api::from_name(name).unwrap_or_default()
+}
+
+fn event(
+    t_ns: u64,
+    device: i32,
+    kind: EventKind,
+    mem: MemKind,
+    f: &str,
+    ptr: u64,
+    size: u64,
+) -> Event {
+    Event {
+        t_ns,
+        tid: 1,
+        device,
+        kind,
+        mem,
+        api: api(f),
+        ptr,
+        size,
+        ..Event::default()
+    }
+}
+
+/// Converts a decoded snapshot into the records of one trace file, and its header.
+pub fn convert(
+    v: &Value,
+    pid: u32,
+    source: &str,
+) -> Result<(Header, Vec<Record>, Imported), String> {
+    let d = dict(v).ok_or("the pickle holds no dict")?;
+    let segments = list(key(d, "segments")).ok_or("no `segments` list")?;
+    let traces = list(key(d, "device_traces")).ok_or("no `device_traces` list")?;
+    let mut t = Tables::default();
+    let mut n = Imported::default();
+    let mut timed: Vec<Record> = Vec::new();
+    let mut first_t = u64::MAX;
+    // Per device: the entries, decoded.
+    let mut per_device: Vec<Vec<Entry>> = Vec::new();
+    let mut tick = 1u64;
+    for (dev, tr) in traces.iter().enumerate() {
+        let entries = match tr {
+            Value::List(l) | Value::Tuple(l) => l,
+            _ => return Err(format!("device_traces[{dev}] is not a list")),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let e =
+                dict(e).ok_or_else(|| format!("an entry of device_traces[{dev}] is not a dict"))?;
+            let action = text(key(e, "action"))
+                .ok_or_else(|| format!("an entry of device_traces[{dev}] has no action"))?;
+            let t_ns = match int(key(e, "time_us")) {
+                Some(us) if us > 0 => us.saturating_mul(1000),
+                _ => {
+                    tick += 1000;
+                    tick
+                }
+            };
+            first_t = first_t.min(t_ns);
+            out.push(Entry {
+                action,
+                addr: int(key(e, "addr")).unwrap_or(0),
+                size: int(key(e, "size")).unwrap_or(0),
+                t_ns,
+                frames: list(key(e, "frames")),
+                device_free: int(key(e, "device_free")).unwrap_or(0),
+            });
+        }
+        per_device.push(out);
+    }
+    if first_t == u64::MAX {
+        first_t = 1000;
+    }
+    let t_start = first_t.saturating_sub(1);
+    // What was live when the history began, per device: segments (address → (size,
+    // expandable)) and blocks (address → size).
+    let mut seg_before: Vec<BTreeMap<u64, (u64, bool, u32)>> =
+        vec![BTreeMap::new(); per_device.len()];
+    let mut blk_before: Vec<BTreeMap<u64, (u64, u32)>> = vec![BTreeMap::new(); per_device.len()];
+    for (dev, entries) in per_device.iter().enumerate() {
+        let mut seen_seg: HashMap<u64, bool> = HashMap::new();
+        let mut seen_blk: HashMap<u64, bool> = HashMap::new();
+        for e in entries {
+            match e.action {
+                "segment_alloc" | "segment_map" => {
+                    seen_seg.entry(e.addr).or_insert(false);
+                }
+                "segment_free" | "segment_unmap" => {
+                    if let std::collections::hash_map::Entry::Vacant(v) = seen_seg.entry(e.addr) {
+                        v.insert(true);
+                        seg_before[dev].insert(e.addr, (e.size, e.action == "segment_unmap", 0));
+                    }
+                }
+                "alloc" => {
+                    seen_blk.entry(e.addr).or_insert(false);
+                }
+                "free_requested" | "free_completed" => {
+                    if let std::collections::hash_map::Entry::Vacant(v) = seen_blk.entry(e.addr) {
+                        v.insert(true);
+                        blk_before[dev].insert(e.addr, (e.size, 0));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // The final state: what the trace never allocated was there from the start.
+        for s in segments {
+            let Some(s) = dict(s) else { continue };
+            if int(key(s, "device")).unwrap_or(0) as usize != dev {
+                continue;
+            }
+            let addr = int(key(s, "address")).unwrap_or(0);
+            let size = int(key(s, "total_size")).unwrap_or(0);
+            let expandable = matches!(key(s, "is_expandable"), Some(Value::Bool(true)));
+            if !seen_seg.contains_key(&addr) {
+                let stack = t.stack(list(key(s, "frames")));
+                seg_before[dev].insert(addr, (size, expandable, stack));
+            }
+            for b in list(key(s, "blocks")).unwrap_or_default() {
+                let Some(b) = dict(b) else { continue };
+                let state = text(key(b, "state")).unwrap_or("");
+                if !state.starts_with("active") {
+                    continue;
+                }
+                let a = int(key(b, "address")).unwrap_or(0);
+                if !seen_blk.contains_key(&a) {
+                    let stack = t.stack(list(key(b, "frames")));
+                    blk_before[dev].insert(a, (int(key(b, "size")).unwrap_or(0), stack));
+                }
+            }
+        }
+    }
+    if traces.is_empty() {
+        // A snapshot without history: its segments are the state at one moment.
+        let mut devs: BTreeMap<usize, ()> = BTreeMap::new();
+        for s in segments {
+            if let Some(s) = dict(s) {
+                devs.insert(int(key(s, "device")).unwrap_or(0) as usize, ());
+            }
+        }
+        let max = devs.keys().next_back().map_or(0, |d| d + 1);
+        seg_before.resize(max, BTreeMap::new());
+        blk_before.resize(max, BTreeMap::new());
+        for s in segments {
+            let Some(s) = dict(s) else { continue };
+            let dev = int(key(s, "device")).unwrap_or(0) as usize;
+            let addr = int(key(s, "address")).unwrap_or(0);
+            let expandable = matches!(key(s, "is_expandable"), Some(Value::Bool(true)));
+            let stack = t.stack(list(key(s, "frames")));
+            seg_before[dev].insert(
+                addr,
+                (int(key(s, "total_size")).unwrap_or(0), expandable, stack),
+            );
+            for b in list(key(s, "blocks")).unwrap_or_default() {
+                let Some(b) = dict(b) else { continue };
+                if !text(key(b, "state")).unwrap_or("").starts_with("active") {
+                    continue;
+                }
+                let stack = t.stack(list(key(b, "frames")));
+                blk_before[dev].insert(
+                    int(key(b, "address")).unwrap_or(0),
+                    (int(key(b, "size")).unwrap_or(0), stack),
+                );
+            }
+        }
+    }
+    let seg_events = |t_ns: u64, dev: i32, addr: u64, size: u64, expandable: bool, stack: u32| {
+        let mut v = Vec::new();
+        if expandable {
+            let mut c = event(
+                t_ns,
+                dev,
+                EventKind::Alloc,
+                MemKind::Device,
+                "cuMemCreate",
+                addr,
+                size,
+            );
+            c.stack = stack;
+            v.push(Record::Event(c));
+            let mut m = event(
+                t_ns,
+                dev,
+                EventKind::Map,
+                MemKind::Mapping,
+                "cuMemMap",
+                addr,
+                size,
+            );
+            m.aux = addr;
+            v.push(Record::Event(m));
+        } else {
+            let mut a = event(
+                t_ns,
+                dev,
+                EventKind::Alloc,
+                MemKind::Device,
+                "cuMemAlloc_v2",
+                addr,
+                size,
+            );
+            a.stack = stack;
+            v.push(Record::Event(a));
+        }
+        v
+    };
+    let tensor = |t_ns: u64, dev: i32, action: TensorAction, ptr: u64, size: u64, stack: u32| {
+        Record::Tensor(TensorEvent {
+            t_ns,
+            tid: 1,
+            device: dev,
+            action,
+            ptr,
+            size,
+            stack,
+            ..TensorEvent::default()
+        })
+    };
+    for (dev, entries) in per_device.iter().enumerate() {
+        let di = dev as i32;
+        // Replayed state, for the allocated and reserved bytes at an `oom`.
+        let mut blocks: HashMap<u64, u64> = HashMap::new();
+        let mut segs: HashMap<u64, (u64, bool)> = HashMap::new();
+        for (&a, &(size, exp, stack)) in &seg_before[dev] {
+            timed.extend(seg_events(t_start, di, a, size, exp, stack));
+            segs.insert(a, (size, exp));
+            n.segments += 1;
+        }
+        for (&a, &(size, stack)) in &blk_before[dev] {
+            timed.push(tensor(t_start, di, TensorAction::Alloc, a, size, stack));
+            blocks.insert(a, size);
+            n.tensors += 1;
+        }
+        if !entries.is_empty() || !seg_before[dev].is_empty() {
+            n.devices += 1;
+        }
+        for e in entries {
+            match e.action {
+                "segment_alloc" | "segment_map" => {
+                    let exp = e.action == "segment_map";
+                    let stack = t.stack(e.frames);
+                    timed.extend(seg_events(e.t_ns, di, e.addr, e.size, exp, stack));
+                    segs.insert(e.addr, (e.size, exp));
+                    n.segments += 1;
+                }
+                "segment_free" | "segment_unmap" => {
+                    let exp = segs
+                        .remove(&e.addr)
+                        .map_or(e.action == "segment_unmap", |s| s.1);
+                    if exp {
+                        timed.push(Record::Event(event(
+                            e.t_ns,
+                            di,
+                            EventKind::Unmap,
+                            MemKind::Mapping,
+                            "cuMemUnmap",
+                            e.addr,
+                            0,
+                        )));
+                        timed.push(Record::Event(event(
+                            e.t_ns,
+                            di,
+                            EventKind::Free,
+                            MemKind::Device,
+                            "cuMemRelease",
+                            e.addr,
+                            0,
+                        )));
+                    } else {
+                        timed.push(Record::Event(event(
+                            e.t_ns,
+                            di,
+                            EventKind::Free,
+                            MemKind::Device,
+                            "cuMemFree_v2",
+                            e.addr,
+                            0,
+                        )));
+                    }
+                }
+                "alloc" => {
+                    let stack = t.stack(e.frames);
+                    timed.push(tensor(
+                        e.t_ns,
+                        di,
+                        TensorAction::Alloc,
+                        e.addr,
+                        e.size,
+                        stack,
+                    ));
+                    blocks.insert(e.addr, e.size);
+                    n.tensors += 1;
+                }
+                "free_completed" => {
+                    timed.push(tensor(e.t_ns, di, TensorAction::Free, e.addr, 0, 0));
+                    blocks.remove(&e.addr);
+                    n.frees += 1;
+                }
+                "oom" => {
+                    let stack = t.stack(e.frames);
+                    let Record::Tensor(mut r) =
+                        tensor(e.t_ns, di, TensorAction::AllocFailed, 0, e.size, stack)
+                    else {
+                        unreachable!()
+                    };
+                    r.free = e.device_free;
+                    r.allocated = blocks.values().sum();
+                    r.reserved = segs.values().map(|s| s.0).sum();
+                    timed.push(Record::Tensor(r));
+                    n.ooms += 1;
+                }
+                // free_requested (the block is reusable at free_completed), snapshot markers.
+                _ => {}
+            }
+        }
+    }
+    let header = Header {
+        pid,
+        ppid: 0,
+        start_unix_ns: t_start,
+        start_mono_ns: t_start,
+        hostname: String::new(),
+        cmdline: vec!["vramtrace-import".into(), source.to_string()],
+        ..Header::default()
+    };
+    let mut records = t.out;
+    records.extend(timed);
+    Ok((header, records, n))
+}
+
+/// Imports `snapshot` into the trace directory `out` (created if needed) as `<pid>.vtr`.
+pub fn import(
+    snapshot: &Path,
+    out: &Path,
+    pid: u32,
+) -> anyhow::Result<(std::path::PathBuf, Imported)> {
+    let v = read_snapshot(snapshot)?;
+    let (header, records, n) = convert(&v, pid, &snapshot.display().to_string())
+        .map_err(|why| ImportError::NotSnapshot(snapshot.to_path_buf(), why))?;
+    let mut w = BlockFileWriter::new(&header, 1 << 16);
+    for r in &records {
+        if w.push(1, r).is_none() {
+            anyhow::bail!(
+                "a record of {} does not fit a trace block",
+                snapshot.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(out)?;
+    let path = out.join(format!("{pid}.{}", vramtrace_format::FILE_EXTENSION));
+    std::fs::write(&path, w.finish())?;
+    Ok((path, n))
+}
