@@ -249,6 +249,80 @@ prefill_cost() {
   rm -rf "$W/pc"
 }
 
+live_tmux() {
+  # The live view as a user sees it, against a PyTorch prefill being written: a chunked prefill
+  # of 16 Qwen3.6-27B-shaped layers creeping toward a 24 GiB line, the view in tmux.
+  rm -rf "$W/live"; mkdir -p "$W/live"
+  tmux kill-server 2>/dev/null
+  tmux new-session -d -s vt -x 150 -y 46 "$VT live $W/live --capacity 24GiB"
+  sleep 2; tmux capture-pane -p -t vt > "$W/live-screen-0-waiting.txt"
+  $VT run --quiet --out "$W/live" -- python3 "$VAL/torch_prefill.py" --layers 16 --tokens 65536 --passes 1 > "$W/live-job.txt" 2>&1 &
+  local job=$! i
+  for i in 1 2 3 4 5 6; do sleep 4; tmux capture-pane -p -t vt > "$W/live-screen-$i.txt"; done
+  wait $job
+  tmux send-keys -t vt p; sleep 1; tmux capture-pane -p -t vt > "$W/live-screen-peak.txt"
+  tmux send-keys -t vt Enter; sleep 1; tmux capture-pane -p -t vt > "$W/live-screen-stack.txt"
+  tmux send-keys -t vt q; sleep 1; tmux kill-server 2>/dev/null
+  for f in "$W"/live-screen-*.txt; do echo "--- $f"; cat "$f"; done
+}
+
+report_torch() {
+  # A real PyTorch OOM, as a user would file it: the prefill above on a 24 GiB allocator limit.
+  rm -rf "$W/torch-oom" "$W/torch-oom-report"
+  $VT run --out "$W/torch-oom" -- python3 "$VAL/torch_prefill.py" --layers 16 --tokens 262144 --passes 1 --capacity-gib 24 2>&1 | tail -5
+  $VT report "$W/torch-oom" --model "$CFG" --variant fla-0.6.0 --tokens 4128 --capacity 24GiB -o "$W/torch-oom-report" | tail -3
+  $VT report "$W/torch-oom" --model "$CFG" --variant fla-0.6.0 --tokens 4128 --capacity 24GiB --html -o "$W/torch-oom-report" | tail -1
+  head -40 "$W/torch-oom-report/report.md"
+}
+
+export_memviz() {
+  # Our PyTorch-snapshot export read by PyTorch's own memory_viz; PyTorch's own snapshot of a run
+  # imported and set beside our record of the same run.
+  local d="$W/torch-nocache"
+  [ -d "$d" ] || { echo "run torch_modes first"; return 1; }
+  $VT export "$d" --format pytorch -o "$W/export.pickle" --force
+  python3 - "$W/export.pickle" <<'PY'
+import pickle, sys
+from torch.cuda import _memory_viz as mv
+s = pickle.load(open(sys.argv[1], "rb"))
+print("segments", len(s["segments"]), "device traces", [len(t) for t in s["device_traces"]])
+print("trace_plot html bytes", len(mv.trace_plot(s)))
+print("segment_plot html bytes", len(mv.segment_plot(s)))
+print(mv.segsum(s)[:400])
+PY
+  rm -rf "$W/own-snap" "$W/imported"
+  $VT run --quiet --out "$W/own-snap" -- python3 -c '
+import pickle, torch
+torch.cuda.memory._record_memory_history(max_entries=100000)
+keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (4096, 512000, 3145728, 52428800)]
+del keep[1]
+pickle.dump(torch.cuda.memory._snapshot(), open("/tmp/own.pickle", "wb"))
+'
+  $VT import /tmp/own.pickle -o "$W/imported"
+  echo "--- ours"; $VT summary "$W/own-snap" | head -30
+  echo "--- imported from PyTorch's snapshot"; $VT summary "$W/imported" | head -30
+}
+
+replay_check() {
+  # An uncapped prefill on real kernels, replayed against 18 GiB, beside the same prefill run
+  # with an 18 GiB limit (samples/h200/prefill-18gib): the same failing allocation?
+  rm -rf "$W/wl-uncapped"
+  $VT run --quiet --out "$W/wl-uncapped" -- $WL prefill --config "$CFG" --prompt-tokens 16512 2>&1 | tail -3
+  $VT replay "$W/wl-uncapped" --capacity 18GiB --frames 4 | head -20
+  rm -rf "$W/wl-18"
+  $VT run --quiet --out "$W/wl-18" -- $WL prefill --config "$CFG" --prompt-tokens 16512 --capacity 18GiB 2>&1 | tail -4
+}
+
+wheel() {
+  # The wheel in a fresh venv traces the fla run with no flags and no environment.
+  local whl
+  whl=$(ls "$ROOT"/.device/wheel/vramtrace-*.whl 2>/dev/null | head -1)
+  [ -n "$whl" ] || { echo "no wheel under .device/wheel"; return 1; }
+  rm -rf /tmp/vtvenv && python3 -m venv /tmp/vtvenv && /tmp/vtvenv/bin/pip install -q --no-index "$whl"
+  rm -rf "$W/wheel"
+  env -u VRAMTRACE_PRELOAD /tmp/vtvenv/bin/vramtrace run --out "$W/wheel" -- python3 "$VAL/model_vs_torch.py" --kernel gdn --seqlens 4128 --hk 16 --hv 48 --k 128 --v 128 2>&1 | tail -12
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del

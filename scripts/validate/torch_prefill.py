@@ -7,6 +7,7 @@ vLLM does. Prints the best wall time of several passes, in seconds, on the last 
 and under `vramtrace run` (scripts/validate/h200.sh prefill_cost alternates the two).
 
 Usage: torch_prefill.py [--tokens 32768] [--chunk 4128] [--layers 8] [--passes 3]
+                        [--capacity-gib G]
 """
 
 import argparse
@@ -90,8 +91,14 @@ def main():
     p.add_argument("--chunk", type=int, default=4128)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--capacity-gib", type=float, default=None,
+                   help="limit PyTorch's allocator to this many GiB "
+                        "(set_per_process_memory_fraction), as a smaller card would")
     a = p.parse_args()
     dev, dt = "cuda", torch.bfloat16
+    if a.capacity_gib is not None:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(a.capacity_gib * 2**30 / total)
     torch.manual_seed(0)
     layers = make_layers(a.layers, dev, dt)
     prefill(layers, a.chunk, a.chunk, dev, dt)  # warm-up: Triton compiles, cuBLAS plans
