@@ -18,11 +18,24 @@ use vramtrace_workload::{DType, Session, annotate, check};
 
 use cli::{Cli, Command, Common, FaArgs, GdnArgs, PrefillArgs, SelfcheckArgs};
 
+/// Gives SIGPIPE back its default action, as `vramtrace`'s own `main` does: `vramtrace demo |
+/// head -1` closes the pipe this program prints its report into, and Rust's runtime ignores
+/// SIGPIPE before `main`, so the next `println!` would panic ("failed printing to stdout").
+/// With the default action the program ends the way `cat` does; it has nothing to flush or undo.
+fn restore_sigpipe() {
+    // Safety: `signal` with a valid signal number and `SIG_DFL` has no other precondition, and
+    // it runs first in `main`, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Exit status of a prefill that ran out of device memory (2 is for usage and
 /// other errors).
 const EXIT_OUT_OF_MEMORY: u8 = 3;
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Gdn(a) => gdn_command(a),
