@@ -43,6 +43,10 @@ pub struct Observed {
     pub label: Option<String>,
     /// True for the request that failed (the moment attributed is its failure).
     pub failed: bool,
+    /// Its Python frames, innermost first, as `file.py:LINE function` (the PyTorch probe's own
+    /// frames skipped): what [`crate::evidence`] weighs a size match against.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<String>,
 }
 
 /// How a tensor was matched.
@@ -85,6 +89,10 @@ pub struct Row {
     pub matched_by: Option<MatchedBy>,
     /// The upstream line the model cites.
     pub source: String,
+    /// What the match rests on (see [`crate::evidence`]); for a tensor left unmatched because
+    /// several live allocations look alike, or because the frames show other code, why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::evidence::Evidence>,
 }
 
 /// The outcome of matching.
@@ -109,6 +117,9 @@ pub struct Attribution {
     /// The tensor the failed request was for, if the moment is a failure and it matched.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_tensor: Option<usize>,
+    /// Of `attributed_bytes`, what rests on evidence (a name, or a frame in the modelled file)
+    /// and what on size and order alone; ambiguous and contradicted matches.
+    pub evidence: crate::evidence::EvidenceSummary,
 }
 
 impl Attribution {
@@ -296,6 +307,7 @@ pub fn attribute(
                 difference: m.map(|_| observed_bytes as i64 - t.bytes as i64),
                 matched_by: m.map(|(_, how)| how),
                 source: t.source.to_string(),
+                evidence: None,
             }
         })
         .collect();
@@ -312,6 +324,7 @@ pub fn attribute(
         failed_tensor,
         moment,
         observed: Vec::new(),
+        evidence: Default::default(),
     };
     for (oi, o) in observed.iter().enumerate() {
         if o.failed {
@@ -327,6 +340,7 @@ pub fn attribute(
         }
     }
     a.observed = observed;
+    crate::evidence::weigh(&mut a, tensors, align);
     a
 }
 
@@ -368,6 +382,7 @@ fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
         name: None,
         label: p.string(e.label).map(str::to_string),
         failed: true,
+        frames: crate::tensors::python_frames(p, e.stack, 8),
     }
 }
 
@@ -384,6 +399,7 @@ fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
             .and_then(|n| p.string(n.name).map(str::to_string)),
         label: p.string(a.event.label).map(str::to_string),
         failed: false,
+        frames: crate::tensors::python_frames(p, a.event.stack, 8),
     }
 }
 
@@ -683,6 +699,7 @@ mod tests {
             name: name.map(str::to_string),
             label: None,
             failed: false,
+            frames: Vec::new(),
         }
     }
 

@@ -18,7 +18,8 @@
 //!     .iter()
 //!     .enumerate()
 //!     .map(|(i, t)| Observed { size: t.bytes, t_ns: i as u64, ptr: format!("{i:#x}"),
-//!                             api: "cuMemAlloc_v2", name: None, label: None, failed: false })
+//!                             api: "cuMemAlloc_v2", name: None, label: None, failed: false,
+//!                             frames: vec![] })
 //!     .collect();
 //! let a = attribute(&tensors, observed, 1, Moment::Peak);
 //! assert_eq!(a.attributed_bytes, 334_436_352);
@@ -42,6 +43,7 @@ pub mod cu_result;
 pub mod diff;
 pub mod error;
 pub mod events;
+pub mod evidence;
 pub mod export;
 pub mod import;
 pub mod live;

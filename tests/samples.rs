@@ -68,6 +68,14 @@ fn fla_gdn_peak_is_attributed_byte_for_byte() {
     }
     assert_eq!(a["attributed_bytes"], 334_436_352u64);
     assert_eq!(a["unexplained_bytes"], 0);
+    // Recorded before Python frames and without names on the kernel's tensors: every match
+    // rests on size and order alone, and none is ambiguous (the inputs are named).
+    for r in a["rows"].as_array().unwrap() {
+        assert_eq!(r["evidence"]["kind"], "size_only", "{r}");
+    }
+    assert_eq!(a["evidence"]["size_only_bytes"], 334_436_352u64);
+    assert_eq!(a["evidence"]["evidence_bytes"], 0);
+    assert_eq!(a["evidence"]["ambiguous"], 0);
     assert!(v["named_fraction"].as_f64().unwrap() >= 0.99);
 }
 

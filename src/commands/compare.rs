@@ -194,7 +194,7 @@ pub fn render(
     );
     let _ = writeln!(
         out,
-        "\n  {:<22} {:<22} {:<9} {:>12} {:>12} {:>10}  {:<10} allocation",
+        "\n  {:<22} {:<22} {:<9} {:>12} {:>12} {:>10}  {:<10} allocation  [evidence]",
         "tensor", "shape", "dtype", "predicted", "observed", "diff", "matched by"
     );
     for r in &a.rows {
@@ -223,15 +223,22 @@ pub fn render(
                 let why =
                     if m.moment == crate::attribution::Moment::Peak && !r.live_at_predicted_peak {
                         "(not live at the predicted peak)"
+                    } else if r.evidence.is_some() {
+                        "(not matched)"
                     } else {
                         "(not observed)"
                     };
                 ("-".to_string(), "-".to_string(), "", why.to_string())
             }
         };
+        let evidence = r
+            .evidence
+            .as_ref()
+            .map(|e| format!("  [{}]", e.describe()))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {:<22} {:<22} {:<9} {:>12} {:>12} {:>10}  {:<10} {}",
+            "  {:<22} {:<22} {:<9} {:>12} {:>12} {:>10}  {:<10} {}{evidence}",
             r.name, r.shape, r.dtype, r.predicted_bytes, obs, diff, how, alloc
         );
     }
@@ -282,6 +289,20 @@ pub fn render(
         fmt_bytes(a.unexplained_bytes),
         pct(a.unexplained_bytes),
     );
+    let ev = &a.evidence;
+    let _ = writeln!(
+        out,
+        "  of the matched: backed by a name or a frame in the modelled file {} ({:.2}%), by size and order alone {} ({:.2}%); {} tensor(s) ambiguous among look-alikes, {} contradicted by their frames",
+        fmt_bytes(ev.evidence_bytes),
+        pct(ev.evidence_bytes),
+        fmt_bytes(ev.size_only_bytes),
+        pct(ev.size_only_bytes),
+        ev.ambiguous,
+        ev.contradicted,
+    );
+    if let Some(n) = &ev.other_implementation {
+        let _ = writeln!(out, "  {n}");
+    }
     if m.moment == crate::attribution::Moment::Failure {
         match a.failed_tensor {
             Some(ti) => {
