@@ -429,13 +429,20 @@ pub(crate) fn tid() -> u32 {
         if t != 0 {
             return t;
         }
-        // Safety: gettid has no preconditions.
-        let t = unsafe { libc::gettid() } as u32;
+        let t = gettid();
         c.set(t);
         t
     })
-    // Safety: as above (thread-local storage already torn down).
-    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
+    // Thread-local storage already torn down.
+    .unwrap_or_else(|_| gettid())
+}
+
+/// The kernel thread id, by the system call: glibc's `gettid` wrapper exists only since 2.30,
+/// and a reference to it would keep the preload from loading on an older glibc (the wheel's
+/// floor is 2.17; scripts/check_glibc_floor.sh).
+fn gettid() -> u32 {
+    // Safety: gettid has no arguments and no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 /// The trace file, creating it (header and driver record first) on the first call. `None`
@@ -486,11 +493,18 @@ pub(crate) fn file() -> Option<File> {
 }
 
 /// Creates `<dir>/<pid>[-n].vtr` exclusively and writes the header; resets the block state.
+///
+/// The directory is created 0700 (with any missing parents) and opened with `O_NOFOLLOW |
+/// O_DIRECTORY`; the file is created 0600 inside it with `O_CREAT | O_EXCL | O_NOFOLLOW |
+/// O_CLOEXEC`, so nothing existing is ever followed, opened or replaced. A name that is taken
+/// by a regular file (a pid reused) moves on to the next name; one taken by a symbolic link is
+/// refused and stops recording: someone planted it where our file goes.
 fn open_trace() -> Result<c_int, String> {
     FORK.register();
     let dir = crate::config::dir().ok_or("no trace directory")?;
-    // Like `mkdir -p`. EEXIST (the usual case) and other errors are ignored here: the open
-    // below reports what matters.
+    let shown = || String::from_utf8_lossy(dir).into_owned();
+    // Like `mkdir -p`, mode 0700. EEXIST (the usual case) and other errors are ignored here:
+    // the open below reports what matters.
     let mut prefix = Vec::with_capacity(dir.len() + 1);
     for (i, &b) in dir.iter().enumerate() {
         if b == b'/' && i > 0 || i + 1 == dir.len() {
@@ -498,36 +512,34 @@ fn open_trace() -> Result<c_int, String> {
             prefix.extend_from_slice(&dir[..if b == b'/' { i } else { i + 1 }]);
             prefix.push(0);
             // Safety: a valid C string.
-            unsafe { libc::mkdir(prefix.as_ptr() as *const c_char, 0o755) };
+            unsafe { libc::mkdir(prefix.as_ptr() as *const c_char, 0o700) };
         }
     }
+    let mut dir_c = dir.to_vec();
+    dir_c.push(0);
+    // Safety: a valid C string, plain flags.
+    let dir_fd = unsafe {
+        libc::open(
+            dir_c.as_ptr() as *const c_char,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if dir_fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::ELOOP) => format!(
+                "the trace directory {} is a symbolic link; refusing to follow it",
+                shown()
+            ),
+            _ => format!("cannot open the trace directory {}: {e}", shown()),
+        });
+    }
+    let result = create_in(dir_fd, &shown);
+    // Safety: the descriptor opened above, not used after this.
+    unsafe { libc::close(dir_fd) };
+    let fd = result?;
     // Safety: no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    let mut fd = -1;
-    for attempt in 0..10_000 {
-        let mut path = dir.to_vec();
-        path.push(b'/');
-        path.extend_from_slice(trace_file_name(pid, attempt).as_bytes());
-        path.push(0);
-        // Safety: valid C string, plain flags.
-        fd = unsafe {
-            libc::open(
-                path.as_ptr() as *const c_char,
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
-                0o644,
-            )
-        };
-        if fd >= 0 || errno() != libc::EEXIST {
-            break;
-        }
-    }
-    if fd < 0 {
-        return Err(format!(
-            "cannot create a trace file in {}: {}",
-            String::from_utf8_lossy(dir),
-            std::io::Error::last_os_error()
-        ));
-    }
     let header = Header {
         version: vramtrace_format::VERSION,
         pid,
@@ -552,6 +564,55 @@ fn open_trace() -> Result<c_int, String> {
     NEXT_BLOCK.store(0, Ordering::Release);
     RESERVED.store(0, Ordering::Release);
     Ok(fd)
+}
+
+/// Creates the first free `<pid>[-n].vtr` in the directory `dir_fd`, 0600, never following or
+/// replacing anything.
+fn create_in(dir_fd: c_int, shown: &dyn Fn() -> String) -> Result<c_int, String> {
+    // Safety: no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    for attempt in 0..10_000 {
+        let mut name = trace_file_name(pid, attempt).into_bytes();
+        name.push(0);
+        // Safety: a directory descriptor, a valid C string, plain flags.
+        let fd = unsafe {
+            libc::openat(
+                dir_fd,
+                name.as_ptr() as *const c_char,
+                libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_RDWR | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("cannot create a trace file in {}: {e}", shown()));
+        }
+        let mut target = [0u8; 1];
+        // Safety: a directory descriptor, a valid C string and a buffer of the length given.
+        let link = unsafe {
+            libc::readlinkat(
+                dir_fd,
+                name.as_ptr() as *const c_char,
+                target.as_mut_ptr() as *mut c_char,
+                target.len(),
+            )
+        };
+        if link >= 0 {
+            name.pop();
+            return Err(format!(
+                "{}/{} is a symbolic link where the trace file goes; refusing to follow or replace it",
+                shown(),
+                String::from_utf8_lossy(&name)
+            ));
+        }
+    }
+    Err(format!(
+        "cannot create a trace file in {}: every name for this process is taken",
+        shown()
+    ))
 }
 
 fn hostname() -> String {
@@ -592,12 +653,19 @@ fn write_all(fd: c_int, mut bytes: &[u8]) -> bool {
 }
 
 /// Stops recording for good in this process and says why on stderr, once.
+///
+/// The same line goes to the status pipe of `vramtrace run` when there is one
+/// ([`crate::config::report_status`]), so that `run` can tell a recorder that could not record
+/// from a program that never touched CUDA.
 pub(crate) fn disable(why: &str) {
     STATE.store(FAILED, Ordering::Release);
     if !WARNED.swap(true, Ordering::AcqRel) {
         let msg = format!("vramtrace: recording stopped: {why}\n");
         // Safety: writing a valid buffer to stderr; the result is deliberately ignored.
         unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+        // Safety: no preconditions.
+        let pid = unsafe { libc::getpid() };
+        crate::config::report_status(format!("{pid} {why}\n").as_bytes());
     }
 }
 
