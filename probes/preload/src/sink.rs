@@ -429,20 +429,13 @@ pub(crate) fn tid() -> u32 {
         if t != 0 {
             return t;
         }
-        let t = gettid();
+        // Safety: gettid has no preconditions.
+        let t = unsafe { libc::gettid() } as u32;
         c.set(t);
         t
     })
-    // Thread-local storage already torn down.
-    .unwrap_or_else(|_| gettid())
-}
-
-/// The kernel thread id, by the system call: glibc's `gettid` wrapper exists only since 2.30,
-/// and a reference to it would keep the preload from loading on an older glibc (the wheel's
-/// floor is 2.17; scripts/check_glibc_floor.sh).
-fn gettid() -> u32 {
-    // Safety: gettid has no arguments and no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+    // Safety: as above (thread-local storage already torn down).
+    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
 }
 
 /// The trace file, creating it (header and driver record first) on the first call. `None`
@@ -526,8 +519,17 @@ fn open_trace() -> Result<c_int, String> {
     };
     if dir_fd < 0 {
         let e = std::io::Error::last_os_error();
+        let mut target = [0u8; 1];
+        // Safety: a valid C string and a buffer of the length given.
+        let is_link = unsafe {
+            libc::readlink(
+                dir_c.as_ptr() as *const c_char,
+                target.as_mut_ptr() as *mut c_char,
+                target.len(),
+            )
+        } >= 0;
         return Err(match e.raw_os_error() {
-            Some(libc::ELOOP) => format!(
+            Some(libc::ELOOP | libc::ENOTDIR) if is_link => format!(
                 "the trace directory {} is a symbolic link; refusing to follow it",
                 shown()
             ),
