@@ -429,13 +429,20 @@ pub(crate) fn tid() -> u32 {
         if t != 0 {
             return t;
         }
-        // Safety: gettid has no preconditions.
-        let t = unsafe { libc::gettid() } as u32;
+        let t = gettid();
         c.set(t);
         t
     })
-    // Safety: as above (thread-local storage already torn down).
-    .unwrap_or_else(|_| unsafe { libc::gettid() } as u32)
+    // Thread-local storage already torn down.
+    .unwrap_or_else(|_| gettid())
+}
+
+/// The kernel thread id, by the system call: glibc's `gettid` wrapper exists only since 2.30,
+/// and a reference to it would keep the preload from loading on an older glibc (the wheel's
+/// floor is 2.17; scripts/check_glibc_floor.sh).
+fn gettid() -> u32 {
+    // Safety: gettid has no arguments and no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 /// The trace file, creating it (header and driver record first) on the first call. `None`
