@@ -33,6 +33,11 @@ fn run(out: &Path, extra: &[&str]) -> String {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !stderr.contains("Error in sitecustomize") && !stderr.contains("Traceback"),
+        "our sitecustomize must not fail: {stderr}"
+    );
     String::from_utf8(o.stdout).unwrap()
 }
 
@@ -174,4 +179,70 @@ fn tensors_and_allocator_ooms_recorded_without_changing_the_program() {
             || tensors(&trace(&out)).is_empty(),
         "--no-torch-probe: no tensor records"
     );
+}
+
+/// The environment's own sitecustomize, which ours shadows on PYTHONPATH, still runs (once, as
+/// the module named sitecustomize), the probe still starts after `import torch`, and neither
+/// prints an error; one that raises is reported by site as it would be without us.
+#[test]
+fn the_environments_own_sitecustomize_still_runs() {
+    let env_dir = scratch("torch-probe-env-sitecustomize");
+    std::fs::write(
+        env_dir.join("sitecustomize.py"),
+        "import sys\nsys.stderr.write('env sitecustomize ran\\n')\nMARK = 7\n",
+    )
+    .unwrap();
+    let prog = "import sys, torch\n\
+                print('mark', getattr(sys.modules.get('sitecustomize'), 'MARK', None))\n\
+                print('probe', 'vramtrace_torch' in sys.modules)\n";
+    let go = |pythonpath: std::ffi::OsString| {
+        let out = scratch("torch-probe-env-sitecustomize-run").join("trace");
+        Command::new(vramtrace())
+            .arg("run")
+            .arg("-q")
+            .arg("--out")
+            .arg(&out)
+            .args(["--", "python3", "-c", prog])
+            .env("PYTHONPATH", pythonpath)
+            .env("LD_LIBRARY_PATH", fake_driver_dir())
+            .env_remove("LD_PRELOAD")
+            .output()
+            .unwrap()
+    };
+    let path = std::env::join_paths([env_dir.clone(), python_dir().join("fake_torch")]).unwrap();
+    let o = go(path.clone());
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stdout.contains("mark 7"), "{}", describe(&o));
+    assert!(stdout.contains("probe True"), "{}", describe(&o));
+    assert_eq!(
+        stderr.matches("env sitecustomize ran").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Error in sitecustomize"), "{stderr}");
+
+    // Without an own sitecustomize: nothing on stderr from ours.
+    let o = go(python_dir().join("fake_torch").into_os_string());
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("Error in sitecustomize"),
+        "{}",
+        describe(&o)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("probe True"));
+
+    // One that raises: site's own report, and the program still runs.
+    std::fs::write(
+        env_dir.join("sitecustomize.py"),
+        "raise ValueError('boom')\n",
+    )
+    .unwrap();
+    let o = go(path);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("ValueError: boom"), "{stderr}");
+    assert!(!stderr.contains("KeyError"), "{stderr}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("probe True"));
 }

@@ -38,13 +38,27 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
 if os.environ.get("VRAMTRACE_TORCH_PROBE", "1") != "0":
     sys.meta_path.insert(0, _AfterTorch())
 
-# The environment's own sitecustomize, which ours shadows.
-del sys.modules["sitecustomize"]
-_path = sys.path[:]
-try:
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-    import sitecustomize  # noqa: F401
-except ImportError:
-    pass
-finally:
-    sys.path[:] = _path
+
+def _run_own_sitecustomize():
+    """The environment's own sitecustomize, which ours shadows on sys.path, run as site would
+    have run it. site is importing us at this moment, and its import machinery takes
+    sys.modules["sitecustomize"] back when we return: the entry must still be there (removing
+    it made every program print "Error in sitecustomize ... KeyError: 'sitecustomize'" when the
+    environment had none). When there is one, it takes our place there, as without us."""
+    from importlib.machinery import PathFinder
+
+    path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    ours = sys.modules["sitecustomize"]
+    theirs = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = theirs
+    try:
+        spec.loader.exec_module(theirs)
+    except BaseException:
+        sys.modules["sitecustomize"] = ours
+        raise  # site reports it, as it would have without us
+
+
+_run_own_sitecustomize()
