@@ -486,6 +486,32 @@ fn run_never_claims_a_trace_it_did_not_write() {
     assert!(err.contains("no trace file was written"), "{err}");
 }
 
+/// The recorder was loaded and the program touched CUDA, but no file could be made (here a
+/// symbolic link planted where the trace file goes): `run` says so and fails, instead of
+/// treating it as a program that never touched CUDA. The preload's line comes back through the
+/// status pipe (`VRAMTRACE_STATUS_FD`).
+#[test]
+fn run_fails_when_the_recorder_could_not_record() {
+    let prog = c_program("security", true);
+    let out = scratch("could-not-record").join("trace");
+    let o = run_traced(&out, "24GiB", &[prog.as_os_str(), "plant".as_ref()]);
+    assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("the recorder was loaded but could not record"),
+        "{err}"
+    );
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(!err.contains("trace written"), "{err}");
+    assert!(!err.contains("no trace file was written"), "{err}");
+    // The program itself ran and printed its results.
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("freed 1"));
+    // The directory run made is private.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+}
+
 // ---- refused calls that are not out-of-memory ----------------------------------------------------
 
 /// PyTorch's start-up with expandable segments: a 2 MiB `cuMemCreate` refused with 800, then

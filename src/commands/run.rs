@@ -4,6 +4,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use std::os::unix::fs::DirBuilderExt;
+
 use anyhow::{Context, bail};
 
 use crate::preload;
@@ -78,26 +80,125 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     };
     env.extend(torch_probe_env(&preload, &args)?);
     check_writable(&out)?;
+    let pipe = StatusPipe::new()?;
+    env.push(pipe.env());
     let status = preload::run_traced(&preload, &out, &args.command, &env, opts)?;
+    let stopped = pipe.finish();
     let code = report_exit(&args.command[0], status);
-    if !holds_trace_file(&out) {
+    let has_trace = holds_trace_file(&out);
+    if !has_trace && stopped.is_empty() {
         // Never claim a trace that is not there. A program that made no CUDA call leaves none
-        // (and keeps its own exit code: it ran unchanged); a recorder that could not create
-        // its file said why on stderr above.
+        // and keeps its own exit code: it ran unchanged.
         eprintln!(
-            "vramtrace: no trace file was written to {}: the program made no CUDA allocation call the recorder saw, or the recorder could not create its file (see its message above)",
+            "vramtrace: no trace file was written to {}: the program made no CUDA allocation call the recorder saw",
             out.display()
         );
         return Ok(code);
     }
-    if !args.quiet {
+    if has_trace && !args.quiet {
         eprintln!("vramtrace: trace written to {}", out.display());
         match Trace::open(&out).and_then(|t| summarize(&t, SummaryOptions::default())) {
             Ok(s) => eprint!("{}", render(&s, false)),
             Err(e) => eprintln!("vramtrace: {e:#}"),
         }
     }
+    if !stopped.is_empty() {
+        let lines: Vec<String> = stopped
+            .iter()
+            .map(|l| match l.split_once(' ') {
+                Some((pid, why)) => format!("  process {pid}: {why}"),
+                None => format!("  {l}"),
+            })
+            .collect();
+        bail!(
+            "the recorder was loaded but could not record{} (the program exited with {code}):\n{}",
+            if has_trace {
+                " everything: the trace in it is incomplete"
+            } else {
+                ""
+            },
+            lines.join("\n")
+        );
+    }
     Ok(code)
+}
+
+/// The pipe through which the recorder says that it stopped (`VRAMTRACE_STATUS_FD`, read by
+/// the preload's `config::report_status`): one line `<pid> <why>` per traced process whose
+/// recording failed (the trace file could not be created, the disk filled, a panic).
+///
+/// A pipe rather than a marker file beside the trace: the commonest reason for not recording
+/// is a directory the recorder cannot write, where no marker could be written either, and a
+/// pipe leaves nothing in the trace directory for readers to skip. Both ends are non-blocking
+/// (a full pipe drops a line, it never stalls the program), the write end is inherited by the
+/// program and everything it starts, and the variable names its inode too, so a program that
+/// closed the descriptor and reused its number never receives the recorder's line.
+struct StatusPipe {
+    read: std::fs::File,
+    write: Option<std::os::fd::OwnedFd>,
+    inode: u64,
+}
+
+impl StatusPipe {
+    fn new() -> anyhow::Result<StatusPipe> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::fs::MetadataExt;
+        let mut fds = [0; 2];
+        // Safety: pipe2 with a valid array of two descriptors and plain flags.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("cannot create a pipe");
+        }
+        // Safety: both descriptors were just created and are owned by nobody else.
+        let (read, write) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        // The program inherits the write end: clear its close-on-exec flag.
+        // Safety: fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("cannot pass a pipe on");
+        }
+        let inode = read.metadata().context("cannot read the pipe")?.ino();
+        Ok(StatusPipe {
+            read,
+            write: Some(write),
+            inode,
+        })
+    }
+
+    /// `VRAMTRACE_STATUS_FD=<fd>:<inode>`.
+    fn env(&self) -> (OsString, OsString) {
+        use std::os::fd::AsRawFd;
+        let fd = self.write.as_ref().map_or(-1, |w| w.as_raw_fd());
+        (
+            "VRAMTRACE_STATUS_FD".into(),
+            format!("{fd}:{}", self.inode).into(),
+        )
+    }
+
+    /// After the program exited: closes our write end and reads what the recorders wrote, one
+    /// entry per line (at most 64 KiB; a process still alive may write later, unread).
+    fn finish(mut self) -> Vec<String> {
+        use std::io::Read;
+        drop(self.write.take());
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while buf.len() < 1 << 16 {
+            match self.read.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        String::from_utf8_lossy(&buf)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 /// The environment that starts the PyTorch probe in Python programs: its `sitecustomize`
@@ -177,6 +278,9 @@ fn holds_trace_file(dir: &Path) -> bool {
                 e.path()
                     .extension()
                     .is_some_and(|x| x == vramtrace_format::FILE_EXTENSION)
+                    // A regular file: a symbolic link planted under a trace file's name is
+                    // not one (the recorder refuses it).
+                    && e.file_type().is_ok_and(|t| t.is_file())
             })
         })
     })
@@ -211,7 +315,12 @@ pub fn prepare_out_dir(dir: &Path) -> anyhow::Result<PathBuf> {
             );
         }
     } else {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // 0700, as the recorder makes it: traces hold command lines, paths and stacks.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
     }
     std::path::absolute(dir).with_context(|| format!("cannot resolve {}", dir.display()))
 }
@@ -239,7 +348,7 @@ pub fn new_out_dir(cmd: &std::ffi::OsStr) -> anyhow::Result<PathBuf> {
             format!("vramtrace-{prog}-{stamp}-{n}")
         };
         let p = PathBuf::from(&name);
-        match std::fs::create_dir(&p) {
+        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
             Ok(()) => {
                 return std::path::absolute(&p).with_context(|| format!("cannot resolve {name}"));
             }
