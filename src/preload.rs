@@ -21,10 +21,15 @@ pub struct Options {
 pub const STAND_IN_FILE: &str = "libcuda.so";
 
 /// Finds the preload: the explicit path if given, else next to the running binary (the same
-/// `target/` directory after `cargo build`), else `../lib/` beside it (an installed layout).
+/// `target/` directory after `cargo build`), `../lib/` beside it (an installed layout), or the
+/// `vramtrace` package of the Python environment the binary was installed into from the wheel
+/// (`../lib/pythonX.Y/site-packages/vramtrace/`). Whichever it is must be an ELF shared library
+/// for this machine's architecture ([`check_elf`]): a preload the loader would skip records
+/// nothing.
 pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         if p.is_file() {
+            check_elf(p)?;
             return std::path::absolute(p)
                 .with_context(|| format!("cannot resolve {}", p.display()));
         }
@@ -33,12 +38,160 @@ pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
             p.display()
         );
     }
-    beside_binary(PRELOAD_FILE).map_err(|tried| {
-        anyhow::anyhow!(
+    let found = match find_installed(PRELOAD_FILE) {
+        Found::At(p) => p,
+        Found::Damaged(missing) => bail!(
+            "the vramtrace install is damaged: {} is missing (its Python package is there, the \
+             preload is not). Reinstall it (`pip install --force-reinstall vramtrace`), or pass \
+             --preload PATH or set VRAMTRACE_PRELOAD.",
+            missing.display()
+        ),
+        Found::Nowhere(tried) => bail!(
             "cannot find {PRELOAD_FILE} (looked in {tried}). Build it with `cargo build --release --workspace` \
-             (it lands next to the vramtrace binary), or pass --preload PATH or set VRAMTRACE_PRELOAD."
-        )
-    })
+             (it lands next to the vramtrace binary), install the wheel (`pip install vramtrace`), \
+             or pass --preload PATH or set VRAMTRACE_PRELOAD."
+        ),
+    };
+    check_elf(&found)?;
+    Ok(found)
+}
+
+/// Where [`find_installed`] found a file.
+enum Found {
+    At(PathBuf),
+    /// The wheel's `vramtrace` package is installed but this file of it is missing.
+    Damaged(PathBuf),
+    /// Not found: the places looked in.
+    Nowhere(String),
+}
+
+/// The preload as the wheel installs it: the `vramtrace` package beside the `vramtrace` script,
+/// under `../lib*/python*/{site,dist}-packages/` of its `bin/` (a venv, a conda env, `--user`,
+/// `--prefix`, a system prefix) or `../` (`pip install --target DIR` puts it in `DIR/bin/`),
+/// after the cargo layouts ([`beside_binary`]).
+fn find_installed(file: &str) -> Found {
+    let tried = match beside_binary(file) {
+        Ok(p) => return Found::At(p),
+        Err(tried) => tried,
+    };
+    let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    else {
+        return Found::Nowhere(tried);
+    };
+    let packages = wheel_package_dirs(&dir);
+    for pkg in &packages {
+        let cand = pkg.join(file);
+        if cand.is_file() {
+            return Found::At(cand.canonicalize().unwrap_or(cand));
+        }
+    }
+    // The package is there (its __init__.py) but the library is not: name the file.
+    if let Some(pkg) = packages.iter().find(|p| p.join("__init__.py").is_file()) {
+        let pkg = pkg.canonicalize().unwrap_or_else(|_| pkg.clone());
+        return Found::Damaged(pkg.join(file));
+    }
+    Found::Nowhere(format!(
+        "{tried}, and no vramtrace Python package in {}/../lib*/python*/{{site,dist}}-packages",
+        dir.display()
+    ))
+}
+
+/// Candidate `vramtrace` package directories of a wheel install whose scripts are in `bin`.
+fn wheel_package_dirs(bin: &Path) -> Vec<PathBuf> {
+    let prefix = bin.join("..");
+    let mut dirs = vec![prefix.join("vramtrace")];
+    for lib in ["lib", "lib64"] {
+        let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
+            .map(|e| e.path())
+            .collect();
+        // Newest interpreter first when one prefix holds several.
+        pythons.sort();
+        pythons.reverse();
+        for py in pythons {
+            for site in ["site-packages", "dist-packages"] {
+                dirs.push(py.join(site).join("vramtrace"));
+            }
+        }
+    }
+    dirs.retain(|d| d.is_dir());
+    dirs
+}
+
+/// ELF `e_machine` of the architecture this binary was built for (the programs it runs are
+/// expected to be the same), with its name.
+const HOST_MACHINE: Option<(u16, &str)> = if cfg!(target_arch = "x86_64") {
+    Some((62, "x86-64"))
+} else if cfg!(target_arch = "aarch64") {
+    Some((183, "aarch64"))
+} else {
+    None
+};
+
+/// Name of an ELF `e_machine` value, for messages.
+fn machine_name(m: u16) -> String {
+    match m {
+        3 => "i386".into(),
+        20 => "PowerPC".into(),
+        21 => "PowerPC64".into(),
+        40 => "32-bit ARM".into(),
+        62 => "x86-64".into(),
+        183 => "aarch64".into(),
+        243 => "RISC-V".into(),
+        m => format!("machine {m}"),
+    }
+}
+
+/// Refuses a preload the dynamic loader would not load into this machine's programs: not an
+/// ELF file, not a 64-bit little-endian shared object, or built for another architecture
+/// (`e_machine`). The loader itself only prints a warning and runs the program unrecorded.
+pub fn check_elf(path: &Path) -> anyhow::Result<()> {
+    use std::io::Read;
+    let mut head = [0u8; 20];
+    let mut f = std::fs::File::open(path)
+        .with_context(|| format!("cannot open the preload {}", path.display()))?;
+    let n = f
+        .read(&mut head)
+        .with_context(|| format!("cannot read the preload {}", path.display()))?;
+    let what = || format!("the preload {}", path.display());
+    if n < head.len() || head[..4] != *b"\x7fELF" {
+        bail!("{} is not an ELF shared library (no ELF header)", what());
+    }
+    if head[4] != 2 || head[5] != 1 {
+        bail!(
+            "{} is not a 64-bit little-endian ELF file (class {}, data {}): the loader cannot \
+             preload it into 64-bit programs",
+            what(),
+            head[4],
+            head[5]
+        );
+    }
+    let e_type = u16::from_le_bytes([head[16], head[17]]);
+    let machine = u16::from_le_bytes([head[18], head[19]]);
+    if let Some((host, host_name)) = HOST_MACHINE
+        && machine != host
+    {
+        bail!(
+            "{} is built for {} (ELF e_machine {machine}), but this vramtrace runs {host_name} \
+             programs (e_machine {host}): the loader would skip it and record nothing. Use the \
+             preload built for {host_name}.",
+            what(),
+            machine_name(machine)
+        );
+    }
+    if e_type != 3 {
+        bail!(
+            "{} is not a shared library (ELF type {e_type}, a shared object is 3)",
+            what()
+        );
+    }
+    Ok(())
 }
 
 /// A library shipped beside the `vramtrace` binary: in its directory (the `target/` directory
@@ -191,6 +344,48 @@ impl Drop for IgnoreInterrupts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ELF header: 64-bit little-endian, of type `e_type` for `machine`.
+    fn elf_header(e_type: u16, machine: u16) -> Vec<u8> {
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        h[5] = 1;
+        h[6] = 1;
+        h[16..18].copy_from_slice(&e_type.to_le_bytes());
+        h[18..20].copy_from_slice(&machine.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn refuses_a_preload_of_another_architecture() {
+        let dir = std::env::temp_dir().join(format!("vramtrace-elf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (host, _) = HOST_MACHINE.unwrap();
+        let other = if host == 62 { 183 } else { 62 };
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let ok = write("ok.so", &elf_header(3, host));
+        check_elf(&ok).unwrap();
+        let foreign = write("foreign.so", &elf_header(3, other));
+        let e = format!("{:#}", locate(Some(&foreign)).unwrap_err());
+        assert!(e.contains(&format!("e_machine {other}")), "{e}");
+        assert!(e.contains("is built for"), "{e}");
+        let text = write("text.so", b"not a library at all, just some text");
+        let e = format!("{:#}", check_elf(&text).unwrap_err());
+        assert!(e.contains("not an ELF shared library"), "{e}");
+        let exec = write("exec", &elf_header(2, host));
+        let e = format!("{:#}", check_elf(&exec).unwrap_err());
+        assert!(e.contains("not a shared library"), "{e}");
+        let mut h32 = elf_header(3, host);
+        h32[4] = 1;
+        let e = format!("{:#}", check_elf(&write("32.so", &h32)).unwrap_err());
+        assert!(e.contains("not a 64-bit"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn appends_to_existing_preload() {
