@@ -18,6 +18,12 @@
 //!   native frames are not kept (a snapshot has no addresses to symbolise).
 //! - What was live before the history began (a release whose allocation is not in the trace, a
 //!   segment or block of `segments` the trace never allocated) is allocated at the start.
+//! - Our own exporter's frames (`filename: "vramtrace"`, see [`crate::export`]'s PyTorch
+//!   snapshot): `tensor NAME DTYPE[SHAPE]` becomes an annotation of the block (name, dtype and
+//!   shape), given right after its allocation; `label L` does too when the block has no tensor
+//!   name (a TENSOR record has no label of its own, so the label reads as the block's name). A
+//!   name found on any entry of a block (its alloc, its release, its block in `segments`)
+//!   names it, so `export --format pytorch` then `import` keeps the names.
 //!
 //! Times are `time_us` (wall clock, µs) in ns; a snapshot without times gets one µs per entry.
 
@@ -28,8 +34,8 @@ use serde_pickle::{HashableValue, Value};
 
 mod unpickle;
 use vramtrace_format::{
-    Api, BlockFileWriter, Event, EventKind, Header, MemKind, PyFrame, Record, TensorAction,
-    TensorEvent,
+    Annotation, Api, BlockFileWriter, Event, EventKind, Header, MemKind, PyFrame, Record,
+    TensorAction, TensorEvent,
 };
 
 /// Why a file could not be imported.
@@ -113,6 +119,86 @@ pub fn read_snapshot(path: &Path) -> Result<Value, ImportError> {
         return Err(not("it has no `device_traces` list"));
     }
     Ok(v)
+}
+
+/// What our own exporter wrote into an entry's frames (`filename: "vramtrace"`): the tensor's
+/// name (`tensor ...`) and the label (`label ...`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct OurNames {
+    tensor: Option<String>,
+    label: Option<String>,
+}
+
+impl OurNames {
+    fn of(frames: Option<&[Value]>) -> OurNames {
+        let mut n = OurNames::default();
+        for f in frames.unwrap_or_default() {
+            let Some(f) = dict(f) else { continue };
+            if text(key(f, "filename")) != Some("vramtrace") {
+                continue;
+            }
+            let name = text(key(f, "name")).unwrap_or("");
+            if let Some(t) = name.strip_prefix("tensor ") {
+                n.tensor.get_or_insert_with(|| t.to_string());
+            } else if let Some(l) = name.strip_prefix("label ") {
+                n.label.get_or_insert_with(|| l.to_string());
+            }
+        }
+        n
+    }
+
+    /// Fills what `self` lacks from `other`.
+    fn merge(&mut self, other: OurNames) {
+        if self.tensor.is_none() {
+            self.tensor = other.tensor;
+        }
+        if self.label.is_none() {
+            self.label = other.label;
+        }
+    }
+
+    /// The annotation's (name, dtype, shape): the tensor name as the exporter wrote it
+    /// (`NAME`, `NAME [d0, d1]` or `NAME DTYPE[d0, d1]`), else the label.
+    fn annotation(&self) -> Option<(String, Option<String>, Vec<i64>)> {
+        if let Some(t) = &self.tensor {
+            return Some(parse_tensor_name(t));
+        }
+        self.label.clone().map(|l| (l, None, Vec::new()))
+    }
+}
+
+/// Splits `Process::tensor_name`'s text back into name, dtype and shape; a text that is not in
+/// its shape is all name.
+fn parse_tensor_name(s: &str) -> (String, Option<String>, Vec<i64>) {
+    let whole = || (s.to_string(), None, Vec::new());
+    let Some(body) = s.strip_suffix(']') else {
+        return whole();
+    };
+    let Some(lb) = body.rfind('[') else {
+        return whole();
+    };
+    let dims = &body[lb + 1..];
+    let shape: Option<Vec<i64>> = if dims.trim().is_empty() {
+        Some(Vec::new())
+    } else {
+        dims.split(',').map(|d| d.trim().parse().ok()).collect()
+    };
+    let Some(shape) = shape else {
+        return whole();
+    };
+    let prefix = &body[..lb];
+    if let Some(name) = prefix.strip_suffix(' ') {
+        if name.is_empty() {
+            return whole();
+        }
+        return (name.to_string(), None, shape);
+    }
+    match prefix.rsplit_once(' ') {
+        Some((name, dtype)) if !name.is_empty() && !dtype.is_empty() => {
+            (name.to_string(), Some(dtype.to_string()), shape)
+        }
+        _ => whole(),
+    }
 }
 
 /// Interns strings and Python stacks for the records.
@@ -264,6 +350,64 @@ pub fn convert(
     if first_t == u64::MAX {
         first_t = 1000;
     }
+    // Our exporter's names, per device: by the index of the `alloc` entry they name, and for
+    // blocks live before the history began, by address.
+    let mut names_at: Vec<HashMap<usize, OurNames>> = vec![HashMap::new(); per_device.len()];
+    let mut names_before: Vec<HashMap<u64, OurNames>> = vec![HashMap::new(); per_device.len()];
+    for (dev, entries) in per_device.iter().enumerate() {
+        let mut open: HashMap<u64, usize> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let found = OurNames::of(e.frames);
+            match e.action {
+                "alloc" => {
+                    open.insert(e.addr, i);
+                    names_at[dev].entry(i).or_default().merge(found);
+                }
+                "free_requested" | "free_completed" => {
+                    match open.get(&e.addr) {
+                        Some(&a) => names_at[dev].entry(a).or_default().merge(found),
+                        None => names_before[dev].entry(e.addr).or_default().merge(found),
+                    }
+                    if e.action == "free_completed" {
+                        open.remove(&e.addr);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for s in segments {
+            let Some(s) = dict(s) else { continue };
+            if int(key(s, "device")).unwrap_or(0) as usize != dev {
+                continue;
+            }
+            for b in list(key(s, "blocks")).unwrap_or_default() {
+                let Some(b) = dict(b) else { continue };
+                let a = int(key(b, "address")).unwrap_or(0);
+                let found = OurNames::of(list(key(b, "frames")));
+                match open.get(&a) {
+                    Some(&i) => names_at[dev].entry(i).or_default().merge(found),
+                    None => names_before[dev].entry(a).or_default().merge(found),
+                }
+            }
+        }
+    }
+    if traces.is_empty() {
+        for s in segments {
+            let Some(s) = dict(s) else { continue };
+            let dev = int(key(s, "device")).unwrap_or(0) as usize;
+            if names_before.len() <= dev {
+                names_before.resize(dev + 1, HashMap::new());
+            }
+            for b in list(key(s, "blocks")).unwrap_or_default() {
+                let Some(b) = dict(b) else { continue };
+                let a = int(key(b, "address")).unwrap_or(0);
+                names_before[dev]
+                    .entry(a)
+                    .or_default()
+                    .merge(OurNames::of(list(key(b, "frames"))));
+            }
+        }
+    }
     let t_start = first_t.saturating_sub(1);
     // What was live when the history began, per device: segments (address → (size,
     // expandable)) and blocks (address → size).
@@ -409,7 +553,22 @@ pub fn convert(
             ..TensorEvent::default()
         })
     };
-    for (dev, entries) in per_device.iter().enumerate() {
+    let annotate = |t: &mut Tables, t_ns: u64, ptr: u64, names: Option<&OurNames>| {
+        let (name, dtype, shape) = names.and_then(OurNames::annotation)?;
+        Some(Record::Annotate(Annotation {
+            t_ns,
+            tid: 1,
+            ptr,
+            name: t.string(&name),
+            dtype: dtype.map_or(0, |d| t.string(&d)),
+            shape,
+        }))
+    };
+    // A snapshot without history has devices only in `segments`.
+    let devices = per_device.len().max(seg_before.len());
+    let no_entries: Vec<Entry> = Vec::new();
+    for dev in 0..devices {
+        let entries = per_device.get(dev).unwrap_or(&no_entries);
         let di = dev as i32;
         // Replayed state, for the allocated and reserved bytes at an `oom`.
         let mut blocks: HashMap<u64, u64> = HashMap::new();
@@ -421,13 +580,15 @@ pub fn convert(
         }
         for (&a, &(size, stack)) in &blk_before[dev] {
             timed.push(tensor(t_start, di, TensorAction::Alloc, a, size, stack));
+            let names = names_before.get(dev).and_then(|m| m.get(&a));
+            timed.extend(annotate(&mut t, t_start, a, names));
             blocks.insert(a, size);
             n.tensors += 1;
         }
         if !entries.is_empty() || !seg_before[dev].is_empty() {
             n.devices += 1;
         }
-        for e in entries {
+        for (i, e) in entries.iter().enumerate() {
             match e.action {
                 "segment_alloc" | "segment_map" => {
                     let exp = e.action == "segment_map";
@@ -481,6 +642,8 @@ pub fn convert(
                         e.size,
                         stack,
                     ));
+                    let names = names_at[dev].get(&i);
+                    timed.extend(annotate(&mut t, e.t_ns, e.addr, names));
                     blocks.insert(e.addr, e.size);
                     n.tensors += 1;
                 }
@@ -543,4 +706,26 @@ pub fn import(
     let path = out.join(format!("{pid}.{}", vramtrace_format::FILE_EXTENSION));
     std::fs::write(&path, w.finish())?;
     Ok((path, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_tensor_name;
+
+    #[test]
+    fn tensor_names_parse_back() {
+        let p = |s: &str| parse_tensor_name(s);
+        assert_eq!(
+            p("o bf16[1, 4128, 48, 128]"),
+            ("o".into(), Some("bf16".into()), vec![1, 4128, 48, 128])
+        );
+        assert_eq!(
+            p("input g [4128, 48]"),
+            ("input g".into(), None, vec![4128, 48])
+        );
+        assert_eq!(p("h"), ("h".into(), None, vec![]));
+        assert_eq!(p("kv f32[]"), ("kv".into(), Some("f32".into()), vec![]));
+        assert_eq!(p("odd [x]"), ("odd [x]".into(), None, vec![]));
+        assert_eq!(p("[3]"), ("[3]".into(), None, vec![]));
+    }
 }

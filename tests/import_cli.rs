@@ -183,3 +183,131 @@ fn what_is_not_a_snapshot_is_refused_and_nothing_in_it_runs() {
     }
     assert!(!marker.exists(), "nothing in the pickle ran");
 }
+
+/// Our exporter writes a tensor's name and its label as frames of file "vramtrace"; import
+/// turns them back into annotations (name, dtype, shape; the label when there is no name), so
+/// the names survive export then import.
+#[test]
+fn export_then_import_keeps_tensor_and_label_names() {
+    use vramtrace_format::{
+        Annotation, Api, BlockFileWriter, DeviceInfo, Event, EventKind, Header, MemKind, Record,
+    };
+    let dir = scratch("import-names");
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let header = Header {
+        pid: 77,
+        ppid: 1,
+        start_mono_ns: 1,
+        cmdline: vec!["python3".into(), "prefill.py".into()],
+        ..Header::default()
+    };
+    let alloc = |t: u64, ptr: u64, size: u64, label: u32| {
+        Record::Event(Event {
+            t_ns: t,
+            tid: 7,
+            device: 0,
+            kind: EventKind::Alloc,
+            mem: MemKind::Device,
+            api: Api::from_name("cuMemAlloc_v2").unwrap(),
+            ptr,
+            size,
+            label,
+            ..Event::default()
+        })
+    };
+    let free = |t: u64, ptr: u64| {
+        Record::Event(Event {
+            t_ns: t,
+            tid: 7,
+            device: 0,
+            kind: EventKind::Free,
+            mem: MemKind::Device,
+            api: Api::from_name("cuMemFree_v2").unwrap(),
+            ptr,
+            ..Event::default()
+        })
+    };
+    let s = |id: u32, text: &str| Record::String {
+        id,
+        text: text.into(),
+    };
+    let records = vec![
+        Record::Device(DeviceInfo {
+            ordinal: 0,
+            total_bytes: 24 << 30,
+            name: "stand-in".into(),
+        }),
+        s(1, "o"),
+        s(2, "bf16"),
+        s(3, "prefill/layer.3/gdn"),
+        s(4, "h"),
+        alloc(100, 0x1000_0000, 8 * MIB, 3),
+        Record::Annotate(Annotation {
+            t_ns: 101,
+            tid: 7,
+            ptr: 0x1000_0000,
+            name: 1,
+            dtype: 2,
+            shape: vec![1, 4128, 48, 128],
+        }),
+        alloc(110, 0x2000_0000, 4 * MIB, 3),
+        alloc(120, 0x3000_0000, 2 * MIB, 0),
+        Record::Annotate(Annotation {
+            t_ns: 121,
+            tid: 7,
+            ptr: 0x3000_0000,
+            name: 4,
+            dtype: 0,
+            shape: Vec::new(),
+        }),
+        free(130, 0x3000_0000),
+    ];
+    let mut w = BlockFileWriter::new(&header, 1 << 16);
+    for r in &records {
+        w.push(7, r).unwrap();
+    }
+    std::fs::write(src.join("77.vtr"), w.finish()).unwrap();
+    let pickle = dir.join("snapshot.pickle");
+    ok(&[
+        "export",
+        src.to_str().unwrap(),
+        "--format",
+        "pytorch",
+        "-o",
+        pickle.to_str().unwrap(),
+        "--force",
+    ]);
+    let out = dir.join("trace");
+    ok(&[
+        "import",
+        pickle.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let v = json(&["summary", out.to_str().unwrap(), "--json"]);
+    let at = &v["processes"][0]["devices"][0]["tensors"]["at_peak"]["tensors"];
+    let names: Vec<(u64, String)> = at
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["size"].as_u64().unwrap(),
+                t["tensor"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (8 * MIB, "o bf16[1, 4128, 48, 128]".to_string()),
+            (4 * MIB, "prefill/layer.3/gdn".to_string()),
+            (2 * MIB, "h".to_string()),
+        ],
+        "the named tensor keeps name, dtype and shape; the labelled one its label; the freed one its name"
+    );
+    // The names are annotations of the imported trace: events prints them.
+    let ev = ok(&["events", out.to_str().unwrap()]);
+    assert!(ev.contains("\"o\""), "{ev}");
+}
