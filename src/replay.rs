@@ -31,6 +31,11 @@ pub enum Pool {
     /// Physical memory mapped into reserved address space (`cuMemMap`); the same bytes are
     /// already counted under [`Pool::Device`] by their `cuMemCreate`.
     Mapped,
+    /// Physical memory behind handles this process holds but did not allocate: imported from
+    /// another process (`cuMemImportFromShareableHandle`, as NCCL does for its peers' buffers)
+    /// or retained from an address whose `cuMemCreate` was not seen. Never this process's
+    /// device bytes; sized by what the handle is first mapped as (the import does not say).
+    Imported,
 }
 
 impl Pool {
@@ -41,6 +46,7 @@ impl Pool {
             MemKind::Host => Pool::Host,
             MemKind::Address => Pool::Address,
             MemKind::Mapping => Pool::Mapped,
+            MemKind::Imported => Pool::Imported,
         }
     }
 
@@ -52,6 +58,7 @@ impl Pool {
             Pool::Host => "host",
             Pool::Address => "address",
             Pool::Mapped => "mapped",
+            Pool::Imported => "imported",
         }
     }
 }
@@ -80,7 +87,9 @@ fn classify_name(name: &str) -> Option<(Namespace, bool)> {
         | "cuMemAllocFromPoolAsync"
         | "cuMemAllocFromPoolAsync_ptsz" => (Pointer, true),
         "cuMemFree_v2" | "cuMemFreeAsync" | "cuMemFreeAsync_ptsz" => (Pointer, false),
-        "cuMemCreate" => (Handle, true),
+        "cuMemCreate" | "cuMemImportFromShareableHandle" | "cuMemRetainAllocationHandle" => {
+            (Handle, true)
+        }
         "cuMemRelease" => (Handle, false),
         "cuMemAddressReserve" => (AddressRange, true),
         "cuMemAddressFree" => (AddressRange, false),
@@ -260,6 +269,9 @@ struct Live {
     kind: EventKind,
     mem: MemKind,
     pool: Pool,
+    /// References to a handle beyond the first (`cuMemRetainAllocationHandle`): each needs its
+    /// own `cuMemRelease` before the handle goes.
+    retained: u32,
 }
 
 impl Live {
@@ -279,6 +291,7 @@ impl Live {
             kind: e.kind,
             mem: e.mem,
             pool,
+            retained: 0,
         }
     }
 
@@ -371,6 +384,26 @@ impl Replayer {
             process: process as u32,
             ns,
         };
+        if ns == Namespace::Handle {
+            if obtains && e.api.name() == "cuMemRetainAllocationHandle" {
+                // One more reference to a handle already live (its cuMemCreate or import was
+                // seen): no new memory.
+                if let Some(l) = self.live.get_mut(&key) {
+                    l.retained = l.retained.saturating_add(1);
+                    return Step::Unchanged;
+                }
+            } else if !obtains
+                && let Some(l) = self.live.get_mut(&key)
+                && l.retained > 0
+            {
+                // The release of a retained reference: the handle stays.
+                l.retained -= 1;
+                return Step::Unchanged;
+            }
+        }
+        if ns == Namespace::Mapping && obtains {
+            self.size_imported(process, seq, e);
+        }
         if obtains {
             let pool = Pool::of(e.mem);
             // A pointer handed out again while we think it is live means a release we never
@@ -411,6 +444,34 @@ impl Replayer {
             Step::Released {
                 freed: freed.map(|f| f.into_alloc(&key)),
             }
+        }
+    }
+
+    /// An imported handle's size is not known at the import: it is taken from the first
+    /// `cuMemMap` of that handle (its physical handle is the map's `aux`).
+    fn size_imported(&mut self, process: usize, seq: usize, e: &Event) {
+        let key = LiveKey {
+            ptr: e.aux,
+            process: process as u32,
+            ns: Namespace::Handle,
+        };
+        let Some(l) = self.live.get_mut(&key) else {
+            return;
+        };
+        if l.pool != Pool::Imported || l.size != 0 {
+            return;
+        }
+        l.size = e.size;
+        let device = l.device;
+        let level = self
+            .levels
+            .entry((process, device, Pool::Imported))
+            .or_default();
+        level.live = level.live.saturating_add(e.size);
+        if level.live > level.peak {
+            level.peak = level.live;
+            level.peak_seq = seq;
+            level.peak_t_ns = e.t_ns;
         }
     }
 

@@ -269,7 +269,7 @@ struct Acc {
     refused: u64,
     refusals: Vec<Event>,
     /// Allocations and paired releases of the other buckets, by [`pool_index`].
-    other: [(u64, u64); 5],
+    other: [(u64, u64); 6],
 }
 
 fn pool_index(p: Pool) -> usize {
@@ -279,6 +279,7 @@ fn pool_index(p: Pool) -> usize {
         Pool::Host => 2,
         Pool::Address => 3,
         Pool::Mapped => 4,
+        Pool::Imported => 5,
     }
 }
 
@@ -606,20 +607,26 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                 _ => (Vec::new(), 0),
             };
             let info = p.devices.iter().find(|d| d.ordinal == *dev);
-            let other_pools = [Pool::Managed, Pool::Host, Pool::Address, Pool::Mapped]
-                .into_iter()
-                .filter_map(|pool| {
-                    let l = replay.level(pi, *dev, pool);
-                    let (allocations, frees) = a.other[pool_index(pool)];
-                    (l.peak > 0).then_some(PoolPeak {
-                        pool,
-                        allocations,
-                        frees,
-                        peak_bytes: l.peak,
-                        live_at_end: l.live,
-                    })
+            let other_pools = [
+                Pool::Managed,
+                Pool::Host,
+                Pool::Address,
+                Pool::Mapped,
+                Pool::Imported,
+            ]
+            .into_iter()
+            .filter_map(|pool| {
+                let l = replay.level(pi, *dev, pool);
+                let (allocations, frees) = a.other[pool_index(pool)];
+                (l.peak > 0).then_some(PoolPeak {
+                    pool,
+                    allocations,
+                    frees,
+                    peak_bytes: l.peak,
+                    live_at_end: l.live,
                 })
-                .collect();
+            })
+            .collect();
             devices.push(DeviceSummary {
                 device: *dev,
                 name: info.map(|d| d.name.clone()),

@@ -391,3 +391,70 @@ fn run_capacity_needs_simulate() {
         describe(&o)
     );
 }
+
+/// Handles obtained elsewhere (issue 13, NCCL): a `cuMemCreate` exported as a file descriptor,
+/// imported in a forked child and in the same process, retained from mapped addresses, every
+/// reference released. Every `cuMemRelease` pairs; imported memory is its own pool, never this
+/// process's device bytes; everything ends at 0.
+#[test]
+fn handles_obtained_elsewhere_pair_and_are_not_device_bytes() {
+    let prog = c_program("handles", true);
+    let out = scratch("handles").join("trace");
+    let o = run_traced(&out, "24GiB", &[prog.as_os_str()]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let ev = events(&out);
+    let count = |api: &str, kind: &str| {
+        ev.iter()
+            .filter(|e| e["api"] == api && e["kind"] == kind)
+            .count()
+    };
+    // Parent: 1 create, 1 import, 2 retains (+ a failed import and a failed retain);
+    // child: 1 import, 1 retain. Each success is released once.
+    assert_eq!(count("cuMemCreate", "alloc"), 1);
+    assert_eq!(count("cuMemImportFromShareableHandle", "alloc"), 2);
+    assert_eq!(count("cuMemRetainAllocationHandle", "alloc"), 3);
+    assert_eq!(count("cuMemImportFromShareableHandle", "alloc_failed"), 1);
+    assert_eq!(count("cuMemRetainAllocationHandle", "alloc_failed"), 1);
+    assert_eq!(count("cuMemRelease", "free"), 6);
+    for e in &ev {
+        assert_ne!(e["unmatched"], true, "an unpaired release: {e}");
+    }
+    // The imported handles' releases carry the size they were mapped as, in their own pool.
+    let imported_frees: Vec<_> = ev
+        .iter()
+        .filter(|e| e["api"] == "cuMemRelease" && e["mem"] == "imported")
+        .collect();
+    assert_eq!(imported_frees.len(), 2);
+    assert!(imported_frees.iter().all(|e| e["size"] == 4 * MIB));
+
+    let s = Command::new(vramtrace())
+        .args(["summary", "--json"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(s.status.success(), "{}", describe(&s));
+    let s: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    let procs = s["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2);
+    for p in procs {
+        let d = &p["devices"][0];
+        assert_eq!(d["live_at_end"], 0, "{p}");
+        let imported = d["other_pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["pool"] == "imported")
+            .unwrap_or_else(|| panic!("no imported pool: {p}"));
+        assert_eq!(imported["allocations"], 1);
+        assert_eq!(imported["frees"], 1);
+        assert_eq!(imported["peak_bytes"], 4 * MIB);
+        assert_eq!(imported["live_at_end"], 0);
+    }
+    // Device bytes: only the creating process's 4 MiB, never the imports.
+    let mut device_peaks: Vec<u64> = procs
+        .iter()
+        .map(|p| p["devices"][0]["peak_bytes"].as_u64().unwrap())
+        .collect();
+    device_peaks.sort();
+    assert_eq!(device_peaks, vec![0, 4 * MIB]);
+}

@@ -274,6 +274,7 @@ fn pool_of(mem: MemKind) -> &'static str {
         MemKind::Host => "host",
         MemKind::Address => "address",
         MemKind::Mapping => "mapped",
+        MemKind::Imported => "imported",
     }
 }
 

@@ -56,6 +56,7 @@ fn pool_index(p: Pool) -> i64 {
         Pool::Host => 2,
         Pool::Address => 3,
         Pool::Mapped => 4,
+        Pool::Imported => 5,
     }
 }
 

@@ -32,6 +32,8 @@ pub const API_NAMES: &[&str] = &[
     "cuArrayCreate_v2",
     "cuArray3DCreate_v2",
     "cuArrayDestroy",
+    "cuMemImportFromShareableHandle",
+    "cuMemRetainAllocationHandle",
 ];
 
 impl Api {
@@ -60,6 +62,11 @@ mod tests {
         assert_eq!(Api::from_name("cuMemFree_v2"), Some(Api(8)));
         assert_eq!(Api::from_name("cuMemCreate"), Some(Api(11)));
         assert_eq!(Api::from_name("cuArrayDestroy"), Some(Api(22)));
+        assert_eq!(
+            Api::from_name("cuMemImportFromShareableHandle"),
+            Some(Api(23))
+        );
+        assert_eq!(Api::from_name("cuMemRetainAllocationHandle"), Some(Api(24)));
         assert_eq!(Api(999).name(), "unknown");
     }
 }

@@ -112,6 +112,11 @@ pub enum MemKind {
     Address = 5,
     /// A view of physical memory inside reserved address space (`cuMemMap`).
     Mapping = 6,
+    /// A handle to physical memory this process did not allocate: imported from another
+    /// process (`cuMemImportFromShareableHandle`) or retained again from a mapped address
+    /// (`cuMemRetainAllocationHandle`). Never this process's device bytes; the size is not
+    /// known at the call (0) and is what the handle is mapped as.
+    Imported = 7,
 }
 
 impl MemKind {
@@ -124,6 +129,7 @@ impl MemKind {
             4 => Self::Array,
             5 => Self::Address,
             6 => Self::Mapping,
+            7 => Self::Imported,
             _ => return None,
         })
     }
@@ -137,6 +143,7 @@ impl MemKind {
             Self::Array => "array",
             Self::Address => "address",
             Self::Mapping => "mapping",
+            Self::Imported => "imported",
         }
     }
 }

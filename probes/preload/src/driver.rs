@@ -64,6 +64,8 @@ pub(crate) enum Entry {
     ArrayCreateV2,
     Array3dCreateV2,
     ArrayDestroy,
+    MemImportFromShareableHandle,
+    MemRetainAllocationHandle,
     GetProcAddress,
     GetProcAddressV2,
     // Called by the recorder, never wrapped.
@@ -203,6 +205,16 @@ const TABLE: [EntryInfo; N] = [
     recorded!(cuArrayCreate_v2, "cuArrayCreate", 3020),
     recorded!(cuArray3DCreate_v2, "cuArray3DCreate", 3020),
     recorded!(cuArrayDestroy, "cuArrayDestroy", 2000),
+    recorded!(
+        cuMemImportFromShareableHandle,
+        "cuMemImportFromShareableHandle",
+        10020
+    ),
+    recorded!(
+        cuMemRetainAllocationHandle,
+        "cuMemRetainAllocationHandle",
+        11000
+    ),
     routed!(cuGetProcAddress, "cuGetProcAddress", 11030),
     routed!(cuGetProcAddress_v2, "cuGetProcAddress", 12000),
     called!(cuCtxGetDevice, "cuCtxGetDevice", 2000),

@@ -129,6 +129,10 @@ pub type FnArrayCreate = unsafe extern "C" fn(*mut CuHandle, *const CuArrayDescr
 pub type FnArray3dCreate =
     unsafe extern "C" fn(*mut CuHandle, *const CuArray3dDescriptor) -> CuResult;
 pub type FnArrayDestroy = unsafe extern "C" fn(CuHandle) -> CuResult;
+pub type FnMemImportFromShareableHandle =
+    unsafe extern "C" fn(*mut CuMemHandle, *mut c_void, c_uint) -> CuResult;
+pub type FnMemRetainAllocationHandle =
+    unsafe extern "C" fn(*mut CuMemHandle, *mut c_void) -> CuResult;
 pub type FnGetProcAddress =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult;
 pub type FnGetProcAddressV2 =

@@ -393,6 +393,72 @@ pub unsafe extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
     r
 }
 
+/// `cuMemImportFromShareableHandle`: a handle to physical memory another process (or this one)
+/// exported. It is an acquisition in the handle namespace, so the `cuMemRelease` of the
+/// imported handle pairs with it, but the memory is not this process's allocation: kind
+/// [`MemKind::Imported`], size 0 (the call does not say; the reader takes what the handle is
+/// mapped as), the shareable handle (a file descriptor's number, or the address of an opaque
+/// one) in `aux`, the handle type in `stream`.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut CuMemHandle,
+    os_handle: *mut c_void,
+    handle_type: c_uint,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_or_return!(MemImportFromShareableHandle as FnMemImportFromShareableHandle);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(handle, os_handle, handle_type) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *handle.
+        let ptr = unsafe { out(r, handle, id) };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                aux: addr(os_handle),
+                stream: handle_type as u64,
+                ..op(Entry::MemImportFromShareableHandle, MemKind::Imported)
+            },
+        );
+    }
+    r
+}
+
+/// `cuMemRetainAllocationHandle`: one more reference to the handle mapped at `addr` (in
+/// `aux`), released by its own `cuMemRelease`. Recorded as an acquisition of kind
+/// [`MemKind::Imported`] with size 0: the reader counts it as a reference to the handle it
+/// already knows (no new bytes), or as a handle obtained elsewhere if it knows none.
+///
+/// # Safety
+/// Same contract as the driver's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CuMemHandle,
+    addr_: *mut c_void,
+) -> CuResult {
+    let call = Call::begin();
+    let real = real_or_return!(MemRetainAllocationHandle as FnMemRetainAllocationHandle);
+    // Safety: arguments passed through unchanged.
+    let r = unsafe { real(handle, addr_) };
+    if let Some(c) = call {
+        // Safety: on success the driver wrote *handle.
+        let ptr = unsafe { out(r, handle, id) };
+        c.alloc(
+            r,
+            Op {
+                ptr,
+                aux: addr(addr_),
+                ..op(Entry::MemRetainAllocationHandle, MemKind::Imported)
+            },
+        );
+    }
+    r
+}
+
 /// `cuMemMap`: the mapped range, the physical handle in `aux`.
 ///
 /// # Safety

@@ -54,7 +54,7 @@ macro_rules! wrapper {
 
 /// Every wrapper we hand out, in [`crate::driver::Entry`] order (the functions the recorder
 /// only calls have none).
-static WRAPPERS: [Wrapper; 24] = [
+static WRAPPERS: [Wrapper; 26] = [
     wrapper!(hooks::cuMemAlloc_v2),
     wrapper!(hooks::cuMemAllocPitch_v2),
     wrapper!(hooks::cuMemAllocManaged),
@@ -77,6 +77,8 @@ static WRAPPERS: [Wrapper; 24] = [
     wrapper!(hooks::cuArrayCreate_v2),
     wrapper!(hooks::cuArray3DCreate_v2),
     wrapper!(hooks::cuArrayDestroy),
+    wrapper!(hooks::cuMemImportFromShareableHandle),
+    wrapper!(hooks::cuMemRetainAllocationHandle),
     wrapper!(self::cuGetProcAddress),
     wrapper!(self::cuGetProcAddress_v2),
 ];

@@ -540,7 +540,7 @@ fn open_trace() -> Result<c_int, String> {
                 "the trace directory {} is a symbolic link; refusing to follow it",
                 shown()
             ),
-            _ => format!("cannot open the trace directory {}: {e}", shown()),
+            _ => format!("cannot create a trace file in {}: {e}", shown()),
         });
     }
     let result = create_in(dir_fd, &shown);

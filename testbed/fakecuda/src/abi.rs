@@ -11,6 +11,9 @@ pub type CUdevice = c_int;
 pub type CUdeviceptr = u64;
 /// `CUcontext`, `CUstream`, `CUevent`, `CUmemoryPool`, `CUarray`, `CUmodule`, `CUfunction`: opaque handles.
 pub type Handle = *mut c_void;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: a shareable handle that is a file descriptor.
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+
 /// `CUmemGenericAllocationHandle`: a physical allocation made by `cuMemCreate`.
 pub type CUmemGenericAllocationHandle = u64;
 

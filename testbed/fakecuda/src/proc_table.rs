@@ -168,6 +168,9 @@ pub(crate) static TABLE: &[Entry] = &[
     entry!("cuMemMap": 10020 => cuMemMap),
     entry!("cuMemUnmap": 10020 => cuMemUnmap),
     entry!("cuMemSetAccess": 10020 => cuMemSetAccess),
+    entry!("cuMemExportToShareableHandle": 10020 => cuMemExportToShareableHandle),
+    entry!("cuMemImportFromShareableHandle": 10020 => cuMemImportFromShareableHandle),
+    entry!("cuMemRetainAllocationHandle": 11000 => cuMemRetainAllocationHandle),
     // Arrays.
     entry!("cuArrayCreate": 3020 => cuArrayCreate_v2),
     entry!("cuArray3DCreate": 3020 => cuArray3DCreate_v2),

@@ -66,6 +66,9 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAlloc
 CUresult cuMemRelease(CUmemGenericAllocationHandle h);
 CUresult cuMemMap(CUdeviceptr p, size_t n, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags);
 CUresult cuMemUnmap(CUdeviceptr p, size_t n);
+CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h, int type, unsigned long long flags);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle, int type);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr);
 CUresult cuMemAllocHost_v2(void **p, size_t n);
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags);
 CUresult cuMemFreeHost(void *p);

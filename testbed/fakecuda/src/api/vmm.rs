@@ -1,7 +1,7 @@
 //! Virtual memory management: `cuMemCreate` makes physical memory (counted),
 //! `cuMemAddressReserve` address space (never counted), `cuMemMap` joins them.
 
-use std::ffi::c_uint;
+use std::ffi::{c_int, c_uint, c_void};
 
 use super::{load, require, store};
 use crate::abi::{CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle};
@@ -47,6 +47,52 @@ pub unsafe extern "C" fn cuMemCreate(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     with_driver("cuMemRelease", |d, _| d.mem_release(handle))
+}
+
+/// `cuMemExportToShareableHandle`: `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` only; writes a
+/// new descriptor into `*shareable_handle` (an `int`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable_handle: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: c_uint,
+    flags: u64,
+) -> CUresult {
+    with_driver("cuMemExportToShareableHandle", |d, _| {
+        require(shareable_handle)?;
+        let fd = d.export_handle(handle, handle_type, flags)?;
+        // Safety: non-null and, for a descriptor, an `int` per the API contract.
+        unsafe { store(shareable_handle as *mut c_int, fd) }
+    })
+}
+
+/// `cuMemImportFromShareableHandle`: `os_handle` is the descriptor itself, cast to a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    handle_type: c_uint,
+) -> CUresult {
+    with_driver("cuMemImportFromShareableHandle", |d, _| {
+        require(handle)?;
+        let imported = d.import_handle(os_handle as usize as c_int, handle_type)?;
+        // Safety: `handle` is non-null and writable per the API contract.
+        unsafe { store(handle, imported) }
+    })
+}
+
+/// `cuMemRetainAllocationHandle`: the handle mapped at `addr`, one more reference.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    with_driver("cuMemRetainAllocationHandle", |d, _| {
+        require(handle)?;
+        let retained = d.retain_handle(addr as usize as u64)?;
+        // Safety: `handle` is non-null and writable per the API contract.
+        unsafe { store(handle, retained) }
+    })
 }
 
 /// `cuMemAddressReserve`: address space only.

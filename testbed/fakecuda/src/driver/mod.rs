@@ -157,8 +157,11 @@ struct Array {
 struct Physical {
     device: usize,
     size: u64,
-    /// `cuMemRelease` was called; the memory goes when the last mapping does.
-    released: bool,
+    /// Handle references not yet released: 1 from `cuMemCreate` or an import, one more per
+    /// `cuMemRetainAllocationHandle`. At 0 the memory goes when the last mapping does.
+    refs: u32,
+    /// Imported from a shareable handle: the memory is the exporter's, never charged here.
+    imported: bool,
     mappings: u32,
     id: u64,
 }

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The first word of an exported handle's memory file: "fakecuda" in ASCII.
+const EXPORT_MAGIC: u64 = u64::from_le_bytes(*b"fakecuda");
+
 impl Driver {
     pub(super) fn check_location(&self, location: &CUmemLocation) -> Res<usize> {
         if location.type_ != abi::CU_MEM_LOCATION_TYPE_DEVICE {
@@ -51,7 +54,8 @@ impl Driver {
             Physical {
                 device,
                 size,
-                released: false,
+                refs: 1,
+                imported: false,
                 mappings: 0,
                 id,
             },
@@ -59,24 +63,112 @@ impl Driver {
         Ok(handle)
     }
 
-    /// `cuMemRelease`: the memory is returned once it is no longer mapped.
+    /// `cuMemRelease`: drops one reference; the memory is returned once no reference is left
+    /// and it is no longer mapped.
     pub(crate) fn mem_release(&mut self, handle: u64) -> Res<()> {
         let physical = self
             .physical
             .get_mut(&handle)
-            .filter(|p| !p.released)
+            .filter(|p| p.refs > 0)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        physical.released = true;
-        if physical.mappings == 0 {
+        physical.refs -= 1;
+        if physical.refs == 0 && physical.mappings == 0 {
             self.drop_physical(handle);
         }
         Ok(())
     }
 
     fn drop_physical(&mut self, handle: u64) {
-        if let Some(physical) = self.physical.remove(&handle) {
+        if let Some(physical) = self.physical.remove(&handle)
+            && !physical.imported
+        {
             self.devices[physical.device].used -= physical.size;
         }
+    }
+
+    /// `cuMemExportToShareableHandle` with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: a new
+    /// file descriptor (an anonymous memory file) holding the allocation's device and size,
+    /// which `cuMemImportFromShareableHandle` reads back, in this process or another one that
+    /// received the descriptor.
+    pub(crate) fn export_handle(&self, handle: u64, handle_type: u32, flags: u64) -> Res<i32> {
+        let physical = self
+            .physical
+            .get(&handle)
+            .filter(|p| p.refs > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if handle_type != abi::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut bytes = [0u8; 24];
+        bytes[..8].copy_from_slice(&EXPORT_MAGIC.to_le_bytes());
+        bytes[8..16].copy_from_slice(&(physical.device as u64).to_le_bytes());
+        bytes[16..].copy_from_slice(&physical.size.to_le_bytes());
+        // Safety: a valid C string and plain flags.
+        let fd = unsafe { libc::memfd_create(c"fakecuda-export".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        // Safety: a descriptor we own and a buffer of the length given.
+        let n = unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
+        if n != bytes.len() as isize {
+            // Safety: our descriptor, not used again.
+            unsafe { libc::close(fd) };
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(fd)
+    }
+
+    /// `cuMemImportFromShareableHandle`: a new handle to the memory an exported descriptor
+    /// names. The memory is the exporter's: nothing is charged here.
+    pub(crate) fn import_handle(&mut self, fd: i32, handle_type: u32) -> Res<u64> {
+        if handle_type != abi::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut bytes = [0u8; 24];
+        // Safety: a buffer of the length given; a bad descriptor is an error, not UB.
+        let n = unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+        if n != bytes.len() as isize || word(0) != EXPORT_MAGIC {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (device, size) = (word(8) as usize, word(16));
+        if device >= self.devices.len() || size == 0 || !granular(size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = self.new_handle(HandleKind::Physical);
+        let id = self.new_buffer_id();
+        self.physical.insert(
+            handle,
+            Physical {
+                device,
+                size,
+                refs: 1,
+                imported: true,
+                mappings: 0,
+                id,
+            },
+        );
+        Ok(handle)
+    }
+
+    /// `cuMemRetainAllocationHandle`: the handle mapped at `addr`, with one more reference
+    /// (the same handle value; each reference needs its own `cuMemRelease`).
+    pub(crate) fn retain_handle(&mut self, addr: u64) -> Res<u64> {
+        let (&start, mapping) = self
+            .mappings
+            .range(..=addr)
+            .next_back()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if addr >= start + mapping.size {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = mapping.handle;
+        let physical = self
+            .physical
+            .get_mut(&handle)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        physical.refs += 1;
+        Ok(handle)
     }
 
     /// Physical allocations not yet released or still mapped.
@@ -164,7 +256,7 @@ impl Driver {
         let physical = self
             .physical
             .get(&handle)
-            .filter(|p| !p.released)
+            .filter(|p| p.refs > 0)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if offset
             .checked_add(size)
@@ -217,7 +309,7 @@ impl Driver {
                 .get_mut(&mapping.handle)
                 .expect("mapped memory exists");
             physical.mappings -= 1;
-            if physical.released && physical.mappings == 0 {
+            if physical.refs == 0 && physical.mappings == 0 {
                 self.drop_physical(mapping.handle);
             }
         }
