@@ -323,6 +323,46 @@ wheel() {
   env -u VRAMTRACE_PRELOAD /tmp/vtvenv/bin/vramtrace run --out "$W/wheel" -- python3 "$VAL/model_vs_torch.py" --kernel gdn --seqlens 4128 --hk 16 --hv 48 --k 128 --v 128 2>&1 | tail -12
 }
 
+nccl() {
+  # Handles obtained elsewhere (issue 13): under torchrun on 2 GPUs, NCCL imports its peers'
+  # buffers (cuMemImportFromShareableHandle) and retains handles (cuMemRetainAllocationHandle).
+  # Every cuMemRelease must pair; per rank, device bytes are what it created, imported bytes
+  # their own pool. Compare per-process device bytes with NVML's per-process used memory
+  # (sampled while the ranks hold their buffers) minus the context (NVML's figure for a process
+  # that only initialised CUDA: the "context" line below).
+  rm -rf "$W/nccl" "$W/ctx"
+  command -v torchrun >/dev/null || { echo "no torchrun"; return 1; }
+  $VT run --quiet --out "$W/ctx" -- python3 -c 'import torch, time; torch.zeros(1, device="cuda"); time.sleep(6)' &
+  local ctxpid=$!
+  sleep 4; echo "--- context (NVML, a process that only initialised CUDA)"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+  wait $ctxpid
+  ( for _ in $(seq 1 40); do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; sleep 0.5; done ) > "$W/nccl-nvml.csv" &
+  local sampler=$!
+  HOLD_S=8 $VT run --out "$W/nccl" -- torchrun --nproc-per-node 2 "$VAL/nccl_allreduce.py" 2>&1 | tail -40
+  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+  echo "--- NVML per process, highest sample"
+  sort -t, -k1,1 -k2,2n "$W/nccl-nvml.csv" | awk -F, '{m[$1]=$2} END {for (p in m) print p "," m[p]}'
+  echo "--- per rank: calls and pairing"
+  for f in "$W"/nccl/*.vtr; do
+    echo "$f"
+    $VT events "$f" | python3 -c '
+import collections, json, sys
+c = collections.Counter(); unmatched = 0
+for line in sys.stdin:
+    e = json.loads(line)
+    c[(e["api"], e["kind"])] += 1
+    unmatched += bool(e.get("unmatched"))
+for k, n in sorted(c.items()):
+    if "Mem" in k[0]:
+        print("  ", k[0], k[1], n)
+print("   unmatched releases", unmatched)
+'
+  done
+  $VT summary "$W/nccl" | head -60
+  $VT summary --json "$W/nccl" > "$W/nccl-summary.json"
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del
