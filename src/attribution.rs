@@ -15,6 +15,13 @@
 //! Sizes compare after rounding both up to `align` bytes (1 for driver-level traces with
 //! PyTorch's caching off; 512 to compare with PyTorch's block sizes). The result lists every
 //! tensor with its predicted and observed bytes, and every observed allocation nothing explains.
+//!
+//! With PyTorch's caching allocator on, the driver sees segments, not tensors. When the chosen
+//! process and device have TENSOR records ([`crate::tensors`]), [`observe`] takes the live
+//! tensors instead of the driver's allocations: the peak is the peak of live tensor bytes, a
+//! failure is the n-th of the allocator's refusals and the driver's failures together (as
+//! `summary` numbers them), its request the refused tensor (or the driver's request), and each
+//! tensor carries its Python frames, which [`crate::evidence`] weighs.
 
 use serde::Serialize;
 
@@ -23,7 +30,9 @@ use std::ops::ControlFlow;
 use vramtrace_format::Event;
 
 use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
+use crate::tensors::{LiveTensor, TensorReplay, TensorStep};
 use crate::trace::{Item, Trace};
+use vramtrace_format::{TensorAction, TensorEvent};
 use vramtrace_models::Tensor;
 
 /// One allocation seen in a trace, as attribution needs it.
@@ -403,6 +412,90 @@ fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
     }
 }
 
+/// A failure seen by `observe`'s first pass: the driver refused a call, or PyTorch's caching
+/// allocator refused a tensor (an allocator-raised out-of-memory).
+#[derive(Debug, Clone)]
+enum Failed {
+    Driver(Event),
+    Torch(TensorEvent),
+}
+
+/// A live tensor as an observation (`name`: the annotation given to it since it was allocated).
+fn observed_tensor(trace: &Trace, t: &LiveTensor, name: Option<&String>) -> Observed {
+    let p = &trace.processes[t.process];
+    Observed {
+        size: t.event.size,
+        t_ns: t.event.t_ns,
+        ptr: format!("{:#x}", t.event.ptr),
+        api: "pytorch",
+        name: name.cloned(),
+        label: None,
+        failed: false,
+        frames: crate::tensors::python_frames(p, t.event.stack, 8),
+    }
+}
+
+/// The tensor PyTorch's allocator refused, as an observation.
+fn refused_tensor(p: &crate::trace::Process, t: &TensorEvent) -> Observed {
+    Observed {
+        size: t.size,
+        t_ns: t.t_ns,
+        ptr: "(failed)".into(),
+        api: "pytorch",
+        name: None,
+        label: None,
+        failed: true,
+        frames: crate::tensors::python_frames(p, t.stack, 8),
+    }
+}
+
+/// Replays `trace` through replay index `seq` and returns the tensors of process `pi` and
+/// device `dev` live then (time order), each with the name annotated since its allocation.
+fn tensors_live_at(
+    trace: &Trace,
+    pi: usize,
+    dev: i32,
+    seq: usize,
+) -> Result<Vec<(LiveTensor, Option<String>)>, String> {
+    let mut t = TensorReplay::new();
+    let mut names: FastMap<u64, String> = FastMap::default();
+    let mut i = 0usize;
+    trace
+        .for_each_item(|p, it| {
+            match &it {
+                Item::Tensor(e) => {
+                    if p == pi && e.action == TensorAction::Alloc {
+                        names.remove(&e.ptr);
+                    }
+                    t.apply(p, i, e);
+                }
+                Item::Annotate(a) if p == pi => {
+                    names.insert(
+                        a.ptr,
+                        trace.processes[p].string(a.name).unwrap_or("?").into(),
+                    );
+                }
+                _ => {}
+            }
+            i += 1;
+            if i > seq {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let mut live = t.live_set(pi, dev);
+    live.sort_by_key(|x| x.seq);
+    Ok(live
+        .into_iter()
+        .map(|x| {
+            let n = names.get(&x.event.ptr).cloned();
+            (x, n)
+        })
+        .collect())
+}
+
 /// A candidate peak's live set during `observe`'s first pass.
 ///
 /// A new peak makes the live set then the one to report, and it stays that set until the
@@ -439,7 +532,8 @@ pub fn observe(
     };
     let mut replay = Replayer::new();
     // Per process and device: the first failures (replay index, request) and how many in all.
-    type Failures = (Vec<(usize, Event)>, usize);
+    type Failures = (Vec<(usize, Failed)>, usize);
+    let mut tensors = TensorReplay::new();
     let mut failures: FastMap<(usize, i32), Failures> = FastMap::default();
     // At the peak, the same pass copies each candidate's live set at its peak when that is
     // cheap (see `PeakCopy`), so a second pass is seldom needed.
@@ -477,7 +571,7 @@ pub fn observe(
                         Step::Failed => {
                             let f = failures.entry((pi, e.device)).or_default();
                             if f.0.len() < keep {
-                                f.0.push((seq, e));
+                                f.0.push((seq, Failed::Driver(e)));
                             }
                             f.1 += 1;
                         }
@@ -499,6 +593,13 @@ pub fn observe(
                         _ => {}
                     }
                 }
+                Item::Tensor(t) if tensors.apply(pi, seq, &t) == TensorStep::Refused => {
+                    let f = failures.entry((pi, t.device)).or_default();
+                    if f.0.len() < keep {
+                        f.0.push((seq, Failed::Torch(t)));
+                    }
+                    f.1 += 1;
+                }
                 // Names given before a copy is taken travel with it; later ones are followed.
                 Item::Annotate(a) if at_peak => {
                     replay.annotate(pi, &a);
@@ -512,20 +613,30 @@ pub fn observe(
     if let Some(m) = replay.overflow() {
         return Err(m.to_string());
     }
-    // Choose the process and device.
-    let mut keys: Vec<(usize, i32, u64)> = replay
-        .levels()
-        .filter(|((pi, d, pool), _)| {
-            *pool == Pool::Device
-                && pid.is_none_or(|p| trace.processes[*pi].pid() == p)
-                && device.is_none_or(|x| x == *d)
+    // Choose the process and device: the highest driver-level peak, else tensor peak.
+    let mut highest: FastMap<(usize, i32), (u64, u64)> = FastMap::default();
+    for ((pi, d, pool), l) in replay.levels() {
+        if pool == Pool::Device {
+            highest.entry((pi, d)).or_default().0 = l.peak;
+        }
+    }
+    for ((pi, d), l) in tensors.levels() {
+        highest.entry((pi, d)).or_default().1 = l.peak;
+    }
+    let mut keys: Vec<(usize, i32, (u64, u64))> = highest
+        .into_iter()
+        .filter(|((pi, d), _)| {
+            pid.is_none_or(|p| trace.processes[*pi].pid() == p) && device.is_none_or(|x| x == *d)
         })
-        .map(|((pi, d, _), l)| (pi, d, l.peak))
+        .map(|((pi, d), l)| (pi, d, l))
         .collect();
     keys.sort_by_key(|k| (std::cmp::Reverse(k.2), k.0, k.1));
     let Some(&(pi, dev, _)) = keys.first() else {
         return Err("no device allocation of the chosen process and device is in the trace".into());
     };
+    if let Some(level) = tensors.level_if_any(pi, dev) {
+        return observe_tensors(trace, pi, dev, at, level, failures.remove(&(pi, dev)));
+    }
     // The chosen peak's live set if the first pass has it, each allocation with its final
     // name, in time order.
     let copied = match peaks.remove(&(pi, dev)) {
@@ -581,7 +692,7 @@ pub fn observe(
         }
         At::Failure(n) => {
             let (mine, count) = failures.remove(&(pi, dev)).unwrap_or_default();
-            let Some(&(seq, e)) = mine.get(n) else {
+            let Some((seq, Failed::Driver(e))) = mine.get(n).cloned() else {
                 return Err(format!(
                     "process {} has {count} out-of-memory failure(s) on device {dev}; there is no failure #{n} (calls refused for other reasons, such as CUDA_ERROR_NOT_PERMITTED, are not out-of-memory: `vramtrace summary` lists them)",
                     p.pid(),
@@ -678,6 +789,163 @@ pub fn observe(
                 t_s: from,
                 description: format!(
                     "allocations of process {} on device {dev} from {from} s to {to} s",
+                    p.pid()
+                ),
+            })
+        }
+    }
+}
+
+/// `observe` for a process and device with TENSOR records: the live tensors, not the segments.
+fn observe_tensors(
+    trace: &Trace,
+    pi: usize,
+    dev: i32,
+    at: At,
+    level: crate::tensors::TensorLevel,
+    failures: Option<(Vec<(usize, Failed)>, usize)>,
+) -> Result<ObservedMoment, String> {
+    use vramtrace_models::units::fmt_bytes;
+    let t0 = trace.start_ns();
+    let p = &trace.processes[pi];
+    let as_observed = |live: Vec<(LiveTensor, Option<String>)>| -> Vec<Observed> {
+        live.iter()
+            .map(|(t, n)| observed_tensor(trace, t, n.as_ref()))
+            .collect()
+    };
+    match at {
+        At::Peak => {
+            let observed = as_observed(tensors_live_at(trace, pi, dev, level.peak_seq)?);
+            Ok(ObservedMoment {
+                moment: Moment::Peak,
+                pid: p.pid(),
+                device: dev,
+                t_s: level.peak_t_ns.saturating_sub(t0) as f64 / 1e9,
+                description: format!(
+                    "the tensor peak of process {} on device {dev}: {} in {} live tensors of PyTorch's caching allocator",
+                    p.pid(),
+                    fmt_bytes(level.peak),
+                    observed.len()
+                ),
+                observed,
+            })
+        }
+        At::Failure(n) => {
+            let (mine, count) = failures.unwrap_or_default();
+            let Some((seq, failed)) = mine.get(n).cloned() else {
+                return Err(format!(
+                    "process {} has {count} out-of-memory failure(s) on device {dev} (PyTorch's allocator's and the driver's together); there is no failure #{n}",
+                    p.pid(),
+                ));
+            };
+            let mut obs = as_observed(tensors_live_at(trace, pi, dev, seq)?);
+            let (request, t_ns, description) = match &failed {
+                Failed::Torch(t) => (
+                    refused_tensor(p, t),
+                    t.t_ns,
+                    format!(
+                        "failed allocation #{n} of process {} on device {dev}: PyTorch's allocator refused {} ({} allocated, {} reserved{}, {} free)",
+                        p.pid(),
+                        fmt_bytes(t.size),
+                        fmt_bytes(t.allocated),
+                        fmt_bytes(t.reserved),
+                        if t.limit > 0 {
+                            format!(", limit {}", fmt_bytes(t.limit))
+                        } else {
+                            String::new()
+                        },
+                        fmt_bytes(t.free)
+                    ),
+                ),
+                Failed::Driver(e) => (
+                    failed_request(p, e),
+                    e.t_ns,
+                    format!(
+                        "failed allocation #{n} of process {} on device {dev}: {} of {} ({} free of {}), beside the live tensors",
+                        p.pid(),
+                        e.api.name(),
+                        fmt_bytes(e.size),
+                        fmt_bytes(e.free_bytes),
+                        fmt_bytes(e.total_bytes)
+                    ),
+                ),
+            };
+            obs.push(request);
+            Ok(ObservedMoment {
+                observed: obs,
+                moment: Moment::Failure,
+                pid: p.pid(),
+                device: dev,
+                t_s: t_ns.saturating_sub(t0) as f64 / 1e9,
+                description,
+            })
+        }
+        At::Window(from, to) => {
+            let ns = |s: f64| t0.saturating_add((s.max(0.0) * 1e9) as u64);
+            let (lo, hi) = (ns(from), ns(to));
+            // Tensors allocated in the window (by replay index) with their names, and refusals.
+            let mut made: Vec<Result<(TensorEvent, Option<String>), TensorEvent>> = Vec::new();
+            let mut open: FastMap<u64, usize> = FastMap::default();
+            trace
+                .for_each_item(|i, it| {
+                    if i != pi {
+                        return ControlFlow::Continue(());
+                    }
+                    match it {
+                        Item::Tensor(t) if t.device == dev => {
+                            let inside = t.t_ns >= lo && t.t_ns <= hi;
+                            match t.action {
+                                TensorAction::Alloc => {
+                                    open.remove(&t.ptr);
+                                    if inside {
+                                        open.insert(t.ptr, made.len());
+                                        made.push(Ok((t, None)));
+                                    } else if t.t_ns > hi && open.is_empty() {
+                                        return ControlFlow::Break(());
+                                    }
+                                }
+                                TensorAction::Free => {
+                                    open.remove(&t.ptr);
+                                }
+                                TensorAction::AllocFailed if inside => made.push(Err(t)),
+                                TensorAction::AllocFailed => {}
+                            }
+                        }
+                        Item::Annotate(a) => {
+                            if let Some(&k) = open.get(&a.ptr)
+                                && let Ok((_, n)) = &mut made[k]
+                            {
+                                *n = p.string(a.name).map(str::to_string);
+                            }
+                        }
+                        _ => {}
+                    }
+                    ControlFlow::Continue(())
+                })
+                .map_err(|e| e.to_string())?;
+            let obs = made
+                .into_iter()
+                .enumerate()
+                .map(|(k, m)| match m {
+                    Ok((event, name)) => {
+                        let t = LiveTensor {
+                            process: pi,
+                            seq: k,
+                            event,
+                        };
+                        observed_tensor(trace, &t, name.as_ref())
+                    }
+                    Err(t) => refused_tensor(p, &t),
+                })
+                .collect();
+            Ok(ObservedMoment {
+                observed: obs,
+                moment: Moment::Window,
+                pid: p.pid(),
+                device: dev,
+                t_s: from,
+                description: format!(
+                    "tensors allocated by process {} on device {dev} from {from} s to {to} s",
                     p.pid()
                 ),
             })
