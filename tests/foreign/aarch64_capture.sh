@@ -10,6 +10,10 @@
 # libc6-dev-arm64-cross and qemu-user (or qemu-user-static). `.ci/run` installs them.
 #
 #   tests/foreign/aarch64_capture.sh [VRAMTRACE_CLI]
+#
+# With VRAMTRACE_AARCH64_WHEEL set to an aarch64 wheel (scripts/build_wheel.sh aarch64), also:
+# the wheel's preload (linked by zig against glibc 2.17) records every_api under qemu, and the
+# wheel's aarch64 CLI, under qemu, reads the traces exactly as the x86-64 CLI does.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -78,3 +82,25 @@ run stacks
 
 file "$work/every_api" "$preload" "$work/driver/libcuda.so.1" | sed "s|$work/||"
 python3 tests/foreign/check_capture.py "$cli" "$work"
+
+if [ -n "${VRAMTRACE_AARCH64_WHEEL:-}" ]; then
+  python3 -m zipfile -e "$VRAMTRACE_AARCH64_WHEEL" "$work/wheel"
+  a64cli=$(echo "$work"/wheel/*.data/scripts/vramtrace)
+  chmod +x "$a64cli"
+  preload=$work/wheel/vramtrace/libvramtrace_preload.so
+  rm -rf "$work/every_api.trace"
+  run every_api VRAMTRACE_FAKE_DEVICES=2 VRAMTRACE_FAKE_CAPACITY=1073741824
+  python3 tests/foreign/check_capture.py "$cli" "$work" >/dev/null ||
+    { echo "FAIL  the aarch64 wheel's preload: see check_capture.py $cli $work" >&2; exit 1; }
+  echo "ok    the aarch64 wheel's preload records every_api under qemu"
+  for name in every_api stacks fork; do
+    if diff <("$cli" events "$work/$name.trace") \
+      <("$qemu" -L "$sysroot" "$a64cli" events "$work/$name.trace") >/dev/null; then
+      echo "ok    the aarch64 wheel's CLI reads $name's trace as the x86-64 CLI does"
+    else
+      echo "FAIL  the aarch64 wheel's CLI reads $name's trace differently" >&2
+      exit 1
+    fi
+  done
+  "$qemu" -L "$sysroot" "$a64cli" summary "$work/every_api.trace" | head -n 5
+fi
