@@ -295,3 +295,38 @@ fn an_allocator_oom_is_a_failure_whose_request_is_the_refused_tensor() {
     let body = std::fs::read_to_string(&svg).unwrap();
     assert!(body.contains("v_new"), "the breakdown names fla's tensors");
 }
+
+/// The report explains PyTorch's message from the tensor records: the live tensors with their
+/// lines, reserved-but-unallocated as segment minus tensor bytes with the largest free block
+/// against the request, the limit, and what lies outside PyTorch; snapshot of the section.
+#[test]
+fn the_report_explains_pytorchs_message_from_the_tensors() {
+    let dir = write_trace(&scratch("report-tensors-oom"), true);
+    let o = Command::new(vramtrace())
+        .arg("report")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let md = String::from_utf8(o.stdout).unwrap();
+    let start = md
+        .find("PyTorch's out-of-memory message")
+        .expect("the section");
+    let end = start + md[start..].find("Still unknown").unwrap();
+    let end = end + md[end..].find('\n').unwrap() + 1;
+    let section = &md[start..end];
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/report_tensors_message.md");
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, section).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).expect("run with UPDATE_SNAPSHOTS=1 to create it");
+    assert_eq!(
+        section, want,
+        "the section changed; look at it, then UPDATE_SNAPSHOTS=1"
+    );
+    assert!(section.contains("334,436,352 B) in 8 live tensors"));
+    assert!(section.contains("`chunk_delta_h.py:722 chunk_fwd_h`"));
+    assert!(section.contains("= segment bytes 1.00 GiB"));
+    assert!(section.contains("refused before asking the driver"));
+}

@@ -170,6 +170,37 @@ fn tensors_and_allocator_ooms_recorded_without_changing_the_program() {
     assert_eq!(f["tensors"]["tensor_bytes"], 50724864u64 + 3145728);
     assert_eq!(d["failed_allocations"], 1);
 
+    // The report explains PyTorch's message from the same records.
+    let o = Command::new(vramtrace())
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let md = String::from_utf8_lossy(&o.stdout);
+    let start = md
+        .find("PyTorch's out-of-memory message")
+        .expect("the section");
+    let section = &md[start..start + md[start..].find("Still unknown").unwrap()];
+    assert!(
+        section.contains("from the tensors its caching allocator reported"),
+        "{section}"
+    );
+    assert!(
+        section.contains("(53,870,592 B) in 2 live tensors (PyTorch's own count is the same)"),
+        "{section}"
+    );
+    assert!(section.contains("48.38 MiB at `"), "{section}");
+    assert!(
+        section.contains("(152,961,024 B) − allocated")
+            || section.contains("reserved 145.88 MiB − allocated"),
+        "no segment seen: PyTorch's own reserved − allocated: {section}"
+    );
+    assert!(
+        section.contains("(12,884,901,888 B) (`set_per_process_memory_fraction`)"),
+        "{section}"
+    );
+
     let out = scratch("torch-probe-off").join("trace");
     run(&out, &["--no-torch-probe"]);
     assert!(
