@@ -200,6 +200,10 @@ struct V1Stream {
     ready: VecDeque<Record>,
     problems: Vec<Problem>,
     eof: bool,
+    /// Bytes dropped from `buf` because no record can start in them ([`crate::reader::Scan::dead`]): their
+    /// file offset and length, reported once the stream knows whether a record follows
+    /// (corruption in the middle) or not (the torn tail).
+    dead: Option<(u64, u64)>,
 }
 
 impl V1Stream {
@@ -215,6 +219,7 @@ impl V1Stream {
             ready: VecDeque::new(),
             problems: Vec::new(),
             eof: false,
+            dead: None,
         })
     }
 
@@ -229,15 +234,40 @@ impl V1Stream {
         if read.is_err() || self.buf.len() == before {
             self.eof = true;
         }
-        let scan = scan_records(&self.buf, self.offset);
+        let mut scan = scan_records(&self.buf, self.offset);
+        if let Some((at, bytes)) = self.dead.take() {
+            // Bytes dropped earlier: corruption before whatever this scan consumed, merged with
+            // corruption it found right where they end; else still pending.
+            if scan.consumed > 0 {
+                match scan.problems.first_mut() {
+                    Some(Problem::Corrupt { offset, bytes: b }) if *offset == at + bytes => {
+                        *offset = at;
+                        *b += bytes;
+                    }
+                    _ => scan
+                        .problems
+                        .insert(0, Problem::Corrupt { offset: at, bytes }),
+                }
+            } else {
+                self.dead = Some((at, bytes));
+            }
+        }
         self.ready.extend(scan.records.into_iter().map(|(_, r)| r));
         self.problems.extend(scan.problems);
         self.buf.drain(..scan.consumed);
         self.offset += scan.consumed as u64;
-        if self.eof && !self.buf.is_empty() {
+        if scan.dead > 0 && !self.eof {
+            let at = self.offset;
+            let d = self.dead.get_or_insert((at, 0));
+            d.1 += scan.dead as u64;
+            self.buf.drain(..scan.dead);
+            self.offset += scan.dead as u64;
+        }
+        if self.eof && (!self.buf.is_empty() || self.dead.is_some()) {
+            let (offset, dead) = self.dead.take().unwrap_or((self.offset, 0));
             self.problems.push(Problem::TornTail {
-                offset: self.offset,
-                bytes: self.buf.len() as u64,
+                offset,
+                bytes: dead + self.buf.len() as u64,
             });
             self.buf.clear();
         }

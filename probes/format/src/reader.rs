@@ -91,6 +91,11 @@ pub struct Scan {
     pub consumed: usize,
     /// Corruption found in the middle.
     pub problems: Vec<Problem>,
+    /// Of the unconsumed bytes after `consumed`, how many can never start a valid record
+    /// whatever follows them (no frame magic, or a frame that is already complete and bad). A
+    /// streaming reader may drop them (remembering their offset) instead of scanning them again
+    /// with the next chunk: that keeps it linear and bounded over a body of zeros.
+    pub dead: usize,
 }
 
 /// Is there a complete, checksum-valid frame at `pos`? Returns its total length.
@@ -116,6 +121,25 @@ fn frame_at(buf: &[u8], pos: usize) -> FrameCheck {
         return FrameCheck::Bad;
     }
     FrameCheck::Ok { kind, total }
+}
+
+/// The first position at or after `from` holding [`FRAME_MAGIC`].
+fn magic_from(buf: &[u8], from: usize) -> Option<usize> {
+    let rest = buf.get(from..)?;
+    // Eight bytes at a time: a word with no byte equal to the magic is skipped whole.
+    let pattern = u64::from_ne_bytes([FRAME_MAGIC; 8]);
+    let mut i = 0;
+    while i + 8 <= rest.len() {
+        let w = u64::from_ne_bytes(rest[i..i + 8].try_into().unwrap()) ^ pattern;
+        if (w.wrapping_sub(0x0101_0101_0101_0101) & !w & 0x8080_8080_8080_8080) != 0 {
+            break;
+        }
+        i += 8;
+    }
+    rest[i..]
+        .iter()
+        .position(|&b| b == FRAME_MAGIC)
+        .map(|k| from + i + k)
 }
 
 enum FrameCheck {
@@ -150,12 +174,13 @@ pub fn scan_records(buf: &[u8], base: u64) -> Scan {
                 let start = pos;
                 let mut next = None;
                 let mut p = pos + 1;
-                while p < buf.len() {
-                    if buf[p] == FRAME_MAGIC && matches!(frame_at(buf, p), FrameCheck::Ok { .. }) {
-                        next = Some(p);
+                // Jump from one frame magic to the next (a body of zeros has none).
+                while let Some(q) = magic_from(buf, p) {
+                    if matches!(frame_at(buf, q), FrameCheck::Ok { .. }) {
+                        next = Some(q);
                         break;
                     }
-                    p += 1;
+                    p = q + 1;
                 }
                 match next {
                     Some(p) => {
@@ -166,7 +191,21 @@ pub fn scan_records(buf: &[u8], base: u64) -> Scan {
                         pos = p;
                         scan.consumed = pos;
                     }
-                    None => break,
+                    None => {
+                        // Bytes before the first position where a frame could still complete
+                        // with more data are dead: nothing can start there.
+                        let mut live = buf.len();
+                        let mut q = start + 1;
+                        while let Some(m) = magic_from(buf, q) {
+                            if matches!(frame_at(buf, m), FrameCheck::Incomplete) {
+                                live = m;
+                                break;
+                            }
+                            q = m + 1;
+                        }
+                        scan.dead = live - start;
+                        break;
+                    }
                 }
             }
         }
