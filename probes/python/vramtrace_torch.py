@@ -102,18 +102,18 @@ def activate(shapes=None):
             counts["free"] += 1
         _tensor(FREE, dev, ptr, 0, 0, 0, 0, 0, 0, None, None, None, 0)
 
-    def on_oom(device, alloc, device_allocated, device_free):
+    def on_oom(device, alloc, allowed, device_free):
+        # PyTorch's caching allocator calls its observers with the request, the bytes this
+        # process may use (the per-process fraction's maximum when one is set, else the
+        # device's total) and the driver's free bytes; what it had allocated and reserved comes
+        # from its own statistics.
         s = stats(device)
+        allocated_now = s["allocated_bytes"]["all"]["current"]
         reserved = s["reserved_bytes"]["all"]["current"]
-        limit = 0
-        try:
-            fraction = torch.cuda.get_per_process_memory_fraction(device)
-            if fraction < 1.0:
-                limit = int(fraction * torch.cuda.get_device_properties(device).total_memory)
-        except Exception:  # older torch: no getter
-            pass
+        total = torch.cuda.get_device_properties(device).total_memory
+        limit = allowed if 0 < allowed < total else 0
         counts["refused"] += 1
-        _tensor(REFUSED, device, 0, alloc, 0, device_allocated, reserved, limit, device_free, None, None, None, 0)
+        _tensor(REFUSED, device, 0, alloc, 0, allocated_now, reserved, limit, device_free, None, None, None, 0)
 
     for dev in range(torch.cuda.device_count()):
         # Blocks allocated before activation have no size here; count from now.

@@ -66,11 +66,14 @@ cost() {
   for m in bare gpu_trace history_python history_all; do
     python3 "$VAL/torch_probe_cost.py" $m
   done
+  local shapes
   for m in probe probe_shapes; do
+    shapes=""
+    [ $m = probe_shapes ] && shapes=--torch-shapes
     rm -rf "$W/cost"
-    $VT run --quiet --no-stacks --out "$W/cost" -- python3 "$VAL/torch_probe_cost.py" $m
+    $VT run --quiet --no-stacks $shapes --out "$W/cost" -- python3 "$VAL/torch_probe_cost.py" $m
     rm -rf "$W/cost"
-    $VT run --quiet --out "$W/cost" -- python3 "$VAL/torch_probe_cost.py" $m | sed 's/$/ (native stacks on)/'
+    $VT run --quiet $shapes --out "$W/cost" -- python3 "$VAL/torch_probe_cost.py" $m | sed 's/$/ (native stacks on)/'
   done
   rm -rf "$W/cost"
 }

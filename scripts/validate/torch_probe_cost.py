@@ -30,7 +30,11 @@ elif a.mode in ("probe", "probe_shapes"):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../probes/python"))
     import vramtrace_torch
 
-    assert vramtrace_torch.activate(shapes=a.mode == "probe_shapes"), "run under vramtrace run"
+    # `vramtrace run` has started the probe already (right after `import torch`); started by
+    # hand otherwise.
+    active = vramtrace_torch._state["active"] or vramtrace_torch.activate(
+        shapes=a.mode == "probe_shapes")
+    assert active, "run under vramtrace run (the preload must be loaded)"
 elif a.mode.startswith("history_"):
     torch.cuda.memory._record_memory_history(stacks=a.mode.split("_")[1], max_entries=100000)
 elif a.mode != "bare":

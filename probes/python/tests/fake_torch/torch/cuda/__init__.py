@@ -50,6 +50,9 @@ def fake_free(ptr, size):
 
 
 def fake_oom(size):
+    # As PyTorch's caching allocator calls its observers: the request, the bytes the process may
+    # use (the fraction's maximum, as one is set here) and the driver's free bytes.
+    allowed = int(get_per_process_memory_fraction(0) * TOTAL)
     for cb in _C.STATE["oom_observers"]:
-        cb(0, size, _C.STATE["allocated"], 1 << 30)
+        cb(0, size, allowed, 1 << 30)
     raise MemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")
