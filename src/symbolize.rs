@@ -211,7 +211,13 @@ impl<'p> StackSymbolizer<'p> {
             // The PyTorch probe's own callbacks are never the allocating line.
             let python: Vec<Frame> = py
                 .iter()
-                .filter(|f| !text(f.file).is_some_and(|p| crate::tensors::is_probe_file(&p)))
+                .filter(|f| {
+                    let (file, function) = (text(f.file), text(f.function));
+                    !crate::tensors::is_probe_frame(
+                        file.as_deref().unwrap_or(""),
+                        function.as_deref().unwrap_or(""),
+                    )
+                })
                 .map(|f| Frame {
                     addr: String::new(),
                     module: PYTHON_MODULE.into(),

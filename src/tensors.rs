@@ -31,9 +31,12 @@ use crate::trace::{Item, Process, Trace};
 /// The Python file of the probe's own callbacks: its frames are never the allocating line.
 pub const PROBE_FILE: &str = "vramtrace_torch.py";
 
-/// True for a Python frame of the probe itself (its allocation, free and OOM callbacks).
-pub fn is_probe_file(file: &str) -> bool {
+/// True for a Python frame of the probe itself (its allocation, free and OOM callbacks), or of
+/// PyTorch's dispatch of those callbacks (`fire_callbacks` in `torch/_utils.py`, seen on the
+/// H200 as the innermost frame of every tensor): never the allocating line.
+pub fn is_probe_frame(file: &str, function: &str) -> bool {
     file.rsplit('/').next() == Some(PROBE_FILE)
+        || (function == "fire_callbacks" && file.ends_with("torch/_utils.py"))
 }
 
 /// The Python frames of a stack id, innermost first, as `file.py:LINE function` (base name),
@@ -85,7 +88,7 @@ pub fn python_locations(p: &Process, stack: u32) -> Vec<PyLocation> {
             function: p.string(f.function).unwrap_or("?").to_string(),
             line: f.line,
         })
-        .filter(|l| !is_probe_file(&l.file))
+        .filter(|l| !is_probe_frame(&l.file, &l.function))
         .collect()
 }
 
@@ -626,7 +629,18 @@ mod tests {
 
     #[test]
     fn probe_frames_are_skipped() {
-        assert!(is_probe_file("/x/probes/python/vramtrace_torch.py"));
-        assert!(!is_probe_file("/x/chunk_o.py"));
+        assert!(is_probe_frame(
+            "/x/probes/python/vramtrace_torch.py",
+            "on_alloc"
+        ));
+        assert!(is_probe_frame(
+            "/venv/site-packages/torch/_utils.py",
+            "fire_callbacks"
+        ));
+        assert!(!is_probe_frame(
+            "/venv/site-packages/torch/_utils.py",
+            "_rebuild_tensor"
+        ));
+        assert!(!is_probe_frame("/x/chunk_o.py", "chunk_fwd_o"));
     }
 }
