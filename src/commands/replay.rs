@@ -23,6 +23,11 @@ pub struct ReplayArgs {
     /// Bytes held outside the trace on each device (context, modules, other programs).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "0")]
     pub resident: u64,
+    /// The driver's allocation granularity: each allocation of at least this size counts as
+    /// its size rounded up to a multiple of it (`2MiB` on the H200; `0` for the sizes as
+    /// requested).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "2MiB")]
+    pub granularity: u64,
     /// Symbolised frames to show for the first allocation that would fail.
     #[arg(long, default_value_t = 8)]
     pub frames: usize,
@@ -49,6 +54,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
         WhatIfOptions {
             capacity: args.capacity,
             resident: args.resident,
+            granularity: args.granularity,
             points: usize::from(args.points) / 2,
         },
     )?;
