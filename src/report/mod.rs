@@ -17,7 +17,7 @@ pub mod markdown;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
-use vramtrace_format::EventKind;
+use vramtrace_format::{EventKind, TensorAction};
 use vramtrace_models::{ModelConfig, Variant, Workload, WorkloadOptions};
 
 use crate::attribution::{At, Attribution, observe};
@@ -476,21 +476,27 @@ fn traced_at_failures(trace: &Trace) -> anyhow::Result<Across> {
     let mut out = Across::new();
     let mut seq = 0usize;
     trace.for_each_item(|pi, it| {
-        if let Item::Event(e) = it
-            && replay.apply(pi, seq, &e) == Step::Failed
-            && e.kind == EventKind::AllocFailed
-        {
-            let n = counts.entry((pi, e.device)).or_default();
+        // The failures as summary numbers them per process and device: the driver's
+        // out-of-memory failures and PyTorch's allocator refusals, in time order.
+        let failed_on = match &it {
+            Item::Event(e) => (replay.apply(pi, seq, e) == Step::Failed
+                && e.kind == EventKind::AllocFailed)
+                .then_some(e.device),
+            Item::Tensor(t) => (t.action == TensorAction::AllocFailed).then_some(t.device),
+            _ => None,
+        };
+        if let Some(device) = failed_on {
+            let n = counts.entry((pi, device)).or_default();
             if *n < crate::summary::MAX_DETAILED_FAILURES {
                 let mut by: BTreeMap<u32, u64> = BTreeMap::new();
                 for ((q, dev, pool), level) in replay.levels() {
-                    if dev == e.device && pool == Pool::Device && level.live > 0 {
+                    if dev == device && pool == Pool::Device && level.live > 0 {
                         let pid = trace.processes[q].header.pid;
                         let b = by.entry(pid).or_default();
                         *b = b.saturating_add(level.live);
                     }
                 }
-                out.insert((pi, e.device, *n), by.into_iter().collect());
+                out.insert((pi, device, *n), by.into_iter().collect());
             }
             *n += 1;
         }
