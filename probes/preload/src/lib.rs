@@ -76,7 +76,8 @@
 //!   pid and ppid.
 //! - **Re-entrancy.** A per-thread RAII guard (`src/guard.rs`) passes nested hooked
 //!   calls straight through.
-//! - Depends on `vramtrace-format`, `libc` and `framehop`. x86-64 Linux with glibc.
+//! - Depends on `vramtrace-format`, `libc` and `framehop`. Linux with glibc (2.17 or newer), on
+//!   x86-64 and aarch64.
 //!
 //! # Layers
 //! Each module imports only from those below it. Bottom to top: the leaves `clock` (the
