@@ -8,10 +8,9 @@
 mod common;
 
 use std::ffi::{OsStr, OsString};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use common::*;
 
@@ -42,44 +41,13 @@ const LIMIT: Duration = Duration::from_secs(30);
 
 /// Runs the CLI under a 4 GiB address-space limit, killing it after [`LIMIT`].
 fn run_case(c: &Case) -> Result<Output, String> {
-    let mut child = Command::new("sh")
-        .arg("-c")
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
         .arg("ulimit -v 4194304 && exec \"$0\" \"$@\"")
         .arg(vramtrace())
-        .args(&c.args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Ok(Output {
-                status,
-                stdout: t_out.join().unwrap(),
-                stderr: t_err.join().unwrap(),
-            });
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("{}: still running after {LIMIT:?}", c.name));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .args(&c.args);
+    vramtrace_testkit::output_within(cmd, LIMIT)
+        .ok_or_else(|| format!("{}: still running after {LIMIT:?}", c.name))
 }
 
 fn sample_file() -> PathBuf {

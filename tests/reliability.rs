@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use vramtrace_format::{Api, Event, EventKind, Header, MemKind, Record};
@@ -28,41 +27,9 @@ fn sample(name: &str) -> PathBuf {
 
 /// Runs the CLI with `args`, killing it after `limit`; `None` when it ran past the limit.
 fn run_within(args: &[&std::ffi::OsStr], limit: Duration) -> Option<Output> {
-    let mut child = Command::new(vramtrace())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(Output {
-                status,
-                stdout: t_out.join().unwrap(),
-                stderr: t_err.join().unwrap(),
-            });
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut cmd = Command::new(vramtrace());
+    cmd.args(args);
+    vramtrace_testkit::output_within(cmd, limit)
 }
 
 fn cli(args: &[&str]) -> Output {

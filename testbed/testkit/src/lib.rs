@@ -149,3 +149,43 @@ pub fn skip(require: &str, why: &str) {
         "SKIPPED {why} (set {require}=1 to fail instead)"
     );
 }
+
+/// Runs `cmd` with an empty stdin, collecting its stdout and stderr, and kills it if it is
+/// still running after `limit`: `None` then. A command that hangs fails its test instead of
+/// hanging the suite.
+pub fn output_within(mut cmd: Command, limit: std::time::Duration) -> Option<Output> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    // Drained on threads, so a command writing more than a pipe holds never blocks.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for the command") {
+            return Some(Output {
+                status,
+                stdout: out.join().unwrap_or_default(),
+                stderr: err.join().unwrap_or_default(),
+            });
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
