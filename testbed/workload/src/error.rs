@@ -98,5 +98,11 @@ pub struct AllocFailure {
     pub device_free: Option<usize>,
 }
 
+impl From<vramtrace_models::ModelError> for Error {
+    fn from(e: vramtrace_models::ModelError) -> Self {
+        Error::Model(e.to_string())
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

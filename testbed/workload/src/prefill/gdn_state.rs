@@ -3,7 +3,6 @@
 
 use vramtrace_models::{self as model, LayerKind, ModelConfig};
 
-use super::plan::model_err;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::TensorSpec;
@@ -24,8 +23,7 @@ pub struct GdnStateSpec {
 /// The state of every GDN layer, in layer order, checked against the models'
 /// bytes per layer.
 pub(super) fn gdn_states(cfg: &ModelConfig, dtype: DType) -> Result<Vec<GdnStateSpec>> {
-    let state =
-        model::gdn_state_per_seq(cfg, 1, cfg.dtype, model::DType::F32, 0).map_err(model_err)?;
+    let state = model::gdn_state_per_seq(cfg, 1, cfg.dtype, model::DType::F32, 0)?;
     let conv: Vec<usize> = state.conv_shape.iter().map(|&d| d as usize).collect();
     let (hv, k, v) = (
         cfg.linear_num_value_heads as usize,

@@ -86,11 +86,6 @@ pub struct PrefillPlan {
     /// KV bytes per token of one attention layer (`kv_cache_per_token`).
     pub kv_bytes_per_token: usize,
 }
-/// A models-crate error as this crate's.
-pub(super) fn model_err(e: model::ModelError) -> Error {
-    Error::Model(e.to_string())
-}
-
 impl PrefillPlan {
     /// Plan a prefill of `cfg` (one rank, no tensor parallelism).
     pub fn new(cfg: &ModelConfig, mut options: PrefillOptions) -> Result<Self> {
@@ -98,9 +93,8 @@ impl PrefillPlan {
         let weights = weight_specs(cfg, options.weights)?;
         let states = gdn_states(cfg, dtype)?;
         let kv_dtype = model::DType::try_from(options.kv_dtype).map_err(Error::Model)?;
-        let kv = model::kv_cache_per_token(cfg, 1, kv_dtype).map_err(model_err)?;
-        let ffn = model::FfnShape::from_config(cfg, options.chunk as u64, 1, cfg.dtype)
-            .map_err(model_err)?;
+        let kv = model::kv_cache_per_token(cfg, 1, kv_dtype)?;
+        let ffn = model::FfnShape::from_config(cfg, options.chunk as u64, 1, cfg.dtype)?;
         let plan = PrefillPlan {
             model: cfg.display_name(),
             options,

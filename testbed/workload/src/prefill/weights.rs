@@ -3,7 +3,6 @@
 
 use vramtrace_models::{self as model, LayerKind, ModelConfig, WeightFormat};
 
-use super::plan::model_err;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::TensorSpec;
@@ -26,7 +25,7 @@ pub(super) fn weight_specs(cfg: &ModelConfig, format: WeightFormat) -> Result<Ve
         let mut c = cfg.clone();
         c.num_hidden_layers = layers.len() as u64;
         c.layer_types = layers;
-        Ok(model::weight_bytes(&c, format, 1).map_err(model_err)?.bytes)
+        Ok(model::weight_bytes(&c, format, 1)?.bytes)
     };
     let base = estimate(Vec::new())?;
     let gdn_layer = estimate(vec![LayerKind::LinearAttention])? - base;
@@ -67,9 +66,7 @@ pub(super) fn weight_specs(cfg: &ModelConfig, format: WeightFormat) -> Result<Ve
         specs.push(TensorSpec::new("lm_head", DType::BF16, &[vocab, hidden]));
     }
     let total: usize = specs.iter().map(TensorSpec::bytes).sum();
-    let whole = model::weight_bytes(cfg, format, 1)
-        .map_err(model_err)?
-        .bytes;
+    let whole = model::weight_bytes(cfg, format, 1)?.bytes;
     if total as u64 != whole {
         return Err(Error::Model(format!(
             "the weight stand-ins add up to {total} bytes, not the estimate's {whole}"
