@@ -307,18 +307,19 @@ pub fn run_traced(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start {prog}"))?;
-    let _guard = IgnoreInterrupts::new();
+    let _guard = IgnoreInterrupts::start();
     child.wait().with_context(|| format!("waiting for {prog}"))
 }
 
 /// Ignores SIGINT and SIGQUIT while alive (as a shell does while it waits for a job), restoring
 /// the previous dispositions on drop.
-struct IgnoreInterrupts {
+pub struct IgnoreInterrupts {
     old: [libc::sighandler_t; 2],
 }
 
 impl IgnoreInterrupts {
-    fn new() -> Self {
+    /// Starts ignoring them.
+    pub fn start() -> Self {
         // Safety: signal() with SIG_IGN is async-signal-safe and affects only this process; the
         // child was already spawned, so it keeps its default dispositions.
         let old = unsafe {

@@ -1,20 +1,17 @@
 //! `vramtrace live DIR` and `vramtrace run --live`: the live terminal view over a trace
 //! directory (see [`crate::live`] for how it is followed).
 
-use std::ffi::OsString;
+use std::ffi::OsStr;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::commands::run::{RunArgs, check_writable, new_out_dir, prepare_out_dir, report_exit};
 use crate::live::{DirSource, LiveOptions};
 use crate::preload;
-use crate::summary::{SummaryOptions, render, summarize};
-use crate::trace::Trace;
 use vramtrace_models::units::parse_bytes;
 use vramtrace_viewer::model::{LiveSnapshot, SnapshotQuery, Update};
 use vramtrace_viewer::tui::{self, LiveSource, RunOptions, ViewOptions};
@@ -112,63 +109,41 @@ impl LiveSource for RunSource {
     }
 }
 
-/// Starts `command` with the recorder preloaded into `dir` (see [`preload::traced_command`]),
-/// its stdin empty and its stdout and stderr in `log`.
-fn spawn_traced(
-    preload_lib: &Path,
+/// The log file of `vramtrace run --live`, in the trace directory.
+pub const LOG_FILE: &str = "command.log";
+
+/// Whether `vramtrace run --live` can show its view here; says why not when it cannot (the
+/// caller then runs the command the ordinary way).
+pub fn terminal_ok() -> bool {
+    let ok = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+    if !ok {
+        eprintln!("vramtrace: --live needs a terminal; running without the live view");
+    }
+    ok
+}
+
+/// `vramtrace run --live`: starts `cmd` (set up by `vramtrace run` to record into `dir`) with
+/// its stdin empty and its output in [`LOG_FILE`] in `dir`, and shows the live view of `dir` in
+/// this terminal. The view stays after the command exits until the user quits; quitting while
+/// it still runs waits for it (Ctrl-C then reaches it). Returns the command's exit status.
+pub fn run_with_view(
+    mut cmd: std::process::Command,
+    program: &OsStr,
     dir: &Path,
-    command: &[OsString],
-    env: &[(OsString, OsString)],
-    stacks: bool,
-    log: &Path,
-) -> anyhow::Result<Child> {
-    let mut cmd =
-        preload::traced_command(preload_lib, dir, command, env, preload::Options { stacks })?;
-    let out = std::fs::File::create(log)
+    capacity: Option<u64>,
+) -> anyhow::Result<ExitStatus> {
+    let log = dir.join(LOG_FILE);
+    let out = std::fs::File::create(&log)
         .with_context(|| format!("cannot create the log file {}", log.display()))?;
     let err = out
         .try_clone()
         .with_context(|| format!("cannot reopen {}", log.display()))?;
-    cmd.stdin(Stdio::null())
+    let mut child = cmd
+        .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .spawn()
-        .with_context(|| format!("cannot start {}", command[0].to_string_lossy()))
-}
-
-/// The log file of `vramtrace run --live`, in the trace directory.
-pub const LOG_FILE: &str = "command.log";
-
-/// `vramtrace run --live`: runs the command under the recorder and shows the live view in this
-/// terminal; the command's output goes to [`LOG_FILE`] in the trace directory. The view stays
-/// after the command exits until the user quits; quitting while it still runs waits for it
-/// (Ctrl-C then reaches it). Returns `None` when stdin or stdout is not a terminal: the caller
-/// then runs the command the ordinary way.
-pub fn run_live(args: &RunArgs) -> anyhow::Result<Option<i32>> {
-    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
-        eprintln!("vramtrace: --live needs a terminal; running without the live view");
-        return Ok(None);
-    }
-    let preload_lib = preload::locate(args.preload.as_deref())?;
-    let out = match &args.out {
-        Some(dir) => prepare_out_dir(dir)?,
-        None => new_out_dir(&args.command[0])?,
-    };
-    let env = if args.simulate {
-        preload::stand_in_env(&out, args.capacity)?
-    } else {
-        Vec::new()
-    };
-    check_writable(&out)?;
-    let log = out.join(LOG_FILE);
-    let mut child = spawn_traced(
-        &preload_lib,
-        &out,
-        &args.command,
-        &env,
-        !args.no_stacks,
-        &log,
-    )?;
+        .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
     let status = Arc::new(Mutex::new(None));
     let waiter = {
         let status = status.clone();
@@ -179,62 +154,25 @@ pub fn run_live(args: &RunArgs) -> anyhow::Result<Option<i32>> {
         })
     };
     let mut source = RunSource {
-        inner: DirSource::new(&out, LiveOptions::default()),
+        inner: DirSource::new(dir, LiveOptions::default()),
         status: status.clone(),
         said: false,
-        command: args.command[0].to_string_lossy().into_owned(),
+        command: program.to_string_lossy().into_owned(),
         log: log.clone(),
     };
-    let shown = view(&mut source, &out, args.capacity);
+    let shown = view(&mut source, dir, capacity);
     if status.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
         eprintln!(
             "vramtrace: waiting for {} to exit (Ctrl-C interrupts it)",
-            args.command[0].to_string_lossy()
+            program.to_string_lossy()
         );
     }
-    let _guard = IgnoreInterrupts::new();
+    let _guard = preload::IgnoreInterrupts::start();
     let st = waiter
         .join()
         .map_err(|_| anyhow::anyhow!("the thread waiting for the command panicked"))?
-        .with_context(|| format!("waiting for {}", args.command[0].to_string_lossy()))?;
+        .with_context(|| format!("waiting for {}", program.to_string_lossy()))?;
     shown?;
-    let code = report_exit(&args.command[0], st);
-    eprintln!("vramtrace: trace written to {}", out.display());
     eprintln!("vramtrace: the command's output is in {}", log.display());
-    if !args.quiet {
-        match Trace::open(&out).and_then(|t| summarize(&t, SummaryOptions::default())) {
-            Ok(s) => eprint!("{}", render(&s, false)),
-            Err(e) => eprintln!("vramtrace: {e:#}"),
-        }
-    }
-    Ok(Some(code))
-}
-
-/// Ignores SIGINT and SIGQUIT while alive, as a shell does while it waits for a job (the
-/// command, in the same process group, still gets them); restores them on drop.
-struct IgnoreInterrupts {
-    old: [libc::sighandler_t; 2],
-}
-
-impl IgnoreInterrupts {
-    fn new() -> Self {
-        // Safety: signal() with SIG_IGN affects only this process and has no precondition.
-        let old = unsafe {
-            [
-                libc::signal(libc::SIGINT, libc::SIG_IGN),
-                libc::signal(libc::SIGQUIT, libc::SIG_IGN),
-            ]
-        };
-        IgnoreInterrupts { old }
-    }
-}
-
-impl Drop for IgnoreInterrupts {
-    fn drop(&mut self) {
-        // Safety: puts back the dispositions read in new().
-        unsafe {
-            libc::signal(libc::SIGINT, self.old[0]);
-            libc::signal(libc::SIGQUIT, self.old[1]);
-        }
-    }
+    Ok(st)
 }

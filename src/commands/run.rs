@@ -60,11 +60,6 @@ pub struct RunArgs {
 
 /// Runs `vramtrace run`.
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    if args.live
-        && let Some(code) = crate::commands::live::run_live(&args)?
-    {
-        return Ok(code);
-    }
     let preload = preload::locate(args.preload.as_deref())?;
     let out = match &args.out {
         Some(dir) => prepare_out_dir(dir)?,
@@ -82,7 +77,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     check_writable(&out)?;
     let pipe = StatusPipe::new()?;
     env.push(pipe.env());
-    let status = preload::run_traced(&preload, &out, &args.command, &env, opts)?;
+    let status = if args.live && crate::commands::live::terminal_ok() {
+        let cmd = preload::traced_command(&preload, &out, &args.command, &env, opts)?;
+        crate::commands::live::run_with_view(cmd, &args.command[0], &out, args.capacity)?
+    } else {
+        preload::run_traced(&preload, &out, &args.command, &env, opts)?
+    };
     let stopped = pipe.finish();
     let code = report_exit(&args.command[0], status);
     let has_trace = holds_trace_file(&out);
