@@ -751,3 +751,58 @@ fn parquet_splits_a_long_trace_into_row_groups() {
     let expect: i64 = (0..pairs).map(|i| 512 * (i as i64 % 5 + 1)).sum();
     assert_eq!((alloc, freed), (expect, expect));
 }
+
+/// DuckDB, as a user would, reads the Parquet export of a real H200 trace: the counts and byte
+/// sums per event kind are the trace's (`samples/h200/prefill-18gib`: 2917 allocations, as many
+/// frees, and the failed request for `h`). Needs the `duckdb` Python package (CI installs it
+/// into a folder named by `VRAMTRACE_TEST_PYTHONPATH` and sets `VRAMTRACE_REQUIRE_DUCKDB=1`).
+#[test]
+fn duckdb_reads_the_parquet_export_of_an_h200_trace() {
+    let pythonpath = std::env::var_os("VRAMTRACE_TEST_PYTHONPATH").unwrap_or_default();
+    let has_duckdb = std::process::Command::new("python3")
+        .args(["-c", "import duckdb"])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_duckdb {
+        vramtrace_testkit::skip(
+            "VRAMTRACE_REQUIRE_DUCKDB",
+            "duckdb_reads_the_parquet_export_of_an_h200_trace: the duckdb Python package is not \
+             installed (pip install duckdb)",
+        );
+        return;
+    }
+    let out = vramtrace_testkit::scratch("duckdb").join("tables");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/h200/prefill-18gib");
+    let o = export(
+        &sample,
+        &["--format", "parquet", "-o", out.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", vramtrace_testkit::describe(&o));
+    let query = format!(
+        "import duckdb; \
+         rows = duckdb.sql(\"SELECT kind, count(*), sum(size) FROM '{}' GROUP BY kind ORDER BY kind\").fetchall(); \
+         print(rows); \
+         print(duckdb.sql(\"SELECT d.name, e.free_bytes FROM '{}' e JOIN '{}' d ON e.pid = d.pid AND e.device = d.ordinal WHERE e.kind = 'alloc_failed'\").fetchall())",
+        out.join("events.parquet").display(),
+        out.join("events.parquet").display(),
+        out.join("devices.parquet").display(),
+    );
+    let q = std::process::Command::new("python3")
+        .args(["-c", &query])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .unwrap();
+    assert!(q.status.success(), "{}", vramtrace_testkit::describe(&q));
+    let text = String::from_utf8_lossy(&q.stdout);
+    let mut lines = text.lines();
+    let by_kind = lines.next().unwrap();
+    for expected in [
+        "('alloc', 2917, 257557832496)",
+        "('alloc_failed', 1, 102236160)",
+        "('free', 2917, 257557832496)",
+    ] {
+        assert!(by_kind.contains(expected), "{expected} not in {by_kind}");
+    }
+    assert_eq!(lines.next().unwrap(), "[('NVIDIA H200', 76677120)]");
+}
