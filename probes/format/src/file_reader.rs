@@ -19,9 +19,9 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::block::{BLOCK_HEADER_LEN, BadBlock, BlockCursor, BlockHeader, Found, Step};
+use crate::block::{BLOCK_HEADER_LEN, BlockCursor, BlockHeader, Found, Step};
 use crate::header::{Header, Layout};
-use crate::reader::{Problem, ReadError, scan_records};
+use crate::reader::{Problem, ReadError, block_header, scan_records};
 use crate::record::Record;
 
 /// Bytes read per step when streaming a version 1 file.
@@ -299,35 +299,6 @@ fn read_block(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> std::i
     }
     buf.truncate(got);
     Ok(())
-}
-
-/// Reads block `offset`'s header: `None` for a block nobody wrote or one that is bad (reported).
-pub(crate) fn block_header(
-    bytes: &[u8],
-    offset: u64,
-    block_size: u32,
-    complete: bool,
-    problems: &mut Vec<Problem>,
-) -> Option<BlockHeader> {
-    match BlockHeader::decode(&bytes[..bytes.len().min(BLOCK_HEADER_LEN)]) {
-        Ok(h) => h,
-        Err(BadBlock::Corrupt) => {
-            problems.push(Problem::BadBlock {
-                offset,
-                bytes: block_size as u64,
-            });
-            None
-        }
-        Err(BadBlock::Short) => {
-            if complete {
-                problems.push(Problem::TornTail {
-                    offset,
-                    bytes: bytes.len() as u64,
-                });
-            }
-            None
-        }
-    }
 }
 
 /// A version 2 file's records block by block, in file order.

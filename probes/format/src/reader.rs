@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 
-use crate::block::{BLOCK_HEADER_LEN, BlockCursor, Step};
-use crate::file_reader::block_header;
+use crate::block::{BLOCK_HEADER_LEN, BadBlock, BlockCursor, BlockHeader, Step};
 use crate::header::{Header, HeaderError, Layout};
 use crate::record::{DeviceInfo, FRAME_HEADER_LEN, FRAME_MAGIC, Record, frame_crc};
 
@@ -590,5 +589,34 @@ impl Follower {
             scan.records.into_iter().map(|(_, r)| r).collect(),
             scan.problems,
         ))
+    }
+}
+
+/// Reads block `offset`'s header: `None` for a block nobody wrote or one that is bad (reported).
+pub(crate) fn block_header(
+    bytes: &[u8],
+    offset: u64,
+    block_size: u32,
+    complete: bool,
+    problems: &mut Vec<Problem>,
+) -> Option<BlockHeader> {
+    match BlockHeader::decode(&bytes[..bytes.len().min(BLOCK_HEADER_LEN)]) {
+        Ok(h) => h,
+        Err(BadBlock::Corrupt) => {
+            problems.push(Problem::BadBlock {
+                offset,
+                bytes: block_size as u64,
+            });
+            None
+        }
+        Err(BadBlock::Short) => {
+            if complete {
+                problems.push(Problem::TornTail {
+                    offset,
+                    bytes: bytes.len() as u64,
+                });
+            }
+            None
+        }
     }
 }
