@@ -15,8 +15,9 @@ use anyhow::{Context, bail};
 use vramtrace_models::units::fmt_bytes;
 use vramtrace_models::{ModelConfig, Tensor, Variant, Workload, WorkloadOptions};
 use vramtrace_viewer::model::{
-    BreakdownPlot, BreakdownRow, CliffCurve, DeviceInfo, TimelinePlot, TimelinePoint, Update,
+    BreakdownPlot, BreakdownRow, CliffCurve, DeviceInfo, TimelinePoint, Update,
 };
+use vramtrace_viewer::plot::TimelinePlot;
 use vramtrace_viewer::{DEFAULT_MAX_POINTS, Timeline};
 
 use crate::attribution::{At, Attribution, ObservedMoment, attribute, observe};

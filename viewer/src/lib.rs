@@ -28,7 +28,8 @@
 //! # Example
 //!
 //! ```
-//! use vramtrace_viewer::model::{TimelinePlot, TimelinePoint, DeviceInfo};
+//! use vramtrace_viewer::model::{TimelinePoint, DeviceInfo};
+//! use vramtrace_viewer::plot::TimelinePlot;
 //! use vramtrace_viewer::{plot, Timeline};
 //!
 //! let mut timeline = Timeline::default().with_capacity_bytes(Some(24 << 30));

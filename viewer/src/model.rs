@@ -3,8 +3,6 @@
 //!
 //! Sizes are bytes (`u64`), times are seconds since the trace's start (`f64`).
 
-use crate::timeline::Timeline;
-
 /// One traced process, as the header lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessInfo {
@@ -35,7 +33,7 @@ pub struct TimelinePoint {
     /// Bytes live on the device (all traced processes) at `time_s`.
     pub live_bytes: u64,
     /// Optional split of `live_bytes` by category, in the order of the
-    /// timeline's [`Timeline::categories`]; empty when not stacked.
+    /// timeline's [`crate::Timeline::categories`]; empty when not stacked.
     pub by_category: Vec<u64>,
 }
 
@@ -212,15 +210,6 @@ pub struct BreakdownPlot {
     pub title: String,
     /// Rows, drawn top to bottom in this order.
     pub rows: Vec<BreakdownRow>,
-}
-
-/// The timeline plot: one panel per device.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TimelinePlot {
-    /// Title above all panels.
-    pub title: String,
-    /// Devices with their timelines, one panel each.
-    pub devices: Vec<(DeviceInfo, Timeline)>,
 }
 
 /// The cliff plot: the model's peak against prompt length.

@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 
 use vramtrace_viewer::ViewerError;
-use vramtrace_viewer::model::{BreakdownPlot, TimelinePlot};
+use vramtrace_viewer::model::BreakdownPlot;
+use vramtrace_viewer::plot::TimelinePlot;
 use vramtrace_viewer::plot::{PlotFormat, plot_breakdown, plot_cliff, plot_timeline};
 
 fn check_png(path: &Path, width: u32, height: u32) {

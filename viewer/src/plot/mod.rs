@@ -19,7 +19,7 @@ use plotters::prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingA
 
 pub use breakdown::plot_breakdown;
 pub use cliff::plot_cliff;
-pub use timeline::plot_timeline;
+pub use timeline::{TimelinePlot, plot_timeline};
 
 use crate::error::ViewerError;
 

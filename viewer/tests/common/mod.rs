@@ -5,9 +5,9 @@
 
 use vramtrace_viewer::Timeline;
 use vramtrace_viewer::model::{
-    BreakdownPlot, BreakdownRow, CliffCurve, DeviceInfo, FailedAllocation, TimelinePlot,
-    TimelinePoint,
+    BreakdownPlot, BreakdownRow, CliffCurve, DeviceInfo, FailedAllocation, TimelinePoint,
 };
+use vramtrace_viewer::plot::TimelinePlot;
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
