@@ -843,7 +843,7 @@ mod tests {
             .collect()
     }
 
-    /// The bytes and order ARCHITECTURE.md records for fla 0.6.0 at T=4128,
+    /// The bytes and order docs/architecture.md records for fla 0.6.0 at T=4128,
     /// H=48, K=V=128 bf16, and the frees that follow from fla's references.
     #[test]
     fn fla_060_sequence_at_4128_tokens() {
@@ -886,7 +886,7 @@ mod tests {
 
         // Peak above the inputs: everything from g_cumsum to o is live at once.
         let peak: usize = expected[5..13].iter().map(|e| e.2).sum();
-        assert_eq!(peak, 334_436_352); // 318.9 MiB, as measured (ARCHITECTURE.md)
+        assert_eq!(peak, 334_436_352); // 318.9 MiB, as measured (docs/architecture.md)
         assert!((peak as f64 / (1u64 << 20) as f64 - 318.9).abs() < 0.05);
 
         // Driver-level: one alloc per tensor, A and final_state zeroed, five kernels.
