@@ -643,3 +643,21 @@ fn compare_without_kernel_or_variant_picks_the_best_matching_variant() {
     assert_eq!(v["variant"], "fla-0.6.0", "{v}");
     assert_eq!(v["attribution"]["unexplained_bytes"], 0, "{v}");
 }
+
+#[test]
+fn summary_reads_a_file_whose_header_has_a_flipped_byte_and_names_the_damage() {
+    let dir = scratch("damaged-header");
+    let mut bytes = std::fs::read(sample("v2-torch-nocache/589.vtr")).unwrap();
+    bytes[50] ^= 0xff; // the first argument's length, inside the checksummed body
+    std::fs::write(dir.join("589.vtr"), &bytes).unwrap();
+    let o = cli(&["summary", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let out = stdout(&o);
+    assert!(out.contains("process 589"), "{out}");
+    assert!(out.contains("6 allocations, 6 frees"), "{out}");
+    assert!(
+        out.contains("damaged file header (checksum failed)"),
+        "{out}"
+    );
+    assert!(!out.contains("unreadable trace file"), "{out}");
+}

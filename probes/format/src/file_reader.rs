@@ -35,6 +35,8 @@ pub struct FileReader {
     path: PathBuf,
     header: Header,
     layout: Layout,
+    /// What was wrong with the header (reported first by [`Records`] and [`Timed`]).
+    damage: Option<Problem>,
 }
 
 impl FileReader {
@@ -43,12 +45,16 @@ impl FileReader {
         let io = |e| ReadError::Io(path.to_path_buf(), e);
         let mut file = File::open(path).map_err(io)?;
         let bytes = read_header_bytes(&mut file).map_err(io)?;
-        let (header, layout) =
-            Header::decode_layout(&bytes).map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
+        let len = file.metadata().map_err(io)?.len();
+        let rec = Header::decode_lenient(&bytes, len, &mut |at, buf| {
+            file.read_exact_at(buf, at).is_ok()
+        })
+        .map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
         Ok(FileReader {
             path: path.to_path_buf(),
-            header,
-            layout,
+            header: rec.header,
+            layout: rec.layout,
+            damage: rec.damage,
         })
     }
 
@@ -65,15 +71,30 @@ impl FileReader {
     /// Every record once, in storage order, for building side tables (strings, stacks,
     /// modules, devices, driver version). Streaming.
     pub fn records(&self) -> Result<Records, ReadError> {
+        let damage = self.damage.iter().cloned();
         Ok(Records {
             inner: match self.layout {
-                Layout::Stream { start } => RecordsInner::V1(V1Stream::open(&self.path, start)?),
+                Layout::Stream { start } => {
+                    let mut s = V1Stream::open(&self.path, start)?;
+                    s.problems.extend(damage);
+                    RecordsInner::V1(s)
+                }
                 Layout::Blocks {
                     data_offset,
                     block_size,
-                } => RecordsInner::V2(V2Stream::open(&self.path, data_offset, block_size)?),
+                } => {
+                    let mut s = V2Stream::open(&self.path, data_offset, block_size)?;
+                    s.problems.extend(damage);
+                    RecordsInner::V2(s)
+                }
             },
         })
+    }
+
+    /// What was wrong with the file's header, if anything ([`Problem::DamagedHeader`]); the
+    /// streams of [`FileReader::records`] and [`FileReader::timed`] report it first too.
+    pub fn header_damage(&self) -> Option<&Problem> {
+        self.damage.as_ref()
     }
 
     /// The timed records ([`Record::Event`], [`Record::Annotate`], [`Record::RangePush`],
@@ -86,12 +107,15 @@ impl FileReader {
                 data_offset,
                 block_size,
             } => {
+                let mut m = Merge::open(&self.path, data_offset, block_size)?;
+                m.problems.splice(0..0, self.damage.iter().cloned());
                 return Ok(Timed {
-                    inner: TimedInner::V2(Merge::open(&self.path, data_offset, block_size)?),
+                    inner: TimedInner::V2(m),
                 });
             }
         };
         let mut all = V1Stream::open(&self.path, start)?;
+        all.problems.extend(self.damage.iter().cloned());
         let mut timed: Vec<Record> = all.by_ref().filter(|r| time_of(r).is_some()).collect();
         // Stable: equal times keep their file order.
         timed.sort_by_key(|r| time_of(r).unwrap_or(0));
@@ -120,7 +144,8 @@ fn read_header_bytes(file: &mut File) -> std::io::Result<Vec<u8>> {
     file.by_ref().take(16).read_to_end(&mut bytes)?;
     if bytes.len() == 16 {
         let body = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-        let want = (body + 4).min(MAX_HEADER);
+        // At least a page or so more: a damaged body length must not hide the fields.
+        let want = (body + 4).clamp(64 << 10, MAX_HEADER);
         file.by_ref().take(want as u64).read_to_end(&mut bytes)?;
     }
     Ok(bytes)

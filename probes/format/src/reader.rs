@@ -44,6 +44,15 @@ pub enum Problem {
         /// The error, as the system described it.
         error: String,
     },
+    /// The file header's checksum failed (or its fields did not parse): the header fields that
+    /// could be read are kept but may be wrong, and the records after it are still read.
+    DamagedHeader {
+        /// Header fields that could not be read at all (left empty or zero).
+        unread: Vec<&'static str>,
+        /// The header could not say where the blocks are (version 2): they were found by
+        /// scanning for block magics from the first page boundary.
+        scanned: bool,
+    },
     /// A record whose checksum is right but whose payload is shorter than its kind needs.
     Malformed {
         /// File offset of the record.
@@ -69,6 +78,19 @@ impl std::fmt::Display for Problem {
             ),
             Problem::Unreadable { offset, error } => {
                 write!(f, "cannot read at byte {offset} ({error}), skipped")
+            }
+            Problem::DamagedHeader { unread, scanned } => {
+                write!(
+                    f,
+                    "damaged file header (checksum failed): pid, ppid, start time, host and command line may be wrong"
+                )?;
+                if !unread.is_empty() {
+                    write!(f, "; unreadable: {}", unread.join(", "))?;
+                }
+                if *scanned {
+                    write!(f, "; blocks found by scanning for block magics")?;
+                }
+                write!(f, "; the records after it were read")
             }
             Problem::Malformed { offset, kind } => {
                 write!(
@@ -267,9 +289,12 @@ impl TraceFile {
 
     /// Decodes a trace from its bytes (`path` only names it in messages).
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<TraceFile, ReadError> {
-        let (header, layout) =
-            Header::decode_layout(bytes).map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
-        let (records, problems) = match layout {
+        let rec = Header::decode_lenient(bytes, bytes.len() as u64, &mut |at, buf| {
+            read_slice(bytes, at, buf)
+        })
+        .map_err(|e| ReadError::Header(path.to_path_buf(), e))?;
+        let (header, layout) = (rec.header, rec.layout);
+        let (records, mut problems) = match layout {
             Layout::Stream { start } => {
                 let start = start as usize;
                 let scan = scan_records(&bytes[start..], start as u64);
@@ -288,6 +313,9 @@ impl TraceFile {
                 block_size,
             } => decode_blocks(bytes, data_offset, block_size),
         };
+        if let Some(d) = rec.damage {
+            problems.insert(0, d);
+        }
         let mut t = TraceFile {
             path: path.to_path_buf(),
             header,
@@ -553,42 +581,72 @@ impl Follower {
             .read_to_end(&mut self.pending)
             .map_err(|e| ReadError::Io(self.path.clone(), e))?;
         if self.header.is_none() {
-            match Header::decode_layout(&self.pending) {
-                Ok((h, Layout::Stream { start })) => {
-                    self.header = Some(h);
-                    self.pending.drain(..start as usize);
-                    self.offset += start;
-                }
-                Ok((
-                    h,
-                    Layout::Blocks {
-                        data_offset,
-                        block_size,
-                    },
-                )) => {
-                    self.header = Some(h);
-                    self.pending = Vec::new();
-                    self.offset = data_offset;
-                    self.blocks = Some(BlockFollower {
-                        data_offset,
-                        block_size,
-                        open: BTreeMap::new(),
-                        scanned: 0,
-                        newest: HashMap::new(),
-                    });
-                    return self.poll();
+            let len = self.pending.len() as u64;
+            let pending = &self.pending;
+            let decoded =
+                Header::decode_lenient(pending, len, &mut |at, buf| read_slice(pending, at, buf));
+            match decoded {
+                Ok(rec) => {
+                    self.header = Some(rec.header);
+                    let damage: Vec<Problem> = rec.damage.into_iter().collect();
+                    match rec.layout {
+                        Layout::Stream { start } => {
+                            let start = (start as usize).min(self.pending.len());
+                            self.pending.drain(..start);
+                            self.offset += start as u64;
+                            let (records, mut problems) = self.scan_pending();
+                            problems.splice(0..0, damage);
+                            return Ok((records, problems));
+                        }
+                        Layout::Blocks {
+                            data_offset,
+                            block_size,
+                        } => {
+                            self.pending = Vec::new();
+                            self.offset = data_offset;
+                            self.blocks = Some(BlockFollower {
+                                data_offset,
+                                block_size,
+                                open: BTreeMap::new(),
+                                scanned: 0,
+                                newest: HashMap::new(),
+                            });
+                            let (records, mut problems) = self.poll()?;
+                            problems.splice(0..0, damage);
+                            return Ok((records, problems));
+                        }
+                    }
                 }
                 Err(HeaderError::Truncated) => return Ok((Vec::new(), Vec::new())),
                 Err(e) => return Err(ReadError::Header(self.path.clone(), e)),
             }
         }
+        Ok(self.scan_pending())
+    }
+
+    /// Decodes the complete records of a version 1 file read so far.
+    fn scan_pending(&mut self) -> (Vec<Record>, Vec<Problem>) {
         let scan = scan_records(&self.pending, self.offset);
         self.pending.drain(..scan.consumed);
         self.offset += scan.consumed as u64;
-        Ok((
+        (
             scan.records.into_iter().map(|(_, r)| r).collect(),
             scan.problems,
-        ))
+        )
+    }
+}
+
+/// Copies `buf.len()` bytes of `bytes` from `at` into `buf`; false when they are not all there.
+pub(crate) fn read_slice(bytes: &[u8], at: u64, buf: &mut [u8]) -> bool {
+    let Ok(at) = usize::try_from(at) else {
+        return false;
+    };
+    match bytes.get(at..at.saturating_add(buf.len())) {
+        Some(s) if s.len() == buf.len() => {
+            buf.copy_from_slice(s);
+            true
+        }
+        _ => false,
     }
 }
 

@@ -576,6 +576,9 @@ impl<'a> Cursor<'a> {
         self.pos = end;
         Ok(s)
     }
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
+    }
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];
         self.pos = self.buf.len();
