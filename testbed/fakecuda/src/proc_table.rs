@@ -9,7 +9,8 @@
 //! stand-in does not export (the 32-bit-size v1 functions of CUDA 2.x) are
 //! left out, so older requests get `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
 
-use std::ffi::{CStr, c_char, c_int, c_void};
+use crate::state;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use crate::api::array::*;
 use crate::api::context::*;
@@ -248,6 +249,34 @@ pub(crate) unsafe fn get_proc_address(
         unsafe { status.write(query) };
     }
     result
+}
+
+/// `cuGetProcAddress` (CUDA 11.3 signature): base name, version, flags.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    state::count("cuGetProcAddress");
+    // Safety: forwarded API contract; no status pointer.
+    unsafe { get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
+
+/// `cuGetProcAddress_v2` (CUDA 12.0): as `cuGetProcAddress`, plus a
+/// `CUdriverProcAddressQueryResult` (0 found, 1 unknown name, 2 version too low).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_uint,
+) -> CUresult {
+    state::count("cuGetProcAddress_v2");
+    // Safety: forwarded API contract.
+    unsafe { get_proc_address(symbol, pfn, cuda_version, flags, status) }
 }
 
 #[cfg(test)]

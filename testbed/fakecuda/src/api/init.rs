@@ -1,10 +1,9 @@
 //! Initialisation, version, error strings and `cuGetProcAddress`.
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint};
 
 use super::store;
 use crate::driver::DRIVER_VERSION;
-use crate::proc_table;
 use crate::result::{self, *};
 use crate::state;
 
@@ -54,34 +53,6 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, text: *mut *const c_cha
     state::count("cuGetErrorName");
     // Safety: forwarded API contract.
     unsafe { error_text(result::name(error), text) }
-}
-
-/// `cuGetProcAddress` (CUDA 11.3 signature): base name, version, flags.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: u64,
-) -> CUresult {
-    state::count("cuGetProcAddress");
-    // Safety: forwarded API contract; no status pointer.
-    unsafe { proc_table::get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
-}
-
-/// `cuGetProcAddress_v2` (CUDA 12.0): as `cuGetProcAddress`, plus a
-/// `CUdriverProcAddressQueryResult` (0 found, 1 unknown name, 2 version too low).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: u64,
-    status: *mut c_uint,
-) -> CUresult {
-    state::count("cuGetProcAddress_v2");
-    // Safety: forwarded API contract.
-    unsafe { proc_table::get_proc_address(symbol, pfn, cuda_version, flags, status) }
 }
 
 /// Not part of CUDA: how often the exported function `name` has been called
