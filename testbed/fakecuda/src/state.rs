@@ -5,7 +5,7 @@
 //! `cuCtxGetCurrent` and `cuCtxGetDevice` read it without the process-wide
 //! lock ([`current_context`], [`current_device`]). The device of the current
 //! context is remembered per thread once checked under the lock, together
-//! with [`CONTEXT_GENERATION`], which moves whenever a context may have
+//! with the driver's context generation ([`crate::driver::context_generation`]), which moves whenever a context may have
 //! stopped being valid (destroyed, a primary context's last release, a reset):
 //! a thread then checks again under the lock, and gets the same error it
 //! would have got there.
@@ -33,8 +33,6 @@ static STATE: Mutex<State> = Mutex::new(State {
 
 /// Set by the first successful `cuInit` (which cannot be undone).
 static INITIALISED: AtomicBool = AtomicBool::new(false);
-/// Moves (under the lock) whenever a context may have stopped being valid.
-static CONTEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 /// Calls answered without the lock, by entry point, added to [`calls`].
 static UNLOCKED_CALLS: [(&str, AtomicU64); 2] = [
     ("cuCtxGetCurrent", AtomicU64::new(0)),
@@ -44,7 +42,7 @@ static UNLOCKED_CALLS: [(&str, AtomicU64); 2] = [
 /// A thread's current context and its device, as last checked under the lock.
 #[derive(Clone, Copy)]
 struct Checked {
-    /// [`CONTEXT_GENERATION`] when checked; 0: nothing checked.
+    /// The driver's context generation when checked; 0: nothing checked.
     generation: u64,
     context: u64,
     device: usize,
@@ -55,11 +53,6 @@ thread_local! {
     static STACK: RefCell<ContextStack> = const { RefCell::new(Vec::new()) };
     static CHECKED: Cell<Checked> =
         const { Cell::new(Checked { generation: 0, context: 0, device: 0 }) };
-}
-
-/// Called by the driver (under the lock) when a context may have stopped being valid.
-pub(crate) fn contexts_changed() {
-    CONTEXT_GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
 fn count_unlocked(api: usize) {
@@ -92,7 +85,7 @@ pub(crate) fn current_context() -> Option<u64> {
 pub(crate) fn current_device() -> Option<usize> {
     let top = stack_top()?;
     let c = CHECKED.try_with(Cell::get).ok()?;
-    if top == 0 || c.context != top || c.generation != CONTEXT_GENERATION.load(Ordering::Acquire) {
+    if top == 0 || c.context != top || c.generation != crate::driver::context_generation() {
         return None;
     }
     count_unlocked(1);
@@ -104,7 +97,7 @@ pub(crate) fn checked_current(d: &Driver, stack: &ContextStack) -> Res<(u64, usi
     let (context, device) = d.current(stack)?;
     let _ = CHECKED.try_with(|c| {
         c.set(Checked {
-            generation: CONTEXT_GENERATION.load(Ordering::Acquire),
+            generation: crate::driver::context_generation(),
             context,
             device,
         })

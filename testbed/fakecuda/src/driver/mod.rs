@@ -510,7 +510,7 @@ impl Driver {
     /// through a dangling pointer cannot crash the test that made the mistake.
     fn release_context_resources(&mut self, context: u64) {
         // The context may stop being valid: threads check their current one again.
-        crate::state::contexts_changed();
+        contexts_changed();
         self.streams.retain(|_, s| s.context != context);
         self.events.retain(|_, e| e.context != context);
         let doomed: Vec<u64> = self
@@ -571,6 +571,20 @@ mod memory;
 mod pools;
 mod streams;
 mod vmm;
+
+/// Moves whenever a context may have stopped being valid (destroyed, a primary context's last
+/// release, a reset), so a thread that remembered its current context's device checks again.
+static CONTEXT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The current context generation (see [`CONTEXT_GENERATION`]).
+pub(crate) fn context_generation() -> u64 {
+    CONTEXT_GENERATION.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Called under the lock when a context may have stopped being valid.
+fn contexts_changed() {
+    CONTEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+}
 
 #[cfg(test)]
 mod tests;
