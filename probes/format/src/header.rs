@@ -16,8 +16,7 @@
 
 use crate::block::{BLOCK_HEADER_LEN, BlockHeader, DEFAULT_BLOCK_SIZE};
 use crate::crc::crc32;
-use crate::reader::scan_records;
-use crate::record::Cursor;
+use crate::record::{Cursor, FRAME_HEADER_LEN, FrameCheck, Record, frame_at};
 
 /// First bytes of every trace file.
 pub const MAGIC: [u8; 8] = *b"VRAMTRC\0";
@@ -308,11 +307,13 @@ impl Header {
                 None => {
                     at == file_len
                         || bytes.get(at as usize..).is_some_and(|rest| {
-                            scan_records(&rest[..rest.len().min(1 << 16)], at)
-                                .records
-                                .first()
-                                .map(|r| r.0)
-                                == Some(at)
+                            // A checksum-valid record that decodes starts right after it.
+                            match frame_at(rest, 0) {
+                                FrameCheck::Ok { kind, total } => {
+                                    Record::decode(kind, &rest[FRAME_HEADER_LEN..total]).is_some()
+                                }
+                                _ => false,
+                            }
                         })
                 }
             }

@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 
 use crate::block::{BLOCK_HEADER_LEN, BadBlock, BlockCursor, BlockHeader, Step};
 use crate::header::{Header, HeaderError, Layout};
-use crate::record::{DeviceInfo, FRAME_HEADER_LEN, FRAME_MAGIC, Record, frame_crc};
+use crate::record::{DeviceInfo, FRAME_HEADER_LEN, FRAME_MAGIC, FrameCheck, Record, frame_at};
 
 /// Something wrong with the bytes of a trace that the reader stepped over.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,31 +119,6 @@ pub struct Scan {
     pub dead: usize,
 }
 
-/// Is there a complete, checksum-valid frame at `pos`? Returns its total length.
-fn frame_at(buf: &[u8], pos: usize) -> FrameCheck {
-    let rest = &buf[pos..];
-    if rest.is_empty() {
-        return FrameCheck::Incomplete;
-    }
-    if rest[0] != FRAME_MAGIC {
-        return FrameCheck::Bad;
-    }
-    if rest.len() < FRAME_HEADER_LEN {
-        return FrameCheck::Incomplete;
-    }
-    let kind = rest[1];
-    let len = u16::from_le_bytes([rest[2], rest[3]]);
-    let total = FRAME_HEADER_LEN + len as usize;
-    if rest.len() < total {
-        return FrameCheck::Incomplete;
-    }
-    let crc = u32::from_le_bytes(rest[4..8].try_into().unwrap());
-    if frame_crc(kind, len, &rest[FRAME_HEADER_LEN..total]) != crc {
-        return FrameCheck::Bad;
-    }
-    FrameCheck::Ok { kind, total }
-}
-
 /// The first position at or after `from` holding [`FRAME_MAGIC`].
 fn magic_from(buf: &[u8], from: usize) -> Option<usize> {
     let rest = buf.get(from..)?;
@@ -161,12 +136,6 @@ fn magic_from(buf: &[u8], from: usize) -> Option<usize> {
         .iter()
         .position(|&b| b == FRAME_MAGIC)
         .map(|k| from + i + k)
-}
-
-enum FrameCheck {
-    Ok { kind: u8, total: usize },
-    Incomplete,
-    Bad,
 }
 
 /// Scans `buf` (which starts at file offset `base`) for records. Stops before an incomplete last

@@ -288,6 +288,38 @@ pub(crate) fn frame_crc(kind: u8, len: u16, payload: &[u8]) -> u32 {
     c.finish()
 }
 
+/// What lies at a position of a record stream.
+pub(crate) enum FrameCheck {
+    Ok { kind: u8, total: usize },
+    Incomplete,
+    Bad,
+}
+
+/// Is there a complete, checksum-valid frame at `pos`? Returns its total length.
+pub(crate) fn frame_at(buf: &[u8], pos: usize) -> FrameCheck {
+    let rest = &buf[pos..];
+    if rest.is_empty() {
+        return FrameCheck::Incomplete;
+    }
+    if rest[0] != FRAME_MAGIC {
+        return FrameCheck::Bad;
+    }
+    if rest.len() < FRAME_HEADER_LEN {
+        return FrameCheck::Incomplete;
+    }
+    let kind = rest[1];
+    let len = u16::from_le_bytes([rest[2], rest[3]]);
+    let total = FRAME_HEADER_LEN + len as usize;
+    if rest.len() < total {
+        return FrameCheck::Incomplete;
+    }
+    let crc = u32::from_le_bytes(rest[4..8].try_into().unwrap());
+    if frame_crc(kind, len, &rest[FRAME_HEADER_LEN..total]) != crc {
+        return FrameCheck::Bad;
+    }
+    FrameCheck::Ok { kind, total }
+}
+
 /// Most dimensions a TENSOR record keeps.
 pub const MAX_TENSOR_RANK: usize = 16;
 /// Largest TENSOR record, frame included.
