@@ -235,12 +235,10 @@ pub fn stand_in_env(
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&lib, &link)
         .with_context(|| format!("cannot link {} to {}", link.display(), lib.display()))?;
-    let mut search = lib_dir.into_os_string();
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
-        search.push(":");
-        search.push(old);
-    }
-    let mut env = vec![("LD_LIBRARY_PATH".into(), search)];
+    let mut env = vec![(
+        "LD_LIBRARY_PATH".into(),
+        searched_first(&lib_dir, "LD_LIBRARY_PATH"),
+    )];
     if let Some(bytes) = capacity {
         env.push(("VRAMTRACE_FAKE_CAPACITY".into(), bytes.to_string().into()));
         env.push((
@@ -249,6 +247,16 @@ pub fn stand_in_env(
         ));
     }
     Ok(env)
+}
+
+/// The search path in the variable `var` with `dir` ahead of what it already holds.
+pub fn searched_first(dir: &Path, var: &str) -> OsString {
+    let mut path = dir.as_os_str().to_os_string();
+    if let Some(old) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    path
 }
 
 /// `LD_PRELOAD` with the preload appended to whatever the caller already preloads.

@@ -212,18 +212,17 @@ fn torch_probe_env(preload: &Path, args: &RunArgs) -> anyhow::Result<Vec<(OsStri
     let Some(dir) = torch_probe_dir(preload) else {
         if args.torch_shapes {
             bail!(
-                "--torch-shapes needs the Python probe (probes/python/autostart), which is not                  beside {}: set VRAMTRACE_PYTHON_PROBE to its directory",
+                "--torch-shapes needs the Python probe (probes/python/autostart), which is not beside {}: \
+                 set VRAMTRACE_PYTHON_PROBE to its directory",
                 preload.display()
             );
         }
         return Ok(Vec::new());
     };
-    let mut path = dir.into_os_string();
-    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-        path.push(":");
-        path.push(old);
-    }
-    let mut env = vec![("PYTHONPATH".into(), path)];
+    let mut env = vec![(
+        "PYTHONPATH".into(),
+        preload::searched_first(&dir, "PYTHONPATH"),
+    )];
     if args.torch_shapes {
         env.push(("VRAMTRACE_TORCH_SHAPES".into(), "1".into()));
     }
