@@ -320,6 +320,7 @@ fn generate(dir: &Path, events: u64) -> (u64, u64) {
                         name,
                         dtype: 4,
                         shape: vec![4128, 48, 128],
+                        op: false,
                     };
                     w.put(t, th.tid, now, &Record::Annotate(a));
                 }

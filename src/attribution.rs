@@ -56,6 +56,62 @@ pub struct Observed {
     /// frames skipped): what [`crate::evidence`] weighs a size match against.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<String>,
+    /// The operator output it holds (`vramtrace run --torch-shapes`): a description, not a
+    /// name, so the allocation is still matched by size and its shape is weighed as evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<OpOutput>,
+}
+
+/// An operator's output tensor as the PyTorch probe described it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OpOutput {
+    /// The operator (`empty_like`).
+    pub op: String,
+    /// PyTorch's dtype name (`bfloat16`), empty if none was given.
+    pub dtype: String,
+    /// The shape, outermost first.
+    pub shape: Vec<i64>,
+}
+
+impl OpOutput {
+    /// `empty_like [1, 4128, 48, 128] bfloat16`.
+    pub fn describe(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(i64::to_string).collect();
+        format!("{} [{}] {}", self.op, dims.join(", "), self.dtype)
+            .trim_end()
+            .to_string()
+    }
+
+    /// Whether it has the model tensor's shape and dtype.
+    pub fn is_shaped_like(&self, t: &Tensor) -> bool {
+        self.shape.len() == t.shape.len()
+            && self
+                .shape
+                .iter()
+                .zip(&t.shape)
+                .all(|(a, b)| u64::try_from(*a).is_ok_and(|a| a == *b))
+            && self.dtype.parse::<vramtrace_models::DType>().ok() == Some(t.dtype)
+    }
+}
+
+/// What an annotation says of its allocation: a name someone gave it, or the operator output
+/// it holds.
+fn naming(
+    p: &crate::trace::Process,
+    a: Option<&vramtrace_format::Annotation>,
+) -> (Option<String>, Option<OpOutput>) {
+    match a {
+        None => (None, None),
+        Some(a) if a.op => (
+            None,
+            Some(OpOutput {
+                op: p.string(a.name).unwrap_or("?").to_string(),
+                dtype: p.string(a.dtype).unwrap_or("").to_string(),
+                shape: a.shape.clone(),
+            }),
+        ),
+        Some(a) => (p.string(a.name).map(str::to_string), None),
+    }
 }
 
 /// How a tensor was matched.
@@ -392,23 +448,23 @@ fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
         label: p.string(e.label).map(str::to_string),
         failed: true,
         frames: crate::tensors::python_frames(p, e.stack, 8),
+        op: None,
     }
 }
 
 fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
     let p = &trace.processes[a.process];
+    let (name, op) = naming(p, a.annotation.as_ref());
     Observed {
         size: a.event.size,
         t_ns: a.event.t_ns,
         ptr: format!("{:#x}", a.event.ptr),
         api: a.event.api.name(),
-        name: a
-            .annotation
-            .as_ref()
-            .and_then(|n| p.string(n.name).map(str::to_string)),
+        name,
         label: p.string(a.event.label).map(str::to_string),
         failed: false,
         frames: crate::tensors::python_frames(p, a.event.stack, 8),
+        op,
     }
 }
 
@@ -420,18 +476,24 @@ enum Failed {
     Torch(TensorEvent),
 }
 
-/// A live tensor as an observation (`name`: the annotation given to it since it was allocated).
-fn observed_tensor(trace: &Trace, t: &LiveTensor, name: Option<&String>) -> Observed {
+/// A live tensor as an observation (`note`: the annotation given to it since it was allocated).
+fn observed_tensor(
+    trace: &Trace,
+    t: &LiveTensor,
+    note: Option<&vramtrace_format::Annotation>,
+) -> Observed {
     let p = &trace.processes[t.process];
+    let (name, op) = naming(p, note);
     Observed {
         size: t.event.size,
         t_ns: t.event.t_ns,
         ptr: format!("{:#x}", t.event.ptr),
         api: "pytorch",
-        name: name.cloned(),
+        name,
         label: None,
         failed: false,
         frames: crate::tensors::python_frames(p, t.event.stack, 8),
+        op,
     }
 }
 
@@ -446,19 +508,21 @@ fn refused_tensor(p: &crate::trace::Process, t: &TensorEvent) -> Observed {
         label: None,
         failed: true,
         frames: crate::tensors::python_frames(p, t.stack, 8),
+        op: None,
     }
 }
 
 /// Replays `trace` through replay index `seq` and returns the tensors of process `pi` and
-/// device `dev` live then (time order), each with the name annotated since its allocation.
+/// device `dev` live then (time order), each with the annotation given to it since its
+/// allocation.
 fn tensors_live_at(
     trace: &Trace,
     pi: usize,
     dev: i32,
     seq: usize,
-) -> Result<Vec<(LiveTensor, Option<String>)>, String> {
+) -> Result<Vec<(LiveTensor, Option<vramtrace_format::Annotation>)>, String> {
     let mut t = TensorReplay::new();
-    let mut names: FastMap<u64, String> = FastMap::default();
+    let mut names: FastMap<u64, vramtrace_format::Annotation> = FastMap::default();
     let mut i = 0usize;
     trace
         .for_each_item(|p, it| {
@@ -470,10 +534,7 @@ fn tensors_live_at(
                     t.apply(p, i, e);
                 }
                 Item::Annotate(a) if p == pi => {
-                    names.insert(
-                        a.ptr,
-                        trace.processes[p].string(a.name).unwrap_or("?").into(),
-                    );
+                    names.insert(a.ptr, a.clone());
                 }
                 _ => {}
             }
@@ -808,11 +869,12 @@ fn observe_tensors(
     use vramtrace_models::units::fmt_bytes;
     let t0 = trace.start_ns();
     let p = &trace.processes[pi];
-    let as_observed = |live: Vec<(LiveTensor, Option<String>)>| -> Vec<Observed> {
-        live.iter()
-            .map(|(t, n)| observed_tensor(trace, t, n.as_ref()))
-            .collect()
-    };
+    let as_observed =
+        |live: Vec<(LiveTensor, Option<vramtrace_format::Annotation>)>| -> Vec<Observed> {
+            live.iter()
+                .map(|(t, n)| observed_tensor(trace, t, n.as_ref()))
+                .collect()
+        };
     match at {
         At::Peak => {
             let observed = as_observed(tensors_live_at(trace, pi, dev, level.peak_seq)?);
@@ -884,7 +946,9 @@ fn observe_tensors(
             let ns = |s: f64| t0.saturating_add((s.max(0.0) * 1e9) as u64);
             let (lo, hi) = (ns(from), ns(to));
             // Tensors allocated in the window (by replay index) with their names, and refusals.
-            let mut made: Vec<Result<(TensorEvent, Option<String>), TensorEvent>> = Vec::new();
+            let mut made: Vec<
+                Result<(TensorEvent, Option<vramtrace_format::Annotation>), TensorEvent>,
+            > = Vec::new();
             let mut open: FastMap<u64, usize> = FastMap::default();
             trace
                 .for_each_item(|i, it| {
@@ -915,7 +979,7 @@ fn observe_tensors(
                             if let Some(&k) = open.get(&a.ptr)
                                 && let Ok((_, n)) = &mut made[k]
                             {
-                                *n = p.string(a.name).map(str::to_string);
+                                *n = Some(a);
                             }
                         }
                         _ => {}
@@ -968,6 +1032,7 @@ mod tests {
             label: None,
             failed: false,
             frames: Vec::new(),
+            op: None,
         }
     }
 

@@ -260,7 +260,11 @@ pub fn for_each_event<'t>(
                     device: size.map_or(-1, |s| s.device),
                     kind: "annotate",
                     mem: "device",
-                    api: "vramtrace_annotate",
+                    api: if a.op {
+                        "vramtrace_annotate_op"
+                    } else {
+                        "vramtrace_annotate"
+                    },
                     ptr: Hex(a.ptr),
                     size: size.map_or(0, |s| s.size),
                     result: 0,

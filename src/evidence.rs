@@ -4,6 +4,8 @@
 //! - **label**: the allocation was named (annotation, `--torch-shapes`, a range) as the tensor;
 //! - **frame**: one of the allocation's Python frames is in the file the model cites for the
 //!   tensor (`chunk_o.py` for fla's `o`), compared by file name;
+//! - **shape**: the allocation holds an operator output (`vramtrace run --torch-shapes`) with the
+//!   tensor's exact shape and dtype;
 //! - **size and order** alone: nothing but the bytes (and the allocation order) agree. This is
 //!   kept as a match only when it is the only reading: no more unnamed live allocations of that
 //!   size than model tensors of that size matched by size. Otherwise the match is **ambiguous**
@@ -30,6 +32,11 @@ pub enum Evidence {
         /// The frame (`chunk_o.py:565 chunk_fwd_o`).
         frame: String,
     },
+    /// An operator output with the tensor's shape and dtype (`--torch-shapes`).
+    Shape {
+        /// The output, `empty_like [1, 4128, 48, 128] bfloat16`.
+        op: String,
+    },
     /// Size (and order) alone, with no other reading: `same_size` unnamed allocations of that
     /// size for as many tensors.
     SizeOnly {
@@ -51,11 +58,21 @@ pub enum Evidence {
 }
 
 impl Evidence {
+    /// Whether the match rests on more than size and order: a name, a frame in the modelled
+    /// file, or an operator output of the tensor's shape and dtype.
+    pub fn is_backed(&self) -> bool {
+        matches!(
+            self,
+            Evidence::Label | Evidence::Frame { .. } | Evidence::Shape { .. }
+        )
+    }
+
     /// Short text for tables.
     pub fn describe(&self) -> String {
         match self {
             Evidence::Label => "named".into(),
             Evidence::Frame { frame } => format!("frame {frame}"),
+            Evidence::Shape { op } => format!("shape: {op}"),
             Evidence::SizeOnly { same_size } => {
                 format!("size/order only ({same_size} alike)")
             }
@@ -72,7 +89,8 @@ impl Evidence {
 /// The evidence behind an attribution's headline.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct EvidenceSummary {
-    /// Matched bytes resting on a name or a frame in the modelled file.
+    /// Matched bytes resting on a name, a frame in the modelled file, or an operator output of
+    /// the tensor's shape and dtype.
     pub evidence_bytes: u64,
     /// Matched bytes resting on size and order alone.
     pub size_only_bytes: u64,
@@ -134,7 +152,12 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
                 });
                 drop.push(ri);
             }
-            _ => size_rows.push(ri),
+            _ => match &o.op {
+                Some(op) if op.is_shaped_like(&tensors[row.tensor]) => {
+                    row.evidence = Some(Evidence::Shape { op: op.describe() })
+                }
+                _ => size_rows.push(ri),
+            },
         }
     }
     // Pass 2: size and order alone, against the unnamed live allocations of the same size.
@@ -150,7 +173,7 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
                     && round_up(o.size, align) == size
                     && !a.rows.iter().any(|r| {
                         r.observed == Some(*oi)
-                            && matches!(r.evidence, Some(Evidence::Label | Evidence::Frame { .. }))
+                            && r.evidence.as_ref().is_some_and(Evidence::is_backed)
                     })
             })
             .count();
@@ -198,11 +221,10 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
         if a.observed[oi].failed {
             continue;
         }
-        match row.evidence {
-            Some(Evidence::Label | Evidence::Frame { .. }) => {
-                s.evidence_bytes += a.observed[oi].size
-            }
-            _ => s.size_only_bytes += a.observed[oi].size,
+        if row.evidence.as_ref().is_some_and(Evidence::is_backed) {
+            s.evidence_bytes += a.observed[oi].size
+        } else {
+            s.size_only_bytes += a.observed[oi].size
         }
     }
     if s.contradicted > 0 {
@@ -245,6 +267,7 @@ mod tests {
             label: None,
             failed: false,
             frames: frames.iter().map(|f| f.to_string()).collect(),
+            op: None,
         }
     }
 
@@ -335,5 +358,54 @@ mod tests {
         );
         assert_eq!(a.evidence.size_only_bytes, 0);
         assert_eq!(a.evidence.evidence_bytes, a.attributed_bytes);
+    }
+
+    #[test]
+    fn operator_outputs_are_matched_by_size_and_their_shape_backs_the_match() {
+        // `--torch-shapes` describes every operator output. Those descriptions are not names: the
+        // tensors are still matched, and an equal shape and dtype is evidence; a different shape
+        // of the same size is not, and nothing is contradicted by it.
+        use crate::attribution::OpOutput;
+        let t = fla();
+        let peak = vramtrace_models::peak(&t);
+        let o: Vec<Observed> = t
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| peak.live.contains(i))
+            .map(|(i, x)| {
+                let mut ob = obs(x.bytes, i as u64, &[]);
+                let shape: Vec<i64> = if x.name == "o" {
+                    vec![x.bytes as i64 / 2]
+                } else {
+                    x.shape.iter().map(|&d| d as i64).collect()
+                };
+                ob.op = Some(OpOutput {
+                    op: "empty_like".into(),
+                    dtype: x.dtype.to_string(),
+                    shape,
+                });
+                ob
+            })
+            .collect();
+        let a = attribute(&t, o, 1, Moment::Peak);
+        let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
+        assert!(
+            matches!(row("h").evidence, Some(Evidence::Shape { ref op }) if op.starts_with("empty_like [1, 65, 48, 128, 128] bfloat16")),
+            "{:?}",
+            row("h")
+        );
+        assert!(row("o").observed.is_some(), "{:?}", row("o"));
+        assert!(
+            matches!(row("o").evidence, Some(Evidence::SizeOnly { .. })),
+            "{:?}",
+            row("o")
+        );
+        assert_eq!(a.named_only_bytes, 0);
+        assert_eq!(a.unexplained_bytes, 0);
+        assert_eq!(
+            a.evidence.size_only_bytes,
+            row("o").observed_bytes,
+            "only o rests on size alone"
+        );
     }
 }

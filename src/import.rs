@@ -562,6 +562,7 @@ pub fn convert(
             name: t.string(&name),
             dtype: dtype.map_or(0, |d| t.string(&d)),
             shape,
+            op: false,
         }))
     };
     // A snapshot without history has devices only in `segments`.

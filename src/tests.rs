@@ -88,6 +88,7 @@ pub(crate) fn known_sequence() -> Vec<Record> {
             name: 8,
             dtype: 9,
             shape: vec![4128, 48, 128],
+            op: false,
         }),
         Record::Event(failed),
         Record::Event(ev(60, Free, Device, "cuMemFreeAsync", 0x3000, 0)),
@@ -294,6 +295,7 @@ fn a_peak_set_too_costly_to_copy_in_the_pass_is_taken_by_a_second_one() {
         name: 1,
         dtype: 2,
         shape: vec![2, 3],
+        op: false,
     }));
     for i in 0..n {
         recs.push(Record::Event(ev(
@@ -321,4 +323,73 @@ fn a_peak_set_too_costly_to_copy_in_the_pass_is_taken_by_a_second_one() {
     // The last small allocation is never freed.
     assert_eq!(d.live_at_end, MIB);
     assert_eq!((d.allocations, d.frees), (2 * n, 2 * n - 1));
+}
+
+#[test]
+fn operator_outputs_described_by_torch_shapes_do_not_block_matching() {
+    // What `vramtrace run --torch-shapes` records with caching off: every driver allocation of
+    // fla's GDN forward described by the operator that produced it (OP_OUTPUT records).
+    use crate::attribution::{At, Moment, attribute, observe};
+    use crate::evidence::Evidence;
+    use vramtrace_models::{DType, GdnShape, gdn_fla_0_6_0};
+    let tensors =
+        gdn_fla_0_6_0::tensors(&GdnShape::new(&[4128], 48, 128, 128, DType::BF16)).unwrap();
+    let mut recs = vec![
+        Record::String {
+            id: 1,
+            text: "empty_like".into(),
+        },
+        Record::String {
+            id: 2,
+            text: "bfloat16".into(),
+        },
+        Record::String {
+            id: 3,
+            text: "float32".into(),
+        },
+    ];
+    let mut t = 0;
+    for (i, x) in tensors.iter().enumerate() {
+        let ptr = 0x1000_0000 * (i as u64 + 1);
+        t += 10;
+        recs.push(Record::Event(ev(
+            t,
+            EventKind::Alloc,
+            MemKind::Device,
+            "cuMemAlloc_v2",
+            ptr,
+            x.bytes,
+        )));
+        recs.push(Record::Annotate(Annotation {
+            t_ns: t + 1,
+            tid: 1,
+            ptr,
+            name: 1,
+            dtype: if x.dtype == DType::F32 { 3 } else { 2 },
+            shape: x.shape.iter().map(|&d| d as i64).collect(),
+            op: true,
+        }));
+    }
+    let trace = trace_of(11, recs);
+    let moment = observe(&trace, None, None, At::Peak).unwrap();
+    assert!(
+        moment
+            .observed
+            .iter()
+            .all(|o| o.name.is_none() && o.op.is_some())
+    );
+    let a = attribute(&tensors, moment.observed, 1, Moment::Peak);
+    let peak = vramtrace_models::peak(&tensors);
+    for r in a.rows.iter().filter(|r| peak.live.contains(&r.tensor)) {
+        assert!(r.observed.is_some(), "{} not matched: {r:?}", r.name);
+        assert!(
+            matches!(r.evidence, Some(Evidence::Shape { .. })),
+            "{}: {:?}",
+            r.name,
+            r.evidence
+        );
+    }
+    assert_eq!(a.named_only_bytes, 0);
+    assert_eq!(a.evidence.size_only_bytes, 0);
+    assert_eq!(a.evidence.evidence_bytes, a.attributed_bytes);
 }

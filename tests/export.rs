@@ -107,6 +107,7 @@ fn write_trace(dir: &Path) {
         name: 2,
         dtype: 3,
         shape: vec![2, 3],
+        op: false,
     }));
     push(Record::Event(ev(
         3000,

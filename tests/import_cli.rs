@@ -250,6 +250,7 @@ fn export_then_import_keeps_tensor_and_label_names() {
             name: 1,
             dtype: 2,
             shape: vec![1, 4128, 48, 128],
+            op: false,
         }),
         alloc(110, 0x2000_0000, 4 * MIB, 3),
         alloc(120, 0x3000_0000, 2 * MIB, 0),
@@ -260,6 +261,7 @@ fn export_then_import_keeps_tensor_and_label_names() {
             name: 4,
             dtype: 0,
             shape: Vec::new(),
+            op: false,
         }),
         free(130, 0x3000_0000),
     ];

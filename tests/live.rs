@@ -214,6 +214,7 @@ fn annotations_move_bytes_between_categories_and_failures_are_sent() {
             name: 7,
             dtype: 0,
             shape: vec![],
+            op: false,
         }),
         T0 + 2 * MS,
     )

@@ -15,9 +15,10 @@ What is recorded, through the preload's `vramtrace_tensor` (same trace, same clo
   (`set_per_process_memory_fraction`) and the driver's free memory.
 The Python line of each allocation is read by the preload from the interpreter's frames.
 
-With `VRAMTRACE_TORCH_SHAPES=1` (`vramtrace run --torch-shapes`), a TorchDispatchMode names each
-operator's output tensors: `empty_like [1, 4128, 48, 128] bf16` (operator, shape, dtype) through
-`vramtrace_annotate`.
+With `VRAMTRACE_TORCH_SHAPES=1` (`vramtrace run --torch-shapes`), a TorchDispatchMode describes
+each operator's output tensors: `empty_like [1, 4128, 48, 128] bf16` (operator, shape, dtype)
+through `vramtrace_annotate_op`, which is a description, not a name: `compare` still matches those
+tensors by size and counts an equal shape and dtype as evidence.
 
 Sizes come from one counter per device, so two threads allocating on the same device at the same
 moment can swap sizes; inference servers allocate from one thread per device.
@@ -40,17 +41,18 @@ try:
 except AttributeError:  # not under the preload
     _tensor = None
 try:
-    _annotate = _lib.vramtrace_annotate
-    _annotate.argtypes = [
+    # An operator's output, not a name (ABI 2): attribution still matches it by size.
+    _annotate_op = _lib.vramtrace_annotate_op
+    _annotate_op.argtypes = [
         ctypes.c_uint64,
         ctypes.c_char_p,
         ctypes.c_char_p,
         ctypes.POINTER(ctypes.c_int64),
         ctypes.c_uint32,
     ]
-    _annotate.restype = None
+    _annotate_op.restype = None
 except AttributeError:
-    _annotate = None
+    _annotate_op = None
 
 ALLOC, FREE, REFUSED = 1, 2, 3
 _state = {"active": False}
@@ -127,7 +129,9 @@ def activate(shapes=None):
         torch._C._cuda_attach_out_of_memory_observer(on_oom)
     except AttributeError:
         _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
-    if shapes:
+    if shapes and _annotate_op is None:
+        _note("this preload has no vramtrace_annotate_op: --torch-shapes records nothing")
+    elif shapes:
         _shapes_mode(torch).__enter__()
     if os.environ.get("VRAMTRACE_TORCH_PROBE_STATS") == "1":
         import atexit
@@ -152,7 +156,7 @@ def _shapes_mode(torch):
                     shape = list(t.shape)
                     arr = (ctypes.c_int64 * len(shape))(*shape)
                     dtype = str(t.dtype).replace("torch.", "").encode()
-                    _annotate(t.data_ptr(), name, dtype, arr, len(shape))
+                    _annotate_op(t.data_ptr(), name, dtype, arr, len(shape))
                     counts["shapes"] += 1
             return out
 

@@ -257,6 +257,7 @@ pub fn render(
                 .label
                 .as_deref()
                 .map(|l| format!("[{l}]"))
+                .or_else(|| o.op.as_ref().map(|op| format!("({})", op.describe())))
                 .unwrap_or_default();
             let what = if o.failed {
                 "THE FAILED REQUEST".to_string()
@@ -355,6 +356,7 @@ fn render_groups(out: &mut String, a: &Attribution) {
                 o.name
                     .as_deref()
                     .map(pattern)
+                    .or_else(|| o.op.as_ref().map(|op| format!("(unnamed, from {})", op.op)))
                     .unwrap_or_else(|| "(unnamed)".into()),
                 o.label.as_deref().map(pattern).unwrap_or_default()
             )

@@ -240,6 +240,7 @@ pub fn frame_record(kind: u8, payload: &[u8], out: &mut [u8]) -> Option<usize> {
 pub fn payload_time(kind_byte: u8, payload: &[u8]) -> Option<u64> {
     match kind_byte {
         kind::ANNOTATE
+        | kind::OP_OUTPUT
         | kind::RANGE_PUSH
         | kind::RANGE_POP
         | kind::MARK

@@ -46,6 +46,10 @@ pub mod kind {
     /// A tensor allocated or freed inside PyTorch's caching allocator, or an allocation the
     /// allocator refused ([`crate::TensorEvent`]).
     pub const TENSOR: u8 = 13;
+    /// An operator's output tensor (`vramtrace run --torch-shapes`): the operator's name, the
+    /// dtype and shape, with the same payload as [`ANNOTATE`]. Not a name someone gave the
+    /// allocation, so attribution matches it by size and weighs its shape as evidence.
+    pub const OP_OUTPUT: u8 = 14;
 }
 
 /// What an event did.
@@ -422,6 +426,9 @@ pub struct Annotation {
     pub dtype: u32,
     /// The shape, outermost first.
     pub shape: Vec<i64>,
+    /// An operator's output ([`kind::OP_OUTPUT`]): `name` is the operator (`empty_like`), not a
+    /// tensor name.
+    pub op: bool,
 }
 
 /// One Python frame: where the interpreter was in one function.
@@ -717,7 +724,7 @@ impl Record {
                     build_id,
                 })
             }
-            kind::ANNOTATE => {
+            kind::ANNOTATE | kind::OP_OUTPUT => {
                 let t_ns = c.u64()?;
                 let tid = c.u32()?;
                 let ptr = c.u64()?;
@@ -735,6 +742,7 @@ impl Record {
                     name,
                     dtype,
                     shape,
+                    op: kind_byte == kind::OP_OUTPUT,
                 })
             }
             kind::RANGE_PUSH => Record::RangePush {
@@ -843,7 +851,11 @@ impl Record {
                 for d in &a.shape {
                     e.i64(*d);
                 }
-                kind::ANNOTATE
+                if a.op {
+                    kind::OP_OUTPUT
+                } else {
+                    kind::ANNOTATE
+                }
             }
             Record::RangePush { t_ns, tid, name } => {
                 e.u64(*t_ns).u32(*tid).u32(*name);

@@ -75,6 +75,7 @@ fn sample_records() -> Vec<Record> {
             name: 3,
             dtype: 4,
             shape: vec![1, 4128, 48, 128],
+            op: false,
         }),
         Record::RangePush {
             t_ns: 6,

@@ -26,10 +26,14 @@
  *   pointer, or a cuMemCreate handle) with a name, an optional dtype ("bf16", "f32"; NULL for
  *   none) and an optional shape (`rank` values, outermost first; up to 16 are kept). Call it after
  *   the allocation; the reader attaches it to the allocation live at that pointer at that time.
+ * - vramtrace_annotate_op (ABI 2) says the allocation at `ptr` is an output of operator `op`
+ *   with that dtype and shape. It is a description, not a name: vramtrace still matches such an
+ *   allocation to a model's tensor by its size and uses the shape as evidence. PyTorch's probe
+ *   calls it for every operator output under `vramtrace run --torch-shapes`.
  * - Strings are copied before the call returns. Every function is thread-safe, never fails
  *   visibly and never blocks on the GPU.
  *
- * ABI version 1. vramtrace_abi_version() returns it; later versions only add functions.
+ * ABI version 2. vramtrace_abi_version() returns it; later versions only add functions.
  */
 #ifndef VRAMTRACE_H
 #define VRAMTRACE_H
@@ -47,6 +51,8 @@ extern "C" {
 uint32_t vramtrace_abi_version(void);
 void vramtrace_annotate(uint64_t ptr, const char *name, const char *dtype, const int64_t *shape,
                         uint32_t rank);
+void vramtrace_annotate_op(uint64_t ptr, const char *op, const char *dtype, const int64_t *shape,
+                           uint32_t rank);
 void vramtrace_range_push(const char *name);
 void vramtrace_range_pop(void);
 void vramtrace_mark(const char *text);

@@ -160,7 +160,7 @@ pub(crate) fn mark(text: &[u8]) {
 }
 
 /// Names the live allocation at `ptr`.
-pub(crate) fn annotate(ptr: u64, name: &[u8], dtype: Option<&[u8]>, shape: &[i64]) {
+pub(crate) fn annotate(ptr: u64, name: &[u8], dtype: Option<&[u8]>, shape: &[i64], op: bool) {
     with_file(|file| {
         let name_id = intern(file, name);
         let dtype_id = dtype.map_or(0, |d| intern(file, d));
@@ -176,7 +176,7 @@ pub(crate) fn annotate(ptr: u64, name: &[u8], dtype: Option<&[u8]>, shape: &[i64
         for &d in shape {
             e.i64(d);
         }
-        file.write(e.finish(kind::ANNOTATE));
+        file.write(e.finish(if op { kind::OP_OUTPUT } else { kind::ANNOTATE }));
     });
 }
 
@@ -196,7 +196,7 @@ pub(crate) unsafe fn c_str<'a>(s: *const c_char) -> Option<&'a [u8]> {
 // ---- the annotation C ABI (include/vramtrace.h) -----------------------------------------
 
 /// Version of the annotation ABI; see `include/vramtrace.h`.
-pub const VRAMTRACE_ABI_VERSION: u32 = 1;
+pub const VRAMTRACE_ABI_VERSION: u32 = 2;
 
 /// `uint32_t vramtrace_abi_version(void)`.
 #[unsafe(no_mangle)]
@@ -225,7 +225,34 @@ pub unsafe extern "C" fn vramtrace_annotate(
         // Safety: the caller's array of `rank` values; only the first MAX_RANK are read.
         unsafe { core::slice::from_raw_parts(shape, (rank as usize).min(MAX_RANK)) }
     };
-    annotate(ptr, name.unwrap_or(b""), dtype, shape);
+    annotate(ptr, name.unwrap_or(b""), dtype, shape, false);
+}
+
+/// `void vramtrace_annotate_op(uint64_t ptr, const char *op, const char *dtype,
+/// const int64_t *shape, uint32_t rank)` (ABI 2): the live allocation at `ptr` is an output of
+/// operator `op` with that dtype and shape. Unlike [`vramtrace_annotate`] this is not a name:
+/// the PyTorch probe's `--torch-shapes` mode describes every operator output with it, and
+/// attribution still matches such an allocation by size, weighing its shape as evidence.
+///
+/// # Safety
+/// `op` and `dtype` are null or NUL-terminated; `shape` is null or points at `rank` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vramtrace_annotate_op(
+    ptr: u64,
+    op: *const c_char,
+    dtype: *const c_char,
+    shape: *const i64,
+    rank: u32,
+) {
+    // Safety: the caller's strings, valid for the call.
+    let (op, dtype) = unsafe { (c_str(op), c_str(dtype)) };
+    let shape: &[i64] = if shape.is_null() || rank == 0 {
+        &[]
+    } else {
+        // Safety: the caller's array of `rank` values; only the first MAX_RANK are read.
+        unsafe { core::slice::from_raw_parts(shape, (rank as usize).min(MAX_RANK)) }
+    };
+    annotate(ptr, op.unwrap_or(b""), dtype, shape, true);
 }
 
 /// `void vramtrace_range_push(const char *name)`: opens a named range on this thread.
