@@ -10,9 +10,12 @@
 //!   kept as a match only when it is the only reading: no more unnamed live allocations of that
 //!   size than model tensors of that size matched by size. Otherwise the match is **ambiguous**
 //!   (with the number of look-alike candidates) and is not counted as matched.
-//! - **contradicted**: the allocation has Python frames and none is in the modelled file: the
+//! - **contradicted**: the model cites a Python file for the tensor, the allocation has Python
+//!   frames and none is in that file: the
 //!   memory was allocated by other code (another implementation than the model's variant); the
-//!   match is dropped and the frame that allocated it is named.
+//!   match is dropped and the frame that allocated it is named. A tensor the model says is
+//!   allocated in C++ (`flash_api.cpp`) carries only its caller's Python frames, which neither
+//!   confirm nor contradict it.
 //!
 //! The headline keeps the bytes resting on evidence apart from those resting on size alone.
 
@@ -141,7 +144,9 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
             row.evidence = Some(Evidence::Label);
             continue;
         }
-        let want = source_file(tensors[row.tensor].source);
+        // Only a tensor the model says is allocated in Python can be confirmed or contradicted
+        // by Python frames: one allocated in C++ (`flash_api.cpp`) has only its caller's.
+        let want = source_file(tensors[row.tensor].source).filter(|f| f.ends_with(".py"));
         let hit = want.and_then(|w| o.frames.iter().find(|f| frame_file(f) == w));
         match (hit, o.frames.first(), want) {
             (Some(f), _, _) => row.evidence = Some(Evidence::Frame { frame: f.clone() }),
@@ -407,5 +412,35 @@ mod tests {
             row("o").observed_bytes,
             "only o rests on size alone"
         );
+    }
+
+    #[test]
+    fn python_frames_neither_confirm_nor_contradict_a_tensor_allocated_in_cpp() {
+        // PyTorch's FlashAttention allocates softmax_lse in flash_api.cpp: the Python frame of
+        // the allocation is the caller's line, which says nothing against the model.
+        let t = vramtrace_models::fa_pytorch::tensors(&vramtrace_models::FaShape {
+            seqlens_q: vec![4128],
+            max_seqlen_k: 262144,
+            num_heads: 24,
+            num_heads_k: 4,
+            head_dim: 256,
+            dtype: DType::BF16,
+            num_sms: 132,
+        })
+        .unwrap();
+        let o: Vec<Observed> = t
+            .iter()
+            .enumerate()
+            .map(|(i, x)| obs(x.bytes, i as u64, &["model_vs_torch.py:167 call"]))
+            .collect();
+        let a = attribute(&t, o, 1, Moment::Window);
+        for r in &a.rows {
+            assert!(r.observed.is_some(), "{r:?}");
+            assert!(
+                matches!(r.evidence, Some(Evidence::SizeOnly { .. })),
+                "{r:?}"
+            );
+        }
+        assert_eq!(a.evidence.contradicted, 0);
     }
 }

@@ -63,6 +63,8 @@ def parse_args():
     p.add_argument("--causal", action="store_true", default=True)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--compare", default=None, help="vramtrace model --json output to check against")
+    p.add_argument("--snapshot-out", default=None,
+                   help="also write PyTorch's own snapshot of the measured call (pickle) here, for `vramtrace import`")
     return p.parse_args()
 
 
@@ -70,10 +72,13 @@ def emit(obj):
     print(json.dumps(obj), flush=True)
 
 
+SNAPSHOT_OUT = None
+
+
 def record(kernel, fn):
     """Runs fn() with allocator history on; returns the events of that call only."""
     torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     try:
         with vt.range(f"{kernel}-measured"):
             result = fn()
@@ -81,6 +86,11 @@ def record(kernel, fn):
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
+    if SNAPSHOT_OUT:
+        import pickle
+
+        with open(SNAPSHOT_OUT.replace("{kernel}", kernel), "wb") as f:
+            pickle.dump(snap, f)
     dev = torch.cuda.current_device()
     traces = snap["device_traces"][dev] if len(snap["device_traces"]) > dev else []
     allocs, frees, live_by_addr, out = [], [], {}, []
@@ -197,6 +207,8 @@ def main():
     args = parse_args()
     if not torch.cuda.is_available():
         sys.exit("model_vs_torch.py needs a CUDA device")
+    global SNAPSHOT_OUT
+    SNAPSHOT_OUT = args.snapshot_out
     dtype = DTYPES[args.dtype]
     seqlens = [int(x) for x in args.seqlens.split(",") if x.strip()]
     emit({"torch": torch.__version__, "device": torch.cuda.get_device_name(),
