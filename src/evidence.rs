@@ -1,7 +1,7 @@
 //! What an attribution rests on (issue 11, item 6).
 //!
 //! A predicted tensor matched to an observed allocation is only as good as the evidence for it:
-//! - **label**: the allocation was named (annotation, `--torch-shapes`, a range) as the tensor;
+//! - **label**: the allocation was named (an annotation or a range) as the tensor;
 //! - **frame**: one of the allocation's Python frames is in the file the model cites for the
 //!   tensor (`chunk_o.py` for fla's `o`), compared by file name;
 //! - **shape**: the allocation holds an operator output (`vramtrace run --torch-shapes`) with the
@@ -11,11 +11,10 @@
 //!   size than model tensors of that size matched by size. Otherwise the match is **ambiguous**
 //!   (with the number of look-alike candidates) and is not counted as matched.
 //! - **contradicted**: the model cites a Python file for the tensor, the allocation has Python
-//!   frames and none is in that file: the
-//!   memory was allocated by other code (another implementation than the model's variant); the
-//!   match is dropped and the frame that allocated it is named. A tensor the model says is
-//!   allocated in C++ (`flash_api.cpp`) carries only its caller's Python frames, which neither
-//!   confirm nor contradict it.
+//!   frames and none is in that file: the memory was allocated by other code (another
+//!   implementation than the model's variant); the match is dropped and the frame that
+//!   allocated it is named. A tensor the model says is allocated in C++ (`flash_api.cpp`)
+//!   carries only its caller's Python frames, which neither confirm nor contradict it.
 //!
 //! The headline keeps the bytes resting on evidence apart from those resting on size alone.
 
