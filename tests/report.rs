@@ -82,10 +82,32 @@ fn prefill_sample_report_states_the_failure_and_the_levers() {
         "| KV cache bfloat16 → fp8 (`--kv-cache-dtype fp8`) | 64.00 KiB (65,536 B) → 32.00 KiB (32,768 B) per token; 774.00 MiB (811,597,824 B) live in the KV cache = 12384 tokens at bfloat16 | frees **387.00 MiB (405,798,912 B)**",
     );
     has("| untraced (total − free − traced live) | 772.50 MiB (810,021,840 B) |");
+    // The model beside the failure: what each match rests on and where the allocation was made.
     has(
-        "| `h` | [1, 65, 48, 128, 128] | bfloat16 | 102,236,160 | **the failed request** | — | order and size |",
+        "| tensor | shape | dtype | predicted | observed | difference | matched by | evidence | allocation |",
     );
-    has("| `o` | [1, 4128, 48, 128] | bfloat16 | 50,724,864 | not live | — |  |");
+    has(
+        "| `h` | [1, 65, 48, 128, 128] | bfloat16 | 102,236,160 | **the failed request** | — | order and size | size and order only (1 alike) | the request, no Python frame recorded |",
+    );
+    has(
+        "| `A` | [1, 4128, 48, 64] | bfloat16 | 25,362,432 | 25,362,432 | 0 | name | named as the tensor | `A bf16[1, 4128, 48, 64]`, no Python frame recorded |",
+    );
+    has("| `o` | [1, 4128, 48, 128] | bfloat16 | 50,724,864 | not live | — |  |  |  |");
+    has(
+        "Of the matched: backed by a name or a frame in the modelled file 121.69 MiB (127,604,736 B), by size and order alone 0 B; 0 tensor(s) ambiguous among look-alikes, 0 contradicted by their frames.",
+    );
+    // And beside the highest peak, in its section.
+    let peak = &md[md.find("## Peaks per process and device").unwrap()..];
+    assert!(
+        peak.contains("The model at the peak: **fla-0.6.0** on Qwen3.6-27B, 4128 tokens"),
+        "{peak}"
+    );
+    assert!(
+        peak.contains(
+            "| `o` | [1, 4128, 48, 128] | bfloat16 | 50,724,864 | not observed | — |  |  |  |"
+        ),
+        "{peak}"
+    );
     has("| `layer.#.kv.chunk.# [prefill/kv_cache]` | KV cache | 48 | 774.00 MiB (811,597,824 B) |");
     has(
         "Headroom at the failure (7.902 s): total 139.80 GiB − traced live 138.97 GiB − untraced 772.50 MiB = 73.12 MiB free, against a request of 97.50 MiB.",
@@ -119,7 +141,103 @@ fn html_is_one_file_with_the_plots_inline() {
     assert!(!html.contains(".png\""), "no image outside the file");
     assert!(html.contains("<table>") && html.contains("<details>"));
     assert!(html.contains("<strong>86191 tokens</strong>"));
+    assert!(
+        html.contains("<th>evidence</th><th>allocation</th>"),
+        "the model table has the evidence column"
+    );
+    assert!(html.contains(
+        "<td>named as the tensor</td><td><code>A bf16[1, 4128, 48, 64]</code>, no Python frame recorded</td>"
+    ));
     let _ = std::fs::remove_dir_all(&out);
+}
+
+fn model_report(sample: &str, extra: &[&str]) -> String {
+    let r = root();
+    let o = Command::new(common::vramtrace())
+        .arg("report")
+        .arg(r.join(sample))
+        .arg("--model")
+        .arg(r.join("samples/models/Qwen3.6-27B/config.json"))
+        .args(["--variant", "fla-0.6.0", "--tokens", "4128"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::describe(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// No allocation failed: the highest peak's section sets the model beside the peak, each tensor
+/// with what its match rests on. fla with caching off and no Python frames: size and order only.
+#[test]
+fn a_peak_without_failure_shows_the_model_table_with_its_evidence() {
+    let md = model_report("samples/h200/fla-gdn-t4128", &[]);
+    assert!(md.contains("**No allocation failed.**"), "{md}");
+    let peak = &md[md.find("## Peaks per process and device").expect("peaks")..];
+    let has = |s: &str| assert!(peak.contains(s), "missing {s:?} in\n{peak}");
+    has(
+        "The model at the peak: **fla-0.6.0** on Qwen3.6-27B, 4128 tokens (chosen with --variant); fla-core 0.6.0 wheel:",
+    );
+    has(
+        "| tensor | shape | dtype | predicted | observed | difference | matched by | evidence | allocation |",
+    );
+    for row in [
+        "| `h` | [1, 65, 48, 128, 128] | bfloat16 | 102,236,160 | 102,236,160 | 0 | order and size | size and order only (1 alike) | `cuMemAlloc_v2`, no Python frame recorded |",
+        "| `v_new` | [1, 4128, 48, 128] | bfloat16 | 50,724,864 | 50,724,864 | 0 | order and size | size and order only (4 alike) | `cuMemAlloc_v2`, no Python frame recorded |",
+        "| `o` | [1, 4128, 48, 128] | bfloat16 | 50,724,864 | 50,724,864 | 0 | order and size | size and order only (4 alike) | `cuMemAlloc_v2`, no Python frame recorded |",
+    ] {
+        has(row);
+    }
+    has(
+        "Of 403.70 MiB (423,312,384 B) live: matched to the model 318.94 MiB (334,436,352 B), named but not in the model 84.76 MiB (88,876,032 B), neither 0 B.",
+    );
+    has(
+        "Of the matched: backed by a name or a frame in the modelled file 0 B, by size and order alone 318.94 MiB (334,436,352 B); 0 tensor(s) ambiguous among look-alikes, 0 contradicted by their frames.",
+    );
+    has("Size and order alone do not show that these allocations are the model's tensors");
+    assert!(!peak.contains("failed request"), "{peak}");
+    // The table comes once, and the levers are computed from the same comparison.
+    assert_eq!(md.matches("The model at").count(), 1);
+    assert!(
+        md.contains("Resident: **84.76 MiB (88,876,032 B)** live at the highest peak"),
+        "{md}"
+    );
+}
+
+/// A real PyTorch OOM with the probe's Python frames: matches backed by a frame in the modelled
+/// file say so and name the line that allocated; same-size allocations made by other code are
+/// not matched, say where they were made, and the first screen says another implementation ran.
+#[test]
+fn a_failure_with_python_frames_shows_the_evidence_and_the_allocating_line() {
+    let md = model_report("samples/h200/torch-oom", &["--capacity", "24GiB"]);
+    let top = &md[..md.find("\n---\n").unwrap()];
+    assert!(
+        top.contains("- **Model**: ")
+            && top.contains("the program ran another implementation than the model's variant"),
+        "{top}"
+    );
+    let fail = &md[md.find("## Failed allocations").unwrap()..md.find("## Peaks per").unwrap()];
+    let has = |s: &str| assert!(fail.contains(s), "missing {s:?} in\n{fail}");
+    has(
+        "| tensor | shape | dtype | predicted | observed | difference | matched by | evidence | allocation |",
+    );
+    has(
+        "| `final_state` | [1, 48, 128, 128] | float32 | 3,145,728 | 3,145,728 | 0 | size | frame `chunk_delta_h.py:723 chunk_gated_delta_rule_fwd_h` in the modelled file | a PyTorch tensor at `chunk_delta_h.py:723 chunk_gated_delta_rule_fwd_h` |",
+    );
+    has(
+        "| `g (cumsum)` | [1, 4128, 48] | float32 | 792,576 | not matched | — |  | **other code**: allocated at `torch_prefill.py:62 prefill`, not in `cumsum.py` |  |",
+    );
+    has("Of the matched: backed by a name or a frame in the modelled file 3.00 MiB (3,145,728 B)");
+    assert!(
+        fail.contains("**")
+            && fail.contains("the program ran another implementation than the model's variant.**"),
+        "{fail}"
+    );
+    // The peak has its own table too.
+    let peak = &md[md.find("## Peaks per").unwrap()..];
+    assert!(
+        peak.contains("The model at the peak: **fla-0.6.0**"),
+        "{peak}"
+    );
 }
 
 #[test]

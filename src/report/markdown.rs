@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 
 use vramtrace_models::units::{fmt_bytes, fmt_secs};
 
-use crate::attribution::MatchedBy;
+use crate::attribution::{Attribution, MatchedBy, Moment};
+use crate::evidence::Evidence;
 use crate::live::CATEGORIES;
 use crate::report::{
     Comparison, FailureReport, LiveSet, MAX_COMPARED_FAILURES, MAX_GROUPS, PeakReport, Report,
@@ -197,6 +198,9 @@ fn top(out: &mut String, r: &Report) {
                 "\n{calls} failed call(s) that are not out of memory: see [Failed calls](#failed-calls-that-are-not-out-of-memory)."
             );
         }
+        if let Some(c) = &r.peak_comparison {
+            other_implementation_brief(out, c);
+        }
         levers_brief(out, r);
         unreadable(out, r);
         return;
@@ -255,6 +259,9 @@ fn top(out: &mut String, r: &Report) {
     if let Some(t) = f.comparison.as_ref().and_then(failed_tensor) {
         let _ = writeln!(out, "- **What**: {t}.");
     }
+    if let Some(c) = &f.comparison {
+        other_implementation_brief(out, c);
+    }
     let untraced = f
         .untraced()
         .map(|u| {
@@ -273,6 +280,14 @@ fn top(out: &mut String, r: &Report) {
     );
     levers_brief(out, r);
     unreadable(out, r);
+}
+
+/// The first screen's line when the frames show that the program ran other code than the
+/// model's variant.
+fn other_implementation_brief(out: &mut String, c: &Comparison) {
+    if let Some(n) = &c.attribution.evidence.other_implementation {
+        let _ = writeln!(out, "- **Model**: {n} (see the model table below).");
+    }
 }
 
 fn unreadable(out: &mut String, r: &Report) {
@@ -944,22 +959,63 @@ fn pytorch_message_tensors(
     );
 }
 
+/// What a row's match rests on, or why a tensor of the same size was not matched (the words of
+/// `vramtrace compare`'s evidence column).
+fn evidence_words(e: &Evidence) -> String {
+    match e {
+        Evidence::Label => "named as the tensor".into(),
+        Evidence::Frame { frame } => format!("frame {} in the modelled file", code(&cell(frame))),
+        Evidence::SizeOnly { same_size } => format!("size and order only ({same_size} alike)"),
+        Evidence::Ambiguous { candidates } => {
+            format!("**ambiguous**: {candidates} live allocations of this size")
+        }
+        Evidence::Contradicted { frame, expected } => format!(
+            "**other code**: allocated at {}, not in {}",
+            code(&cell(frame)),
+            code(&cell(expected))
+        ),
+        // Kinds of evidence added later read as `vramtrace compare` prints them.
+        #[allow(unreachable_patterns)]
+        other => cell(&other.describe()),
+    }
+}
+
+/// Where a matched allocation came from: what the trace says it holds (dtype and shape) and its
+/// innermost Python frame.
+fn allocation_words(c: &Comparison, oi: usize) -> String {
+    let o = &c.attribution.observed[oi];
+    let what = match c.held.get(oi).and_then(Option::as_deref) {
+        _ if o.failed => "the request".to_string(),
+        Some(h) => code(&cell(h)),
+        None if o.api == "pytorch" => "a PyTorch tensor".to_string(),
+        None => code(o.api),
+    };
+    match o.frames.first() {
+        Some(f) => format!("{what} at {}", code(&cell(f))),
+        None => format!("{what}, no Python frame recorded"),
+    }
+}
+
+/// The model set beside one moment: every tensor with what its match rests on and where the
+/// allocation was made, then the headline.
 fn comparison(out: &mut String, r: &Report, c: &Comparison) {
     let a = &c.attribution;
+    let failure = a.moment == Moment::Failure;
     let (tokens, name) = match &r.model {
         Some(m) => (m.opts.seqlens.iter().sum::<u64>(), m.cfg.display_name()),
         None => (0, String::new()),
     };
     let _ = writeln!(
         out,
-        "The model at that moment: **{}** on {name}, {tokens} tokens ({}); {}.\n",
+        "The model at {}: **{}** on {name}, {tokens} tokens ({}); {}.\n",
+        if failure { "that moment" } else { "the peak" },
         c.variant.name(),
         c.choice,
         c.variant.source()
     );
     let _ = writeln!(
         out,
-        "| tensor | shape | dtype | predicted | observed | difference | matched by |\n| --- | --- | --- | ---: | ---: | ---: | --- |"
+        "| tensor | shape | dtype | predicted | observed | difference | matched by | evidence | allocation |\n| --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |"
     );
     for row in &a.rows {
         let failed = a.failed_tensor == Some(row.tensor);
@@ -969,7 +1025,16 @@ fn comparison(out: &mut String, r: &Report, c: &Comparison) {
                 exact(row.observed_bytes),
                 row.difference.unwrap_or(0).to_string(),
             ),
-            None => ("not live".to_string(), "—".to_string()),
+            None => (
+                match &row.evidence {
+                    Some(_) => "not matched",
+                    None if failure => "not live",
+                    None if !row.live_at_predicted_peak => "not live at the model's peak",
+                    None => "not observed",
+                }
+                .to_string(),
+                "—".to_string(),
+            ),
         };
         let how = match row.matched_by {
             Some(MatchedBy::Label) => "name",
@@ -979,11 +1044,18 @@ fn comparison(out: &mut String, r: &Report, c: &Comparison) {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {obs} | {diff} | {how} |",
+            "| {} | {} | {} | {} | {obs} | {diff} | {how} | {} | {} |",
             code(&cell(&row.name)),
             cell(&row.shape),
             row.dtype,
-            exact(row.predicted_bytes)
+            exact(row.predicted_bytes),
+            row.evidence
+                .as_ref()
+                .map(evidence_words)
+                .unwrap_or_default(),
+            row.observed
+                .map(|oi| allocation_words(c, oi))
+                .unwrap_or_default()
         );
     }
     let _ = writeln!(
@@ -994,6 +1066,11 @@ fn comparison(out: &mut String, r: &Report, c: &Comparison) {
         both(a.named_only_bytes),
         both(a.unexplained_bytes)
     );
+    evidence_headline(out, a);
+    if !failure {
+        let _ = writeln!(out);
+        return;
+    }
     match a.failed_tensor {
         Some(ti) => {
             let row = &a.rows[ti];
@@ -1010,6 +1087,37 @@ fn comparison(out: &mut String, r: &Report, c: &Comparison) {
         None => {
             let _ = writeln!(out, "The failed request matches no tensor of this model.\n");
         }
+    }
+}
+
+/// What the matched bytes rest on, the tensors left unmatched among look-alikes or by their
+/// frames, and the sentence that says the program ran another implementation.
+fn evidence_headline(out: &mut String, a: &Attribution) {
+    let ev = &a.evidence;
+    let _ = writeln!(
+        out,
+        "Of the matched: backed by a name or a frame in the modelled file {}, by size and order alone {}; {} tensor(s) ambiguous among look-alikes, {} contradicted by their frames.",
+        both(ev.evidence_bytes),
+        both(ev.size_only_bytes),
+        ev.ambiguous,
+        ev.contradicted
+    );
+    if ev.size_only_bytes > 0 && ev.evidence_bytes == 0 {
+        let _ = writeln!(
+            out,
+            "Size and order alone do not show that these allocations are the model's tensors: record with the Python probe (its frames) or name the tensors to confirm it."
+        );
+    }
+    if let Some(n) = &ev.other_implementation {
+        let _ = writeln!(out, "**{}.**", upper_first(n));
+    }
+}
+
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
     }
 }
 
@@ -1097,6 +1205,18 @@ fn peak(out: &mut String, r: &Report, p: &PeakReport) {
     );
     live_tables(out, &p.live, d.peak_bytes);
     headroom(out, r, p);
+    let highest = r
+        .highest_peak()
+        .is_some_and(|h| (h.process, h.device) == (p.process, p.device));
+    if highest {
+        match (&r.peak_comparison, &r.peak_comparison_error) {
+            (Some(c), _) => comparison(out, r, c),
+            (None, Some(e)) => {
+                let _ = writeln!(out, "(not set beside the model: {e})\n");
+            }
+            (None, None) => {}
+        }
+    }
     if !p.top.is_empty() {
         let _ = writeln!(out, "The largest allocations live at the peak:\n");
     }

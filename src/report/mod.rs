@@ -26,6 +26,7 @@ use crate::names::pattern;
 use crate::replay::{Pool, Replayer, Step};
 use crate::summary::{AllocItem, Failure, Summary, SummaryOptions, summarize};
 use crate::symbolize::StackSymbolizer;
+use crate::tensors::TensorMoment;
 use crate::trace::{Item, Trace};
 
 pub use levers::Levers;
@@ -166,6 +167,39 @@ pub struct Comparison {
     pub choice: String,
     /// Predicted beside observed.
     pub attribution: Attribution,
+    /// Per observed allocation (the indices of `attribution.observed`): what the trace says it
+    /// holds, dtype and shape included, when it says (`o bf16[1, 4128, 48, 128]` from an
+    /// annotation, `empty_like [1, 4128] bf16` from a tensor record).
+    pub held: Vec<Option<String>>,
+}
+
+impl Comparison {
+    /// Fills [`Comparison::held`] from the summary's view of the same moment: the driver
+    /// allocations live then and, with tensor records, the live tensors, joined by pointer and
+    /// size.
+    fn describe_held(&mut self, live: &[AllocItem], tensors: Option<&TensorMoment>) {
+        let mut by: BTreeMap<(&str, u64), &str> = BTreeMap::new();
+        for a in live {
+            if let Some(t) = &a.tensor {
+                by.insert((a.ptr.as_str(), a.size), t);
+            }
+        }
+        let mut by_tensor: BTreeMap<(&str, u64), &str> = BTreeMap::new();
+        for t in tensors.map_or(&[][..], |m| &m.tensors) {
+            if let Some(d) = &t.tensor {
+                by_tensor.insert((t.ptr.as_str(), t.size), d);
+            }
+        }
+        self.held = self
+            .attribution
+            .observed
+            .iter()
+            .map(|o| {
+                let from = if o.api == "pytorch" { &by_tensor } else { &by };
+                from.get(&(o.ptr.as_str(), o.size)).map(|s| s.to_string())
+            })
+            .collect();
+    }
 }
 
 /// Every failed allocation of one process and device, with what the report adds.
@@ -241,6 +275,10 @@ pub struct Report {
     pub failures: Vec<FailureReport>,
     /// The model, when given.
     pub model: Option<ModelInput>,
+    /// The model at the highest peak ([`Report::highest_peak`]), with a model.
+    pub peak_comparison: Option<Comparison>,
+    /// Why the model could not be set beside the highest peak.
+    pub peak_comparison_error: Option<String>,
     /// The levers, with a model.
     pub levers: Option<Levers>,
     /// Why the levers could not be computed with the model given.
@@ -359,6 +397,8 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> anyhow::Result<Report> {
         peaks,
         failures,
         model: opts.model.clone(),
+        peak_comparison: None,
+        peak_comparison_error: None,
         levers: None,
         levers_error: None,
         capacity: None,
@@ -382,7 +422,13 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> anyhow::Result<Report> {
             let pid = trace.processes[f.process].header.pid;
             let moment = observe(trace, Some(pid), Some(f.device), At::Failure(f.index))
                 .map_err(anyhow::Error::msg)?;
-            f.comparison = Some(compare(m, &workload, &moment)?);
+            let mut c = compare(m, &workload, &moment)?;
+            c.describe_held(&f.failure.live, f.failure.tensors.as_ref());
+            f.comparison = Some(c);
+        }
+        match peak_comparison(trace, &report, m, &workload) {
+            Ok(c) => report.peak_comparison = c,
+            Err(e) => report.peak_comparison_error = Some(format!("{e:#}")),
         }
         let capacity = opts.capacity.map(|c| (c, true)).or_else(|| {
             let (pi, dev) = report
@@ -400,7 +446,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> anyhow::Result<Report> {
                 report.levers_error =
                     Some("the trace does not say how large the device is; pass --capacity".into())
             }
-            Some((cap, _)) => match levers_for(trace, &report, m, &workload, cap) {
+            Some((cap, _)) => match levers_for(&report, m, cap) {
                 Ok(l) => report.levers = Some(l),
                 Err(e) => report.levers_error = Some(format!("{e:#}")),
             },
@@ -409,31 +455,49 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// The levers at the first failure, or at the highest peak without one.
-fn levers_for(
+/// The model beside the highest peak; `None` when the trace has no device allocation.
+fn peak_comparison(
     trace: &Trace,
     report: &Report,
     m: &ModelInput,
     workload: &Workload,
-    capacity: u64,
-) -> anyhow::Result<Levers> {
+) -> anyhow::Result<Option<Comparison>> {
+    let Some(p) = report.highest_peak() else {
+        return Ok(None);
+    };
+    let pid = trace.processes[p.process].header.pid;
+    let moment = observe(trace, Some(pid), Some(p.device), At::Peak).map_err(anyhow::Error::msg)?;
+    let mut c = compare(m, workload, &moment)?;
+    if let Some(d) = report.device(p.process, p.device) {
+        let tensors = d.tensors.as_ref().and_then(|t| t.at_peak.as_ref());
+        c.describe_held(&d.peak_live, tensors);
+    }
+    Ok(Some(c))
+}
+
+/// The levers at the first failure, or at the highest peak without one.
+fn levers_for(report: &Report, m: &ModelInput, capacity: u64) -> anyhow::Result<Levers> {
     let (comparison, live, failure) = match report.first_failure() {
         Some(f) => (
-            f.comparison.clone().expect("the first failure is compared"),
-            f.live.clone(),
+            f.comparison
+                .as_ref()
+                .expect("the first failure is compared"),
+            &f.live,
             Some(f),
         ),
         None => {
             let p = report
                 .highest_peak()
                 .ok_or_else(|| anyhow::anyhow!("the trace has no device allocation"))?;
-            let pid = trace.processes[p.process].header.pid;
-            let moment =
-                observe(trace, Some(pid), Some(p.device), At::Peak).map_err(anyhow::Error::msg)?;
-            (compare(m, workload, &moment)?, p.live.clone(), None)
+            let c = match (&report.peak_comparison, &report.peak_comparison_error) {
+                (Some(c), _) => c,
+                (None, Some(e)) => anyhow::bail!("{e}"),
+                (None, None) => anyhow::bail!("the trace has no device allocation"),
+            };
+            (c, &p.live, None)
         }
     };
-    levers::compute(m, &comparison, &live, failure, capacity)
+    levers::compute(m, comparison, live, failure, capacity)
 }
 
 /// The variant that explains the most bytes of a moment (or the one named).
@@ -460,6 +524,7 @@ fn compare(
         )
     };
     Ok(Comparison {
+        held: vec![None; attribution.observed.len()],
         variant,
         choice,
         attribution,
