@@ -8,8 +8,11 @@
 //!
 //! # What it hooks
 //! - `dlsym`, so that lookups on a driver handle (cudart, cudarc, anything that `dlopen`s
-//!   libcuda) get our wrappers; `cuGetProcAddress` and `cuGetProcAddress_v2`, including the
-//!   runtime's self-lookup, so that every entry point resolved through them does too.
+//!   libcuda) get our wrappers; `dlvsym`, so that another `dlsym` interposer loaded before us,
+//!   which finds "the next `dlsym`" with `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")`, gets ours
+//!   rather than glibc's (`src/dlsym.rs`); `cuGetProcAddress` and `cuGetProcAddress_v2`,
+//!   including the runtime's self-lookup, so that every entry point resolved through them does
+//!   too.
 //! - The allocation entry points, also exported under their own names for programs linked to
 //!   libcuda directly: `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`,
 //!   `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`, `cuMemFree_v2`, `cuMemFreeAsync` (and the
@@ -83,18 +86,19 @@
 //! Each module imports only from those below it. Bottom to top: the leaves `clock` (the
 //! monotonic clock, from the TSC where that is safe), `config`, `ffi`, `guard`, `fork` (each
 //! module that keeps per-process state registers its own fork child handler) and `real_dlsym`
-//! (glibc's `dlsym`); `driver`, the table of the driver's real entry points; `sink`, the trace
+//! (glibc's `dlsym` and `dlvsym`, read from glibc's symbol table by `elf_lookup`); `driver`, the table of the driver's real entry points; `sink`, the trace
 //! file (per-thread blocks in a shared mapping, the clock, the thread id, the file's fork
 //! handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
 //! need only the sink (`stacks` asks `python`, which reads the interpreter's frames and interns
 //! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label;
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
-//! pointers and wraps `cuGetProcAddress`; `dlsym`, the override, on top.
+//! pointers and wraps `cuGetProcAddress`; `dlsym`, the `dlsym` and `dlvsym` overrides, on top.
 
 mod clock;
 mod config;
 mod dlsym;
 mod driver;
+mod elf_lookup;
 mod ffi;
 mod fork;
 mod guard;
@@ -111,7 +115,7 @@ mod sink;
 mod stacks;
 mod tensors;
 
-pub use dlsym::dlsym;
+pub use dlsym::{dlsym, dlvsym};
 pub use hooks::*;
 pub use labels::{
     VRAMTRACE_ABI_VERSION, vramtrace_abi_version, vramtrace_annotate, vramtrace_mark,
