@@ -2,12 +2,14 @@
 //!
 //! Given a model's tensor list (in the order the upstream code allocates) and the allocations a
 //! trace shows at one moment (a peak, a failed allocation) or over a window, each predicted
-//! tensor is matched to at most one observed allocation, in three passes:
+//! tensor is matched to at most one observed allocation, in four passes:
 //! 1. **label**: an allocation named through the annotation ABI, or made inside a range whose
 //!    innermost name is the tensor's name, matches that tensor;
-//! 2. **order and size**: the remaining tensors, in allocation order, take the next remaining
+//! 2. **frame and size**: an allocation of the tensor's size with a Python frame in the file the
+//!    model cites for it (`chunk_o.py` for fla's `o`);
+//! 3. **order and size**: the remaining tensors, in allocation order, take the next remaining
 //!    allocation (in time order) of the same size — a kernel allocates in program order;
-//! 3. **size**: what is left pairs by equal size regardless of order.
+//! 4. **size**: what is left pairs by equal size regardless of order.
 //!
 //! An allocation named through the annotation ABI is only ever matched by its name: one named
 //! `input g` is not fla's `g (cumsum)`, even though both are fp32 `[T, H]`.
@@ -120,6 +122,8 @@ fn naming(
 pub enum MatchedBy {
     /// Annotation name or range label.
     Label,
+    /// Equal size, and a Python frame in the file the model cites for the tensor.
+    Frame,
     /// Allocation order and equal size.
     OrderAndSize,
     /// Equal size only.
@@ -238,7 +242,7 @@ pub enum Moment {
 
 type Matches = (Vec<Option<(usize, MatchedBy)>>, Vec<bool>);
 
-/// Matches the tensors flagged in `candidates` against `observed`, in the three passes.
+/// Matches the tensors flagged in `candidates` against `observed`, in the four passes.
 fn match_set(
     tensors: &[Tensor],
     candidates: &[bool],
@@ -263,7 +267,29 @@ fn match_set(
             used[oi] = true;
         }
     }
-    // 2. Order and size.
+    // 2. Frame and size: an allocation made in the file the model cites for the tensor (fla's
+    //    `w` and `o` have one size; `wy_fast.py` and `chunk_o.py` tell them apart).
+    for ti in 0..tensors.len() {
+        if !open(ti, &taken) {
+            continue;
+        }
+        let Some(file) = crate::evidence::python_source_file(tensors[ti].source) else {
+            continue;
+        };
+        if let Some(oi) = (0..observed.len()).find(|&oi| {
+            let o = &observed[oi];
+            !used[oi]
+                && o.name.is_none()
+                && size_ok(&tensors[ti], o)
+                && o.frames
+                    .iter()
+                    .any(|f| crate::evidence::frame_file(f) == file)
+        }) {
+            taken[ti] = Some((oi, MatchedBy::Frame));
+            used[oi] = true;
+        }
+    }
+    // 3. Order and size.
     let mut cursor = 0;
     for ti in 0..tensors.len() {
         if !open(ti, &taken) {
@@ -277,7 +303,7 @@ fn match_set(
             cursor = oi + 1;
         }
     }
-    // 3. Size alone.
+    // 4. Size alone.
     for ti in 0..tensors.len() {
         if !open(ti, &taken) {
             continue;

@@ -209,11 +209,11 @@ fn a_peak_without_failure_shows_the_model_table_with_its_evidence() {
 #[test]
 fn a_failure_with_python_frames_shows_the_evidence_and_the_allocating_line() {
     let md = model_report("samples/h200/torch-oom", &["--capacity", "24GiB"]);
-    let top = &md[..md.find("\n---\n").unwrap()];
+    // fla ran (o and final_state were allocated in its files): the look-alike of g made by
+    // the program itself is not matched, and no other implementation is claimed.
     assert!(
-        top.contains("- **Model**: ")
-            && top.contains("the program ran another implementation than the model's variant"),
-        "{top}"
+        !md.contains("the program ran another implementation"),
+        "{md}"
     );
     let fail = &md[md.find("## Failed allocations").unwrap()..md.find("## Peaks per").unwrap()];
     let has = |s: &str| assert!(fail.contains(s), "missing {s:?} in\n{fail}");
@@ -221,16 +221,17 @@ fn a_failure_with_python_frames_shows_the_evidence_and_the_allocating_line() {
         "| tensor | shape | dtype | predicted | observed | difference | matched by | evidence | allocation |",
     );
     has(
-        "| `final_state` | [1, 48, 128, 128] | float32 | 3,145,728 | 3,145,728 | 0 | size | frame `chunk_delta_h.py:723 chunk_gated_delta_rule_fwd_h` in the modelled file | a PyTorch tensor at `chunk_delta_h.py:723 chunk_gated_delta_rule_fwd_h` |",
+        "| `final_state` | [1, 48, 128, 128] | float32 | 3,145,728 | 3,145,728 | 0 | frame and size | frame `chunk_delta_h.py:723 chunk_gated_delta_rule_fwd_h` in the modelled file | a PyTorch tensor at `chunk_delta_h.py:723 chunk_gated_delta_rule_fwd_h` |",
+    );
+    // o and w have one size; o is matched to the allocation made in chunk_o.py, not taken for w.
+    has(
+        "| `o` | [1, 4128, 48, 128] | bfloat16 | 50,724,864 | 50,724,864 | 0 | frame and size | frame `chunk_o.py:565 chunk_fwd_o` in the modelled file | a PyTorch tensor at `chunk_o.py:565 chunk_fwd_o` |",
     );
     has(
         "| `g (cumsum)` | [1, 4128, 48] | float32 | 792,576 | not matched | — |  | **other code**: allocated at `torch_prefill.py:62 prefill`, not in `cumsum.py` |  |",
     );
-    has("Of the matched: backed by a name or a frame in the modelled file 3.00 MiB (3,145,728 B)");
-    assert!(
-        fail.contains("**")
-            && fail.contains("the program ran another implementation than the model's variant.**"),
-        "{fail}"
+    has(
+        "Of the matched: backed by a name or a frame in the modelled file 51.38 MiB (53,870,592 B)",
     );
     // The peak has its own table too.
     let peak = &md[md.find("## Peaks per").unwrap()..];

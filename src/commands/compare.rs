@@ -203,6 +203,7 @@ pub fn render(
                 let o = &a.observed[oi];
                 let how = match r.matched_by {
                     Some(crate::attribution::MatchedBy::Label) => "label",
+                    Some(crate::attribution::MatchedBy::Frame) => "frame+size",
                     Some(crate::attribution::MatchedBy::OrderAndSize) => "order+size",
                     Some(crate::attribution::MatchedBy::Size) => "size",
                     None => "",

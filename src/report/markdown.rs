@@ -1038,6 +1038,7 @@ fn comparison(out: &mut String, r: &Report, c: &Comparison) {
         };
         let how = match row.matched_by {
             Some(MatchedBy::Label) => "name",
+            Some(MatchedBy::Frame) => "frame and size",
             Some(MatchedBy::OrderAndSize) => "order and size",
             Some(MatchedBy::Size) => "size",
             None => "",
