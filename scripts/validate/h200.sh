@@ -363,6 +363,89 @@ print("   unmatched releases", unmatched)
   $VT summary --json "$W/nccl" > "$W/nccl-summary.json"
 }
 
+attribution() {
+  # Issue 11's done-when: real fla and PyTorch's FlashAttention, with the caching allocator on and
+  # off. The report names each tensor with its shape and the line that allocated it; with caching
+  # on, PyTorch's own snapshot of the measured call, imported, is the same tensor set as ours.
+  local mode kern d vargs variant margs
+  local -a env
+  for mode in cache nocache; do
+    env=()
+    [ "$mode" = nocache ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    for kern in gdn fa; do
+      if [ "$kern" = gdn ]; then
+        vargs="--kernel gdn --seqlens 4128 --hk 16 --hv 48 --k 128 --v 128"
+        variant=fla-0.6.0; margs="--tokens 4128"
+      else
+        vargs="--kernel fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 --max-seqlen-k 262144"
+        variant=pytorch; margs="--tokens 4128 --max-seqlen-k 262144"
+      fi
+      d=$W/att-$kern-$mode
+      rm -rf "$d" "$d-report" "$d-imported"
+      echo "--- $kern, caching $mode"
+      env "${env[@]}" timeout 300 $VT run --quiet --out "$d" -- \
+        python3 "$VAL/model_vs_torch.py" $vargs --snapshot-out "$d.pickle" > "$d.stdout" 2>&1
+      echo "exit $?"; grep -v '"event"' "$d.stdout" | tail -3 | cut -c1-300
+      $VT compare "$d" --model "$CFG" --variant $variant $margs | tee "$d.compare"
+      $VT report "$d" --model "$CFG" --variant $variant $margs -o "$d-report" | tail -1
+      grep -n -B2 -A24 "^| tensor" "$d-report/report.md" | head -60
+      if [ "$mode" = cache ]; then
+        $VT import "$d.pickle" -o "$d-imported" | tail -2
+        $VT events "$d" > "$d.jsonl"; $VT events "$d-imported" > "$d-imported.jsonl"
+        python3 "$VAL/same_tensors.py" "$d.jsonl" "$d-imported.jsonl"
+      fi
+    done
+  done
+  echo "--- gdn, caching on, --torch-shapes"
+  d=$W/att-gdn-shapes; rm -rf "$d"
+  timeout 300 $VT run --quiet --torch-shapes --out "$d" -- \
+    python3 "$VAL/model_vs_torch.py" --kernel gdn --seqlens 4128 --hk 16 --hv 48 --k 128 --v 128 > "$d.stdout" 2>&1
+  echo "exit $?"
+  $VT compare "$d" --model "$CFG" --variant fla-0.6.0 --tokens 4128 | tee "$d.compare"
+  echo "--- fa, caching on, --torch-shapes"
+  d=$W/att-fa-shapes; rm -rf "$d"
+  timeout 300 $VT run --quiet --torch-shapes --out "$d" -- \
+    python3 "$VAL/model_vs_torch.py" --kernel fa --seqlens 4128 --heads 24 --kv-heads 4 --head-dim 256 --max-seqlen-k 262144 > "$d.stdout" 2>&1
+  echo "exit $?"
+  $VT compare "$d" --model "$CFG" --variant pytorch --tokens 4128 --max-seqlen-k 262144 | tee "$d.compare"
+}
+
+not_fla() {
+  # A GDN layer that is not fla (plain PyTorch, fla's buffer shapes): fla's tensors must not be
+  # reported as matched, in either caching mode.
+  local mode d
+  local -a env
+  timeout 300 python3 "$VAL/naive_gdn.py" --check-fla
+  for mode in cache nocache; do
+    env=()
+    [ "$mode" = nocache ] && env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    d=$W/naive-gdn-$mode; rm -rf "$d" "$d-report"
+    echo "--- naive gdn, caching $mode"
+    env "${env[@]}" timeout 300 $VT run --quiet --out "$d" -- python3 "$VAL/naive_gdn.py"
+    $VT compare "$d" --model "$CFG" --variant fla-0.6.0 --tokens 4128 | tee "$d.compare"
+    $VT report "$d" --model "$CFG" --variant fla-0.6.0 --tokens 4128 -o "$d-report" | tail -1
+    grep -n -B2 -A24 "^| tensor" "$d-report/report.md" | head -50
+  done
+}
+
+nccl_stages() {
+  # Where each rank's memory goes under NCCL, stage by stage: NVML per process beside the traced
+  # live device bytes (issue 13: NVML minus the context exceeded the traced peak by ~359 MiB per
+  # rank). Once with lazy module loading (CUDA's default), once eager.
+  command -v torchrun >/dev/null || { echo "no torchrun"; return 1; }
+  local ml d
+  for ml in LAZY EAGER; do
+    d=$W/nccl-stages-$ml; rm -rf "$d"
+    echo "--- CUDA_MODULE_LOADING=$ml"
+    CUDA_MODULE_LOADING=$ml timeout 300 $VT run --quiet --out "$d" -- \
+      torchrun --nproc-per-node 2 "$VAL/nccl_stages.py" > "$d.stdout" 2>&1
+    echo "exit $?"; grep -v STAGE "$d.stdout" | tail -5
+    $VT events "$d" > "$d.jsonl"
+    python3 "$VAL/nccl_stages_report.py" "$d.stdout" "$d.jsonl"
+    $VT summary "$d" | grep -E "^(process|  cuda|  device|pid)|unmatched|imported" | head -30
+  done
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del
