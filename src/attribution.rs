@@ -327,13 +327,28 @@ fn matched_bytes(observed: &[Observed], used: &[bool]) -> u64 {
         .sum()
 }
 
-/// Matches `tensors` (model order) against `observed` (time order) at a [`Moment`].
+/// The `api` of observations that are blocks of PyTorch's caching allocator (TENSOR records).
+pub const PYTORCH_BLOCK_API: &str = "pytorch";
+
+/// PyTorch's caching allocator rounds every block up to this many bytes.
+pub const PYTORCH_BLOCK: u64 = 512;
+
+/// Matches `tensors` (model order) against `observed` (time order) at a [`Moment`]. Sizes
+/// compare after rounding up to `align` bytes, and to at least [`PYTORCH_BLOCK`] when the
+/// observations are PyTorch's blocks.
 pub fn attribute(
     tensors: &[Tensor],
     observed: Vec<Observed>,
     align: u64,
     moment: Moment,
 ) -> Attribution {
+    // PyTorch's caching allocator hands out blocks in multiples of 512 bytes: a 16-byte
+    // `rng_state` is a 512-byte block.
+    let align = if observed.iter().any(|o| o.api == PYTORCH_BLOCK_API) {
+        align.max(PYTORCH_BLOCK)
+    } else {
+        align
+    };
     let peak = vramtrace_models::peak(tensors);
     let all = vec![true; tensors.len()];
     let (taken, used) = match moment {
@@ -511,10 +526,16 @@ fn observed_tensor(
     let p = &trace.processes[t.process];
     let (name, op) = naming(p, note);
     Observed {
-        size: t.event.size,
+        // What the program asked for: the block can be larger (512-byte granules, unsplit
+        // large blocks). Traces recorded before the probe reported it give the block.
+        size: if t.event.requested > 0 {
+            t.event.requested
+        } else {
+            t.event.size
+        },
         t_ns: t.event.t_ns,
         ptr: format!("{:#x}", t.event.ptr),
-        api: "pytorch",
+        api: PYTORCH_BLOCK_API,
         name,
         label: None,
         failed: false,
@@ -529,7 +550,7 @@ fn refused_tensor(p: &crate::trace::Process, t: &TensorEvent) -> Observed {
         size: t.size,
         t_ns: t.t_ns,
         ptr: "(failed)".into(),
-        api: "pytorch",
+        api: PYTORCH_BLOCK_API,
         name: None,
         label: None,
         failed: true,
@@ -721,7 +742,13 @@ pub fn observe(
     let Some(&(pi, dev, _)) = keys.first() else {
         return Err("no device allocation of the chosen process and device is in the trace".into());
     };
-    if let Some(level) = tensors.level_if_any(pi, dev) {
+    // Blocks with no bytes are what the probe sees with the caching allocator off (the
+    // allocator's counters do not move; each tensor is a driver allocation): the driver's
+    // allocations are the tensors then.
+    if let Some(level) = tensors
+        .level_if_any(pi, dev)
+        .filter(|l| l.peak > 0 || l.refused > 0)
+    {
         return observe_tensors(trace, pi, dev, at, level, failures.remove(&(pi, dev)));
     }
     // The chosen peak's live set if the first pass has it, each allocation with its final

@@ -81,6 +81,9 @@ pub struct EventLine<'a> {
     /// PyTorch's own numbers at an allocator-raised out-of-memory (`tensor_alloc_failed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub torch: Option<crate::tensors::TorchOom>,
+    /// For a `tensor_alloc`: the bytes the program asked for (`size` is the block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested: Option<u64>,
     /// Stack id within the process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stack: Option<u32>,
@@ -165,6 +168,10 @@ impl EventLine<'_> {
                 json::uint(out, v);
             }
             out.push(b'}');
+        }
+        if let Some(r) = self.requested {
+            out.extend_from_slice(b",\"requested\":");
+            json::uint(out, r);
         }
         if let Some(s) = self.stack {
             out.extend_from_slice(b",\"stack\":");
@@ -279,6 +286,7 @@ pub fn for_each_event<'t>(
                         shape: a.shape.clone(),
                     }),
                     torch: None,
+                    requested: None,
                     stack: None,
                     frames: None,
                     unmatched: size.is_none(),
@@ -323,6 +331,7 @@ pub fn for_each_event<'t>(
             label: p.string(e.label),
             tensor: None,
             torch: None,
+            requested: None,
             stack: (e.stack != 0).then_some(e.stack),
             frames: None,
             unmatched: false,
@@ -368,6 +377,8 @@ fn tensor_line<'t>(p: &'t crate::Process, t: &vramtrace_format::TensorEvent) -> 
         label: None,
         tensor: tensor_of(p, t),
         torch: failed.then(|| crate::tensors::TorchOom::of(t)),
+        requested: (t.action == vramtrace_format::TensorAction::Alloc && t.requested != 0)
+            .then_some(t.requested),
         stack: (t.stack != 0).then_some(t.stack),
         frames: None,
         unmatched: false,
@@ -448,6 +459,7 @@ mod tests {
             label: None,
             tensor: None,
             torch: None,
+            requested: None,
             stack: None,
             frames: None,
             unmatched: false,
@@ -491,6 +503,7 @@ mod tests {
                 limit: 12 << 30,
                 free: 1,
             }),
+            requested: Some(u64::MAX),
             ..base.clone()
         });
         // Every width of decimal and hex number, and its edges.

@@ -513,4 +513,31 @@ mod tests {
         assert_eq!(a.evidence.contradicted, 0);
         assert_eq!(a.unexplained_bytes, 0);
     }
+
+    #[test]
+    fn pytorch_blocks_compare_at_their_512_byte_granule() {
+        // PyTorch's FlashAttention: rng_state (16 B) and the philox offset (8 B) are 512-byte
+        // blocks of the caching allocator.
+        let t = vramtrace_models::fa_pytorch::tensors(&vramtrace_models::FaShape {
+            seqlens_q: vec![4128],
+            max_seqlen_k: 262144,
+            num_heads: 24,
+            num_heads_k: 4,
+            head_dim: 256,
+            dtype: DType::BF16,
+            num_sms: 132,
+        })
+        .unwrap();
+        let o: Vec<Observed> = t
+            .iter()
+            .enumerate()
+            .map(|(i, x)| Observed {
+                api: crate::attribution::PYTORCH_BLOCK_API,
+                ..obs(x.bytes.div_ceil(512) * 512, i as u64, &[])
+            })
+            .collect();
+        let a = attribute(&t, o, 1, Moment::Window);
+        assert!(a.rows.iter().all(|r| r.observed.is_some()), "{:?}", a.rows);
+        assert_eq!(a.unexplained_bytes, 0);
+    }
 }

@@ -550,6 +550,12 @@ pub fn convert(
             ptr,
             size,
             stack,
+            // A trace entry's size is the request (the block is not in the entry).
+            requested: if action == TensorAction::Alloc {
+                size
+            } else {
+                0
+            },
             ..TensorEvent::default()
         })
     };

@@ -101,7 +101,9 @@ fn tensors_and_allocator_ooms_recorded_without_changing_the_program() {
     assert_eq!(allocs.len(), 3, "{ev:?}");
     for (e, p) in allocs.iter().zip(&printed) {
         assert_eq!(e.ptr, p[0].parse::<u64>().unwrap());
-        assert_eq!(e.size, p[1].parse::<u64>().unwrap(), "the block's size");
+        let requested = p[1].parse::<u64>().unwrap();
+        assert_eq!(e.requested, requested, "the bytes asked for");
+        assert_eq!(e.size, requested.div_ceil(512) * 512, "the block's size");
         let frames = user_frames(&t, e.stack);
         assert_eq!(
             frames[0],

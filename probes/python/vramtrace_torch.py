@@ -8,7 +8,9 @@ What is recorded, through the preload's `vramtrace_tensor` (same trace, same clo
 - each block the caching allocator hands out (`torch.cuda._gpu_trace` allocation callback: the
   data pointer as it happens), with its size: the growth of the allocator's `allocated_bytes`
   counter since the previous event, which the allocator updates before it calls the callback
-  (the probe keeps each live block's size, so a free moves the baseline by what it frees);
+  (the probe keeps each live block's size, so a free moves the baseline by what it frees), and
+  the bytes the program asked for, from the `requested_bytes` counter the same way (a block is
+  rounded up to 512 bytes, and a large one is not split when less than 1 MiB would remain);
 - each block taken back (the deallocation callback, called before the counter drops);
 - each request the allocator refuses (`torch._C._cuda_attach_out_of_memory_observer`), with
   PyTorch's own numbers: the request, allocated and reserved bytes, the per-process limit
@@ -19,6 +21,9 @@ With `VRAMTRACE_TORCH_SHAPES=1` (`vramtrace run --torch-shapes`), a TorchDispatc
 each operator's output tensors: `empty_like [1, 4128, 48, 128] bf16` (operator, shape, dtype)
 through `vramtrace_annotate_op`, which is a description, not a name: `compare` still matches those
 tensors by size and counts an equal shape and dtype as evidence.
+
+With `PYTORCH_NO_CUDA_MEMORY_CACHING=1` no block is recorded: each tensor is then a driver
+allocation, which the preload records with its Python frames.
 
 Sizes come from one counter per device, so two threads allocating on the same device at the same
 moment can swap sizes; inference servers allocate from one thread per device.
@@ -36,6 +41,7 @@ try:
         ctypes.c_char_p,
         ctypes.POINTER(ctypes.c_int64),
         ctypes.c_uint32,
+        ctypes.c_uint64,
     ]
     _tensor.restype = ctypes.c_int
 except AttributeError:  # not under the preload
@@ -78,31 +84,36 @@ def activate(shapes=None):
         shapes = os.environ.get("VRAMTRACE_TORCH_SHAPES") == "1"
     stats = torch._C._cuda_memoryStats
     get_device = torch._C._cuda_getDevice
-    sizes = {}  # live block pointer -> (device, bytes)
-    baseline = {}  # device -> allocated bytes after the last event we saw
+    sizes = {}  # live block pointer -> (device, block bytes, requested bytes)
+    baseline = {}  # device -> (allocated, requested) bytes after the last event we saw
 
-    def allocated(dev):
-        return stats(dev)["allocated_bytes"]["all"]["current"]
+    def counters(dev):
+        # The block (allocated_bytes) and what the program asked for (requested_bytes, since
+        # PyTorch 2.1; 0 before).
+        s = stats(dev)
+        return (s["allocated_bytes"]["all"]["current"],
+                s.get("requested_bytes", {}).get("all", {}).get("current", 0))
 
     def on_alloc(ptr):
         dev = get_device()
-        now = allocated(dev)
+        now = counters(dev)
         with _lock:
-            size = now - baseline.get(dev, now)
+            was = baseline.get(dev, now)
+            size, requested = now[0] - was[0], now[1] - was[1]
             baseline[dev] = now
-            sizes[ptr] = (dev, size)
+            sizes[ptr] = (dev, size, requested)
             counts["alloc"] += 1
             counts["alloc_bytes"] += max(size, 0)
             counts["unsized"] += size <= 0
-        _tensor(ALLOC, dev, ptr, max(size, 0), 0, 0, 0, 0, 0, None, None, None, 0)
+        _tensor(ALLOC, dev, ptr, max(size, 0), 0, 0, 0, 0, 0, None, None, None, 0, max(requested, 0))
 
     def on_free(ptr):
         with _lock:
-            dev, size = sizes.pop(ptr, (get_device(), 0))
+            dev, size, requested = sizes.pop(ptr, (get_device(), 0, 0))
             if dev in baseline:
-                baseline[dev] -= size
+                baseline[dev] = (baseline[dev][0] - size, baseline[dev][1] - requested)
             counts["free"] += 1
-        _tensor(FREE, dev, ptr, 0, 0, 0, 0, 0, 0, None, None, None, 0)
+        _tensor(FREE, dev, ptr, 0, 0, 0, 0, 0, 0, None, None, None, 0, 0)
 
     def on_oom(device, alloc, allowed, device_free):
         # PyTorch's caching allocator calls its observers with the request, the bytes this
@@ -115,20 +126,26 @@ def activate(shapes=None):
         total = torch.cuda.get_device_properties(device).total_memory
         limit = allowed if 0 < allowed < total else 0
         counts["refused"] += 1
-        _tensor(REFUSED, device, 0, alloc, 0, allocated_now, reserved, limit, device_free, None, None, None, 0)
+        _tensor(REFUSED, device, 0, alloc, 0, allocated_now, reserved, limit, device_free, None, None, None, 0, 0)
 
-    for dev in range(torch.cuda.device_count()):
-        # Blocks allocated before activation have no size here; count from now.
-        baseline[dev] = allocated(dev) if torch.cuda.is_initialized() else 0
-    from torch.cuda import _gpu_trace
+    uncached = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "").strip().lower() not in (
+        "", "0", "false", "off", "no")
+    if not uncached:
+        for dev in range(torch.cuda.device_count()):
+            # Blocks allocated before activation have no size here; count from now.
+            baseline[dev] = counters(dev) if torch.cuda.is_initialized() else (0, 0)
+        from torch.cuda import _gpu_trace
 
-    _gpu_trace.register_callback_for_memory_allocation(on_alloc)
-    _gpu_trace.register_callback_for_memory_deallocation(on_free)
-    torch._C._activate_gpu_trace()
-    try:
-        torch._C._cuda_attach_out_of_memory_observer(on_oom)
-    except AttributeError:
-        _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
+        _gpu_trace.register_callback_for_memory_allocation(on_alloc)
+        _gpu_trace.register_callback_for_memory_deallocation(on_free)
+        torch._C._activate_gpu_trace()
+        try:
+            torch._C._cuda_attach_out_of_memory_observer(on_oom)
+        except AttributeError:
+            _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
+    # With the caching allocator off every tensor is a driver allocation, recorded with its
+    # Python frames by the preload itself; the allocator's counters do not move, so there is
+    # no block to record (an --torch-shapes description still lands on the driver allocation).
     if shapes and _annotate_op is None:
         _note("this preload has no vramtrace_annotate_op: --torch-shapes records nothing")
     elif shapes:

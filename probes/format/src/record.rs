@@ -328,7 +328,7 @@ pub(crate) fn frame_at(buf: &[u8], pos: usize) -> FrameCheck {
 pub const MAX_TENSOR_RANK: usize = 16;
 /// Largest TENSOR record, frame included.
 pub const TENSOR_RECORD_MAX_LEN: usize =
-    FRAME_HEADER_LEN + 8 + 4 + 4 + 1 + 8 * 7 + 4 * 3 + 2 + 8 * MAX_TENSOR_RANK;
+    FRAME_HEADER_LEN + 8 + 4 + 4 + 1 + 8 * 7 + 4 * 3 + 2 + 8 * MAX_TENSOR_RANK + 8;
 
 impl TensorEvent {
     /// Appends the payload (without allocating; the shape is cut to [`MAX_TENSOR_RANK`]).
@@ -358,6 +358,7 @@ impl TensorEvent {
         for &d in shape {
             e.i64(d);
         }
+        e.u64(self.requested);
     }
 }
 
@@ -516,6 +517,11 @@ pub struct TensorEvent {
     pub dtype: u32,
     /// The shape, outermost first; empty if unknown.
     pub shape: Vec<i64>,
+    /// For an allocation, the bytes the program asked for (PyTorch's `requested_bytes`
+    /// counter), 0 if unknown; `size` is the block, rounded up by the allocator (to 512 bytes,
+    /// and a large block is not split when less than 1 MiB would remain). Stored after the
+    /// shape: traces written before it read as 0.
+    pub requested: u64,
 }
 
 /// A decoded record.
@@ -617,6 +623,9 @@ impl<'a> Cursor<'a> {
     }
     pub(crate) fn pos(&self) -> usize {
         self.pos
+    }
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
     }
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];
@@ -799,10 +808,14 @@ impl Record {
                     op: c.u32()?,
                     dtype: c.u32()?,
                     shape: Vec::new(),
+                    requested: 0,
                 };
                 let rank = c.u16()? as usize;
                 for _ in 0..rank.min(64) {
                     t.shape.push(c.i64()?);
+                }
+                if c.remaining() >= 8 {
+                    t.requested = c.u64()?;
                 }
                 Record::Tensor(t)
             }
@@ -931,6 +944,7 @@ mod tests {
             op: 8,
             dtype: 9,
             shape: vec![1, 4128, 48, 128],
+            requested: 50_724_860,
         })
     }
 
@@ -969,6 +983,18 @@ mod tests {
             panic!("not a tensor record")
         };
         assert_eq!(back.shape, (0..16).collect::<Vec<i64>>());
+    }
+
+    #[test]
+    fn a_tensor_record_written_before_requested_reads_as_unknown_request() {
+        let mut buf = vec![0u8; 4096];
+        let frame = tensor().encode(&mut buf).to_vec();
+        let old = &frame[FRAME_HEADER_LEN..frame.len() - 8];
+        let Some(Record::Tensor(back)) = Record::decode(kind::TENSOR, old) else {
+            panic!("not a tensor record")
+        };
+        assert_eq!(back.requested, 0);
+        assert_eq!(back.shape, vec![1, 4128, 48, 128]);
     }
 
     #[test]

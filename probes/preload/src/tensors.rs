@@ -14,10 +14,11 @@ use crate::sink::{mono_ns, tid, with_file};
 
 /// `int vramtrace_tensor(uint32_t action, int32_t device, uint64_t ptr, uint64_t size,
 /// uint64_t segment, uint64_t allocated, uint64_t reserved, uint64_t limit, uint64_t free,
-/// const char *op, const char *dtype, const int64_t *shape, uint32_t rank)`: records a tensor
-/// event. `action`: 1 allocated, 2 freed, 3 refused (an allocator out-of-memory, `size` the
-/// request, `allocated`/`reserved`/`limit`/`free` PyTorch's numbers at that moment). Returns 0,
-/// or -1 for an unknown action.
+/// const char *op, const char *dtype, const int64_t *shape, uint32_t rank, uint64_t requested)`:
+/// records a tensor event. `action`: 1 allocated (`size` the block, `requested` the bytes asked
+/// for, 0 if unknown), 2 freed, 3 refused (an allocator out-of-memory, `size` the request,
+/// `allocated`/`reserved`/`limit`/`free` PyTorch's numbers at that moment). Returns 0, or -1 for
+/// an unknown action.
 ///
 /// # Safety
 /// `op` and `dtype` are null or NUL-terminated; `shape` is null or points at `rank` values.
@@ -36,6 +37,7 @@ pub unsafe extern "C" fn vramtrace_tensor(
     dtype: *const c_char,
     shape: *const i64,
     rank: u32,
+    requested: u64,
 ) -> i32 {
     let Some(action) = u8::try_from(action).ok().and_then(TensorAction::from_u8) else {
         return -1;
@@ -74,6 +76,7 @@ pub unsafe extern "C" fn vramtrace_tensor(
             op: op.map_or(0, |o| crate::intern::intern(file, o)),
             dtype: dtype.map_or(0, |d| crate::intern::intern(file, d)),
             shape: Vec::new(),
+            requested,
         };
         let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
         let mut e = Encoder::new(&mut buf);

@@ -1,9 +1,10 @@
-STATE = {"allocated": 0, "reserved": 0, "oom_observers": [], "active": False}
+STATE = {"allocated": 0, "requested": 0, "reserved": 0, "oom_observers": [], "active": False}
 
 
 def _cuda_memoryStats(dev):
     return {
         "allocated_bytes": {"all": {"current": STATE["allocated"]}},
+        "requested_bytes": {"all": {"current": STATE["requested"]}},
         "reserved_bytes": {"all": {"current": STATE["reserved"]}},
     }
 

@@ -30,10 +30,13 @@ def get_device_properties(dev):
 
 
 def fake_alloc(size):
-    """The caching allocator hands out a block: counter first, then the callbacks."""
+    """The caching allocator hands out a block (the request rounded up to 512 bytes): the
+    counters first, then the callbacks."""
     ptr = _next[0]
-    _next[0] += size
-    _C.STATE["allocated"] += size
+    block = _block(size)
+    _next[0] += block
+    _C.STATE["allocated"] += block
+    _C.STATE["requested"] += size
     _C.STATE["reserved"] = max(_C.STATE["reserved"], _C.STATE["allocated"])
     if _C.STATE["active"]:
         for cb in _gpu_trace.alloc_callbacks:
@@ -46,7 +49,12 @@ def fake_free(ptr, size):
     if _C.STATE["active"]:
         for cb in _gpu_trace.free_callbacks:
             cb(ptr)
-    _C.STATE["allocated"] -= size
+    _C.STATE["allocated"] -= _block(size)
+    _C.STATE["requested"] -= size
+
+
+def _block(size):
+    return (size + 511) // 512 * 512
 
 
 def fake_oom(size):
