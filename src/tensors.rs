@@ -31,12 +31,16 @@ use crate::trace::{Item, Process, Trace};
 /// The Python file of the probe's own callbacks: its frames are never the allocating line.
 pub const PROBE_FILE: &str = "vramtrace_torch.py";
 
-/// True for a Python frame of the probe itself (its allocation, free and OOM callbacks), or of
+/// True for a Python frame of the probe itself (its allocation, free and OOM callbacks), of
 /// PyTorch's dispatch of those callbacks (`fire_callbacks` in `torch/_utils.py`, seen on the
-/// H200 as the innermost frame of every tensor): never the allocating line.
+/// H200 as the innermost frame of every tensor), or of PyTorch's operator-call plumbing
+/// (`torch/_ops.py`, `torch/utils/_python_dispatch.py`: on the H200 the innermost frame of
+/// every tensor `torch.ops.aten._flash_attention_forward` allocated): never the allocating line.
 pub fn is_probe_frame(file: &str, function: &str) -> bool {
     file.rsplit('/').next() == Some(PROBE_FILE)
         || (function == "fire_callbacks" && file.ends_with("torch/_utils.py"))
+        || file.ends_with("torch/_ops.py")
+        || file.ends_with("torch/utils/_python_dispatch.py")
 }
 
 /// The Python frames of a stack id, innermost first, as `file.py:LINE function` (base name),
@@ -642,5 +646,13 @@ mod tests {
             "_rebuild_tensor"
         ));
         assert!(!is_probe_frame("/x/chunk_o.py", "chunk_fwd_o"));
+        assert!(is_probe_frame(
+            "/usr/local/lib/python3.12/dist-packages/torch/_ops.py",
+            "__call__"
+        ));
+        assert!(!is_probe_frame(
+            "/usr/local/lib/python3.12/dist-packages/torch/nn/modules/linear.py",
+            "forward"
+        ));
     }
 }
