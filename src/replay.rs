@@ -379,6 +379,11 @@ impl Replayer {
         if e.result != 0 {
             return Step::Unchanged;
         }
+        if !obtains && e.ptr == 0 {
+            // `cuMemFree(0)` and the like do nothing (the driver returns success): not a
+            // release of anything (NCCL under torchrun makes one per rank).
+            return Step::Unchanged;
+        }
         let key = LiveKey {
             ptr: e.ptr,
             process: process as u32,

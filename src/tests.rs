@@ -182,6 +182,40 @@ fn events_carry_freed_sizes_in_time_order() {
 }
 
 #[test]
+fn freeing_a_null_pointer_releases_nothing_and_is_not_unmatched() {
+    // cuMemFree(0) succeeds and does nothing; NCCL under torchrun makes one per rank.
+    let mut recs = known_sequence();
+    recs.push(Record::Event(ev(
+        55,
+        EventKind::Free,
+        MemKind::Device,
+        "cuMemFree_v2",
+        0,
+        0,
+    )));
+    let t = trace_of(101, recs);
+    let mut out = Vec::new();
+    crate::events::write_events(&t, false, &mut out).unwrap();
+    let null = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["ptr"] == "0x0" && l["kind"] == "free")
+        .unwrap();
+    assert_eq!(null.get("unmatched"), None, "{null}");
+    let s = summarize(&t, SummaryOptions { top: 3, frames: 0 }).unwrap();
+    let plain = summarize(
+        &trace_of(101, known_sequence()),
+        SummaryOptions { top: 3, frames: 0 },
+    )
+    .unwrap();
+    assert_eq!(
+        serde_json::to_value(&s.processes[0].devices).unwrap(),
+        serde_json::to_value(&plain.processes[0].devices).unwrap()
+    );
+}
+
+#[test]
 fn vmm_handles_and_mappings_pair_separately_from_pointers() {
     use EventKind::*;
     use MemKind::*;
