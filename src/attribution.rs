@@ -573,6 +573,19 @@ fn tensors_live_at(
     let mut i = 0usize;
     trace
         .for_each_item(|p, it| {
+            if i > seq {
+                // Past the moment, the names given to its tensors until the process's next
+                // tensor event still count: `--torch-shapes` describes an operator's outputs
+                // after the operator returns, so after its last allocation.
+                return match &it {
+                    Item::Tensor(_) if p == pi => ControlFlow::Break(()),
+                    Item::Annotate(a) if p == pi => {
+                        names.insert(a.ptr, a.clone());
+                        ControlFlow::Continue(())
+                    }
+                    _ => ControlFlow::Continue(()),
+                };
+            }
             match &it {
                 Item::Tensor(e) => {
                     if p == pi && e.action == TensorAction::Alloc {
@@ -586,11 +599,7 @@ fn tensors_live_at(
                 _ => {}
             }
             i += 1;
-            if i > seq {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
+            ControlFlow::Continue(())
         })
         .map_err(|e| e.to_string())?;
     let mut live = t.live_set(pi, dev);

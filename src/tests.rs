@@ -427,3 +427,77 @@ fn operator_outputs_described_by_torch_shapes_do_not_block_matching() {
     assert_eq!(a.evidence.size_only_bytes, 0);
     assert_eq!(a.evidence.evidence_bytes, a.attributed_bytes);
 }
+
+#[test]
+fn operator_outputs_described_after_the_peak_still_describe_its_tensors() {
+    // `--torch-shapes` describes an operator's outputs once it returns: after the allocation
+    // that made the tensor peak (PyTorch's FlashAttention on the H200).
+    use crate::attribution::{At, observe};
+    use vramtrace_format::{TensorAction, TensorEvent};
+    let alloc = |t: u64, ptr: u64, size: u64| {
+        Record::Tensor(TensorEvent {
+            t_ns: t,
+            tid: 1,
+            device: 0,
+            action: TensorAction::Alloc,
+            ptr,
+            size,
+            requested: size,
+            ..TensorEvent::default()
+        })
+    };
+    let free = |t: u64, ptr: u64| {
+        Record::Tensor(TensorEvent {
+            t_ns: t,
+            tid: 1,
+            device: 0,
+            action: TensorAction::Free,
+            ptr,
+            ..TensorEvent::default()
+        })
+    };
+    let op = |t: u64, ptr: u64, dtype: u32, shape: Vec<i64>| {
+        Record::Annotate(Annotation {
+            t_ns: t,
+            tid: 1,
+            ptr,
+            name: 1,
+            dtype,
+            shape,
+            op: true,
+        })
+    };
+    let recs = vec![
+        Record::String {
+            id: 1,
+            text: "_flash_attention_forward".into(),
+        },
+        Record::String {
+            id: 2,
+            text: "bfloat16".into(),
+        },
+        Record::String {
+            id: 3,
+            text: "float32".into(),
+        },
+        alloc(10, 0x1000, 50724864),
+        alloc(11, 0x9000, 396288),
+        op(12, 0x1000, 2, vec![4128, 24, 256]),
+        op(13, 0x9000, 3, vec![24, 4128]),
+        free(20, 0x9000),
+        free(21, 0x1000),
+    ];
+    let m = observe(&trace_of(12, recs), None, None, At::Peak).unwrap();
+    let ops: Vec<String> = m
+        .observed
+        .iter()
+        .map(|o| o.op.as_ref().map(|x| x.describe()).unwrap_or_default())
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            "_flash_attention_forward [4128, 24, 256] bfloat16",
+            "_flash_attention_forward [24, 4128] float32"
+        ]
+    );
+}
