@@ -73,6 +73,13 @@ fn key<'a>(d: &'a BTreeMap<HashableValue, Value>, k: &str) -> Option<&'a Value> 
     d.get(&HashableValue::String(k.to_string()))
 }
 
+/// A block of `segments`: its size, the bytes asked for (`requested_size`, since PyTorch 2.1;
+/// else the size) and its stack.
+fn block_sizes(b: &BTreeMap<HashableValue, Value>, stack: u32) -> (u64, u64, u32) {
+    let size = int(key(b, "size")).unwrap_or(0);
+    (size, int(key(b, "requested_size")).unwrap_or(size), stack)
+}
+
 fn int(v: Option<&Value>) -> Option<u64> {
     match v? {
         Value::I64(i) => u64::try_from(*i).ok(),
@@ -413,7 +420,8 @@ pub fn convert(
     // expandable)) and blocks (address → size).
     let mut seg_before: Vec<BTreeMap<u64, (u64, bool, u32)>> =
         vec![BTreeMap::new(); per_device.len()];
-    let mut blk_before: Vec<BTreeMap<u64, (u64, u32)>> = vec![BTreeMap::new(); per_device.len()];
+    let mut blk_before: Vec<BTreeMap<u64, (u64, u64, u32)>> =
+        vec![BTreeMap::new(); per_device.len()];
     for (dev, entries) in per_device.iter().enumerate() {
         let mut seen_seg: HashMap<u64, bool> = HashMap::new();
         let mut seen_blk: HashMap<u64, bool> = HashMap::new();
@@ -434,7 +442,7 @@ pub fn convert(
                 "free_requested" | "free_completed" => {
                     if let std::collections::hash_map::Entry::Vacant(v) = seen_blk.entry(e.addr) {
                         v.insert(true);
-                        blk_before[dev].insert(e.addr, (e.size, 0));
+                        blk_before[dev].insert(e.addr, (e.size, e.size, 0));
                     }
                 }
                 _ => {}
@@ -462,7 +470,7 @@ pub fn convert(
                 let a = int(key(b, "address")).unwrap_or(0);
                 if !seen_blk.contains_key(&a) {
                     let stack = t.stack(list(key(b, "frames")));
-                    blk_before[dev].insert(a, (int(key(b, "size")).unwrap_or(0), stack));
+                    blk_before[dev].insert(a, block_sizes(b, stack));
                 }
             }
         }
@@ -494,10 +502,7 @@ pub fn convert(
                     continue;
                 }
                 let stack = t.stack(list(key(b, "frames")));
-                blk_before[dev].insert(
-                    int(key(b, "address")).unwrap_or(0),
-                    (int(key(b, "size")).unwrap_or(0), stack),
-                );
+                blk_before[dev].insert(int(key(b, "address")).unwrap_or(0), block_sizes(b, stack));
             }
         }
     }
@@ -585,8 +590,12 @@ pub fn convert(
             segs.insert(a, (size, exp));
             n.segments += 1;
         }
-        for (&a, &(size, stack)) in &blk_before[dev] {
-            timed.push(tensor(t_start, di, TensorAction::Alloc, a, size, stack));
+        for (&a, &(size, requested, stack)) in &blk_before[dev] {
+            let mut b = tensor(t_start, di, TensorAction::Alloc, a, size, stack);
+            if let Record::Tensor(t) = &mut b {
+                t.requested = requested;
+            }
+            timed.push(b);
             let names = names_before.get(dev).and_then(|m| m.get(&a));
             timed.extend(annotate(&mut t, t_start, a, names));
             blocks.insert(a, size);
