@@ -31,16 +31,20 @@ use crate::trace::{Item, Process, Trace};
 /// The Python file of the probe's own callbacks: its frames are never the allocating line.
 pub const PROBE_FILE: &str = "vramtrace_torch.py";
 
-/// True for a Python frame of the probe itself (its allocation, free and OOM callbacks), of
+/// True for a Python frame of the probe itself (its allocation, free and OOM callbacks), or of
 /// PyTorch's dispatch of those callbacks (`fire_callbacks` in `torch/_utils.py`, seen on the
-/// H200 as the innermost frame of every tensor), or of PyTorch's operator-call plumbing
-/// (`torch/_ops.py`, `torch/utils/_python_dispatch.py`: on the H200 the innermost frame of
-/// every tensor `torch.ops.aten._flash_attention_forward` allocated): never the allocating line.
+/// H200 as the innermost frame of every tensor): never the allocating line.
 pub fn is_probe_frame(file: &str, function: &str) -> bool {
     file.rsplit('/').next() == Some(PROBE_FILE)
         || (function == "fire_callbacks" && file.ends_with("torch/_utils.py"))
-        || file.ends_with("torch/_ops.py")
-        || file.ends_with("torch/utils/_python_dispatch.py")
+}
+
+/// True for a frame of PyTorch's own machinery: a file of the `torch` package outside
+/// `torch/nn` (whose modules' `forward` say what the program was doing). Operator calls and
+/// dispatch modes run through such frames (`torch/_ops.py` `__call__`, `torch/_compile.py`
+/// `inner` on the H200); they never say where the program allocated.
+pub fn is_torch_machinery(file: &str) -> bool {
+    file.contains("/torch/") && !file.contains("/torch/nn/")
 }
 
 /// The Python frames of a stack id, innermost first, as `file.py:LINE function` (base name),
@@ -77,7 +81,8 @@ impl std::fmt::Display for PyLocation {
     }
 }
 
-/// The Python frames of a stack id, innermost first, the probe's own skipped.
+/// The Python frames of a stack id, innermost first, the probe's own skipped, and PyTorch's
+/// machinery ([`is_torch_machinery`]) skipped where the program's own frames follow it.
 pub fn python_locations(p: &Process, stack: u32) -> Vec<PyLocation> {
     if stack == 0 {
         return Vec::new();
@@ -85,7 +90,7 @@ pub fn python_locations(p: &Process, stack: u32) -> Vec<PyLocation> {
     let Some(frames) = p.py_stacks.get(&stack) else {
         return Vec::new();
     };
-    frames
+    let mut all = frames
         .iter()
         .map(|f| PyLocation {
             file: p.string(f.file).unwrap_or("?").to_string(),
@@ -93,7 +98,13 @@ pub fn python_locations(p: &Process, stack: u32) -> Vec<PyLocation> {
             line: f.line,
         })
         .filter(|l| !is_probe_frame(&l.file, &l.function))
-        .collect()
+        .collect::<Vec<_>>();
+    // PyTorch's machinery innermost is dropped when the program's own frames follow it.
+    let own = all
+        .iter()
+        .position(|l| !is_torch_machinery(&l.file))
+        .unwrap_or(0);
+    all.split_off(own)
 }
 
 /// A tensor live at some moment.
@@ -646,13 +657,12 @@ mod tests {
             "_rebuild_tensor"
         ));
         assert!(!is_probe_frame("/x/chunk_o.py", "chunk_fwd_o"));
-        assert!(is_probe_frame(
-            "/usr/local/lib/python3.12/dist-packages/torch/_ops.py",
-            "__call__"
+        assert!(is_torch_machinery(
+            "/usr/local/lib/python3.12/dist-packages/torch/_ops.py"
         ));
-        assert!(!is_probe_frame(
-            "/usr/local/lib/python3.12/dist-packages/torch/nn/modules/linear.py",
-            "forward"
+        assert!(!is_torch_machinery(
+            "/usr/local/lib/python3.12/dist-packages/torch/nn/modules/linear.py"
         ));
+        assert!(!is_torch_machinery("/work/fla/ops/common/chunk_o.py"));
     }
 }

@@ -250,3 +250,179 @@ fn version_2_expandable_segments_count_only_real_out_of_memory() {
     assert_eq!(call["error"], "CUDA_ERROR_NOT_PERMITTED");
     assert_eq!(call["size"], 2u64 << 20);
 }
+
+fn compare_json(dir: &str, variant: &str, extra: &[&str]) -> serde_json::Value {
+    let d = sample(dir);
+    let mut args = vec![
+        "compare",
+        d.to_str().unwrap(),
+        "--model",
+        CONFIG,
+        "--variant",
+        variant,
+        "--tokens",
+        "4128",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    json(&args)
+}
+
+/// Real fla 0.6.0 and PyTorch (H200, 2026-11-30 evening runs in docs/validation.md), with the
+/// caching allocator on (the probe's tensors) and off (one driver allocation per tensor): every
+/// fla tensor is matched and backed by a Python frame in the file the model cites.
+#[test]
+fn real_fla_tensors_are_matched_by_their_frames_in_both_caching_modes() {
+    for dir in [
+        "pytorch-gdn-cache",
+        "pytorch-gdn-nocache",
+        "pytorch-gdn-shapes",
+    ] {
+        let v = compare_json(dir, "fla-0.6.0", &[]);
+        let a = &v["attribution"];
+        for r in a["rows"].as_array().unwrap() {
+            let file = r["source"]
+                .as_str()
+                .unwrap()
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .split(':')
+                .next()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string();
+            assert_eq!(r["evidence"]["kind"], "frame", "{dir}: {r}");
+            assert!(
+                r["evidence"]["frame"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{file}:")),
+                "{dir}: {r}"
+            );
+            assert_eq!(r["difference"], 0, "{dir}: {r}");
+        }
+        assert_eq!(a["evidence"]["evidence_bytes"], 334_436_352u64, "{dir}");
+        assert_eq!(a["evidence"]["size_only_bytes"], 0, "{dir}");
+    }
+}
+
+/// PyTorch's FlashAttention allocates in C++: Python frames cannot back the match, but
+/// `--torch-shapes` gives every output's operator, shape and dtype.
+#[test]
+fn flash_attention_outputs_are_backed_by_their_shapes_with_torch_shapes() {
+    let seqk = ["--max-seqlen-k", "262144"];
+    let v = compare_json("pytorch-fa-shapes", "pytorch", &seqk);
+    let rows = v["attribution"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        assert_eq!(r["evidence"]["kind"], "shape", "{r}");
+        assert!(
+            r["evidence"]["op"]
+                .as_str()
+                .unwrap()
+                .starts_with("_flash_attention_forward ["),
+            "{r}"
+        );
+    }
+    // Without shapes the same tensors rest on size and order alone, and are still matched
+    // (rng_state and the philox offset are 512-byte blocks of the caching allocator).
+    let v = compare_json("pytorch-fa-cache", "pytorch", &seqk);
+    for r in v["attribution"]["rows"].as_array().unwrap() {
+        assert_eq!(r["evidence"]["kind"], "size_only", "{r}");
+        assert_eq!(r["difference"], 0, "{r}");
+    }
+}
+
+/// A GDN layer written in plain PyTorch with fla's buffer shapes (scripts/validate/naive_gdn.py)
+/// is not reported as fla, in either caching mode.
+#[test]
+fn a_gdn_layer_that_is_not_fla_gets_no_fla_tensor_matched() {
+    for dir in ["naive-gdn-cache", "naive-gdn-nocache"] {
+        let v = compare_json(dir, "fla-0.6.0", &[]);
+        let a = &v["attribution"];
+        assert_eq!(a["attributed_bytes"], 0, "{dir}");
+        for r in a["rows"].as_array().unwrap() {
+            assert!(r["observed"].is_null(), "{dir}: {r}");
+            assert_eq!(r["evidence"]["kind"], "contradicted", "{dir}: {r}");
+        }
+        assert!(
+            a["evidence"]["other_implementation"]
+                .as_str()
+                .unwrap()
+                .contains("naive_gdn.py"),
+            "{dir}"
+        );
+    }
+}
+
+/// PyTorch's own snapshot of the measured call (`_record_memory_history`), imported, holds the
+/// same tensors as the probe's record of that run: the blocks live before its history began
+/// were allocated earlier in ours, and the call's allocations (pointer and requested bytes) and
+/// frees (pointer) appear in ours in the same order.
+#[test]
+fn pytorchs_own_snapshot_imported_is_the_same_tensor_set_as_ours() {
+    for dir in ["pytorch-gdn-cache", "pytorch-fa-cache"] {
+        let imported = scratch(&format!("imported-{dir}"));
+        let o = Command::new(vramtrace())
+            .arg("import")
+            .arg(sample(dir).join("pytorch-snapshot.pickle"))
+            .arg("-o")
+            .arg(&imported)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", describe(&o));
+        let tensors = |p: &std::path::Path| -> Vec<(u64, String, String, Option<u64>)> {
+            events(p)
+                .iter()
+                .filter(|e| e["kind"] == "tensor_alloc" || e["kind"] == "tensor_free")
+                .map(|e| {
+                    let alloc = e["kind"] == "tensor_alloc";
+                    (
+                        e["t_ns"].as_u64().unwrap(),
+                        e["kind"].as_str().unwrap().to_string(),
+                        e["ptr"].as_str().unwrap().to_string(),
+                        alloc.then(|| e["requested"].as_u64().unwrap()),
+                    )
+                })
+                .collect()
+        };
+        let ours: Vec<_> = tensors(&sample(dir))
+            .into_iter()
+            .map(|t| (t.1, t.2, t.3))
+            .collect();
+        let theirs = tensors(&imported);
+        let t0 = theirs.iter().map(|t| t.0).min().unwrap();
+        let (before, call): (Vec<_>, Vec<_>) = theirs.into_iter().partition(|t| t.0 == t0);
+        let call: Vec<_> = call.into_iter().map(|t| (t.1, t.2, t.3)).collect();
+        assert!(!call.is_empty(), "{dir}");
+        let at = (0..=ours.len() - call.len())
+            .find(|&i| ours[i..i + call.len()] == call[..])
+            .unwrap_or_else(|| panic!("{dir}: the call's {call:?} is not in ours {ours:?}"));
+        for b in before {
+            let b = (b.1, b.2, b.3);
+            assert!(ours[..at].contains(&b), "{dir}: {b:?} not allocated before");
+        }
+        let _ = std::fs::remove_dir_all(&imported);
+    }
+}
+
+/// NCCL under torchrun on two H200s: every release pairs with what the rank obtained (the one
+/// release left unmatched was a `cuMemFree_v2(0)`, which frees nothing).
+#[test]
+fn nccl_ranks_leave_no_release_unmatched() {
+    let ev = events(&sample("nccl-stages"));
+    assert!(
+        ev.iter()
+            .any(|e| e["api"] == "cuMemImportFromShareableHandle")
+    );
+    let unmatched: Vec<_> = ev.iter().filter(|e| e["unmatched"] == true).collect();
+    assert!(unmatched.is_empty(), "{unmatched:?}");
+    assert!(
+        ev.iter()
+            .any(|e| e["api"] == "cuMemFree_v2" && e["ptr"] == "0x0"),
+        "the null free is in the trace"
+    );
+}

@@ -974,9 +974,7 @@ fn evidence_words(e: &Evidence) -> String {
             code(&cell(frame)),
             code(&cell(expected))
         ),
-        // Kinds of evidence added later read as `vramtrace compare` prints them.
-        #[allow(unreachable_patterns)]
-        other => cell(&other.describe()),
+        Evidence::Shape { op } => format!("shape and dtype of {}", code(&cell(op))),
     }
 }
 
@@ -987,6 +985,7 @@ fn allocation_words(c: &Comparison, oi: usize) -> String {
     let what = match c.held.get(oi).and_then(Option::as_deref) {
         _ if o.failed => "the request".to_string(),
         Some(h) => code(&cell(h)),
+        None if o.op.is_some() => code(&cell(&o.op.as_ref().expect("checked").describe())),
         None if o.api == "pytorch" => "a PyTorch tensor".to_string(),
         None => code(o.api),
     };
