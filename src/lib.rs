@@ -48,6 +48,7 @@ pub mod export;
 pub mod import;
 pub mod live;
 pub mod names;
+pub mod observe;
 pub mod plots;
 pub mod preload;
 pub mod replay;

@@ -20,9 +20,10 @@ use vramtrace_viewer::model::{
 use vramtrace_viewer::plot::TimelinePlot;
 use vramtrace_viewer::{DEFAULT_MAX_POINTS, Timeline};
 
-use crate::attribution::{At, Attribution, ObservedMoment, attribute, observe};
+use crate::attribution::{Attribution, attribute};
 use crate::commands::model::{cliff_tokens, peaks_at};
 use crate::live::{CATEGORIES, category, read_all};
+use crate::observe::{At, ObservedMoment, observe};
 use crate::trace::Trace;
 
 /// The timeline of every device of the trace in `dir`, stacked by category.

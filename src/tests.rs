@@ -363,8 +363,9 @@ fn a_peak_set_too_costly_to_copy_in_the_pass_is_taken_by_a_second_one() {
 fn operator_outputs_described_by_torch_shapes_do_not_block_matching() {
     // What `vramtrace run --torch-shapes` records with caching off: every driver allocation of
     // fla's GDN forward described by the operator that produced it (OP_OUTPUT records).
-    use crate::attribution::{At, Moment, attribute, observe};
+    use crate::attribution::{Moment, attribute};
     use crate::evidence::Evidence;
+    use crate::observe::{At, observe};
     use vramtrace_models::{DType, GdnShape, gdn_fla_0_6_0};
     let tensors =
         gdn_fla_0_6_0::tensors(&GdnShape::new(&[4128], 48, 128, 128, DType::BF16)).unwrap();
@@ -432,7 +433,7 @@ fn operator_outputs_described_by_torch_shapes_do_not_block_matching() {
 fn operator_outputs_described_after_the_peak_still_describe_its_tensors() {
     // `--torch-shapes` describes an operator's outputs once it returns: after the allocation
     // that made the tensor peak (PyTorch's FlashAttention on the H200).
-    use crate::attribution::{At, observe};
+    use crate::observe::{At, observe};
     use vramtrace_format::{TensorAction, TensorEvent};
     let alloc = |t: u64, ptr: u64, size: u64| {
         Record::Tensor(TensorEvent {

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-use crate::attribution::{At, Attribution, ObservedMoment, attribute, observe};
+use crate::attribution::{Attribution, attribute};
 use crate::commands::model::KernelArgs;
 use crate::names::pattern;
+use crate::observe::{At, ObservedMoment, observe};
 use crate::trace::Trace;
 use vramtrace_models::units::fmt_bytes;
 use vramtrace_models::{Variant, Workload};

@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::attribution::{At, Moment, attribute, observe};
+use crate::attribution::{Moment, attribute};
 use crate::commands::compare::render;
 use crate::commands::run::{new_out_dir, prepare_out_dir, report_exit};
+use crate::observe::{At, observe};
 use crate::preload;
 use crate::summary::{SummaryOptions, render as render_summary, summarize};
 use crate::trace::Trace;

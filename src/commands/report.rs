@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::attribution::{Moment, ObservedMoment};
+use crate::attribution::Moment;
 use crate::commands::model::KernelArgs;
+use crate::observe::ObservedMoment;
 use crate::plots;
 use crate::report::markdown::Images;
 use crate::report::{self, ModelInput, Report, ReportOptions};

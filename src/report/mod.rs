@@ -20,9 +20,10 @@ use std::ops::ControlFlow;
 use vramtrace_format::{EventKind, TensorAction};
 use vramtrace_models::{ModelConfig, Variant, Workload, WorkloadOptions};
 
-use crate::attribution::{At, Attribution, observe};
+use crate::attribution::Attribution;
 use crate::live::{CATEGORIES, category};
 use crate::names::pattern;
+use crate::observe::{At, observe};
 use crate::replay::{Pool, Replayer, Step};
 use crate::summary::{AllocItem, Failure, Summary, SummaryOptions, summarize};
 use crate::symbolize::StackSymbolizer;
@@ -504,7 +505,7 @@ fn levers_for(report: &Report, m: &ModelInput, capacity: u64) -> anyhow::Result<
 fn compare(
     m: &ModelInput,
     workload: &Workload,
-    moment: &crate::attribution::ObservedMoment,
+    moment: &crate::observe::ObservedMoment,
 ) -> anyhow::Result<Comparison> {
     let candidates: Vec<Variant> = if m.variant_given {
         m.variants.clone()
