@@ -38,6 +38,7 @@
 //!
 //! # Labels
 //! - The annotation C ABI, declared in `include/vramtrace.h`: `vramtrace_annotate`,
+//!   `vramtrace_annotate_op` (an operator's output, ABI 2),
 //!   `vramtrace_range_push`, `vramtrace_range_pop`, `vramtrace_mark`, `vramtrace_abi_version`.
 //!   Callers find them with `dlsym(RTLD_DEFAULT, …)`; the header's `vramtrace_try_*` helpers
 //!   are no-ops without the preload.
@@ -118,8 +119,8 @@ mod tensors;
 pub use dlsym::{dlsym, dlvsym};
 pub use hooks::*;
 pub use labels::{
-    VRAMTRACE_ABI_VERSION, vramtrace_abi_version, vramtrace_annotate, vramtrace_mark,
-    vramtrace_range_pop, vramtrace_range_push,
+    VRAMTRACE_ABI_VERSION, vramtrace_abi_version, vramtrace_annotate, vramtrace_annotate_op,
+    vramtrace_mark, vramtrace_range_pop, vramtrace_range_push,
 };
 pub use nvtx::InitializeInjectionNvtx2;
 pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};
