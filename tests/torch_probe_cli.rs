@@ -279,3 +279,94 @@ fn the_environments_own_sitecustomize_still_runs() {
     assert!(!stderr.contains("KeyError"), "{stderr}");
     assert!(String::from_utf8_lossy(&o.stdout).contains("probe True"));
 }
+
+/// A copy of the stand-in torch package with a stand-in `torch/lib/libc10_cuda.so` built from
+/// probes/python/tests/fake_c10_cuda.cpp; `None` (after saying why) without a C++ compiler.
+fn fake_torch_with_c10(name: &str) -> Option<PathBuf> {
+    let dir = scratch(name);
+    let copy = dir.join("fake_torch");
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(python_dir().join("fake_torch"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let lib = copy.join("torch/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let built = Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(lib.join("libc10_cuda.so"))
+        .arg(python_dir().join("fake_c10_cuda.cpp"))
+        .output();
+    match built {
+        Ok(o) if o.status.success() => Some(copy),
+        Ok(o) => panic!("building the stand-in libc10_cuda.so: {}", describe(&o)),
+        Err(e) => {
+            vramtrace_testkit::skip(
+                "VRAMTRACE_REQUIRE_CXX",
+                &format!("no C++ compiler to build the stand-in libc10_cuda.so ({e})"),
+            );
+            None
+        }
+    }
+}
+
+/// The probe's cheap size source: the caching allocator's own statistics, read through the two
+/// symbols libc10_cuda.so exports, once eight readings have equalled the statistics
+/// dictionary's; a library whose numbers differ is never used. Sizes are exact either way.
+#[test]
+fn sizes_come_from_the_allocators_own_statistics_once_checked() {
+    let Some(torch_dir) = fake_torch_with_c10("torch-probe-native") else {
+        return;
+    };
+    for (skew, want) in [
+        (
+            "0",
+            if cfg!(target_arch = "x86_64") {
+                "sizes=native"
+            } else {
+                "sizes=dict (native statistics are read on x86-64 only)"
+            },
+        ),
+        ("1", "sizes=dict (native statistics"),
+    ] {
+        let out = scratch(&format!("torch-probe-native-{skew}")).join("trace");
+        let o = Command::new(vramtrace())
+            .args(["run", "-q", "--out"])
+            .arg(&out)
+            .arg("--")
+            .arg("python3")
+            .arg(python_dir().join("many_tensors.py"))
+            .env("PYTHONPATH", &torch_dir)
+            .env("LD_LIBRARY_PATH", fake_driver_dir())
+            .env("VRAMTRACE_TORCH_PROBE_STATS", "1")
+            .env("FAKE_C10_SKEW", skew)
+            .env_remove("LD_PRELOAD")
+            .env_remove("VRAMTRACE_TORCH_SIZES")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.contains(want), "skew {skew}: {stderr}");
+        let printed: Vec<(u64, u64)> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("tensor "))
+            .map(|l| {
+                let mut w = l.split(' ').map(|x| x.parse::<u64>().unwrap());
+                (w.next().unwrap(), w.next().unwrap())
+            })
+            .collect();
+        assert_eq!(printed.len(), 20);
+        let allocs: Vec<(u64, u64, u64)> = tensors(&trace(&out))
+            .into_iter()
+            .filter(|e| e.action == TensorAction::Alloc)
+            .map(|e| (e.ptr, e.size, e.requested))
+            .collect();
+        let want: Vec<(u64, u64, u64)> = printed
+            .iter()
+            .map(|&(p, s)| (p, s.div_ceil(512) * 512, s))
+            .collect();
+        assert_eq!(allocs, want, "skew {skew}");
+    }
+}

@@ -26,7 +26,9 @@ With `PYTORCH_NO_CUDA_MEMORY_CACHING=1` no block is recorded: each tensor is the
 allocation, which the preload records with its Python frames.
 
 Sizes come from one counter per device, so two threads allocating on the same device at the same
-moment can swap sizes; inference servers allocate from one thread per device.
+moment can swap sizes; inference servers allocate from one thread per device. The counters are
+read from the allocator's own statistics where that is checked to be exact (`_NativeCounters`),
+else from `torch._C._cuda_memoryStats`.
 """
 import ctypes
 import os
@@ -87,12 +89,17 @@ def activate(shapes=None):
     sizes = {}  # live block pointer -> (device, block bytes, requested bytes)
     baseline = {}  # device -> (allocated, requested) bytes after the last event we saw
 
-    def counters(dev):
+    def dict_counters(dev):
         # The block (allocated_bytes) and what the program asked for (requested_bytes, since
         # PyTorch 2.1; 0 before).
         s = stats(dev)
         return (s["allocated_bytes"]["all"]["current"],
                 s.get("requested_bytes", {}).get("all", {}).get("current", 0))
+
+    native = _NativeCounters(torch)
+
+    def counters(dev):
+        return native.read(dev) if native.ready else native.check(dev, dict_counters(dev))
 
     def on_alloc(ptr):
         dev = get_device()
@@ -153,9 +160,87 @@ def activate(shapes=None):
     if os.environ.get("VRAMTRACE_TORCH_PROBE_STATS") == "1":
         import atexit
 
-        atexit.register(lambda: _note(" ".join(f"{k}={v}" for k, v in counts.items())))
+        atexit.register(lambda: _note(
+            " ".join(f"{k}={v}" for k, v in counts.items()) + f" sizes={native.source}"))
     _state["active"] = True
     return True
+
+
+class _NativeCounters:
+    """The caching allocator's two counters read straight from its `DeviceStats`, instead of
+    through `torch._C._cuda_memoryStats`, which builds a dictionary of some 150 numbers per call
+    (most of the probe's cost per tensor: docs/performance.md).
+
+    PyTorch exports the native allocator (`c10::cuda::CUDACachingAllocator::allocator`) and its
+    `NativeCachingAllocator::getDeviceStats(DeviceIndex)`; the statistics come back through a
+    hidden result pointer (x86-64 only: on aarch64 that pointer travels in x8, which ctypes
+    cannot set). `allocated_bytes` and `requested_bytes` are the 5th and 9th `StatArray` of
+    `DeviceStats` (3 `Stat`s of 4 int64 each), `current` of the `all` entry first. That layout
+    is PyTorch's, not a promise: the first `CHECKS` readings are compared with the dictionary's,
+    and any difference keeps the dictionary for good. `VRAMTRACE_TORCH_SIZES=dict` skips it."""
+
+    CHECKS = 8
+    ALLOCATED, REQUESTED = 4 * 96, 8 * 96
+
+    def __init__(self, torch):
+        self.ready = False
+        self.fn = None
+        self.checked = 0
+        self.source = "dict"
+        if os.environ.get("VRAMTRACE_TORCH_SIZES") == "dict":
+            self.source = "dict (VRAMTRACE_TORCH_SIZES=dict)"
+            return
+        import platform
+
+        if platform.machine() not in ("x86_64", "AMD64"):
+            self.source = "dict (native statistics are read on x86-64 only)"
+            return
+        try:
+            if torch.cuda.get_allocator_backend() != "native":
+                self.source = "dict (not the native caching allocator)"
+                return
+            lib = ctypes.PyDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so"))
+            self.allocator = ctypes.c_void_p.in_dll(lib, "_ZN3c104cuda20CUDACachingAllocator9allocatorE")
+            base = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator14getDeviceStatsE"
+            for suffix, dev_t in (("a", ctypes.c_int8), ("i", ctypes.c_int), ("s", ctypes.c_int16)):
+                try:
+                    fn = getattr(lib, base + suffix)
+                except AttributeError:
+                    continue
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, dev_t]
+                fn.restype = ctypes.c_void_p
+                self.fn = fn
+                break
+        except (OSError, ValueError, AttributeError, RuntimeError) as e:
+            self.source = f"dict ({type(e).__name__}: {e})"
+            return
+        if self.fn is None:
+            self.source = "dict (getDeviceStats is not exported by this libc10_cuda)"
+            return
+        self.buf = ctypes.create_string_buffer(4096)
+        self.allocated = ctypes.c_int64.from_buffer(self.buf, self.ALLOCATED)
+        self.requested = ctypes.c_int64.from_buffer(self.buf, self.REQUESTED)
+        self.source = "checking"
+
+    def read(self, dev):
+        self.fn(self.buf, self.allocator.value, dev)
+        return self.allocated.value, self.requested.value
+
+    def check(self, dev, expected):
+        """`expected` from the dictionary; returns it, and switches to the native reading after
+        `CHECKS` equal readings (of live, nonzero counters)."""
+        if self.fn is None or self.source.startswith("dict"):
+            return expected
+        got = self.read(dev)
+        if got != expected:
+            self.fn = None
+            self.source = f"dict (native statistics {got} differ from the dictionary's {expected})"
+        elif expected[0] > 0:
+            self.checked += 1
+            if self.checked >= self.CHECKS:
+                self.ready = True
+                self.source = "native"
+        return expected
 
 
 def _shapes_mode(torch):

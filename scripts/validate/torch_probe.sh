@@ -78,6 +78,26 @@ cost() {
   rm -rf "$W/cost"
 }
 
+cost_sizes() {
+  # The probe's two size sources side by side, alternating: the allocator's own statistics
+  # (native, the default where they check out) and torch._C._cuda_memoryStats (dict).
+  local lib
+  lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so"))')
+  echo "exported: $(nm -D --defined-only "$lib" | grep -c -e getDeviceStats -e 20CUDACachingAllocator9allocatorE) symbols"
+  nm -D --defined-only "$lib" | grep -e getDeviceStats -e 20CUDACachingAllocator9allocatorE | head -5
+  local r m
+  for r in 1 2 3; do
+    for m in native dict; do
+      rm -rf "$W/cost"
+      if [ $m = dict ]; then export VRAMTRACE_TORCH_SIZES=dict; else unset VRAMTRACE_TORCH_SIZES; fi
+      echo "round $r sizes $m: $($VT run --quiet --no-stacks --out "$W/cost" -- python3 "$VAL/torch_probe_cost.py" probe 2>&1 | tr '\n' ' ')"
+    done
+  done
+  unset VRAMTRACE_TORCH_SIZES
+  for m in bare history_python; do python3 "$VAL/torch_probe_cost.py" $m; done
+  rm -rf "$W/cost"
+}
+
 for s in ${*:-frames oom shapes cost}; do
   echo; echo "=== $s ($(date +%T))"
   "$s" || echo "!!! STEP $s FAILED"

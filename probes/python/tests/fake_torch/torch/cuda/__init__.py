@@ -5,6 +5,29 @@ TOTAL = 24 << 30
 _next = [0x7F00_0000_0000]
 
 
+def _c10():
+    """The stand-in libc10_cuda.so beside this package (torch/lib), if a test built one."""
+    if "lib" not in _c10.__dict__:
+        import ctypes
+        import os
+
+        path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "lib", "libc10_cuda.so")
+        _c10.lib = ctypes.CDLL(path) if os.path.exists(path) else None
+    return _c10.lib
+
+
+def _sync_c10():
+    lib = _c10()
+    if lib is not None:
+        import ctypes
+
+        lib.fake_set(ctypes.c_int64(_C.STATE["allocated"]), ctypes.c_int64(_C.STATE["requested"]))
+
+
+def get_allocator_backend():
+    return "native"
+
+
 def is_available():
     return True
 
@@ -37,6 +60,7 @@ def fake_alloc(size):
     _next[0] += block
     _C.STATE["allocated"] += block
     _C.STATE["requested"] += size
+    _sync_c10()
     _C.STATE["reserved"] = max(_C.STATE["reserved"], _C.STATE["allocated"])
     if _C.STATE["active"]:
         for cb in _gpu_trace.alloc_callbacks:
@@ -51,6 +75,7 @@ def fake_free(ptr, size):
             cb(ptr)
     _C.STATE["allocated"] -= _block(size)
     _C.STATE["requested"] -= size
+    _sync_c10()
 
 
 def _block(size):
