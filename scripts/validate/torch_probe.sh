@@ -94,7 +94,7 @@ cost_sizes() {
     done
   done
   unset VRAMTRACE_TORCH_SIZES
-  for m in bare history_python; do python3 "$VAL/torch_probe_cost.py" $m; done
+  for m in bare gpu_trace history_python history_all; do python3 "$VAL/torch_probe_cost.py" $m; done
   rm -rf "$W/cost"
 }
 
