@@ -171,16 +171,20 @@ class _NativeCounters:
     through `torch._C._cuda_memoryStats`, which builds a dictionary of some 150 numbers per call
     (most of the probe's cost per tensor: docs/performance.md).
 
-    PyTorch exports the native allocator (`c10::cuda::CUDACachingAllocator::allocator`) and its
-    `NativeCachingAllocator::getDeviceStats(DeviceIndex)`; the statistics come back through a
-    hidden result pointer (x86-64 only: on aarch64 that pointer travels in x8, which ctypes
-    cannot set). `allocated_bytes` and `requested_bytes` are the 5th and 9th `StatArray` of
-    `DeviceStats` (3 `Stat`s of 4 int64 each), `current` of the `all` entry first. That layout
-    is PyTorch's, not a promise: the first `CHECKS` readings are compared with the dictionary's,
-    and any difference keeps the dictionary for good. `VRAMTRACE_TORCH_SIZES=dict` skips it."""
+    libc10_cuda.so exports the allocator (`c10::cuda::CUDACachingAllocator::allocator`) but
+    not its `NativeCachingAllocator::getDeviceStats(DeviceIndex)`; that one is found in the
+    file's symbol table (`.symtab`, kept in PyTorch's wheels) and placed by the exported
+    allocator's own address. The statistics come back through a hidden result pointer (x86-64
+    only: on aarch64 that pointer travels in x8, which ctypes cannot set). `allocated_bytes` and
+    `requested_bytes` are the 5th and 9th `StatArray` of `DeviceStats` (3 `Stat`s of 4 int64
+    each), `current` of the `all` entry first. That layout is PyTorch's, not a promise: the first
+    `CHECKS` readings are compared with the dictionary's, and any difference keeps the
+    dictionary for good. `VRAMTRACE_TORCH_SIZES=dict` skips it."""
 
     CHECKS = 8
     ALLOCATED, REQUESTED = 4 * 96, 8 * 96
+    ALLOCATOR = "_ZN3c104cuda20CUDACachingAllocator9allocatorE"
+    GET_STATS = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator14getDeviceStatsEa"
 
     def __init__(self, torch):
         self.ready = False
@@ -199,23 +203,25 @@ class _NativeCounters:
             if torch.cuda.get_allocator_backend() != "native":
                 self.source = "dict (not the native caching allocator)"
                 return
-            lib = ctypes.PyDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so"))
-            self.allocator = ctypes.c_void_p.in_dll(lib, "_ZN3c104cuda20CUDACachingAllocator9allocatorE")
-            base = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator14getDeviceStatsE"
-            for suffix, dev_t in (("a", ctypes.c_int8), ("i", ctypes.c_int), ("s", ctypes.c_int16)):
-                try:
-                    fn = getattr(lib, base + suffix)
-                except AttributeError:
-                    continue
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, dev_t]
-                fn.restype = ctypes.c_void_p
-                self.fn = fn
-                break
+            path = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
+            lib = ctypes.PyDLL(path)
+            self.allocator = ctypes.c_void_p.in_dll(lib, self.ALLOCATOR)
+            try:
+                fn = getattr(lib, self.GET_STATS)
+            except AttributeError:
+                # Not exported: its address in the file, moved as the exported allocator moved.
+                at = _symtab_values(path, [self.ALLOCATOR, self.GET_STATS])
+                if self.GET_STATS not in at or self.ALLOCATOR not in at:
+                    self.source = "dict (getDeviceStats is neither exported nor in the symbol table)"
+                    return
+                base = ctypes.addressof(self.allocator) - at[self.ALLOCATOR]
+                fn = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_int8)(base + at[self.GET_STATS])
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int8]
+            fn.restype = ctypes.c_void_p
+            self.fn = fn
         except (OSError, ValueError, AttributeError, RuntimeError) as e:
             self.source = f"dict ({type(e).__name__}: {e})"
-            return
-        if self.fn is None:
-            self.source = "dict (getDeviceStats is not exported by this libc10_cuda)"
             return
         self.buf = ctypes.create_string_buffer(4096)
         self.allocated = ctypes.c_int64.from_buffer(self.buf, self.ALLOCATED)
@@ -241,6 +247,37 @@ class _NativeCounters:
                 self.ready = True
                 self.source = "native"
         return expected
+
+
+def _symtab_values(path, names):
+    """`st_value` of each of `names` defined in the `.symtab` of the ELF64 little-endian file
+    at `path` (names missing are left out; an unreadable or foreign file gives {})."""
+    import mmap
+    import struct
+
+    out = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
+            return out
+        shoff = struct.unpack_from("<Q", m, 0x28)[0]
+        shentsize, shnum = struct.unpack_from("<HH", m, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", m, shoff + i * shentsize) for i in range(shnum)]
+        for sh in sections:
+            if sh[1] != 2 or sh[9] != 24:  # SHT_SYMTAB, Elf64_Sym
+                continue
+            str_off, str_size = sections[sh[6]][4], sections[sh[6]][5]
+            wanted = {}
+            for name in names:
+                at = m.find(b"\0" + name.encode() + b"\0", str_off, str_off + str_size)
+                if at >= 0:
+                    wanted[at + 1 - str_off] = name
+            if not wanted:
+                continue
+            for st_name, _info, _other, shndx, value, _size in struct.iter_unpack(
+                    "<IBBHQQ", m[sh[4]:sh[4] + sh[5]]):
+                if st_name in wanted and shndx != 0 and value != 0:
+                    out[wanted[st_name]] = value
+    return out
 
 
 def _shapes_mode(torch):

@@ -84,7 +84,7 @@ cost_sizes() {
   local lib
   lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so"))')
   echo "exported: $(nm -D --defined-only "$lib" | grep -c -e getDeviceStats -e 20CUDACachingAllocator9allocatorE) symbols"
-  nm -D --defined-only "$lib" | grep -e getDeviceStats -e 20CUDACachingAllocator9allocatorE | head -5
+  readelf -Ws --wide "$lib" | grep -e getDeviceStats -e 20CUDACachingAllocator9allocatorE | cut -c1-220 | head -8
   local r m
   for r in 1 2 3; do
     for m in native dict; do

@@ -1,6 +1,7 @@
 // A stand-in for the two symbols of PyTorch's libc10_cuda.so the probe's native size source
 // reads (probes/python/vramtrace_torch.py, _NativeCounters): the allocator pointer
-// `c10::cuda::CUDACachingAllocator::allocator` and `NativeCachingAllocator::getDeviceStats`,
+// `c10::cuda::CUDACachingAllocator::allocator` (exported) and
+// `NativeCachingAllocator::getDeviceStats` (only in the symbol table),
 // returning a DeviceStats in PyTorch's field order. The stand-in torch package
 // (fake_torch/torch/cuda) sets its counters with fake_set after each block, as the real
 // allocator updates its statistics; FAKE_C10_SKEW=1 makes them disagree with the dictionary.
@@ -24,7 +25,8 @@ struct NativeCachingAllocator : CUDAAllocator {
   int64_t a = 0, r = 0;
   DeviceStats getDeviceStats(signed char device) override;
 };
-__attribute__((visibility("default"))) DeviceStats NativeCachingAllocator::getDeviceStats(signed char device) {
+// Hidden, as in PyTorch's wheels: found through the symbol table, not the dynamic one.
+__attribute__((visibility("hidden"))) DeviceStats NativeCachingAllocator::getDeviceStats(signed char device) {
   DeviceStats s; s.allocated_bytes[0].current = a + device; s.requested_bytes[0].current = r; return s;
 }
 static NativeCachingAllocator native;
