@@ -35,7 +35,9 @@ import os
 import sys
 import threading
 
-_lib = ctypes.CDLL(None)
+# PyDLL: the calls keep the GIL (they are short and never call back into Python), which saves
+# releasing and taking it again twice per tensor.
+_lib = ctypes.PyDLL(None)
 try:
     _tensor = _lib.vramtrace_tensor
     _tensor.argtypes = [ctypes.c_uint32, ctypes.c_int32] + [ctypes.c_uint64] * 7 + [
