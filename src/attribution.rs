@@ -681,6 +681,20 @@ mod evidence_tests {
         gdn_fla_0_6_0::tensors(&GdnShape::new(&[4128], 48, 128, 128, DType::BF16)).unwrap()
     }
 
+    /// PyTorch's FlashAttention as validated on the H200: 4128 tokens, 24/4 heads, d=256.
+    fn torch_fa() -> Vec<Tensor> {
+        vramtrace_models::fa_pytorch::tensors(&vramtrace_models::FaShape {
+            seqlens_q: vec![4128],
+            max_seqlen_k: 262144,
+            num_heads: 24,
+            num_heads_k: 4,
+            head_dim: 256,
+            dtype: DType::BF16,
+            num_sms: 132,
+        })
+        .unwrap()
+    }
+
     fn obs(size: u64, t: u64, frames: &[&str]) -> Observed {
         Observed {
             size,
@@ -863,16 +877,7 @@ mod evidence_tests {
     fn python_frames_neither_confirm_nor_contradict_a_tensor_allocated_in_cpp() {
         // PyTorch's FlashAttention allocates softmax_lse in flash_api.cpp: the Python frame of
         // the allocation is the caller's line, which says nothing against the model.
-        let t = vramtrace_models::fa_pytorch::tensors(&vramtrace_models::FaShape {
-            seqlens_q: vec![4128],
-            max_seqlen_k: 262144,
-            num_heads: 24,
-            num_heads_k: 4,
-            head_dim: 256,
-            dtype: DType::BF16,
-            num_sms: 132,
-        })
-        .unwrap();
+        let t = torch_fa();
         let o: Vec<Observed> = t
             .iter()
             .enumerate()
@@ -924,16 +929,7 @@ mod evidence_tests {
     fn pytorch_blocks_compare_at_their_512_byte_granule() {
         // PyTorch's FlashAttention: rng_state (16 B) and the philox offset (8 B) are 512-byte
         // blocks of the caching allocator.
-        let t = vramtrace_models::fa_pytorch::tensors(&vramtrace_models::FaShape {
-            seqlens_q: vec![4128],
-            max_seqlen_k: 262144,
-            num_heads: 24,
-            num_heads_k: 4,
-            head_dim: 256,
-            dtype: DType::BF16,
-            num_sms: 132,
-        })
-        .unwrap();
+        let t = torch_fa();
         let o: Vec<Observed> = t
             .iter()
             .enumerate()
