@@ -546,7 +546,14 @@ pub fn convert(
         }
         v
     };
-    let tensor = |t_ns: u64, dev: i32, action: TensorAction, ptr: u64, size: u64, stack: u32| {
+    // `size` the block's (or the request's where the snapshot gives no block), `requested` the
+    // bytes asked for (0 for a release or a refusal).
+    let tensor = |t_ns: u64,
+                  dev: i32,
+                  action: TensorAction,
+                  ptr: u64,
+                  (size, requested): (u64, u64),
+                  stack: u32| {
         Record::Tensor(TensorEvent {
             t_ns,
             tid: 1,
@@ -554,13 +561,8 @@ pub fn convert(
             action,
             ptr,
             size,
+            requested,
             stack,
-            // A trace entry's size is the request (the block is not in the entry).
-            requested: if action == TensorAction::Alloc {
-                size
-            } else {
-                0
-            },
             ..TensorEvent::default()
         })
     };
@@ -591,11 +593,14 @@ pub fn convert(
             n.segments += 1;
         }
         for (&a, &(size, requested, stack)) in &blk_before[dev] {
-            let mut b = tensor(t_start, di, TensorAction::Alloc, a, size, stack);
-            if let Record::Tensor(t) = &mut b {
-                t.requested = requested;
-            }
-            timed.push(b);
+            timed.push(tensor(
+                t_start,
+                di,
+                TensorAction::Alloc,
+                a,
+                (size, requested),
+                stack,
+            ));
             let names = names_before.get(dev).and_then(|m| m.get(&a));
             timed.extend(annotate(&mut t, t_start, a, names));
             blocks.insert(a, size);
@@ -650,12 +655,13 @@ pub fn convert(
                 }
                 "alloc" => {
                     let stack = t.stack(e.frames);
+                    // A trace entry's size is the request; the block is not in the entry.
                     timed.push(tensor(
                         e.t_ns,
                         di,
                         TensorAction::Alloc,
                         e.addr,
-                        e.size,
+                        (e.size, e.size),
                         stack,
                     ));
                     let names = names_at[dev].get(&i);
@@ -664,14 +670,14 @@ pub fn convert(
                     n.tensors += 1;
                 }
                 "free_completed" => {
-                    timed.push(tensor(e.t_ns, di, TensorAction::Free, e.addr, 0, 0));
+                    timed.push(tensor(e.t_ns, di, TensorAction::Free, e.addr, (0, 0), 0));
                     blocks.remove(&e.addr);
                     n.frees += 1;
                 }
                 "oom" => {
                     let stack = t.stack(e.frames);
                     let Record::Tensor(mut r) =
-                        tensor(e.t_ns, di, TensorAction::AllocFailed, 0, e.size, stack)
+                        tensor(e.t_ns, di, TensorAction::AllocFailed, 0, (e.size, 0), stack)
                     else {
                         unreachable!()
                     };
