@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramtrace::attribution::At;
+use vramtrace::observe::At;
 use vramtrace::commands::{compare::parse_at, model::parse_range};
 use vramtrace_models::units::parse_bytes;
 
