@@ -192,7 +192,10 @@ class _NativeCounters:
         self.ready = False
         self.fn = None
         self.checked = 0
-        self.source = "dict"
+        self.torch = torch
+        # Nothing is looked up before the first block: a program that never allocates pays
+        # nothing, and importing torch reads no file.
+        self.source = "dict (no block yet)"
         if os.environ.get("VRAMTRACE_TORCH_SIZES") == "dict":
             self.source = "dict (VRAMTRACE_TORCH_SIZES=dict)"
             return
@@ -201,6 +204,11 @@ class _NativeCounters:
         if platform.machine() not in ("x86_64", "AMD64"):
             self.source = "dict (native statistics are read on x86-64 only)"
             return
+        self.source = "unresolved"
+
+    def _resolve(self):
+        """Finds getDeviceStats; on success the readings are checked from now on."""
+        torch = self.torch
         try:
             if torch.cuda.get_allocator_backend() != "native":
                 self.source = "dict (not the native caching allocator)"
@@ -221,13 +229,13 @@ class _NativeCounters:
                                        ctypes.c_int8)(base + at[self.GET_STATS])
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int8]
             fn.restype = ctypes.c_void_p
-            self.fn = fn
         except (OSError, ValueError, AttributeError, RuntimeError) as e:
             self.source = f"dict ({type(e).__name__}: {e})"
             return
         self.buf = ctypes.create_string_buffer(4096)
         self.allocated = ctypes.c_int64.from_buffer(self.buf, self.ALLOCATED)
         self.requested = ctypes.c_int64.from_buffer(self.buf, self.REQUESTED)
+        self.fn = fn
         self.source = "checking"
 
     def read(self, dev):
@@ -237,7 +245,9 @@ class _NativeCounters:
     def check(self, dev, expected):
         """`expected` from the dictionary; returns it, and switches to the native reading after
         `CHECKS` equal readings (of live, nonzero counters)."""
-        if self.fn is None or self.source.startswith("dict"):
+        if self.source == "unresolved":
+            self._resolve()
+        if self.fn is None:
             return expected
         got = self.read(dev)
         if got != expected:
