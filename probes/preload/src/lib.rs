@@ -42,7 +42,8 @@
 //!   `vramtrace_range_push`, `vramtrace_range_pop`, `vramtrace_mark`, `vramtrace_abi_version`.
 //!   Callers find them with `dlsym(RTLD_DEFAULT, …)`; the header's `vramtrace_try_*` helpers
 //!   are no-ops without the preload.
-//! - The tensor ABI, `vramtrace_tensor` (`src/tensors.rs`): PyTorch's caching allocator as the
+//! - The tensor ABI, `vramtrace_tensor` and its five-argument `vramtrace_tensor_block` for the
+//!   per-tensor reports (`src/tensors.rs`): PyTorch's caching allocator as the
 //!   Python probe sees it (blocks handed out and taken back, refused requests with PyTorch's own
 //!   numbers), each a TENSOR record with the reporting thread's Python frames.
 //! - NVTX: with `NVTX_INJECTION64_PATH` set to this library, `InitializeInjectionNvtx2` accepts
@@ -124,4 +125,4 @@ pub use labels::{
 };
 pub use nvtx::InitializeInjectionNvtx2;
 pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};
-pub use tensors::vramtrace_tensor;
+pub use tensors::{vramtrace_tensor, vramtrace_tensor_block};
