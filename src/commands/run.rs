@@ -38,7 +38,7 @@ pub struct RunArgs {
     /// Also describe each PyTorch operator's output tensors by the operator, shape and dtype
     /// (`empty_like [1, 4128, 48, 128] bfloat16`): not a name, so `compare` still matches them by
     /// size and counts an equal shape and dtype as evidence. Slower: a Python call per operator
-    /// (a `torch.empty` + `del` took 26 µs on an H200 with it, 14 µs without, 2–4 µs untraced).
+    /// (a `torch.empty` + `del` took 26 µs on an H200 with it, 13 µs without, 2–4 µs untraced).
     #[arg(long, conflicts_with = "no_torch_probe")]
     pub torch_shapes: bool,
     /// Run the program against vramtrace's stand-in driver instead of a GPU: a `libcuda.so.1`
