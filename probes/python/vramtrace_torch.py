@@ -57,7 +57,7 @@ try:
     _block.argtypes = [ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64,
                        ctypes.c_uint64]
     _block.restype = ctypes.c_int
-except AttributeError:  # a preload older than this probe
+except AttributeError:  # not under the preload, or one older than this probe
     _block = None
 try:
     # An operator's output, not a name (ABI 2): attribution still matches it by size.
@@ -93,6 +93,9 @@ def activate(shapes=None):
 
     if not torch.cuda.is_available():
         return False
+    if _block is None:
+        _note("the preload is older than this probe (no vramtrace_tensor_block): tensors are not recorded")
+        return False
     if shapes is None:
         shapes = os.environ.get("VRAMTRACE_TORCH_SHAPES") == "1"
     stats = torch._C._cuda_memoryStats
@@ -108,8 +111,6 @@ def activate(shapes=None):
                 s.get("requested_bytes", {}).get("all", {}).get("current", 0))
 
     native = _NativeCounters(torch)
-    block = _block or (lambda action, dev, ptr, size, requested: _tensor(
-        action, dev, ptr, size, 0, 0, 0, 0, 0, None, None, None, 0, requested))
 
     def counters(dev):
         return native.read(dev) if native.ready else native.check(dev, dict_counters(dev))
@@ -125,7 +126,7 @@ def activate(shapes=None):
             counts["alloc"] += 1
             counts["alloc_bytes"] += max(size, 0)
             counts["unsized"] += size <= 0
-        block(ALLOC, dev, ptr, max(size, 0), max(requested, 0))
+        _block(ALLOC, dev, ptr, max(size, 0), max(requested, 0))
 
     def on_free(ptr):
         with _lock:
@@ -133,7 +134,7 @@ def activate(shapes=None):
             if dev in baseline:
                 baseline[dev] = (baseline[dev][0] - size, baseline[dev][1] - requested)
             counts["free"] += 1
-        block(FREE, dev, ptr, 0, 0)
+        _block(FREE, dev, ptr, 0, 0)
 
     def on_oom(device, alloc, allowed, device_free):
         # PyTorch's caching allocator calls its observers with the request, the bytes this
