@@ -695,6 +695,17 @@ mod evidence_tests {
         .unwrap()
     }
 
+    /// One observation per tensor live at the model's peak, made by `f` from its index and
+    /// itself, in the model's order.
+    fn at_peak(t: &[Tensor], f: impl Fn(usize, &Tensor) -> Observed) -> Vec<Observed> {
+        let peak = vramtrace_models::peak(t);
+        t.iter()
+            .enumerate()
+            .filter(|(i, _)| peak.live.contains(i))
+            .map(|(i, x)| f(i, x))
+            .collect()
+    }
+
     fn obs(size: u64, t: u64, frames: &[&str]) -> Observed {
         Observed {
             size,
@@ -762,20 +773,14 @@ mod evidence_tests {
     #[test]
     fn frames_in_the_modelled_file_back_a_match_and_other_files_contradict_it() {
         let t = fla();
-        let peak = vramtrace_models::peak(&t);
-        let o: Vec<Observed> = t
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| peak.live.contains(i))
-            .map(|(i, x)| {
-                let f = if x.name == "o" {
-                    "other_gdn.py:88 forward".to_string()
-                } else {
-                    format!("{}:1 f", source_file(x.source).unwrap())
-                };
-                obs(x.bytes, i as u64, &[f.as_str(), "model.py:3 forward"])
-            })
-            .collect();
+        let o = at_peak(&t, |i, x| {
+            let f = if x.name == "o" {
+                "other_gdn.py:88 forward".to_string()
+            } else {
+                format!("{}:1 f", source_file(x.source).unwrap())
+            };
+            obs(x.bytes, i as u64, &[f.as_str(), "model.py:3 forward"])
+        });
         let a = attribute(&t, o, 1, Moment::Peak);
         let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
         assert!(
@@ -798,19 +803,13 @@ mod evidence_tests {
     fn a_gdn_layer_allocating_in_its_own_file_is_another_implementation() {
         // scripts/validate/naive_gdn.py: fla's buffer shapes, allocated by another file.
         let t = fla();
-        let peak = vramtrace_models::peak(&t);
-        let o: Vec<Observed> = t
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| peak.live.contains(i))
-            .map(|(i, x)| {
-                obs(
-                    x.bytes,
-                    i as u64,
-                    &[&format!("naive_gdn.py:{} naive_chunk_gdn", 40 + i)],
-                )
-            })
-            .collect();
+        let o = at_peak(&t, |i, x| {
+            obs(
+                x.bytes,
+                i as u64,
+                &[&format!("naive_gdn.py:{} naive_chunk_gdn", 40 + i)],
+            )
+        });
         let a = attribute(&t, o, 1, Moment::Peak);
         assert_eq!(a.attributed_bytes, 0);
         assert!(a.rows.iter().all(|r| r.observed.is_none()));
@@ -831,26 +830,20 @@ mod evidence_tests {
         // of the same size is not, and nothing is contradicted by it.
         use crate::attribution::OpOutput;
         let t = fla();
-        let peak = vramtrace_models::peak(&t);
-        let o: Vec<Observed> = t
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| peak.live.contains(i))
-            .map(|(i, x)| {
-                let mut ob = obs(x.bytes, i as u64, &[]);
-                let shape: Vec<i64> = if x.name == "o" {
-                    vec![x.bytes as i64 / 2]
-                } else {
-                    x.shape.iter().map(|&d| d as i64).collect()
-                };
-                ob.op = Some(OpOutput {
-                    op: "empty_like".into(),
-                    dtype: x.dtype.to_string(),
-                    shape,
-                });
-                ob
-            })
-            .collect();
+        let o = at_peak(&t, |i, x| {
+            let mut ob = obs(x.bytes, i as u64, &[]);
+            let shape: Vec<i64> = if x.name == "o" {
+                vec![x.bytes as i64 / 2]
+            } else {
+                x.shape.iter().map(|&d| d as i64).collect()
+            };
+            ob.op = Some(OpOutput {
+                op: "empty_like".into(),
+                dtype: x.dtype.to_string(),
+                shape,
+            });
+            ob
+        });
         let a = attribute(&t, o, 1, Moment::Peak);
         let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
         assert!(
@@ -900,16 +893,10 @@ mod evidence_tests {
         // alone would pair each with another's allocation (and the frames would then read as
         // "other code"); the frame pass pairs each with the allocation made in its own file.
         let t = fla();
-        let peak = vramtrace_models::peak(&t);
-        let mut o: Vec<Observed> = t
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| peak.live.contains(i))
-            .map(|(i, x)| {
-                let f = format!("{}:{} f", source_file(x.source).unwrap(), 100 + i);
-                obs(x.bytes, 1000 - i as u64, &[f.as_str()])
-            })
-            .collect();
+        let mut o = at_peak(&t, |i, x| {
+            let f = format!("{}:{} f", source_file(x.source).unwrap(), 100 + i);
+            obs(x.bytes, 1000 - i as u64, &[f.as_str()])
+        });
         o.sort_by_key(|x| x.t_ns);
         let a = attribute(&t, o, 1, Moment::Peak);
         for r in a.rows.iter().filter(|r| r.live_at_predicted_peak) {
