@@ -58,32 +58,11 @@ fn write_trace(dir: &std::path::Path, fail_last: bool) {
     std::fs::write(dir.join("77.vtr"), bytes).unwrap();
 }
 
-fn compare(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let config = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/samples/models/Qwen3.6-27B/config.json"
-    );
-    std::process::Command::new(vramtrace())
-        .arg("compare")
-        .arg(dir)
-        .args([
-            "--model",
-            config,
-            "--variant",
-            "fla-0.6.0",
-            "--tokens",
-            "4128",
-        ])
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn peak_is_attributed_tensor_by_tensor() {
     let dir = scratch("compare-peak");
     write_trace(&dir, false);
-    let o = compare(&dir, &["--json"]);
+    let o = compare_fla(&dir, &["--json"]);
     assert!(o.status.success(), "{}", describe(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = v["attribution"]["rows"].as_array().unwrap();
@@ -112,7 +91,7 @@ fn peak_is_attributed_tensor_by_tensor() {
         5 * 50724864u64,
         "the input and the four look-alikes"
     );
-    let text = compare(&dir, &[]);
+    let text = compare_fla(&dir, &[]);
     let s = String::from_utf8_lossy(&text.stdout);
     assert!(s.contains("ambiguous"), "{s}");
 }
@@ -121,14 +100,14 @@ fn peak_is_attributed_tensor_by_tensor() {
 fn failed_request_is_named() {
     let dir = scratch("compare-oom");
     write_trace(&dir, true);
-    let o = compare(&dir, &["--at", "oom"]);
+    let o = compare_fla(&dir, &["--at", "oom"]);
     assert!(o.status.success(), "{}", describe(&o));
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(
         s.contains("the failed request is o bfloat16 [1, 4128, 48, 128]"),
         "{s}"
     );
-    let bad = compare(&dir, &["--at", "oom:3"]);
+    let bad = compare_fla(&dir, &["--at", "oom:3"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("there is no failure #3"),

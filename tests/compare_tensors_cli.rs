@@ -187,27 +187,6 @@ fn write_trace(dir: &Path, refuse_o: bool) -> PathBuf {
     dir.to_path_buf()
 }
 
-fn compare(dir: &Path, extra: &[&str]) -> std::process::Output {
-    let config = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/samples/models/Qwen3.6-27B/config.json"
-    );
-    Command::new(vramtrace())
-        .arg("compare")
-        .arg(dir)
-        .args([
-            "--model",
-            config,
-            "--variant",
-            "fla-0.6.0",
-            "--tokens",
-            "4128",
-        ])
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
 fn json(o: &std::process::Output) -> serde_json::Value {
     assert!(o.status.success(), "{}", describe(o));
     serde_json::from_slice(&o.stdout).unwrap()
@@ -216,7 +195,7 @@ fn json(o: &std::process::Output) -> serde_json::Value {
 #[test]
 fn the_tensor_peak_is_compared_with_frames_as_evidence() {
     let dir = write_trace(&scratch("compare-tensors-peak"), false);
-    let v = json(&compare(&dir, &["--json"]));
+    let v = json(&compare_fla(&dir, &["--json"]));
     let a = &v["attribution"];
     let rows = a["rows"].as_array().unwrap();
     for (r, (name, bytes, file, line, f)) in rows.iter().zip(FLA) {
@@ -239,7 +218,7 @@ fn the_tensor_peak_is_compared_with_frames_as_evidence() {
     assert_eq!(a["evidence"]["ambiguous"], 0);
     assert_eq!(a["observed"][0]["api"], "pytorch");
     assert_eq!(a["observed"][0]["frames"][0], "model.py:12 embed");
-    let text = compare(&dir, &[]);
+    let text = compare_fla(&dir, &[]);
     let s = String::from_utf8_lossy(&text.stdout);
     assert!(s.contains("tensor peak"), "{s}");
     assert!(s.contains("frame chunk_o.py:565 chunk_fwd_o"), "{s}");
@@ -249,7 +228,7 @@ fn the_tensor_peak_is_compared_with_frames_as_evidence() {
 #[test]
 fn an_allocator_oom_is_a_failure_whose_request_is_the_refused_tensor() {
     let dir = write_trace(&scratch("compare-tensors-oom"), true);
-    let o = compare(&dir, &["--at", "oom"]);
+    let o = compare_fla(&dir, &["--at", "oom"]);
     assert!(o.status.success(), "{}", describe(&o));
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -257,13 +236,13 @@ fn an_allocator_oom_is_a_failure_whose_request_is_the_refused_tensor() {
         "{s}"
     );
     assert!(s.contains("PyTorch's allocator refused"), "{s}");
-    let v = json(&compare(&dir, &["--at", "oom", "--json"]));
+    let v = json(&compare_fla(&dir, &["--at", "oom", "--json"]));
     let a = &v["attribution"];
     assert_eq!(a["failed_tensor"], 7);
     let rows = a["rows"].as_array().unwrap();
     assert_eq!(rows[7]["evidence"]["frame"], "chunk_o.py:565 chunk_fwd_o");
     assert_eq!(rows[6]["evidence"]["kind"], "frame", "{}", rows[6]);
-    let bad = compare(&dir, &["--at", "oom:1"]);
+    let bad = compare_fla(&dir, &["--at", "oom:1"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("there is no failure #1"),
@@ -272,10 +251,6 @@ fn an_allocator_oom_is_a_failure_whose_request_is_the_refused_tensor() {
     );
     // plot --kind breakdown takes the same moment.
     let svg = dir.join("oom.svg");
-    let config = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/samples/models/Qwen3.6-27B/config.json"
-    );
     let o = Command::new(vramtrace())
         .arg("plot")
         .arg(&dir)
@@ -283,7 +258,7 @@ fn an_allocator_oom_is_a_failure_whose_request_is_the_refused_tensor() {
             "--kind",
             "breakdown",
             "--model",
-            config,
+            QWEN_CONFIG,
             "--variant",
             "fla-0.6.0",
         ])

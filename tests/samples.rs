@@ -18,10 +18,7 @@ fn json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-const CONFIG: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/samples/models/Qwen3.6-27B/config.json"
-);
+const CONFIG: &str = QWEN_CONFIG;
 
 #[test]
 fn pytorch_caching_off_allocates_each_tensor_exactly() {

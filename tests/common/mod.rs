@@ -127,3 +127,27 @@ pub fn e(kind: &str, api: &str, size: u64) -> (String, String, u64) {
 }
 
 pub const MIB: u64 = 1 << 20;
+
+/// The model config the tests compare against (samples/models/Qwen3.6-27B).
+pub const QWEN_CONFIG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/samples/models/Qwen3.6-27B/config.json"
+);
+
+/// `vramtrace compare DIR --model Qwen3.6-27B --variant fla-0.6.0 --tokens 4128 EXTRA...`.
+pub fn compare_fla(dir: &Path, extra: &[&str]) -> Output {
+    Command::new(vramtrace())
+        .arg("compare")
+        .arg(dir)
+        .args([
+            "--model",
+            QWEN_CONFIG,
+            "--variant",
+            "fla-0.6.0",
+            "--tokens",
+            "4128",
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
