@@ -446,6 +446,73 @@ nccl_stages() {
   done
 }
 
+hf_bin() {
+  # The transformers CLI of the Python that holds torch (the venv's bin may not be on PATH).
+  command -v transformers 2>/dev/null || echo "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/transformers"
+}
+
+hf_models() {
+  # Random-weight models with a word-level tokenizer (no hub there): a dense Qwen3 to serve and a
+  # hybrid Qwen3.5 text model (Gated DeltaNet + attention) for the prefill.
+  [ -f "$W/models/hybrid/config.json" ] && [ -f "$W/models/dense/config.json" ] && return 0
+  timeout 300 python3 "$VAL/hf_models.py" "$W/models" dense hybrid
+}
+
+hf_prefill() {
+  # Issue 18: a transformers Qwen3.5 prefill with fla's kernels, traced with the caching allocator
+  # on; then what summary and report conclude from it.
+  hf_models || return 1
+  local t=${HF_TOKENS:-16384} d=$W/hf-prefill
+  rm -rf "$d" "$d-report"
+  timeout 300 python3 "$VAL/hf_prefill.py" "$W/models/hybrid" --tokens "$t"
+  timeout 300 $VT run --quiet --out "$d" -- python3 "$VAL/hf_prefill.py" "$W/models/hybrid" --tokens "$t"
+  echo "exit $?"
+  $VT summary "$d" | head -60
+  $VT report "$d" --model "$W/models/hybrid/config.json" --tokens "$t" -o "$d-report" | tail -2
+  head -60 "$d-report/report.md"
+}
+
+serve_cb() {
+  # Issue 18/19: transformers serve, continuous batching (paged KV cache), under vramtrace run,
+  # with 16 concurrent chat completions of 1,500 prompt tokens and 96 new tokens.
+  hf_models || return 1
+  local tf port=${SERVE_PORT:-8765} d=$W/serve-cb m=$W/models/dense
+  tf=$(hf_bin)
+  rm -rf "$d" "$d-report"
+  # /v1/models scans the hub cache, which must exist (there is no hub there).
+  mkdir -p "${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}"
+  # The model as a positional argument where this transformers takes one; else it loads on the
+  # first request naming it.
+  local -a pos=("$m")
+  "$tf" serve --help 2>&1 | grep -qiE "^ *(model|model_id|MODEL)\b|\[MODEL\]|force.model" || pos=()
+  $VT run --quiet --out "$d" -- "$tf" serve "${pos[@]}" --port "$port" --continuous-batching \
+    ${SERVE_ARGS:-} > "$d.stdout" 2>&1 &
+  local pid=$!
+  sleep 8
+  if ! kill -0 $pid 2>/dev/null; then
+    echo "serve exited early:"; tail -20 "$d.stdout"; rm -rf "$d"
+    $VT run --quiet --out "$d" -- "$tf" serve --port "$port" --continuous-batching \
+      ${SERVE_ARGS:-} > "$d.stdout" 2>&1 &
+    pid=$!
+  fi
+  timeout 400 python3 "$VAL/serve_load.py" "$port" "$m" --requests 16 --prompt-tokens 1500 \
+    --max-tokens 96 --rounds ${SERVE_ROUNDS:-2} --wait 240
+  echo "load exit $?"
+  pkill -INT -f "transformers serve" ; sleep 5; pkill -KILL -f "transformers serve"
+  wait $pid; echo "run exit $?"
+  tail -30 "$d.stdout" | cut -c1-300
+  $VT summary "$d" | head -80
+  $VT report "$d" --model "$m/config.json" -o "$d-report" | tail -2
+  head -60 "$d-report/report.md"
+}
+
+torch_symbols() {
+  # What libc10_cuda exports for the caching allocator's trace trackers (issue 19's native path).
+  local lib
+  lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so"))')
+  nm -DC "$lib" | grep -iE "tracker|recordHistory|TraceEntry|attachOutOfMemory|getDeviceStats| allocator$" | head -40
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del
