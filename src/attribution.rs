@@ -913,6 +913,109 @@ mod evidence_tests {
     }
 
     #[test]
+    fn a_name_backs_a_match_only_when_the_size_fits() {
+        // `o` named as the tensor but 4096 bytes larger than the model says: still matched (the
+        // row shows the difference), but the name is not evidence for it.
+        let t = fla();
+        let o = at_peak(&t, |i, x| {
+            let mut ob = obs(x.bytes, i as u64, &[]);
+            ob.name = Some(x.name.clone());
+            if x.name == "o" {
+                ob.size += 4096;
+            }
+            ob
+        });
+        let a = attribute(&t, o, 1, Moment::Peak);
+        let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
+        let ev = row("o").evidence.clone().unwrap();
+        assert!(!ev.is_backed(), "{ev:?}");
+        assert_eq!(
+            ev.describe(),
+            "named, but 4096 bytes larger than predicted",
+            "{ev:?}"
+        );
+        assert_eq!(row("o").difference, Some(4096));
+        assert_eq!(row("h").evidence, Some(Evidence::Label));
+        assert_eq!(
+            a.evidence.evidence_bytes,
+            a.attributed_bytes - row("o").observed_bytes
+        );
+    }
+
+    #[test]
+    fn a_shape_backs_a_match_only_from_the_operator_the_model_names() {
+        // FlashAttention's `out` has the shape and dtype of its input `q`: a copy of `q` (made
+        // by `clone`) of out's size is not `out`, whatever its shape. The others are outputs of
+        // `aten::_flash_attention_forward`, the operator the model names.
+        use crate::attribution::OpOutput;
+        let t = torch_fa();
+        let o: Vec<Observed> = t
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let mut ob = obs(x.bytes, i as u64, &[]);
+                ob.op = Some(OpOutput {
+                    op: if x.name == "out" {
+                        "clone"
+                    } else {
+                        "_flash_attention_forward"
+                    }
+                    .into(),
+                    dtype: x.dtype.to_string(),
+                    shape: x.shape.iter().map(|&d| d as i64).collect(),
+                });
+                ob
+            })
+            .collect();
+        let a = attribute(&t, o, 1, Moment::Window);
+        let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
+        assert!(
+            matches!(row("out").evidence, Some(Evidence::SizeOnly { .. })),
+            "{:?}",
+            row("out")
+        );
+        assert!(
+            matches!(row("softmax_lse").evidence, Some(Evidence::Shape { ref op }) if op.starts_with("_flash_attention_forward [24, 4128]")),
+            "{:?}",
+            row("softmax_lse")
+        );
+        assert_eq!(a.evidence.size_only_bytes, row("out").observed_bytes);
+    }
+
+    #[test]
+    fn at_a_failure_the_failed_request_is_one_of_the_look_alikes() {
+        // Live at the failure: Ai, a 25600-byte allocation and another unnamed one of that size;
+        // the failed request is 25600 bytes too. w and u claim that size, and three allocations
+        // have it (the request among them): neither is matched on size and order alone.
+        let mut tl = vramtrace_models::Timeline::new();
+        let a = tl.alloc("A (fp32)", &[100, 64], DType::F32, "test");
+        let _ai = tl.alloc("Ai", &[100, 64], DType::BF16, "test");
+        tl.free(a);
+        let _w = tl.alloc("w", &[100, 128], DType::BF16, "test");
+        let _u = tl.alloc("u", &[100, 128], DType::BF16, "test");
+        let model = tl.finish().unwrap();
+        let mut o = vec![
+            obs(12800, 1, &[]),
+            obs(25600, 2, &[]),
+            obs(25600, 3, &[]),
+            obs(25600, 4, &[]),
+        ];
+        o[3].failed = true;
+        let a = attribute(&model, o, 1, Moment::Failure);
+        for n in ["w", "u"] {
+            let r = a.rows.iter().find(|r| r.name == n).unwrap();
+            assert_eq!(
+                r.evidence,
+                Some(Evidence::Ambiguous { candidates: 3 }),
+                "{r:?}"
+            );
+            assert_eq!(r.observed, None, "{r:?}");
+        }
+        assert_eq!(a.evidence.ambiguous, 2, "{:?}", a.evidence);
+        assert_eq!(a.unexplained_bytes, 2 * 25600);
+    }
+
+    #[test]
     fn pytorch_blocks_compare_at_their_512_byte_granule() {
         // PyTorch's FlashAttention: rng_state (16 B) and the philox offset (8 B) are 512-byte
         // blocks of the caching allocator.

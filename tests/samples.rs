@@ -306,6 +306,33 @@ fn real_fla_tensors_are_matched_by_their_frames_in_both_caching_modes() {
     }
 }
 
+/// The same real fla 0.6.0 runs against vLLM 0.20.1's vendored copy of fla: the file names
+/// are the same (`chunk_o.py`, `wy_fast.py`, ...), the module paths and lines are not, so no
+/// frame backs vLLM's model, and each tensor's look-alike is said to be other code.
+#[test]
+fn real_fla_frames_do_not_back_vllms_vendored_copy() {
+    for dir in [
+        "pytorch-gdn-cache",
+        "pytorch-gdn-nocache",
+        "pytorch-gdn-shapes",
+    ] {
+        let v = compare_json(dir, "vllm-0.20.1", &[]);
+        let a = &v["attribution"];
+        for r in a["rows"].as_array().unwrap() {
+            assert_ne!(r["evidence"]["kind"], "frame", "{dir}: {r}");
+        }
+        assert_eq!(a["evidence"]["evidence_bytes"], 0, "{dir}");
+        assert!(
+            a["evidence"]["other_implementation"]
+                .as_str()
+                .unwrap()
+                .contains("chunk_o.py"),
+            "{dir}: {}",
+            a["evidence"]
+        );
+    }
+}
+
 /// PyTorch's FlashAttention allocates in C++: Python frames cannot back the match, but
 /// `--torch-shapes` gives every output's operator, shape and dtype.
 #[test]
