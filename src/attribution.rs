@@ -433,7 +433,16 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
         };
         let o = &a.observed[oi];
         if how == MatchedBy::Label {
-            row.evidence = Some(Evidence::Label);
+            // A name is evidence only for an allocation of the tensor's size.
+            row.evidence = Some(
+                if round_up(o.size, align) == round_up(row.predicted_bytes, align) {
+                    Evidence::Label
+                } else {
+                    Evidence::LabelOtherSize {
+                        difference: o.size as i64 - row.predicted_bytes as i64,
+                    }
+                },
+            );
             continue;
         }
         // Only a tensor the model says is allocated in Python can be confirmed or contradicted
@@ -520,6 +529,8 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
         }
         if row.evidence.as_ref().is_some_and(Evidence::is_backed) {
             s.evidence_bytes += a.observed[oi].size
+        } else if matches!(row.evidence, Some(Evidence::LabelOtherSize { .. })) {
+            s.named_other_size_bytes += a.observed[oi].size
         } else {
             s.size_only_bytes += a.observed[oi].size
         }

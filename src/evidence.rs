@@ -1,7 +1,9 @@
 //! What an attribution rests on (issue 11, item 6).
 //!
 //! A predicted tensor matched to an observed allocation is only as good as the evidence for it:
-//! - **label**: the allocation was named (an annotation or a range) as the tensor;
+//! - **label**: the allocation was named (an annotation or a range) as the tensor and has the
+//!   tensor's size (after the comparison's rounding); a named allocation of another size stays
+//!   matched, says by how much it differs, and is not evidence;
 //! - **frame**: one of the allocation's Python frames is in the file the model cites for the
 //!   tensor (`chunk_o.py` for fla's `o`), compared by file name;
 //! - **shape**: the allocation holds an operator output (`vramtrace run --torch-shapes`) with the
@@ -25,8 +27,14 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Evidence {
-    /// Named as the tensor.
+    /// Named as the tensor, and of the tensor's size.
     Label,
+    /// Named as the tensor, but of another size: matched (the row shows the difference), not
+    /// evidence.
+    LabelOtherSize {
+        /// Observed minus predicted bytes.
+        difference: i64,
+    },
     /// A Python frame in the modelled file.
     Frame {
         /// The frame (`chunk_o.py:565 chunk_fwd_o`).
@@ -71,6 +79,11 @@ impl Evidence {
     pub fn describe(&self) -> String {
         match self {
             Evidence::Label => "named".into(),
+            Evidence::LabelOtherSize { difference } => format!(
+                "named, but {} bytes {} than predicted",
+                difference.unsigned_abs(),
+                if *difference > 0 { "larger" } else { "smaller" }
+            ),
             Evidence::Frame { frame } => format!("frame {frame}"),
             Evidence::Shape { op } => format!("shape: {op}"),
             Evidence::SizeOnly { same_size } => {
@@ -94,6 +107,9 @@ pub struct EvidenceSummary {
     pub evidence_bytes: u64,
     /// Matched bytes resting on size and order alone.
     pub size_only_bytes: u64,
+    /// Matched bytes named as their tensor but of another size than the model's: not evidence.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub named_other_size_bytes: u64,
     /// Tensors left unmatched because several allocations looked alike.
     pub ambiguous: usize,
     /// Tensors left unmatched because the frames show other code.
@@ -101,6 +117,10 @@ pub struct EvidenceSummary {
     /// A sentence when the frames show another implementation than the model's variant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub other_implementation: Option<String>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The file name the model cites for a tensor (`fla-0.6.0 fla/ops/common/chunk_o.py:565 ...`

@@ -303,6 +303,13 @@ pub fn render(
         ev.ambiguous,
         ev.contradicted,
     );
+    if ev.named_other_size_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "  named as their tensor but of another size (not evidence): {}",
+            fmt_bytes(ev.named_other_size_bytes)
+        );
+    }
     if let Some(n) = &ev.other_implementation {
         let _ = writeln!(out, "  {n}");
     }
