@@ -466,7 +466,9 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
             },
         }
     }
-    // Pass 2: size and order alone, against the unnamed live allocations of the same size.
+    // Pass 2: size and order alone, against the unnamed allocations of the same size: the live
+    // ones and, at a failure, the failed request, which is a claimant's allocation as much as
+    // a live one is (leaving it out under-counts the look-alikes by one).
     for &ri in &size_rows {
         let size = round_up(a.rows[ri].predicted_bytes, align);
         let alike = a
@@ -474,8 +476,7 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
             .iter()
             .enumerate()
             .filter(|(oi, o)| {
-                !o.failed
-                    && o.name.is_none()
+                o.name.is_none()
                     && round_up(o.size, align) == size
                     && !a.rows.iter().any(|r| {
                         r.observed == Some(*oi)

@@ -11,7 +11,9 @@
 //! - **size and order** alone: nothing but the bytes (and the allocation order) agree. This is
 //!   kept as a match only when it is the only reading: no more unnamed live allocations of that
 //!   size than model tensors of that size matched by size. Otherwise the match is **ambiguous**
-//!   (with the number of look-alike candidates) and is not counted as matched.
+//!   (with the number of look-alike candidates) and is not counted as matched. At a failure the
+//!   failed request is one of the look-alikes (it is an allocation of that size a claimant may
+//!   be), although the tensor matched to it is never itself called ambiguous.
 //! - **contradicted**: the model cites a Python file for the tensor, the allocation has Python
 //!   frames and none is in that file: the memory was allocated by other code (another
 //!   implementation than the model's variant); the match is dropped and the frame that
@@ -48,10 +50,11 @@ pub enum Evidence {
     /// Size (and order) alone, with no other reading: `same_size` unnamed allocations of that
     /// size for as many tensors.
     SizeOnly {
-        /// Unnamed live allocations of that size.
+        /// Unnamed allocations of that size (live, or the failed request).
         same_size: usize,
     },
-    /// Not matched: `candidates` unnamed allocations of that size for fewer tensors.
+    /// Not matched: `candidates` unnamed allocations of that size (live, or the failed
+    /// request) for fewer tensors.
     Ambiguous {
         /// Look-alike allocations.
         candidates: usize,
@@ -90,7 +93,7 @@ impl Evidence {
                 format!("size/order only ({same_size} alike)")
             }
             Evidence::Ambiguous { candidates } => {
-                format!("ambiguous: {candidates} live allocations of this size")
+                format!("ambiguous: {candidates} unnamed allocations of this size")
             }
             Evidence::Contradicted { frame, expected } => {
                 format!("other code: allocated at {frame}, not in {expected}")
