@@ -76,6 +76,15 @@ impl OpOutput {
             .to_string()
     }
 
+    /// Whether it is an output of the operator the model names for `t` ([`Tensor::op`]),
+    /// compared without the namespace (the probe records `_flash_attention_forward` for
+    /// `aten::_flash_attention_forward`). A tensor whose operator the model does not name is
+    /// the output of none.
+    pub fn is_output_of(&self, t: &Tensor) -> bool {
+        let bare = |s: &str| s.rsplit("::").next().unwrap_or(s).to_string();
+        t.op.as_deref().is_some_and(|op| bare(op) == bare(&self.op))
+    }
+
     /// Whether it has the model tensor's shape and dtype.
     pub fn is_shaped_like(&self, t: &Tensor) -> bool {
         self.shape.len() == t.shape.len()
@@ -459,7 +468,12 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
                 drop.push(ri);
             }
             _ => match &o.op {
-                Some(op) if op.is_shaped_like(&tensors[row.tensor]) => {
+                // The shape of an output of another operator says nothing: FlashAttention's
+                // `out` has the shape of its input `q`.
+                Some(op)
+                    if op.is_output_of(&tensors[row.tensor])
+                        && op.is_shaped_like(&tensors[row.tensor]) =>
+                {
                     row.evidence = Some(Evidence::Shape { op: op.describe() })
                 }
                 _ => size_rows.push(ri),
@@ -849,8 +863,9 @@ mod evidence_tests {
             } else {
                 x.shape.iter().map(|&d| d as i64).collect()
             };
+            // The operator fla's code calls for it (`k.new_empty` for h: `new_empty`).
             ob.op = Some(OpOutput {
-                op: "empty_like".into(),
+                op: x.op.as_deref().unwrap().trim_start_matches("aten::").into(),
                 dtype: x.dtype.to_string(),
                 shape,
             });
@@ -859,7 +874,7 @@ mod evidence_tests {
         let a = attribute(&t, o, 1, Moment::Peak);
         let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
         assert!(
-            matches!(row("h").evidence, Some(Evidence::Shape { ref op }) if op.starts_with("empty_like [1, 65, 48, 128, 128] bfloat16")),
+            matches!(row("h").evidence, Some(Evidence::Shape { ref op }) if op.starts_with("new_empty [1, 65, 48, 128, 128] bfloat16")),
             "{:?}",
             row("h")
         );

@@ -6,8 +6,12 @@
 //!   matched, says by how much it differs, and is not evidence;
 //! - **frame**: one of the allocation's Python frames is in the file the model cites for the
 //!   tensor (`chunk_o.py` for fla's `o`), compared by file name;
-//! - **shape**: the allocation holds an operator output (`vramtrace run --torch-shapes`) with the
-//!   tensor's exact shape and dtype;
+//! - **shape**: the allocation holds an output of the operator the model names for the tensor
+//!   (`vramtrace run --torch-shapes`; `aten::empty_like` for fla's `o`,
+//!   `aten::_flash_attention_forward` for FlashAttention's `out`), with the tensor's exact shape
+//!   and dtype. Another operator's output of that shape is not evidence (FlashAttention's `out`
+//!   has the shape of its input `q`), nor is any output for a tensor whose operator the model
+//!   does not name;
 //! - **size and order** alone: nothing but the bytes (and the allocation order) agree. This is
 //!   kept as a match only when it is the only reading: no more unnamed live allocations of that
 //!   size than model tensors of that size matched by size. Otherwise the match is **ambiguous**
@@ -42,7 +46,8 @@ pub enum Evidence {
         /// The frame (`chunk_o.py:565 chunk_fwd_o`).
         frame: String,
     },
-    /// An operator output with the tensor's shape and dtype (`--torch-shapes`).
+    /// An output of the operator the model names, with the tensor's shape and dtype
+    /// (`--torch-shapes`).
     Shape {
         /// The output, `empty_like [1, 4128, 48, 128] bfloat16`.
         op: String,
