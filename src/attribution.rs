@@ -5,8 +5,9 @@
 //! tensor is matched to at most one observed allocation, in four passes:
 //! 1. **label**: an allocation named through the annotation ABI, or made inside a range whose
 //!    innermost name is the tensor's name, matches that tensor;
-//! 2. **frame and size**: an allocation of the tensor's size with a Python frame in the file the
-//!    model cites for it (`chunk_o.py` for fla's `o`);
+//! 2. **frame and size**: an allocation of the tensor's size with a Python frame at the module
+//!    path and line the model cites for it (`fla/ops/common/chunk_o.py:565` for fla 0.6.0's
+//!    `o`; see [`crate::evidence::PythonSite`]);
 //! 3. **order and size**: the remaining tensors, in allocation order, take the next remaining
 //!    allocation (in time order) of the same size — a kernel allocates in program order;
 //! 4. **size**: what is left pairs by equal size regardless of order.
@@ -27,7 +28,7 @@ use serde::Serialize;
 
 use vramtrace_models::Tensor;
 
-use crate::evidence::{Evidence, EvidenceSummary, frame_file, python_source_file};
+use crate::evidence::{Evidence, EvidenceSummary, frame_file, python_site};
 
 /// One allocation seen in a trace, as attribution needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,6 +51,11 @@ pub struct Observed {
     /// frames skipped): what [`crate::evidence`] weighs a size match against.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<String>,
+    /// The path of each of `frames` as the interpreter recorded it
+    /// (`/site/fla/ops/common/chunk_o.py`): a frame backs a tensor only at the module path and
+    /// line the model cites ([`crate::evidence::PythonSite`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frame_files: Vec<String>,
     /// The operator output it holds (`vramtrace run --torch-shapes`): a description, not a
     /// name, so the allocation is still matched by size and its shape is weighed as evidence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,7 +109,7 @@ impl OpOutput {
 pub enum MatchedBy {
     /// Annotation name or range label.
     Label,
-    /// Equal size, and a Python frame in the file the model cites for the tensor.
+    /// Equal size, and a Python frame at the module path and line the model cites for it.
     Frame,
     /// Allocation order and equal size.
     OrderAndSize,
@@ -248,13 +254,13 @@ fn match_set(
             used[oi] = true;
         }
     }
-    // 2. Frame and size: an allocation made in the file the model cites for the tensor (fla's
-    //    `w` and `o` have one size; `wy_fast.py` and `chunk_o.py` tell them apart).
+    // 2. Frame and size: an allocation made at the line the model cites for the tensor (fla's
+    //    `w` and `o` have one size; `wy_fast.py:273` and `chunk_o.py:565` tell them apart).
     for ti in 0..tensors.len() {
         if !open(ti, &taken) {
             continue;
         }
-        let Some(file) = python_source_file(tensors[ti].source) else {
+        let Some(site) = python_site(tensors[ti].source) else {
             continue;
         };
         if let Some(oi) = (0..observed.len()).find(|&oi| {
@@ -262,7 +268,7 @@ fn match_set(
             !used[oi]
                 && o.name.is_none()
                 && size_ok(&tensors[ti], o)
-                && o.frames.iter().any(|f| frame_file(f) == file)
+                && site.find_in(&o.frames, &o.frame_files).is_some()
         }) {
             taken[ti] = Some((oi, MatchedBy::Frame));
             used[oi] = true;
@@ -456,8 +462,8 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
         }
         // Only a tensor the model says is allocated in Python can be confirmed or contradicted
         // by Python frames: one allocated in C++ (`flash_api.cpp`) has only its caller's.
-        let want = python_source_file(tensors[row.tensor].source);
-        let hit = want.and_then(|w| o.frames.iter().find(|f| frame_file(f) == w));
+        let want = python_site(tensors[row.tensor].source);
+        let hit = want.and_then(|w| w.find_in(&o.frames, &o.frame_files));
         match (hit, o.frames.first(), want) {
             (Some(f), _, _) => row.evidence = Some(Evidence::Frame { frame: f.clone() }),
             (None, Some(first), Some(w)) => {
@@ -592,6 +598,7 @@ mod tests {
             label: None,
             failed: false,
             frames: Vec::new(),
+            frame_files: Vec::new(),
             op: None,
         }
     }
@@ -732,7 +739,18 @@ mod evidence_tests {
             .collect()
     }
 
+    /// An observation whose Python frames are given as `path/file.py:LINE function`: each is
+    /// shown by its file name (`file.py:LINE function`) with its path beside it, as `observe`
+    /// makes them.
     fn obs(size: u64, t: u64, frames: &[&str]) -> Observed {
+        let (frames, frame_files) = frames
+            .iter()
+            .map(|f| {
+                let path = f.split(':').next().unwrap();
+                let base = path.rsplit('/').next().unwrap();
+                (format!("{base}{}", &f[path.len()..]), path.to_string())
+            })
+            .unzip();
         Observed {
             size,
             t_ns: t,
@@ -741,9 +759,16 @@ mod evidence_tests {
             name: None,
             label: None,
             failed: false,
-            frames: frames.iter().map(|f| f.to_string()).collect(),
+            frames,
+            frame_files,
             op: None,
         }
+    }
+
+    /// `/site/PATH:LINE f`, the frame of an allocation at the line the model cites for `x`.
+    fn cited_frame(x: &Tensor) -> String {
+        let site = crate::evidence::python_site(x.source).unwrap();
+        format!("/site/{site} f")
     }
 
     #[test]
@@ -801,11 +826,11 @@ mod evidence_tests {
         let t = fla();
         let o = at_peak(&t, |i, x| {
             let f = if x.name == "o" {
-                "other_gdn.py:88 forward".to_string()
+                "/app/other_gdn.py:88 forward".to_string()
             } else {
-                format!("{}:1 f", source_file(x.source).unwrap())
+                cited_frame(x)
             };
-            obs(x.bytes, i as u64, &[f.as_str(), "model.py:3 forward"])
+            obs(x.bytes, i as u64, &[f.as_str(), "/app/model.py:3 forward"])
         });
         let a = attribute(&t, o, 1, Moment::Peak);
         let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
@@ -816,7 +841,7 @@ mod evidence_tests {
         );
         assert!(row("o").observed.is_none());
         assert!(
-            matches!(row("o").evidence, Some(Evidence::Contradicted { ref expected, .. }) if expected == "chunk_o.py")
+            matches!(row("o").evidence, Some(Evidence::Contradicted { ref expected, .. }) if expected == "fla/ops/common/chunk_o.py:565")
         );
         // The other tensors were allocated in fla's files: fla ran, and o's look-alike is not
         // taken for proof of another implementation.
@@ -920,10 +945,7 @@ mod evidence_tests {
         // alone would pair each with another's allocation (and the frames would then read as
         // "other code"); the frame pass pairs each with the allocation made in its own file.
         let t = fla();
-        let mut o = at_peak(&t, |i, x| {
-            let f = format!("{}:{} f", source_file(x.source).unwrap(), 100 + i);
-            obs(x.bytes, 1000 - i as u64, &[f.as_str()])
-        });
+        let mut o = at_peak(&t, |i, x| obs(x.bytes, 1000 - i as u64, &[&cited_frame(x)]));
         o.sort_by_key(|x| x.t_ns);
         let a = attribute(&t, o, 1, Moment::Peak);
         for r in a.rows.iter().filter(|r| r.live_at_predicted_peak) {

@@ -228,7 +228,7 @@ fn a_failure_with_python_frames_shows_the_evidence_and_the_allocating_line() {
         "| `o` | [1, 4128, 48, 128] | bfloat16 | 50,724,864 | 50,724,864 | 0 | frame and size | frame `chunk_o.py:565 chunk_fwd_o` in the modelled file | a PyTorch tensor at `chunk_o.py:565 chunk_fwd_o` |",
     );
     has(
-        "| `g (cumsum)` | [1, 4128, 48] | float32 | 792,576 | not matched | — |  | **other code**: allocated at `torch_prefill.py:62 prefill`, not in `cumsum.py` |  |",
+        "| `g (cumsum)` | [1, 4128, 48] | float32 | 792,576 | not matched | — |  | **other code**: allocated at `torch_prefill.py:62 prefill`, not in `fla/ops/utils/cumsum.py:278` |  |",
     );
     has(
         "Of the matched: backed by a name or a frame in the modelled file 51.38 MiB (53,870,592 B)",
