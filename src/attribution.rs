@@ -179,6 +179,16 @@ pub struct Attribution {
 }
 
 impl Attribution {
+    /// Whether this attribution of a moment explains it better than `other` (another variant's
+    /// of the same moment): more bytes backed by evidence (a name on an allocation of the
+    /// tensor's size, a frame at the cited line, a shape from the named operator); the bytes
+    /// matched without evidence (size and order alone, a name of another size) only break a tie.
+    /// How `compare`, `report` and the plots choose a variant when none is named.
+    pub fn outranks(&self, other: &Attribution) -> bool {
+        let rank = |a: &Attribution| (a.evidence.evidence_bytes, a.attributed_bytes);
+        rank(self) > rank(other)
+    }
+
     /// Share of the observed live bytes that is matched to the model or named.
     pub fn named_fraction(&self) -> f64 {
         if self.observed_bytes == 0 {
