@@ -130,7 +130,10 @@ pub struct EvidenceSummary {
     pub ambiguous: usize,
     /// Tensors left unmatched because the frames show other code.
     pub contradicted: usize,
-    /// A sentence when the frames show another implementation than the model's variant.
+    /// A sentence when the frames show that other code allocated the look-alikes of some of
+    /// the model's tensors: how many (every contradicted tensor counts, also when the modelled
+    /// code allocated others), in which files, and whether any tensor was allocated where the
+    /// model cites.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub other_implementation: Option<String>,
 }
