@@ -5,8 +5,9 @@
 //! tensor is matched to at most one observed allocation, in four passes:
 //! 1. **label**: an allocation named through the annotation ABI, or made inside a range whose
 //!    innermost name is the tensor's name, matches that tensor;
-//! 2. **frame and size**: an allocation of the tensor's size with a Python frame in the file the
-//!    model cites for it (`chunk_o.py` for fla's `o`);
+//! 2. **frame and size**: an allocation of the tensor's size with a Python frame at the module
+//!    path and line the model cites for it (`fla/ops/common/chunk_o.py:565` for fla 0.6.0's
+//!    `o`; see [`crate::evidence::PythonSite`]);
 //! 3. **order and size**: the remaining tensors, in allocation order, take the next remaining
 //!    allocation (in time order) of the same size — a kernel allocates in program order;
 //! 4. **size**: what is left pairs by equal size regardless of order.
@@ -27,7 +28,7 @@ use serde::Serialize;
 
 use vramtrace_models::Tensor;
 
-use crate::evidence::{Evidence, EvidenceSummary, frame_file, python_source_file};
+use crate::evidence::{Evidence, EvidenceSummary, frame_file, python_site};
 
 /// One allocation seen in a trace, as attribution needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,6 +51,11 @@ pub struct Observed {
     /// frames skipped): what [`crate::evidence`] weighs a size match against.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<String>,
+    /// The path of each of `frames` as the interpreter recorded it
+    /// (`/site/fla/ops/common/chunk_o.py`): a frame backs a tensor only at the module path and
+    /// line the model cites ([`crate::evidence::PythonSite`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frame_files: Vec<String>,
     /// The operator output it holds (`vramtrace run --torch-shapes`): a description, not a
     /// name, so the allocation is still matched by size and its shape is weighed as evidence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +82,15 @@ impl OpOutput {
             .to_string()
     }
 
+    /// Whether it is an output of the operator the model names for `t` ([`Tensor::op`]),
+    /// compared without the namespace (the probe records `_flash_attention_forward` for
+    /// `aten::_flash_attention_forward`). A tensor whose operator the model does not name is
+    /// the output of none.
+    pub fn is_output_of(&self, t: &Tensor) -> bool {
+        let bare = |s: &str| s.rsplit("::").next().unwrap_or(s).to_string();
+        t.op.as_deref().is_some_and(|op| bare(op) == bare(&self.op))
+    }
+
     /// Whether it has the model tensor's shape and dtype.
     pub fn is_shaped_like(&self, t: &Tensor) -> bool {
         self.shape.len() == t.shape.len()
@@ -94,7 +109,7 @@ impl OpOutput {
 pub enum MatchedBy {
     /// Annotation name or range label.
     Label,
-    /// Equal size, and a Python frame in the file the model cites for the tensor.
+    /// Equal size, and a Python frame at the module path and line the model cites for it.
     Frame,
     /// Allocation order and equal size.
     OrderAndSize,
@@ -164,6 +179,16 @@ pub struct Attribution {
 }
 
 impl Attribution {
+    /// Whether this attribution of a moment explains it better than `other` (another variant's
+    /// of the same moment): more bytes backed by evidence (a name on an allocation of the
+    /// tensor's size, a frame at the cited line, a shape from the named operator); the bytes
+    /// matched without evidence (size and order alone, a name of another size) only break a tie.
+    /// How `compare`, `report` and the plots choose a variant when none is named.
+    pub fn outranks(&self, other: &Attribution) -> bool {
+        let rank = |a: &Attribution| (a.evidence.evidence_bytes, a.attributed_bytes);
+        rank(self) > rank(other)
+    }
+
     /// Share of the observed live bytes that is matched to the model or named.
     pub fn named_fraction(&self) -> f64 {
         if self.observed_bytes == 0 {
@@ -239,13 +264,13 @@ fn match_set(
             used[oi] = true;
         }
     }
-    // 2. Frame and size: an allocation made in the file the model cites for the tensor (fla's
-    //    `w` and `o` have one size; `wy_fast.py` and `chunk_o.py` tell them apart).
+    // 2. Frame and size: an allocation made at the line the model cites for the tensor (fla's
+    //    `w` and `o` have one size; `wy_fast.py:273` and `chunk_o.py:565` tell them apart).
     for ti in 0..tensors.len() {
         if !open(ti, &taken) {
             continue;
         }
-        let Some(file) = python_source_file(tensors[ti].source) else {
+        let Some(site) = python_site(tensors[ti].source) else {
             continue;
         };
         if let Some(oi) = (0..observed.len()).find(|&oi| {
@@ -253,7 +278,7 @@ fn match_set(
             !used[oi]
                 && o.name.is_none()
                 && size_ok(&tensors[ti], o)
-                && o.frames.iter().any(|f| frame_file(f) == file)
+                && site.find_in(&o.frames, &o.frame_files).is_some()
         }) {
             taken[ti] = Some((oi, MatchedBy::Frame));
             used[oi] = true;
@@ -433,13 +458,22 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
         };
         let o = &a.observed[oi];
         if how == MatchedBy::Label {
-            row.evidence = Some(Evidence::Label);
+            // A name is evidence only for an allocation of the tensor's size.
+            row.evidence = Some(
+                if round_up(o.size, align) == round_up(row.predicted_bytes, align) {
+                    Evidence::Label
+                } else {
+                    Evidence::LabelOtherSize {
+                        difference: o.size as i64 - row.predicted_bytes as i64,
+                    }
+                },
+            );
             continue;
         }
         // Only a tensor the model says is allocated in Python can be confirmed or contradicted
         // by Python frames: one allocated in C++ (`flash_api.cpp`) has only its caller's.
-        let want = python_source_file(tensors[row.tensor].source);
-        let hit = want.and_then(|w| o.frames.iter().find(|f| frame_file(f) == w));
+        let want = python_site(tensors[row.tensor].source);
+        let hit = want.and_then(|w| w.find_in(&o.frames, &o.frame_files));
         match (hit, o.frames.first(), want) {
             (Some(f), _, _) => row.evidence = Some(Evidence::Frame { frame: f.clone() }),
             (None, Some(first), Some(w)) => {
@@ -450,14 +484,21 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
                 drop.push(ri);
             }
             _ => match &o.op {
-                Some(op) if op.is_shaped_like(&tensors[row.tensor]) => {
+                // The shape of an output of another operator says nothing: FlashAttention's
+                // `out` has the shape of its input `q`.
+                Some(op)
+                    if op.is_output_of(&tensors[row.tensor])
+                        && op.is_shaped_like(&tensors[row.tensor]) =>
+                {
                     row.evidence = Some(Evidence::Shape { op: op.describe() })
                 }
                 _ => size_rows.push(ri),
             },
         }
     }
-    // Pass 2: size and order alone, against the unnamed live allocations of the same size.
+    // Pass 2: size and order alone, against the unnamed allocations of the same size: the live
+    // ones and, at a failure, the failed request, which is a claimant's allocation as much as
+    // a live one is (leaving it out under-counts the look-alikes by one).
     for &ri in &size_rows {
         let size = round_up(a.rows[ri].predicted_bytes, align);
         let alike = a
@@ -465,8 +506,7 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
             .iter()
             .enumerate()
             .filter(|(oi, o)| {
-                !o.failed
-                    && o.name.is_none()
+                o.name.is_none()
                     && round_up(o.size, align) == size
                     && !a.rows.iter().any(|r| {
                         r.observed == Some(*oi)
@@ -520,18 +560,16 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
         }
         if row.evidence.as_ref().is_some_and(Evidence::is_backed) {
             s.evidence_bytes += a.observed[oi].size
+        } else if matches!(row.evidence, Some(Evidence::LabelOtherSize { .. })) {
+            s.named_other_size_bytes += a.observed[oi].size
         } else {
             s.size_only_bytes += a.observed[oi].size
         }
     }
-    // Same-size allocations made elsewhere show another implementation only when nothing was
-    // allocated where the model says: with one tensor in its modelled file, the modelled code
-    // ran and the others were look-alikes of tensors not live then.
-    let modelled_code_ran = a
-        .rows
-        .iter()
-        .any(|r| matches!(r.evidence, Some(Evidence::Frame { .. })));
-    if s.contradicted > 0 && !modelled_code_ran {
+    // Every tensor whose look-alike was allocated by other code is counted and its files named,
+    // whether or not the modelled code allocated others: one frame-backed tensor does not make
+    // the others' allocations the model's.
+    if s.contradicted > 0 {
         let mut files: Vec<&str> = a
             .rows
             .iter()
@@ -542,8 +580,20 @@ pub fn weigh(a: &mut Attribution, tensors: &[Tensor], align: u64) {
             .collect();
         files.sort_unstable();
         files.dedup();
+        let at_site = a
+            .rows
+            .iter()
+            .filter(|r| matches!(r.evidence, Some(Evidence::Frame { .. })))
+            .count();
+        let whole = if at_site == 0 {
+            "the program ran another implementation than the model's variant".to_string()
+        } else {
+            format!(
+                "another implementation allocated them, although {at_site} other tensor(s) were allocated where the model's variant allocates them"
+            )
+        };
         s.other_implementation = Some(format!(
-            "{} tensor(s) of the model have same-size allocations made by other code ({}): the program ran another implementation than the model's variant",
+            "{} tensor(s) of the model have same-size allocations made by other code ({}), not where the model cites: {whole}",
             s.contradicted,
             files.join(", ")
         ));
@@ -566,6 +616,7 @@ mod tests {
             label: None,
             failed: false,
             frames: Vec::new(),
+            frame_files: Vec::new(),
             op: None,
         }
     }
@@ -706,7 +757,18 @@ mod evidence_tests {
             .collect()
     }
 
+    /// An observation whose Python frames are given as `path/file.py:LINE function`: each is
+    /// shown by its file name (`file.py:LINE function`) with its path beside it, as `observe`
+    /// makes them.
     fn obs(size: u64, t: u64, frames: &[&str]) -> Observed {
+        let (frames, frame_files) = frames
+            .iter()
+            .map(|f| {
+                let path = f.split(':').next().unwrap();
+                let base = path.rsplit('/').next().unwrap();
+                (format!("{base}{}", &f[path.len()..]), path.to_string())
+            })
+            .unzip();
         Observed {
             size,
             t_ns: t,
@@ -715,9 +777,16 @@ mod evidence_tests {
             name: None,
             label: None,
             failed: false,
-            frames: frames.iter().map(|f| f.to_string()).collect(),
+            frames,
+            frame_files,
             op: None,
         }
+    }
+
+    /// `/site/PATH:LINE f`, the frame of an allocation at the line the model cites for `x`.
+    fn cited_frame(x: &Tensor) -> String {
+        let site = crate::evidence::python_site(x.source).unwrap();
+        format!("/site/{site} f")
     }
 
     #[test]
@@ -775,11 +844,11 @@ mod evidence_tests {
         let t = fla();
         let o = at_peak(&t, |i, x| {
             let f = if x.name == "o" {
-                "other_gdn.py:88 forward".to_string()
+                "/app/other_gdn.py:88 forward".to_string()
             } else {
-                format!("{}:1 f", source_file(x.source).unwrap())
+                cited_frame(x)
             };
-            obs(x.bytes, i as u64, &[f.as_str(), "model.py:3 forward"])
+            obs(x.bytes, i as u64, &[f.as_str(), "/app/model.py:3 forward"])
         });
         let a = attribute(&t, o, 1, Moment::Peak);
         let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
@@ -790,11 +859,17 @@ mod evidence_tests {
         );
         assert!(row("o").observed.is_none());
         assert!(
-            matches!(row("o").evidence, Some(Evidence::Contradicted { ref expected, .. }) if expected == "chunk_o.py")
+            matches!(row("o").evidence, Some(Evidence::Contradicted { ref expected, .. }) if expected == "fla/ops/common/chunk_o.py:565")
         );
-        // The other tensors were allocated in fla's files: fla ran, and o's look-alike is not
-        // taken for proof of another implementation.
-        assert_eq!(a.evidence.other_implementation, None);
+        // The other tensors were allocated at fla's lines: fla ran, and o's look-alike, made by
+        // other code, is still said (the headline counts it).
+        let said = a.evidence.other_implementation.as_deref().unwrap();
+        assert!(said.starts_with("1 tensor(s)"), "{said}");
+        assert!(said.contains("(other_gdn.py)"), "{said}");
+        assert!(
+            !said.contains("the program ran another implementation"),
+            "{said}"
+        );
         assert_eq!(a.evidence.size_only_bytes, 0);
         assert_eq!(a.evidence.evidence_bytes, a.attributed_bytes);
     }
@@ -837,8 +912,9 @@ mod evidence_tests {
             } else {
                 x.shape.iter().map(|&d| d as i64).collect()
             };
+            // The operator fla's code calls for it (`k.new_empty` for h: `new_empty`).
             ob.op = Some(OpOutput {
-                op: "empty_like".into(),
+                op: x.op.as_deref().unwrap().trim_start_matches("aten::").into(),
                 dtype: x.dtype.to_string(),
                 shape,
             });
@@ -847,7 +923,7 @@ mod evidence_tests {
         let a = attribute(&t, o, 1, Moment::Peak);
         let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
         assert!(
-            matches!(row("h").evidence, Some(Evidence::Shape { ref op }) if op.starts_with("empty_like [1, 65, 48, 128, 128] bfloat16")),
+            matches!(row("h").evidence, Some(Evidence::Shape { ref op }) if op.starts_with("new_empty [1, 65, 48, 128, 128] bfloat16")),
             "{:?}",
             row("h")
         );
@@ -893,10 +969,7 @@ mod evidence_tests {
         // alone would pair each with another's allocation (and the frames would then read as
         // "other code"); the frame pass pairs each with the allocation made in its own file.
         let t = fla();
-        let mut o = at_peak(&t, |i, x| {
-            let f = format!("{}:{} f", source_file(x.source).unwrap(), 100 + i);
-            obs(x.bytes, 1000 - i as u64, &[f.as_str()])
-        });
+        let mut o = at_peak(&t, |i, x| obs(x.bytes, 1000 - i as u64, &[&cited_frame(x)]));
         o.sort_by_key(|x| x.t_ns);
         let a = attribute(&t, o, 1, Moment::Peak);
         for r in a.rows.iter().filter(|r| r.live_at_predicted_peak) {
@@ -910,6 +983,109 @@ mod evidence_tests {
         }
         assert_eq!(a.evidence.contradicted, 0);
         assert_eq!(a.unexplained_bytes, 0);
+    }
+
+    #[test]
+    fn a_name_backs_a_match_only_when_the_size_fits() {
+        // `o` named as the tensor but 4096 bytes larger than the model says: still matched (the
+        // row shows the difference), but the name is not evidence for it.
+        let t = fla();
+        let o = at_peak(&t, |i, x| {
+            let mut ob = obs(x.bytes, i as u64, &[]);
+            ob.name = Some(x.name.clone());
+            if x.name == "o" {
+                ob.size += 4096;
+            }
+            ob
+        });
+        let a = attribute(&t, o, 1, Moment::Peak);
+        let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
+        let ev = row("o").evidence.clone().unwrap();
+        assert!(!ev.is_backed(), "{ev:?}");
+        assert_eq!(
+            ev.describe(),
+            "named, but 4096 bytes larger than predicted",
+            "{ev:?}"
+        );
+        assert_eq!(row("o").difference, Some(4096));
+        assert_eq!(row("h").evidence, Some(Evidence::Label));
+        assert_eq!(
+            a.evidence.evidence_bytes,
+            a.attributed_bytes - row("o").observed_bytes
+        );
+    }
+
+    #[test]
+    fn a_shape_backs_a_match_only_from_the_operator_the_model_names() {
+        // FlashAttention's `out` has the shape and dtype of its input `q`: a copy of `q` (made
+        // by `clone`) of out's size is not `out`, whatever its shape. The others are outputs of
+        // `aten::_flash_attention_forward`, the operator the model names.
+        use crate::attribution::OpOutput;
+        let t = torch_fa();
+        let o: Vec<Observed> = t
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let mut ob = obs(x.bytes, i as u64, &[]);
+                ob.op = Some(OpOutput {
+                    op: if x.name == "out" {
+                        "clone"
+                    } else {
+                        "_flash_attention_forward"
+                    }
+                    .into(),
+                    dtype: x.dtype.to_string(),
+                    shape: x.shape.iter().map(|&d| d as i64).collect(),
+                });
+                ob
+            })
+            .collect();
+        let a = attribute(&t, o, 1, Moment::Window);
+        let row = |n: &str| a.rows.iter().find(|r| r.name == n).unwrap();
+        assert!(
+            matches!(row("out").evidence, Some(Evidence::SizeOnly { .. })),
+            "{:?}",
+            row("out")
+        );
+        assert!(
+            matches!(row("softmax_lse").evidence, Some(Evidence::Shape { ref op }) if op.starts_with("_flash_attention_forward [24, 4128]")),
+            "{:?}",
+            row("softmax_lse")
+        );
+        assert_eq!(a.evidence.size_only_bytes, row("out").observed_bytes);
+    }
+
+    #[test]
+    fn at_a_failure_the_failed_request_is_one_of_the_look_alikes() {
+        // Live at the failure: Ai, a 25600-byte allocation and another unnamed one of that size;
+        // the failed request is 25600 bytes too. w and u claim that size, and three allocations
+        // have it (the request among them): neither is matched on size and order alone.
+        let mut tl = vramtrace_models::Timeline::new();
+        let a = tl.alloc("A (fp32)", &[100, 64], DType::F32, "test");
+        let _ai = tl.alloc("Ai", &[100, 64], DType::BF16, "test");
+        tl.free(a);
+        let _w = tl.alloc("w", &[100, 128], DType::BF16, "test");
+        let _u = tl.alloc("u", &[100, 128], DType::BF16, "test");
+        let model = tl.finish().unwrap();
+        let mut o = vec![
+            obs(12800, 1, &[]),
+            obs(25600, 2, &[]),
+            obs(25600, 3, &[]),
+            obs(25600, 4, &[]),
+        ];
+        o[3].failed = true;
+        let a = attribute(&model, o, 1, Moment::Failure);
+        for n in ["w", "u"] {
+            let r = a.rows.iter().find(|r| r.name == n).unwrap();
+            assert_eq!(
+                r.evidence,
+                Some(Evidence::Ambiguous { candidates: 3 }),
+                "{r:?}"
+            );
+            assert_eq!(r.observed, None, "{r:?}");
+        }
+        assert_eq!(a.evidence.ambiguous, 2, "{:?}", a.evidence);
+        assert_eq!(a.unexplained_bytes, 2 * 25600);
     }
 
     #[test]

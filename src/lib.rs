@@ -19,7 +19,7 @@
 //!     .enumerate()
 //!     .map(|(i, t)| Observed { size: t.bytes, t_ns: i as u64, ptr: format!("{i:#x}"),
 //!                             api: "cuMemAlloc_v2", name: None, label: None, failed: false,
-//!                             frames: vec![], op: None })
+//!                             frames: vec![], frame_files: vec![], op: None })
 //!     .collect();
 //! let a = attribute(&tensors, observed, 1, Moment::Peak);
 //! assert_eq!(a.attributed_bytes, 334_436_352);

@@ -66,8 +66,20 @@ pub struct ObservedMoment {
     pub description: String,
 }
 
+/// The innermost Python frames of a stack (at most 8, the probe's own skipped) as
+/// `file.py:LINE function`, and the path of each: what an observation carries for
+/// [`crate::attribution::weigh`] to weigh against the model's citation.
+fn python_frames(p: &crate::trace::Process, stack: u32) -> (Vec<String>, Vec<String>) {
+    crate::tensors::python_locations(p, stack)
+        .into_iter()
+        .take(8)
+        .map(|l| (l.to_string(), l.file))
+        .unzip()
+}
+
 /// The request a failed allocation made, as an observation.
 fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
+    let (frames, frame_files) = python_frames(p, e.stack);
     Observed {
         size: e.size,
         t_ns: e.t_ns,
@@ -76,7 +88,8 @@ fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
         name: None,
         label: p.string(e.label).map(str::to_string),
         failed: true,
-        frames: crate::tensors::python_frames(p, e.stack, 8),
+        frames,
+        frame_files,
         op: None,
     }
 }
@@ -84,6 +97,7 @@ fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
 fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
     let p = &trace.processes[a.process];
     let (name, op) = naming(p, a.annotation.as_ref());
+    let (frames, frame_files) = python_frames(p, a.event.stack);
     Observed {
         size: a.event.size,
         t_ns: a.event.t_ns,
@@ -92,7 +106,8 @@ fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
         name,
         label: p.string(a.event.label).map(str::to_string),
         failed: false,
-        frames: crate::tensors::python_frames(p, a.event.stack, 8),
+        frames,
+        frame_files,
         op,
     }
 }
@@ -113,6 +128,7 @@ fn observed_tensor(
 ) -> Observed {
     let p = &trace.processes[t.process];
     let (name, op) = naming(p, note);
+    let (frames, frame_files) = python_frames(p, t.event.stack);
     Observed {
         // What the program asked for: the block can be larger (512-byte granules, unsplit
         // large blocks). Traces recorded before the probe reported it give the block.
@@ -127,13 +143,15 @@ fn observed_tensor(
         name,
         label: None,
         failed: false,
-        frames: crate::tensors::python_frames(p, t.event.stack, 8),
+        frames,
+        frame_files,
         op,
     }
 }
 
 /// The tensor PyTorch's allocator refused, as an observation.
 fn refused_tensor(p: &crate::trace::Process, t: &TensorEvent) -> Observed {
+    let (frames, frame_files) = python_frames(p, t.stack);
     Observed {
         size: t.size,
         t_ns: t.t_ns,
@@ -142,7 +160,8 @@ fn refused_tensor(p: &crate::trace::Process, t: &TensorEvent) -> Observed {
         name: None,
         label: None,
         failed: true,
-        frames: crate::tensors::python_frames(p, t.stack, 8),
+        frames,
+        frame_files,
         op: None,
     }
 }

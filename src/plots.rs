@@ -4,7 +4,7 @@
 //! - [`timeline`]: the directory read as the live view reads it ([`crate::live::read_all`]),
 //!   stacked by [`crate::live::CATEGORIES`] (categories never used are left out).
 //! - [`breakdown`]: a moment observed as `compare` observes it, against the variant that
-//!   explains the most bytes.
+//!   explains the most bytes with evidence.
 //! - [`cliff`]: the model's peak against prompt tokens as `model --sweep` computes it, plus the
 //!   resident bytes, against a capacity, with observed points.
 
@@ -97,8 +97,8 @@ pub fn timeline(
     })
 }
 
-/// Among `candidates`, the variant whose tensors explain the most observed bytes (ties: the
-/// first), as `compare` chooses without `--variant`.
+/// Among `candidates`, the variant whose tensors explain the most observed bytes with evidence
+/// ([`Attribution::outranks`]; ties: the first), as `compare` chooses without `--variant`.
 pub fn best_variant(
     candidates: &[Variant],
     workload: &Workload,
@@ -116,10 +116,7 @@ pub fn best_variant(
             }
         };
         let a = attribute(&tensors, m.observed.clone(), align.max(1), m.moment);
-        if best
-            .as_ref()
-            .is_none_or(|(_, _, b)| a.attributed_bytes > b.attributed_bytes)
-        {
+        if best.as_ref().is_none_or(|(_, _, b)| a.outranks(b)) {
             best = Some((*v, tensors, a));
         }
     }

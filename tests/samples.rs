@@ -306,6 +306,65 @@ fn real_fla_tensors_are_matched_by_their_frames_in_both_caching_modes() {
     }
 }
 
+/// The same real fla 0.6.0 runs against vLLM 0.20.1's vendored copy of fla: the file names
+/// are the same (`chunk_o.py`, `wy_fast.py`, ...), the module paths and lines are not, so no
+/// frame backs vLLM's model, and each tensor's look-alike is said to be other code.
+#[test]
+fn real_fla_frames_do_not_back_vllms_vendored_copy() {
+    for dir in [
+        "pytorch-gdn-cache",
+        "pytorch-gdn-nocache",
+        "pytorch-gdn-shapes",
+    ] {
+        let v = compare_json(dir, "vllm-0.20.1", &[]);
+        let a = &v["attribution"];
+        for r in a["rows"].as_array().unwrap() {
+            assert_ne!(r["evidence"]["kind"], "frame", "{dir}: {r}");
+        }
+        assert_eq!(a["evidence"]["evidence_bytes"], 0, "{dir}");
+        assert!(
+            a["evidence"]["other_implementation"]
+                .as_str()
+                .unwrap()
+                .contains("chunk_o.py"),
+            "{dir}: {}",
+            a["evidence"]
+        );
+    }
+}
+
+/// The operator each fla 0.6.0 tensor's citation names (`torch.zeros(..)` for A, `k.new_empty`
+/// for w and h, `k.new_zeros` for final_state, `torch.empty_like` for the rest) is the one
+/// `--torch-shapes` recorded for that tensor on the H200: what shape evidence compares.
+#[test]
+fn the_operators_fla_citations_name_are_the_ones_the_h200_recorded() {
+    let v = compare_json("pytorch-gdn-shapes", "fla-0.6.0", &[]);
+    let a = &v["attribution"];
+    let rows = a["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 8);
+    for r in rows {
+        let want = vramtrace_models::factory_operator(r["source"].as_str().unwrap())
+            .unwrap_or_else(|| panic!("{r}"));
+        let o = &a["observed"][r["observed"].as_u64().unwrap() as usize];
+        assert_eq!(
+            format!("aten::{}", o["op"]["op"].as_str().unwrap()),
+            want,
+            "{r}"
+        );
+        let shape: Vec<u64> = o["op"]["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            format!("{shape:?}").replace(' ', ""),
+            r["shape"].as_str().unwrap().replace(' ', ""),
+            "{r}"
+        );
+    }
+}
+
 /// PyTorch's FlashAttention allocates in C++: Python frames cannot back the match, but
 /// `--torch-shapes` gives every output's operator, shape and dtype.
 #[test]

@@ -57,6 +57,9 @@ pub fn tensors(s: &FaShape) -> Result<Vec<Tensor>, ModelError> {
         out,
         "pytorch@03b7c19d aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp mha_varlen_fwd: out.reshape(size_before).transpose(1, 2).reshape(size_after)",
     );
+    // All of it happens below the one operator Python sees (`--torch-shapes` on the H200 named
+    // `_flash_attention_forward` as the operator of out, softmax_lse, rng_state and the offset).
+    tl.inside_operator("aten::_flash_attention_forward");
     // Kept until return; locals die in reverse order of declaration.
     for id in accum.into_iter().rev() {
         tl.free(id);

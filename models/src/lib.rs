@@ -80,7 +80,7 @@ pub use gdn::{
 pub use gdn_state::{GdnStatePerSeq, gdn_state_per_seq};
 pub use kv_cache::{KvCachePerToken, kv_cache_per_token};
 pub use peak::{Peak, live_at, naive_sum, peak};
-pub use tensor::{Event, Tensor, TensorId, Timeline, events};
+pub use tensor::{Event, Tensor, TensorId, Timeline, events, factory_operator};
 pub use variant::{Kernel, Variant, Workload, WorkloadOptions};
 pub use weights::{WeightEstimate, WeightFormat, weight_bytes};
 

@@ -25,6 +25,52 @@ pub struct Tensor {
     pub freed_at: Option<usize>,
     /// The upstream file, line and version the allocation was read from.
     pub source: &'static str,
+    /// The PyTorch operator the tensor is an output of, as the dispatcher names it
+    /// (`aten::empty_like`), when the model knows it: what an operator's description of the
+    /// allocation (`vramtrace run --torch-shapes`) must name for its shape to be evidence. Read
+    /// from the citation when it is a PyTorch factory call in Python ([`factory_operator`]),
+    /// or set by the model when the tensor is made below a Python-visible operator
+    /// ([`Timeline::inside_operator`]: FlashAttention's outputs are made inside
+    /// `aten::_flash_attention_forward`); `None` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+}
+
+/// PyTorch's factory functions, whose call in a model's citation names the operator the
+/// allocation is an output of (`torch.empty_like(v)`: `aten::empty_like`; `k.new_empty(..)`:
+/// `aten::new_empty`).
+const FACTORIES: [&str; 14] = [
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "full",
+    "full_like",
+    "new_empty",
+    "new_empty_strided",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+];
+
+/// The operator a citation names, when it cites a Python line (`file.py:LINE`) whose call is a
+/// PyTorch factory function: `fla-0.6.0 fla/ops/common/chunk_o.py:565 torch.empty_like(v)` →
+/// `aten::empty_like`, `... rstd = torch.empty((T,), float32)` → `aten::empty`. A C++ line, a
+/// line without a number, or any other call names none.
+pub fn factory_operator(source: &str) -> Option<String> {
+    let mut words = source.split_whitespace();
+    words.find(|w| {
+        w.split_once(':').is_some_and(|(file, line)| {
+            file.ends_with(".py") && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit())
+        })
+    })?;
+    let call: String = words.collect::<Vec<_>>().join(" ");
+    let callee = call.split('(').next()?.rsplit(['=', ' ']).next()?.trim();
+    let name = callee.rsplit('.').next()?;
+    FACTORIES.contains(&name).then(|| format!("aten::{name}"))
 }
 
 impl Tensor {
@@ -119,9 +165,18 @@ impl Timeline {
             alloc_at: self.step,
             freed_at: None,
             source,
+            op: factory_operator(source),
         });
         self.step += 1;
         TensorId(self.tensors.len() - 1)
+    }
+
+    /// Says that every tensor recorded so far is made inside the Python-visible operator `op`
+    /// (`aten::_flash_attention_forward`): the operator a description of its allocation names.
+    pub fn inside_operator(&mut self, op: &str) {
+        for t in &mut self.tensors {
+            t.op = Some(op.to_string());
+        }
     }
 
     /// Records the free of a tensor recorded earlier.
@@ -173,6 +228,37 @@ pub fn events(tensors: &[Tensor]) -> Vec<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn factory_calls_in_python_name_their_operator() {
+        let op = |s| factory_operator(s);
+        assert_eq!(
+            op("fla-0.6.0 fla/ops/common/chunk_o.py:565 torch.empty_like(v)").as_deref(),
+            Some("aten::empty_like")
+        );
+        assert_eq!(
+            op("fla-0.6.0 fla/modules/norm/l2norm.py:128 rstd = torch.empty((T,), float32)")
+                .as_deref(),
+            Some("aten::empty")
+        );
+        assert_eq!(
+            op("vllm-0.20.1 vllm/model_executor/layers/fla/ops/chunk_delta_h.py:332 k.new_empty(B, NT, H, V, K)")
+                .as_deref(),
+            Some("aten::new_empty")
+        );
+        // A C++ line, a line without its number, a call that is not a factory: none.
+        assert_eq!(
+            op("fa-2.8.3 csrc/flash_attn/flash_api.cpp:643 out = torch::empty_like(q)"),
+            None
+        );
+        assert_eq!(
+            op(
+                "vllm-0.20.1 vllm/model_executor/models/qwen2_moe.py Qwen2MoeMLP.forward: gate_up, _ = self.gate_up_proj(x)"
+            ),
+            None
+        );
+        assert_eq!(op("x.py:3 y = self.proj(x)"), None);
+    }
 
     #[test]
     fn a_size_past_the_cap_names_the_tensor_and_is_never_wrapped() {

@@ -17,7 +17,7 @@ use vramtrace_models::{Variant, Workload};
 /// Arguments of `vramtrace compare`.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  vramtrace compare trace-dir --model config.json --variant fla-0.6.0 --tokens 4128\n  vramtrace compare trace-dir --model config.json --kernel gdn --at oom --json\n\nEach predicted tensor is matched to at most one observed allocation: first by name (annotation\nor innermost range label), then by allocation order and equal size, then by size alone.\n\nWithout --variant, every variant of the kernels asked for (--kernel, all by default) is set\nbeside the moment and the one that explains the most observed bytes is shown; the report says\nwhich and among how many."
+    after_help = "Examples:\n  vramtrace compare trace-dir --model config.json --variant fla-0.6.0 --tokens 4128\n  vramtrace compare trace-dir --model config.json --kernel gdn --at oom --json\n\nEach predicted tensor is matched to at most one observed allocation: first by name (annotation\nor innermost range label), then by a Python frame at the line the model cites and equal size,\nthen by allocation order and equal size, then by size alone.\n\nWithout --variant, every variant of the kernels asked for (--kernel, all by default) is set\nbeside the moment and the one whose matches rest on evidence (a name, a frame, an operator's\nshape) for the most bytes is shown, bytes matched by size alone breaking a tie; the report\nsays which and among how many."
 )]
 pub struct CompareArgs {
     /// A trace directory or file.
@@ -98,8 +98,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let m = observe(&trace, args.pid, args.device, at).map_err(anyhow::Error::msg)?;
     let align = args.align.max(1);
     // One variant named: that one. Otherwise every variant of the kernels asked for (all by
-    // default) is set beside the moment, and the one that explains the most bytes is reported;
-    // ties go to the order `--help` lists them in.
+    // default) is set beside the moment, and the one with the most evidence-backed bytes is
+    // reported (Attribution::outranks); ties go to the order `--help` lists them in.
     let candidates: Vec<Variant> = if args.select.variant.is_some() {
         variants
     } else {
@@ -119,10 +119,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
             }
         };
         let a = attribute(&tensors, m.observed.clone(), align, m.moment);
-        if best
-            .as_ref()
-            .is_none_or(|(_, b)| a.attributed_bytes > b.attributed_bytes)
-        {
+        if best.as_ref().is_none_or(|(_, b)| a.outranks(b)) {
             best = Some((*v, a));
         }
     }
@@ -303,6 +300,13 @@ pub fn render(
         ev.ambiguous,
         ev.contradicted,
     );
+    if ev.named_other_size_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "  named as their tensor but of another size (not evidence): {}",
+            fmt_bytes(ev.named_other_size_bytes)
+        );
+    }
     if let Some(n) = &ev.other_implementation {
         let _ = writeln!(out, "  {n}");
     }

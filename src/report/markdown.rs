@@ -964,6 +964,7 @@ fn pytorch_message_tensors(
 fn evidence_words(e: &Evidence) -> String {
     match e {
         Evidence::Label => "named as the tensor".into(),
+        e @ Evidence::LabelOtherSize { .. } => e.describe(),
         Evidence::Frame { frame } => format!("frame {} in the modelled file", code(&cell(frame))),
         Evidence::SizeOnly { same_size } => format!("size and order only ({same_size} alike)"),
         Evidence::Ambiguous { candidates } => {

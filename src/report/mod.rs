@@ -501,7 +501,7 @@ fn levers_for(report: &Report, m: &ModelInput, capacity: u64) -> anyhow::Result<
     levers::compute(m, comparison, live, failure, capacity)
 }
 
-/// The variant that explains the most bytes of a moment (or the one named).
+/// The variant that explains the most bytes of a moment with evidence (or the one named).
 fn compare(
     m: &ModelInput,
     workload: &Workload,
