@@ -40,6 +40,7 @@ pub mod fa_dao_2_8_3;
 pub mod fa_pytorch;
 pub mod ffn;
 mod flash_attn;
+mod frontier;
 mod gdn;
 pub mod gdn_fla_0_4_2;
 pub mod gdn_fla_0_6_0;
@@ -49,6 +50,10 @@ pub mod gdn_vllm_0_20_1;
 pub mod kv_cache;
 
 mod peak;
+mod residual;
+mod serving;
+mod step;
+mod step_layers;
 mod tensor;
 pub mod units;
 mod variant;
@@ -73,6 +78,7 @@ pub use dtype::DType;
 pub use error::ModelError;
 pub use ffn::FfnShape;
 pub use flash_attn::{FaShape, num_splits_heuristic};
+pub use frontier::{ChunkFloor, ChunkFrontier, ContextFrontier, vllm_hybrid_block_size};
 pub use gdn::{
     CHUNK, GdnShape, GdnVariantSpec, IntraChunk, L2normSites, LastFrees, QkHeads, StateLayout,
     WuOrder,
@@ -80,6 +86,10 @@ pub use gdn::{
 pub use gdn_state::{GdnStatePerSeq, gdn_state_per_seq};
 pub use kv_cache::{KvCachePerToken, kv_cache_per_token};
 pub use peak::{Peak, live_at, naive_sum, peak};
+pub use residual::{Category, PartResidual, Residuals, residuals};
+pub use serving::{KnownParts, Limit, Runtime, ServingShape, StepVariants};
+pub use step::{CUBLAS_WORKSPACE_SM90, LayerPeak, LimitCheck, StepBreakdown, StepModel, step_peak};
+pub use step_layers::StepLayer;
 pub use tensor::{Event, Tensor, TensorId, Timeline, events};
 pub use variant::{Kernel, Variant, Workload, WorkloadOptions};
 pub use weights::{WeightEstimate, WeightFormat, weight_bytes};
