@@ -174,11 +174,11 @@ fn likely_cause(step: &StepBreakdown, c: Category, predicted: Option<u64>, r: i6
     } else {
         format!("the model is {} below the trace", mib(r))
     };
-    let Some(_) = predicted else {
+    if predicted.is_none() && c != Category::Unnamed {
         return format!(
             "{by}: the model does not predict {c}; read it from the trace (or the engine's log) and give it as a known part"
         );
-    };
+    }
     let why = match (c, over) {
         (Category::Weights, true) => {
             "the model counts weights the program did not load (an untied lm_head, layers or projections the program lacks), or the format's estimate is above the checkpoint".to_string()
@@ -216,7 +216,7 @@ fn likely_cause(step: &StepBreakdown, c: Category, predicted: Option<u64>, r: i6
             "other processes changed their usage; give the trace's figure".to_string()
         }
         (Category::Unnamed, _) => {
-            "bytes no category rule covers: the model cannot place them; read the named parts' residuals against them".to_string()
+            "bytes no category rule covers; the model cannot place them, so read the named parts' residuals against them".to_string()
         }
     };
     format!("{by}: {why}")
