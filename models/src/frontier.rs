@@ -229,3 +229,58 @@ impl StepModel {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KnownParts, Runtime, StepVariants};
+
+    fn model() -> (StepModel, ServingShape) {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../samples/models/Qwen3.6-27B/config.json");
+        let c = ModelConfig::from_path(p).unwrap();
+        let v = StepVariants::for_runtime(Runtime::Workload, &c);
+        let s = ServingShape::prefill(&c, 4128, 4128);
+        (StepModel::new(c, v, KnownParts::default()), s)
+    }
+
+    #[test]
+    fn the_frontier_is_the_last_shape_that_fits() {
+        let (m, s) = model();
+        let limit = Limit::Card { capacity: 24 << 30 };
+        let f = m.largest_context_at(&s, &limit, 1 << 20).unwrap();
+        let l = f.largest_context.unwrap();
+        assert!(m.check(&s.with_context(l), &limit).unwrap().fits().unwrap());
+        assert!(
+            !m.check(&s.with_context(l + 1), &limit)
+                .unwrap()
+                .fits()
+                .unwrap()
+        );
+        // A context shorter than the floor is prefilled as one chunk.
+        let short = s.with_context(1000).with_chunk(1000);
+        let c = m
+            .largest_chunk_at(&short, &limit, &ChunkFloor::vllm_mamba_align(4128))
+            .unwrap();
+        assert_eq!(c.largest_chunk, Some(1000));
+        // Chunks are multiples of the floor's block.
+        let at = s.with_context(20 * 4128);
+        let c = m
+            .largest_chunk_at(&at, &limit, &ChunkFloor::vllm_mamba_align(400))
+            .unwrap();
+        let chunk = c.largest_chunk.unwrap();
+        assert_eq!(chunk % 400, 0);
+        assert!(
+            !m.check(&at.with_chunk(chunk + 400), &limit)
+                .unwrap()
+                .fits()
+                .unwrap()
+        );
+        // The curves are the counted bytes at each point.
+        let curve = m.context_curve(&s, &limit, &[4128, 8256]).unwrap();
+        assert_eq!(curve[1].1 - curve[0].1, 270_532_608);
+        let small = Limit::Card { capacity: 1 << 30 };
+        let none = m.largest_context_at(&s, &small, 1 << 20).unwrap();
+        assert_eq!(none.largest_context, None);
+    }
+}

@@ -117,8 +117,8 @@ pub enum Runtime {
     /// the projections around each kernel, and logits for one row per sequence.
     Vllm,
     /// transformers 5.x `Qwen3_5ForCausalLM.forward` on one prefill chunk with fla, SDPA and a
-    /// `DynamicCache`: q and k repeated to the value heads for fla, K/V concatenated per layer and
-    /// repeated to the query heads for SDPA, logits for every token of the chunk.
+    /// `DynamicCache`: K/V concatenated per layer and repeated to the query heads for SDPA,
+    /// logits for every token of the chunk.
     Transformers,
 }
 
@@ -308,6 +308,64 @@ impl Limit {
             Limit::PerProcessFraction { capacity, fraction } => {
                 format!("set_per_process_memory_fraction({fraction}) of {capacity} bytes")
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Category;
+
+    #[test]
+    fn limits_in_bytes_and_what_counts() {
+        let card = Limit::Card { capacity: 1000 };
+        assert_eq!(card.bytes().unwrap(), 1000);
+        assert!(card.counts(Category::OtherProcess));
+        // vLLM rounds its budget up, PyTorch its fraction down.
+        let gmu = Limit::GpuMemoryUtilization {
+            capacity: 1001,
+            fraction: 0.5,
+        };
+        assert_eq!(gmu.bytes().unwrap(), 501);
+        assert!(gmu.counts(Category::Context) && !gmu.counts(Category::OtherProcess));
+        let frac = Limit::PerProcessFraction {
+            capacity: 1001,
+            fraction: 0.5,
+        };
+        assert_eq!(frac.bytes().unwrap(), 500);
+        assert!(frac.counts(Category::AllocatorReserve) && frac.counts(Category::CudaGraphs));
+        assert!(!frac.counts(Category::Context) && !frac.counts(Category::Communication));
+        let e = Limit::PerProcessFraction {
+            capacity: 1,
+            fraction: 1.5,
+        }
+        .bytes()
+        .unwrap_err();
+        assert!(e.to_string().contains("at most 1"), "{e}");
+    }
+
+    #[test]
+    fn a_shape_without_its_chunk_in_the_context_is_refused() {
+        let s = ServingShape {
+            chunk_tokens: 4128,
+            context_tokens: 100,
+            batch: 1,
+            tp: 1,
+            dtype: DType::BF16,
+            kv_dtype: DType::BF16,
+            block_size: 1,
+            num_sms: 132,
+        };
+        let e = s.check().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "the context (100 tokens) must include the chunk (4128 tokens): give the tokens held at the end of the step"
+        );
+        assert!(s.with_chunk(0).check().is_err());
+        assert!(s.with_context(4128).check().is_ok());
+        for r in Runtime::ALL {
+            assert_eq!(Runtime::from_name(r.name()), Some(r));
         }
     }
 }

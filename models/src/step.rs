@@ -266,3 +266,83 @@ pub fn step_peak(
         None => m.step(shape),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StepLayer;
+
+    fn qwen36() -> ModelConfig {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../samples/models/Qwen3.6-27B/config.json");
+        ModelConfig::from_path(p).unwrap()
+    }
+
+    #[test]
+    fn vllm_rounds_the_cache_to_blocks_and_samples_one_row_per_sequence() {
+        let c = qwen36();
+        let m = StepModel::new(
+            c.clone(),
+            StepVariants::for_runtime(Runtime::Vllm, &c),
+            KnownParts::default(),
+        );
+        let mut s = ServingShape::prefill(&c, 4128, 12384);
+        s.block_size = 400;
+        let b = m.step(&s).unwrap();
+        // 12,384 tokens in blocks of 400: 31 blocks, 12,400 tokens x 64 KiB.
+        assert_eq!(b.kv_cache, 12_400 * 65_536);
+        // bf16 state: 48 layers x (conv 61,440 + recurrent 1,572,864).
+        assert_eq!(b.state, 78_446_592);
+        let logits = b
+            .layers
+            .iter()
+            .find(|l| l.kind == StepLayer::Logits)
+            .unwrap();
+        // hidden [4128, 5120] + one row [1, 5120] + logits [1, 248320] bf16 + its fp32 copy.
+        assert_eq!(logits.bytes, 42_270_720 + 10_240 + 496_640 + 993_280);
+        assert_eq!(b.engine_buffers, Some(CUBLAS_WORKSPACE_SM90));
+        assert_eq!(b.context, None);
+    }
+
+    #[test]
+    fn transformers_logits_for_every_token_dominate_a_prefill_chunk() {
+        let c = qwen36();
+        let m = StepModel::new(
+            c.clone(),
+            StepVariants::for_runtime(Runtime::Transformers, &c),
+            KnownParts::default(),
+        );
+        let b = m.step(&ServingShape::prefill(&c, 4128, 4128)).unwrap();
+        assert_eq!(b.activations.kind, StepLayer::Logits);
+        // [1, 4128, 248320] bf16 beside the final hidden states.
+        assert_eq!(b.activations.bytes, 2_050_129_920 + 42_270_720);
+        let gdn = b.layers.iter().find(|l| l.kind == StepLayer::Gdn).unwrap();
+        // fla 0.6.0 takes the key heads: no repeated q and k.
+        assert!(gdn.tensors.iter().all(|t| !t.name.contains("repeated")));
+        // The parts add up to the total.
+        let sum: u64 = Category::ALL.iter().filter_map(|&c| b.part(c)).sum();
+        assert_eq!(b.total, sum);
+    }
+
+    #[test]
+    fn a_known_part_is_added_as_given_and_counted_by_the_limit() {
+        let c = qwen36();
+        let v = StepVariants::for_runtime(Runtime::Workload, &c);
+        let s = ServingShape::prefill(&c, 4128, 4128);
+        let bare = step_peak(&c, &s, &v, &KnownParts::default(), None).unwrap();
+        assert_eq!(bare.engine_buffers, None);
+        let known = KnownParts {
+            cuda_graphs: Some(1 << 30),
+            other_process: Some(2 << 30),
+            ..KnownParts::default()
+        };
+        let limit = Limit::GpuMemoryUtilization {
+            capacity: 40 << 30,
+            fraction: 0.5,
+        };
+        let b = step_peak(&c, &s, &v, &known, Some(&limit)).unwrap();
+        assert_eq!(b.total, bare.total + (3 << 30));
+        // vLLM's budget leaves other processes out.
+        assert_eq!(b.limit.unwrap().counted, bare.total + (1 << 30));
+    }
+}

@@ -678,10 +678,12 @@ fn vllm_logits(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
 // ---- transformers 5.x Qwen3.5 --------------------------------------------------------------
 
 const TF_RES: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5DecoderLayer.forward: hidden_states, residual";
-const TF_QKVZ: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a";
-const TF_CONV: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: mixed_qkv after the causal conv";
-const TF_REP: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: query/key .repeat_interleave(num_v_heads // num_k_heads)";
-const TF_GATE: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: beta = b.sigmoid(); g = -A_log.exp() * softplus(a + dt_bias) (fp32)";
+const TF_Z: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: z = self.in_proj_z(hidden_states)";
+const TF_BA: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: b = self.in_proj_b(..); a = self.in_proj_a(..)";
+const TF_CONV: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: mixed_qkv = causal_conv1d_fn(..) (in_proj_qkv's output is released as the name is rebound)";
+const TF_REP: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: query/key .repeat_interleave(..) when fla_needs_equal_qk_heads()";
+const TF_BETA: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: beta = b.sigmoid()";
+const TF_G: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: g = -A_log.float().exp() * softplus(a.float() + dt_bias)";
 const TF_ATT: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5Attention.forward: q_proj (with gate), k_proj, v_proj";
 const TF_CACHE: &str = "transformers src/transformers/cache_utils.py DynamicLayer.update: torch.cat([keys, key_states])";
 const TF_REPKV: &str = "transformers src/transformers/integrations/sdpa_attention.py repeat_kv (GQA not passed to SDPA)";
@@ -689,16 +691,21 @@ const TF_SDPA: &str = "transformers src/transformers/integrations/sdpa_attention
 const TF_MLP: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5MLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x))";
 const TF_LOGITS: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5ForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]) (logits_to_keep=0: every token)";
 
-/// One GDN layer of transformers' Qwen3.5 with fla: the residual stream, the projections, the
-/// conv output, q and k repeated to the value heads, fp32 g and beta, then fla's kernel with
-/// in-kernel l2norm on the repeated heads.
+/// One GDN layer of transformers' Qwen3.5 with fla (`Qwen3_5GatedDeltaNet.forward`, read at
+/// transformers commit `009e78d6`): the residual stream, `z`, `b`, `a`, the conv output (the
+/// qkv projection is released when `mixed_qkv` is rebound), `beta` and the fp32 `g`, q and k
+/// repeated to the value heads only when the fla kernel needs equal heads (fla 0.4.2 here; fla
+/// 0.6.0 takes grouped value heads), then fla's kernel with in-kernel l2norm. Not modelled: the
+/// conv state's concatenation in `update_conv_state` (three tokens more than the chunk), the
+/// gated norm and `out_proj` after the kernel.
 fn transformers_gdn(
     cfg: &ModelConfig,
     v: &StepVariants,
     s: &ServingShape,
     d: &Dims,
 ) -> Result<Vec<Tensor>, ModelError> {
-    let g = gdn_shape(cfg, v, s, true)?;
+    let repeat = v.gdn == Variant::GdnFla042;
+    let g = gdn_shape(cfg, v, s, repeat)?;
     let (t, dt) = (d.t, d.dt);
     let key_dim = d.hk * d.kd;
     let value_dim = d.hv * d.vd;
@@ -706,23 +713,22 @@ fn transformers_gdn(
     let mut ids = vec![
         tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES),
         tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES),
-        tl.alloc(
-            "projections (qkv, z, b, a)",
-            &[1, t, 2 * key_dim + 2 * value_dim + 2 * d.hv],
-            dt,
-            TF_QKVZ,
-        ),
+        tl.alloc("z", &[1, t, value_dim], dt, TF_Z),
+        tl.alloc("b", &[1, t, d.hv], dt, TF_BA),
+        tl.alloc("a", &[1, t, d.hv], dt, TF_BA),
         tl.alloc(
             "mixed_qkv (conv)",
-            &[1, t, 2 * key_dim + value_dim],
+            &[1, 2 * key_dim + value_dim, t],
             dt,
             TF_CONV,
         ),
-        tl.alloc("query (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP),
-        tl.alloc("key (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP),
-        tl.alloc("g", &[1, t, d.hv], DType::F32, TF_GATE),
-        tl.alloc("beta", &[1, t, d.hv], dt, TF_GATE),
+        tl.alloc("beta", &[1, t, d.hv], dt, TF_BETA),
+        tl.alloc("g", &[1, t, d.hv], DType::F32, TF_G),
     ];
+    if repeat {
+        ids.push(tl.alloc("query (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP));
+        ids.push(tl.alloc("key (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP));
+    }
     ids.extend(splice(&mut tl, &gdn_kernel(v.gdn, &g)?));
     free_all(&mut tl, ids);
     tl.finish()
