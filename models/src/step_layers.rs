@@ -66,6 +66,8 @@ struct Dims {
     kv_heads: u64,
     head_dim: u64,
     vocab: u64,
+    /// 2 when the attention output is gated (q_proj doubled), else 1.
+    gate: u64,
     dt: DType,
 }
 
@@ -86,6 +88,7 @@ impl Dims {
             kv_heads: tp_split("num_key_value_heads", cfg.num_key_value_heads, s.tp)?,
             head_dim: cfg.head_dim,
             vocab: tp_split("vocab_size", cfg.vocab_size, s.tp).unwrap_or(cfg.vocab_size),
+            gate: if cfg.attn_output_gate { 2 } else { 1 },
             dt: s.dtype,
         })
     }
@@ -636,8 +639,7 @@ fn vllm_attention(
         s.num_sms,
     )?;
     let (t, dt) = (d.t, d.dt);
-    let gate = if cfg.attn_output_gate { 2 } else { 1 };
-    let width = (gate * d.heads + 2 * d.kv_heads) * d.head_dim;
+    let width = (d.gate * d.heads + 2 * d.kv_heads) * d.head_dim;
     let mut tl = Timeline::new();
     let mut ids = vec![
         tl.alloc("hidden_states", &[t, d.hidden], dt, VL_RES),
@@ -744,7 +746,12 @@ fn transformers_attention(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     let mut ids = vec![
         tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES),
         tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES),
-        tl.alloc("q (with gate)", &[1, t, 2 * d.heads * hd], dt, TF_ATT),
+        tl.alloc(
+            "q (with its gate when gated)",
+            &[1, t, d.gate * d.heads * hd],
+            dt,
+            TF_ATT,
+        ),
         tl.alloc("k", &[1, d.kv_heads, t, hd], dt, TF_ATT),
         tl.alloc("v", &[1, d.kv_heads, t, hd], dt, TF_ATT),
     ];

@@ -396,3 +396,31 @@ fn an_unknown_category_is_refused_with_the_list() {
         row.likely_cause
     );
 }
+
+/// A dense model (no GDN layers) under transformers: attention, MLP and logits only, no state.
+#[test]
+fn a_dense_model_steps_without_gdn_layers() {
+    let v = serde_json::json!({
+        "model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096,
+        "vocab_size": 151936, "intermediate_size": 12288, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "torch_dtype": "bfloat16"
+    });
+    let c = ModelConfig::from_json(&v, Path::new("dense/config.json")).unwrap();
+    let m = StepModel::new(
+        c.clone(),
+        StepVariants::for_runtime(Runtime::Transformers, &c),
+        KnownParts::default(),
+    );
+    let b = m.step(&ServingShape::prefill(&c, 2048, 8192)).unwrap();
+    assert_eq!(b.state, 0);
+    // 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes per token.
+    assert_eq!(b.kv_cache, 8192 * 36 * 8 * 128 * 2 * 2);
+    let kinds: Vec<StepLayer> = b.layers.iter().map(|l| l.kind).collect();
+    assert_eq!(
+        kinds,
+        [StepLayer::Attention, StepLayer::Mlp, StepLayer::Logits]
+    );
+    // Logits for 2048 tokens x 151,936 in bf16, beside the hidden states.
+    assert_eq!(b.activations.kind, StepLayer::Logits);
+    assert_eq!(b.activations.bytes, 2048 * 151_936 * 2 + 2048 * 4096 * 2);
+}
