@@ -44,32 +44,35 @@ impl ChunkFloor {
 }
 
 /// The attention block size vLLM sets for a hybrid attention + GDN model so that one attention
-/// page holds at least one layer's mamba state:
-/// `multiple * ceil(mamba_page / (multiple * attention_page_per_token))`
-/// (`vllm/model_executor/models/config.py` `HybridAttentionMambaModelConfig.verify_and_update_config`,
-/// read at commit `0144dd5b`; `multiple` is 16 there, the attention backends' block alignment).
+/// page holds at least one layer's mamba state, in the `align` (and `none`) cache modes:
+/// `alignment * ceil(mamba_page / (alignment * attention_page_per_token))`
+/// (`vllm/platforms/interface.py` `Platform._align_hybrid_block_size` in recent vLLM, where
+/// `alignment = max(the backend's smallest kernel block, --block-size)`, 16 for FlashAttention's
+/// `MultipleOf(16)` at the default block size; the same formula with 16 in
+/// `vllm/model_executor/models/config.py` `HybridAttentionMambaModelConfig`, read at commit
+/// `0144dd5b`). The `all` mode rounds to the mamba chunk size as well, which this does not.
 ///
 /// The mamba page is one layer's conv plus recurrent state for one sequence
-/// ([`gdn_state_per_seq`]); the attention page per token is one layer's K plus V at `kv_dtype`
-/// (`kv_bytes_per_token_layer`, which a quantised cache such as TurboQuant makes smaller than
-/// the dtype's, raising the block). For Qwen3.6-27B at TP 1 with a bf16 cache: a bf16 state gives
-/// 400 tokens, an fp32 recurrent state 784.
+/// ([`gdn_state_per_seq`]); the attention page per token is one layer's K plus V
+/// (`kv_bytes_per_token_layer`, which a quantised cache such as the seed notes' TurboQuant makes
+/// smaller than the dtype's, raising the block: their 4128 is such a case). For Qwen3.6-27B at
+/// TP 1 with a bf16 cache: 400 tokens with a bf16 recurrent state, 784 with an fp32 one.
 pub fn vllm_hybrid_block_size(
     cfg: &ModelConfig,
     tp: u64,
     kv_bytes_per_token_layer: u64,
     conv_dtype: DType,
     ssm_dtype: DType,
-    multiple: u64,
+    alignment: u64,
 ) -> Result<u64, ModelError> {
-    if kv_bytes_per_token_layer == 0 || multiple == 0 {
+    if kv_bytes_per_token_layer == 0 || alignment == 0 {
         return Err(ModelError::Invalid(
             "the attention page per token and the block multiple must be at least 1 byte / 1 token"
                 .into(),
         ));
     }
     let page = gdn_state_per_seq(cfg, tp, conv_dtype, ssm_dtype, 0)?.bytes_per_layer;
-    Ok(multiple * page.div_ceil(multiple * kv_bytes_per_token_layer))
+    Ok(alignment * page.div_ceil(alignment * kv_bytes_per_token_layer))
 }
 
 /// The largest chunk that fits at one context.

@@ -177,8 +177,9 @@ impl StepVariants {
     /// What `runtime` runs by default for `cfg`: the workload's fla 0.6.0 with in-kernel
     /// l2norm, PyTorch's FlashAttention and int4 weights (as `vramtrace demo`); the script's and
     /// transformers' fla 0.6.0 with in-kernel l2norm and bf16 weights; vLLM 0.20.1's vendored GDN
-    /// (l2norm before the call), FlashAttention 2.8.3 and bf16 weights with the state in the
-    /// model dtype (`mamba_ssm_cache_dtype` auto).
+    /// (l2norm before the call), FlashAttention 2.8.3 and bf16 weights. The recurrent state is
+    /// fp32 everywhere: fla returns it in fp32, and vLLM takes a Qwen3.5 checkpoint's
+    /// `mamba_ssm_dtype` (float32) for `mamba_ssm_cache_dtype` auto; set `ssm_dtype` otherwise.
     pub fn for_runtime(runtime: Runtime, cfg: &ModelConfig) -> Self {
         match runtime {
             Runtime::Workload => StepVariants {
@@ -206,7 +207,7 @@ impl StepVariants {
                 attention: Variant::FaDao283,
                 weights: WeightFormat::Bf16,
                 conv_dtype: cfg.dtype,
-                ssm_dtype: cfg.dtype,
+                ssm_dtype: DType::F32,
             },
         }
     }

@@ -291,8 +291,8 @@ mod tests {
         let b = m.step(&s).unwrap();
         // 12,384 tokens in blocks of 400: 31 blocks, 12,400 tokens x 64 KiB.
         assert_eq!(b.kv_cache, 12_400 * 65_536);
-        // bf16 state: 48 layers x (conv 61,440 + recurrent 1,572,864).
-        assert_eq!(b.state, 78_446_592);
+        // 48 layers x (bf16 conv 61,440 + fp32 recurrent 3,145,728).
+        assert_eq!(b.state, 153_944_064);
         let logits = b
             .layers
             .iter()
