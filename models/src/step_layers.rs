@@ -564,6 +564,7 @@ fn script_mlp(d: &Dims, attn_layers: u64, has_gdn: bool) -> Result<Vec<Tensor>, 
 const VL_RES: &str = "vllm-0.20.1 vllm/model_executor/models/qwen3_next.py Qwen3NextDecoderLayer.forward: hidden_states, residual";
 const VL_QKVZ: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: projected_states_qkvz = self.in_proj_qkvz(hidden_states)";
 const VL_BA: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: projected_states_ba = self.in_proj_ba(hidden_states)";
+const VL_B_A: &str = "vllm vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: b, a = ba.chunk(2, dim=-1); b = b.contiguous(); a = a.contiguous()";
 const VL_CORE: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: core_attn_out = torch.zeros((num_tokens, num_v_heads / tp, head_v_dim))";
 const VL_CONV: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py _forward_core: mixed_qkv after causal_conv1d_fn";
 const VL_GATE: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py _forward_core: g, beta = fused_gdn_gating(..) (fp32)";
@@ -576,8 +577,8 @@ const VL_LOGITS32: &str =
     "vllm-0.20.1 vllm/v1/sample/sampler.py Sampler.forward: logits = logits.to(torch.float32)";
 
 /// One GDN layer of vLLM 0.20.1 on the Triton prefill path, as far as modelled: the residual
-/// stream (`hidden_states` and `residual`), the `in_proj_qkvz` and `in_proj_ba` outputs, the
-/// output buffer `core_attn_out`, the conv output, fp32 `g` and `beta`, the normalised q/k and
+/// stream (`hidden_states` and `residual`), the `in_proj_qkvz` and `in_proj_ba` outputs with
+/// contiguous copies of `b` and `a`, the output buffer `core_attn_out`, the conv output, fp32 `g` and `beta`, the normalised q/k and
 /// contiguous v handed to the kernel (`fused_post_conv_prep`), then the kernel. Not modelled:
 /// the gated norm's and `out_proj`'s outputs after the kernel (below its peak), the metadata
 /// tensors, and FlashInfer's GDN prefill (vLLM's default on SM90, a different kernel).
@@ -602,6 +603,8 @@ fn vllm_gdn(
             VL_QKVZ,
         ),
         tl.alloc("projected_states_ba", &[t, 2 * d.hv], dt, VL_BA),
+        tl.alloc("b (contiguous)", &[t, d.hv], dt, VL_B_A),
+        tl.alloc("a (contiguous)", &[t, d.hv], dt, VL_B_A),
         tl.alloc("core_attn_out", &[t, d.hv, d.vd], dt, VL_CORE),
         tl.alloc(
             "mixed_qkv (conv)",
