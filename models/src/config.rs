@@ -168,13 +168,13 @@ impl ModelConfig {
             None if dense => Ok(0),
             v => v.ok_or_else(|| missing(field)),
         };
+        if moe.is_none() && f.intermediate_size.is_none() {
+            return Err(missing("intermediate_size"));
+        }
         let hidden_size = f.hidden_size.ok_or_else(|| missing("hidden_size"))?;
         let num_attention_heads = f
             .num_attention_heads
             .ok_or_else(|| missing("num_attention_heads"))?;
-        if moe.is_none() && f.intermediate_size.is_none() {
-            return Err(missing("intermediate_size"));
-        }
         let cfg = ModelConfig {
             path: path.to_path_buf(),
             model_type: f.model_type,
