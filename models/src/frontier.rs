@@ -101,6 +101,9 @@ pub struct ContextFrontier {
     pub largest_context: Option<u64>,
     /// Whether the search stopped at `max_context` with the step still fitting.
     pub capped: bool,
+    /// Whether the context stops where its K/V no longer fits the known KV pool (the engine
+    /// cannot schedule it) rather than where memory runs out.
+    pub limited_by_pool: bool,
     /// The limit's bytes.
     pub limit_bytes: u64,
 }
@@ -179,20 +182,32 @@ impl StepModel {
     ) -> Result<ContextFrontier, ModelError> {
         let limit_bytes = limit.bytes()?;
         let t = base.chunk_tokens;
+        // Memory and, with a known pool, the pool's room for the context's K/V.
+        let in_pool = |l: u64| -> Result<bool, ModelError> {
+            Ok(self.step(&base.with_context(l))?.kv_fits_pool != Some(false))
+        };
         let fits = |l: u64| -> Result<bool, ModelError> {
-            Ok(self.counted(&base.with_context(l), limit)? <= limit_bytes)
+            Ok(in_pool(l)? && self.counted(&base.with_context(l), limit)? <= limit_bytes)
         };
-        let frontier = |largest_context, capped| ContextFrontier {
-            chunk_tokens: t,
-            largest_context,
-            capped,
-            limit_bytes,
-        };
+        let frontier =
+            |largest_context: Option<u64>, capped: bool| -> Result<ContextFrontier, ModelError> {
+                let limited_by_pool = match largest_context {
+                    Some(l) if !capped => !in_pool(l + 1)?,
+                    _ => false,
+                };
+                Ok(ContextFrontier {
+                    chunk_tokens: t,
+                    largest_context,
+                    capped,
+                    limited_by_pool,
+                    limit_bytes,
+                })
+            };
         if max_context < t || !fits(t)? {
-            return Ok(frontier(None, false));
+            return frontier(None, false);
         }
         if fits(max_context)? {
-            return Ok(frontier(Some(max_context), true));
+            return frontier(Some(max_context), true);
         }
         let (mut good, mut bad) = (t, max_context);
         while bad - good > 1 {
@@ -203,7 +218,7 @@ impl StepModel {
                 bad = mid;
             }
         }
-        Ok(frontier(Some(good), false))
+        frontier(Some(good), false)
     }
 
     /// The step's counted bytes at each context, the chunk held: the cliff plot's first panel.

@@ -227,6 +227,10 @@ pub struct KnownParts {
     pub communication: Option<u64>,
     /// Autotuning scratch (Triton's benchmark cache flush).
     pub autotune: Option<u64>,
+    /// A KV pool the engine preallocates whatever the context (vLLM's "GPU KV cache size" times
+    /// the bytes per token, transformers serve's paged cache): the KV part is then the pool, and
+    /// a context whose K/V does not fit in it cannot be scheduled at all.
+    pub kv_pool: Option<u64>,
     /// The caching allocator's reserve: reserved but unallocated bytes that the step cannot use.
     pub allocator_reserve: Option<u64>,
     /// The CUDA context and loaded modules that count against the limit.

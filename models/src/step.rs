@@ -62,8 +62,13 @@ pub struct StepBreakdown {
     pub variants: StepVariants,
     /// Weights on this rank.
     pub weights: u64,
-    /// K/V of `batch` sequences of `context_tokens` tokens, rounded to blocks.
+    /// The KV cache: the preallocated pool when one is known, else [`Self::kv_payload`].
     pub kv_cache: u64,
+    /// K/V of `batch` sequences of `context_tokens` tokens, rounded to blocks: what the context
+    /// needs, whether or not a pool holds it.
+    pub kv_payload: u64,
+    /// Whether the payload fits in the known pool (`None` without a pool).
+    pub kv_fits_pool: Option<bool>,
     /// Recurrent (and conv) state of `batch` sequences.
     pub state: u64,
     /// The largest layer peak: the step's activations.
@@ -167,10 +172,12 @@ impl StepModel {
             Runtime::TorchPrefillScript => step_layers::script_kv_bytes_per_token(cfg, shape)?,
             _ => kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)?.bytes_per_token,
         };
-        let kv_cache = fit_bytes(
+        let kv_payload = fit_bytes(
             "the KV cache",
             w(per_seq_tokens) * w(kv_per_token) * w(shape.batch),
         )?;
+        let kv_cache = self.known.kv_pool.unwrap_or(kv_payload);
+        let kv_fits_pool = self.known.kv_pool.map(|pool| kv_payload <= pool);
         let state_per_seq = match v.runtime {
             // `state[i]` is the fp32 final state fla returns; the script keeps no conv state.
             Runtime::TorchPrefillScript => {
@@ -213,6 +220,8 @@ impl StepModel {
             variants: v.clone(),
             weights,
             kv_cache,
+            kv_payload,
+            kv_fits_pool,
             state,
             activations,
             layers,
@@ -322,6 +331,28 @@ mod tests {
         // The parts add up to the total.
         let sum: u64 = Category::ALL.iter().filter_map(|&c| b.part(c)).sum();
         assert_eq!(b.total, sum);
+    }
+
+    #[test]
+    fn a_preallocated_pool_is_the_kv_part_and_bounds_the_context() {
+        let c = qwen36();
+        let pool = 100_000 * 65_536;
+        let m = StepModel::new(
+            c.clone(),
+            StepVariants::for_runtime(Runtime::Vllm, &c),
+            KnownParts {
+                kv_pool: Some(pool),
+                ..KnownParts::default()
+            },
+        );
+        let s = ServingShape::prefill(&c, 4128, 8256);
+        let b = m.step(&s).unwrap();
+        assert_eq!((b.kv_cache, b.kv_payload), (pool, 8256 * 65_536));
+        assert_eq!(b.kv_fits_pool, Some(true));
+        let limit = Limit::Card { capacity: 1 << 40 };
+        let f = m.largest_context_at(&s, &limit, 262_144).unwrap();
+        assert_eq!(f.largest_context, Some(100_000));
+        assert!(f.limited_by_pool && !f.capped);
     }
 
     #[test]
