@@ -424,3 +424,30 @@ fn a_dense_model_steps_without_gdn_layers() {
     assert_eq!(b.activations.kind, StepLayer::Logits);
     assert_eq!(b.activations.bytes, 2048 * 151_936 * 2 + 2048 * 4096 * 2);
 }
+
+/// `samples/h200/prefill-uncapped`: the same workload on the H200 without a limit, 4 chunks of
+/// 4128. The traced live bytes peak at 19,486,194,688, in chunk 3's first MLP (label
+/// `prefill/chunk.3/layer.0/mlp`): the model's last step (context 16,512), whose largest layer
+/// is the MLP, predicts exactly that, part by part.
+#[test]
+fn prefill_uncapped_the_predicted_peak_is_the_traced_peak() {
+    let m = workload(KnownParts::default());
+    let c = qwen36();
+    let b = m
+        .step(&ServingShape::prefill(&c, CHUNK, 4 * CHUNK))
+        .unwrap();
+    assert_eq!(b.activations.kind, StepLayer::Mlp);
+    assert_eq!(b.total, 19_486_194_688);
+    let r = residuals(
+        &b,
+        &observed(&[
+            ("weights", WL_WEIGHTS),
+            ("kv_cache", 4 * WL_KV_PER_CHUNK),
+            ("state", WL_STATE),
+            ("activations", 473_432_064),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(r.total_residual, 0);
+    assert!(r.parts.iter().all(|p| p.likely_cause == "agrees"));
+}
