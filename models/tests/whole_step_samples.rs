@@ -428,7 +428,8 @@ fn a_dense_model_steps_without_gdn_layers() {
 /// `samples/h200/prefill-uncapped`: the same workload on the H200 without a limit, 4 chunks of
 /// 4128. The traced live bytes peak at 19,486,194,688, in chunk 3's first MLP (label
 /// `prefill/chunk.3/layer.0/mlp`): the model's last step (context 16,512), whose largest layer
-/// is the MLP, predicts exactly that, part by part.
+/// is the MLP, predicts exactly that. The activations observed are the peak less the labelled
+/// weights, KV blocks and state.
 #[test]
 fn prefill_uncapped_the_predicted_peak_is_the_traced_peak() {
     let m = workload(KnownParts::default());
