@@ -218,7 +218,17 @@ fn config_errors_name_the_field() {
     let dir = std::env::temp_dir().join(format!("vramtrace-model-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("config.json");
+    // Without GDN fields the config is read as a dense model, which needs an MLP width.
     std::fs::write(&p, r#"{"num_hidden_layers": 4, "hidden_size": 8}"#).unwrap();
+    let (code, _, stderr) = run(&[p.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("has no `intermediate_size`"), "{stderr}");
+    // One GDN field makes it hybrid, and the layer pattern is then required.
+    std::fs::write(
+        &p,
+        r#"{"num_hidden_layers": 4, "hidden_size": 8, "linear_num_value_heads": 4}"#,
+    )
+    .unwrap();
     let (code, _, stderr) = run(&[p.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(

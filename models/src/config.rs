@@ -56,7 +56,8 @@ pub struct ModelConfig {
     pub num_key_value_heads: u64,
     /// `head_dim` of the full-attention layers.
     pub head_dim: u64,
-    /// `linear_num_value_heads` (GDN value heads, HV).
+    /// `linear_num_value_heads` (GDN value heads, HV); the GDN fields are 0 for a dense model,
+    /// one with no GDN fields and no layer pattern, whose layers are all full attention.
     pub linear_num_value_heads: u64,
     /// `linear_num_key_heads` (GDN query/key heads, Hk).
     pub linear_num_key_heads: u64,
@@ -74,7 +75,8 @@ pub struct ModelConfig {
     pub dtype: DType,
     /// `tie_word_embeddings` (false when absent).
     pub tie_word_embeddings: bool,
-    /// `attn_output_gate` (true when absent: Qwen3-Next and Qwen3.5 gate their attention output).
+    /// `attn_output_gate` (true when absent from a hybrid config: Qwen3-Next and Qwen3.5 gate
+    /// their attention output; false when absent from a dense one).
     pub attn_output_gate: bool,
 }
 
@@ -111,6 +113,14 @@ impl ModelConfig {
         let num_hidden_layers = f
             .num_hidden_layers
             .ok_or_else(|| missing("num_hidden_layers"))?;
+        // A dense model (Llama, Qwen3) has no GDN fields and no layer pattern: every layer is full
+        // attention, and the GDN dimensions are 0.
+        let dense = f.layer_types.is_none()
+            && f.full_attention_interval.is_none()
+            && f.linear_num_value_heads.is_none()
+            && f.linear_num_key_heads.is_none()
+            && f.linear_key_head_dim.is_none()
+            && f.linear_value_head_dim.is_none();
         let layer_types = match f.layer_types {
             Some(kinds) if kinds.len() as u64 != num_hidden_layers => {
                 return Err(ModelError::InvalidField {
@@ -123,6 +133,7 @@ impl ModelConfig {
                 });
             }
             Some(kinds) => kinds,
+            None if dense => vec![LayerKind::FullAttention; num_hidden_layers as usize],
             // transformers' `Qwen3NextConfig.__post_init__`: layer `i` is full attention when
             // `(i + 1) % full_attention_interval == 0`.
             None => {
@@ -153,38 +164,40 @@ impl ModelConfig {
             }),
             None => None,
         };
+        let gdn = |v: Option<u64>, field| match v {
+            None if dense => Ok(0),
+            v => v.ok_or_else(|| missing(field)),
+        };
         if moe.is_none() && f.intermediate_size.is_none() {
             return Err(missing("intermediate_size"));
         }
+        let hidden_size = f.hidden_size.ok_or_else(|| missing("hidden_size"))?;
+        let num_attention_heads = f
+            .num_attention_heads
+            .ok_or_else(|| missing("num_attention_heads"))?;
         let cfg = ModelConfig {
             path: path.to_path_buf(),
             model_type: f.model_type,
             num_hidden_layers,
-            hidden_size: f.hidden_size.ok_or_else(|| missing("hidden_size"))?,
+            hidden_size,
             vocab_size: f.vocab_size.ok_or_else(|| missing("vocab_size"))?,
             intermediate_size: f.intermediate_size,
-            num_attention_heads: f
-                .num_attention_heads
-                .ok_or_else(|| missing("num_attention_heads"))?,
-            num_key_value_heads: f
-                .num_key_value_heads
-                .ok_or_else(|| missing("num_key_value_heads"))?,
-            head_dim: f.head_dim.ok_or_else(|| missing("head_dim"))?,
-            linear_num_value_heads: f
-                .linear_num_value_heads
-                .ok_or_else(|| missing("linear_num_value_heads"))?,
-            linear_num_key_heads: f
-                .linear_num_key_heads
-                .ok_or_else(|| missing("linear_num_key_heads"))?,
-            linear_key_head_dim: f
-                .linear_key_head_dim
-                .ok_or_else(|| missing("linear_key_head_dim"))?,
-            linear_value_head_dim: f
-                .linear_value_head_dim
-                .ok_or_else(|| missing("linear_value_head_dim"))?,
-            linear_conv_kernel_dim: f
-                .linear_conv_kernel_dim
-                .ok_or_else(|| missing("linear_conv_kernel_dim"))?,
+            num_attention_heads,
+            // transformers' dense configs default the KV heads to the query heads and the head
+            // dimension to `hidden_size / num_attention_heads`; the hybrid ones must say.
+            num_key_value_heads: match f.num_key_value_heads {
+                None if dense => num_attention_heads,
+                v => v.ok_or_else(|| missing("num_key_value_heads"))?,
+            },
+            head_dim: match f.head_dim {
+                None if dense => hidden_size / num_attention_heads,
+                v => v.ok_or_else(|| missing("head_dim"))?,
+            },
+            linear_num_value_heads: gdn(f.linear_num_value_heads, "linear_num_value_heads")?,
+            linear_num_key_heads: gdn(f.linear_num_key_heads, "linear_num_key_heads")?,
+            linear_key_head_dim: gdn(f.linear_key_head_dim, "linear_key_head_dim")?,
+            linear_value_head_dim: gdn(f.linear_value_head_dim, "linear_value_head_dim")?,
+            linear_conv_kernel_dim: gdn(f.linear_conv_kernel_dim, "linear_conv_kernel_dim")?,
             layer_types,
             moe,
             // `torch_dtype` (older transformers) wins over `dtype` (newer), wherever each is.
@@ -193,7 +206,7 @@ impl ModelConfig {
                 .or(f.dtype)
                 .ok_or_else(|| missing("torch_dtype"))?,
             tie_word_embeddings: f.tie_word_embeddings.unwrap_or(false),
-            attn_output_gate: f.attn_output_gate.unwrap_or(true),
+            attn_output_gate: f.attn_output_gate.unwrap_or(!dense),
         };
         if !cfg
             .linear_num_value_heads
@@ -643,6 +656,30 @@ mod tests {
         assert_eq!(c.intermediate_size, None);
         assert_eq!(c.moe.as_ref().unwrap().num_experts, 512);
         assert_eq!(c.dtype, DType::BF16);
+    }
+
+    #[test]
+    fn a_dense_config_has_only_attention_layers() {
+        let v = json!({
+            "model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096,
+            "vocab_size": 151936, "intermediate_size": 12288, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "torch_dtype": "bfloat16"
+        });
+        let c = ModelConfig::from_json(&v, Path::new("c.json")).unwrap();
+        assert_eq!((c.num_linear_layers(), c.num_attention_layers()), (0, 36));
+        assert_eq!((c.linear_num_value_heads, c.linear_conv_kernel_dim), (0, 0));
+        assert!(!c.attn_output_gate);
+        // Llama-style: no head_dim, no KV heads.
+        let mut v = v;
+        let o = v.as_object_mut().unwrap();
+        o.remove("head_dim");
+        o.remove("num_key_value_heads");
+        let c = ModelConfig::from_json(&v, Path::new("c.json")).unwrap();
+        assert_eq!((c.head_dim, c.num_key_value_heads), (128, 32));
+        // One GDN field makes it hybrid, and the others are then required.
+        v["linear_num_value_heads"] = json!(48);
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        assert!(e.to_string().contains("`full_attention_interval`"), "{e}");
     }
 
     #[test]

@@ -84,6 +84,11 @@ impl GdnShape {
 
     pub(crate) fn check(&self) -> Result<(), ModelError> {
         check_seqlens(&self.seqlens)?;
+        if self.num_k_heads == 0 && self.num_v_heads == 0 {
+            return Err(ModelError::Invalid(
+                "the model has no GDN layers (a dense config); model its attention or MLP kernel instead".into(),
+            ));
+        }
         if self.num_k_heads == 0 || !self.num_v_heads.is_multiple_of(self.num_k_heads) {
             return Err(ModelError::Invalid(format!(
                 "{} value heads are not a multiple of {} key heads",

@@ -41,6 +41,19 @@ pub fn gdn_state_per_seq(
     num_spec: u64,
 ) -> Result<GdnStatePerSeq, ModelError> {
     let w = u128::from;
+    let layers = cfg.num_linear_layers();
+    if layers == 0 {
+        // A dense model keeps no recurrent state.
+        return Ok(GdnStatePerSeq {
+            conv_shape: vec![0, 0],
+            conv_dtype,
+            ssm_shape: vec![0, 0, 0],
+            ssm_dtype,
+            bytes_per_layer: 0,
+            layers: 0,
+            bytes_per_seq: 0,
+        });
+    }
     let conv_dim = crate::error::fit_count(
         "the GDN conv channels",
         w(cfg.linear_key_head_dim) * w(cfg.linear_num_key_heads) * 2
@@ -60,7 +73,6 @@ pub fn gdn_state_per_seq(
             * w(cfg.linear_key_head_dim)
             * w(ssm_dtype.size_bytes());
     let bytes_per_layer = crate::error::fit_bytes("the GDN state per layer", per_layer)?;
-    let layers = cfg.num_linear_layers();
     Ok(GdnStatePerSeq {
         conv_shape,
         conv_dtype,

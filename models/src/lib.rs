@@ -9,6 +9,15 @@
 //! state per token and per sequence, weight bytes by format, and PyTorch's caching allocator
 //! (request → block → segment, and a simulation of the segments `cudaMalloc` sees).
 //!
+//! On top of the kernels, the whole-step model ([`StepModel`]): for a [`ServingShape`] (chunk,
+//! context, batch, TP, KV dtype, block size) and the program that runs it ([`Runtime`],
+//! [`StepVariants`]), weights + KV cache at the context + recurrent state + the largest
+//! per-layer live set over GDN, attention, MLP and logits + the parts only a trace knows
+//! ([`KnownParts`]: engine buffers, CUDA graphs, the allocator's reserve, the context), checked
+//! against an enforced [`Limit`]; the cliff as a frontier ([`StepModel::largest_chunk_at`],
+//! [`StepModel::largest_context_at`], with vLLM's [`ChunkFloor`]); and per-category
+//! [`residuals`] against what a trace observed.
+//!
 //! ```
 //! use vramtrace_models::{DType, GdnShape, Variant, Workload, peak, gdn_vllm_0_20_1};
 //!
@@ -24,12 +33,31 @@
 //! # let _ = Workload::from_config;
 //! ```
 //!
+//! The whole step of `samples/h200/prefill-18gib` (the workload on 18 GiB, chunk 2 of 4128):
+//!
+//! ```
+//! use vramtrace_models::{KnownParts, Limit, ModelConfig, Runtime, ServingShape, StepModel,
+//!     StepVariants};
+//!
+//! # let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../samples/models/Qwen3.6-27B/config.json");
+//! let cfg = ModelConfig::from_path(path).unwrap();
+//! let variants = StepVariants::for_runtime(Runtime::Workload, &cfg);
+//! let known = KnownParts { context: Some(257_618_896), ..KnownParts::default() };
+//! let model = StepModel::new(cfg.clone(), variants, known);
+//! let limit = Limit::Card { capacity: 18 << 30 };
+//! let step = model.check(&ServingShape::prefill(&cfg, 4128, 3 * 4128), &limit).unwrap();
+//! assert_eq!(step.fits(), Some(false));
+//! assert_eq!(step.limit.unwrap().headroom, -145_928_144);
+//! ```
+//!
 //! # Design constraints
 //! * Byte sizes are exact for the shapes given; what is not modelled is said in each variant's
 //!   documentation, not approximated.
 //! * One function computes the peak ([`peak`]); variants only describe allocation order.
 //! * Tensor lists carry enough (name, shape, bytes, order, lifetime, source line) to be matched
 //!   against a trace later.
+//! * A step's parts are never fitted to a trace: what a config cannot know is given as a known
+//!   part and shown as given, and every difference from a trace is a residual with its cause.
 
 pub mod caching_allocator;
 mod config;
@@ -40,6 +68,7 @@ pub mod fa_dao_2_8_3;
 pub mod fa_pytorch;
 pub mod ffn;
 mod flash_attn;
+mod frontier;
 mod gdn;
 pub mod gdn_fla_0_4_2;
 pub mod gdn_fla_0_6_0;
@@ -49,6 +78,10 @@ pub mod gdn_vllm_0_20_1;
 pub mod kv_cache;
 
 mod peak;
+mod residual;
+mod serving;
+mod step;
+mod step_layers;
 mod tensor;
 pub mod units;
 mod variant;
@@ -73,6 +106,7 @@ pub use dtype::DType;
 pub use error::ModelError;
 pub use ffn::FfnShape;
 pub use flash_attn::{FaShape, num_splits_heuristic};
+pub use frontier::{ChunkFloor, ChunkFrontier, ContextFrontier, vllm_hybrid_block_size};
 pub use gdn::{
     CHUNK, GdnShape, GdnVariantSpec, IntraChunk, L2normSites, LastFrees, QkHeads, StateLayout,
     WuOrder,
@@ -80,6 +114,10 @@ pub use gdn::{
 pub use gdn_state::{GdnStatePerSeq, gdn_state_per_seq};
 pub use kv_cache::{KvCachePerToken, kv_cache_per_token};
 pub use peak::{Peak, live_at, naive_sum, peak};
+pub use residual::{Category, PartResidual, Residuals, residuals};
+pub use serving::{KnownParts, Limit, Runtime, ServingShape, StepVariants};
+pub use step::{CUBLAS_WORKSPACE_SM90, LayerPeak, LimitCheck, StepBreakdown, StepModel, step_peak};
+pub use step_layers::StepLayer;
 pub use tensor::{Event, Tensor, TensorId, Timeline, events, factory_operator};
 pub use variant::{Kernel, Variant, Workload, WorkloadOptions};
 pub use weights::{WeightEstimate, WeightFormat, weight_bytes};

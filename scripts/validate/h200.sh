@@ -513,6 +513,20 @@ torch_symbols() {
   nm -DC "$lib" | grep -iE "tracker|recordHistory|TraceEntry|attachOutOfMemory|getDeviceStats| allocator$" | head -40
 }
 
+whole_step() {
+  # Issue 18 item 3: the whole-step model against a real transformers Qwen3.5 prefill with fla
+  # (8 layers of Qwen3.6-27B, random bf16 weights, 2 chunks of 4128), traced with the PyTorch
+  # probe and kept as a sample. Compare each chunk's peak_allocated with
+  #   cargo run -p vramtrace-models --example step -- samples/models/Qwen3.6-27B/config.json \
+  #     --runtime transformers --layers 8 --chunk 4128 --context <4128|8256>
+  python3 -c 'import transformers; print("transformers", transformers.__version__)' || return 1
+  local d=$W/transformers-prefill
+  rm -rf "$d"
+  timeout 600 $VT run --out "$d" -- python3 "$VAL/whole_step_transformers.py" --layers 8 \
+    --chunk 4128 --chunks 2 | tee "$d.stdout"
+  $VT summary "$d" > "$d.summary" 2>&1; head -20 "$d.summary"
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del
