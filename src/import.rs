@@ -9,7 +9,7 @@
 //! - `segment_alloc` / `segment_free`: a driver allocation / release (`cuMemAlloc_v2` /
 //!   `cuMemFree_v2`) of the segment's address and size; `segment_map` / `segment_unmap`
 //!   (expandable segments): a `cuMemCreate` of the bytes mapped with a `cuMemMap` of the range,
-//!   and their release (touching mappings read as one segment, see [`crate::tensors`]).
+//!   and their release (touching mappings read as one segment, see [`crate::torch_replay`]).
 //! - `alloc` / `free_completed`: a TENSOR record allocated / freed at the block's address (a
 //!   `free_requested` waits for its completion: the block is reusable only then).
 //! - `oom`: a TENSOR record the allocator refused, with the request, the driver's free memory
@@ -52,6 +52,12 @@ pub enum ImportError {
     /// A pickle, but not a snapshot.
     #[error("{0} is not a PyTorch memory snapshot: {1}")]
     NotSnapshot(std::path::PathBuf, String),
+    /// A record too large for a trace block.
+    #[error("a record of {0} does not fit a trace block")]
+    TooLarge(std::path::PathBuf),
+    /// The trace could not be written.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
 }
 
 /// What an import produced.
@@ -711,17 +717,14 @@ pub fn import(
     snapshot: &Path,
     out: &Path,
     pid: u32,
-) -> anyhow::Result<(std::path::PathBuf, Imported)> {
+) -> Result<(std::path::PathBuf, Imported), ImportError> {
     let v = read_snapshot(snapshot)?;
     let (header, records, n) = convert(&v, pid, &snapshot.display().to_string())
         .map_err(|why| ImportError::NotSnapshot(snapshot.to_path_buf(), why))?;
     let mut w = BlockFileWriter::new(&header, 1 << 16);
     for r in &records {
         if w.push(1, r).is_none() {
-            anyhow::bail!(
-                "a record of {} does not fit a trace block",
-                snapshot.display()
-            );
+            return Err(ImportError::TooLarge(snapshot.to_path_buf()));
         }
     }
     std::fs::create_dir_all(out)?;

@@ -12,7 +12,7 @@
 //! - **Samples.** A poll does not send one sample per event: the trace time it covered is cut
 //!   into at most [`MAX_BUCKETS`] buckets of at least [`MIN_BUCKET_NS`], and each device touched
 //!   in a bucket gets its highest point in the bucket (when above the bucket's end) and its end
-//!   point, stacked by [`CATEGORIES`]. A live poll (100 ms of trace) gives about ten points per
+//!   point, stacked by [`crate::categories::CATEGORIES`]. A live poll (100 ms of trace) gives about ten points per
 //!   device; the first poll of a finished trace a few hundred.
 //! - **Bounded.** One poll reads at most [`LiveOptions::poll_budget`] of wall time (the rest
 //!   waits for the next poll), the followers hold one block per writing thread, the replay holds
@@ -24,12 +24,7 @@
 //!   one pass over the trace up to the cursor); the last answer is kept, so a paused view asks
 //!   once.
 //!
-//! # Categories
-//! [`category`] sorts an allocation by its range label (NVTX or annotation range) first, then by
-//! its annotated name, lower-cased, by substring:
-//! `weight`, `embed`, `lm_head`, `param` → weights; `kv`, `cache` (and in a label `_state`: the
-//! recurrent state kept between chunks) → KV cache; `ballast`, `capacity`, `reserve` → other;
-//! any other name → activations; no label and no name → unnamed.
+//! Allocations are stacked by [`crate::categories`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::ControlFlow;
@@ -40,46 +35,14 @@ use std::time::{Duration, Instant};
 use vramtrace_format::{Event, FILE_EXTENSION, Follower, Problem, Record};
 use vramtrace_viewer::model::{
     BreakdownEntry, DeviceInfo, FailedAllocation, LiveAllocation, LiveSnapshot, NvmlPanel,
-    NvmlProcess, ProcessInfo, SnapshotQuery, TimelinePoint, Update,
+    ProcessInfo, SnapshotQuery, TimelinePoint, Update,
 };
 use vramtrace_viewer::tui::LiveSource;
 
+use crate::categories::{CATEGORIES, category};
 use crate::replay::{FastMap, LiveAlloc, Pool, Replayer, Step};
 use crate::symbolize::StackSymbolizer;
 use crate::trace::{Item, MemorySource, Process, Trace};
-
-/// The categories of the stacked timeline and the breakdown, in stacking order.
-pub const CATEGORIES: [&str; 5] = ["weights", "KV cache", "activations", "other", "unnamed"];
-
-/// Index in [`CATEGORIES`] of an allocation with this range label and annotated name (see the
-/// module documentation for the rule).
-pub fn category(label: Option<&str>, name: Option<&str>) -> usize {
-    const WEIGHTS: &[&str] = &["weight", "embed", "lm_head", "param"];
-    const KV: &[&str] = &["kv", "cache"];
-    const OTHER: &[&str] = &["ballast", "capacity", "reserve"];
-    let label = label.filter(|s| !s.is_empty()).map(str::to_ascii_lowercase);
-    let name = name.filter(|s| !s.is_empty()).map(str::to_ascii_lowercase);
-    let has = |s: &Option<String>, words: &[&str]| {
-        s.as_deref()
-            .is_some_and(|s| words.iter().any(|w| s.contains(w)))
-    };
-    for s in [&label, &name] {
-        if has(s, WEIGHTS) {
-            return 0;
-        }
-        if has(s, KV) || (std::ptr::eq(s, &label) && has(s, &["_state"])) {
-            return 1;
-        }
-        if has(s, OTHER) {
-            return 3;
-        }
-    }
-    if label.is_some() || name.is_some() {
-        2
-    } else {
-        4
-    }
-}
 
 /// The most trace time one bucket of samples covers at least.
 pub const MIN_BUCKET_NS: u64 = 10_000_000;
@@ -170,7 +133,7 @@ impl Book {
                         if *pool == Pool::Device {
                             let b = Booked {
                                 device: e.device,
-                                category: category(p.string(e.label), None) as u8,
+                                category: category(p.string(e.label), None).index() as u8,
                                 size: e.size,
                                 label: e.label,
                             };
@@ -187,7 +150,7 @@ impl Book {
                 if self.replay.annotate(pi, a).is_some()
                     && let Some(mut b) = self.booked.get(&(pi, 0, a.ptr)).copied()
                 {
-                    let c = category(p.string(b.label), p.string(a.name)) as u8;
+                    let c = category(p.string(b.label), p.string(a.name)).index() as u8;
                     if c != b.category {
                         self.add(pi, b, false);
                         b.category = c;
@@ -224,55 +187,35 @@ struct LiveProc {
     problems: usize,
 }
 
-/// NVML, opened once.
+/// Reads a device's memory as the driver sees it, for the live view's panel: the binary gives
+/// one over NVML; without one the panel says why it is empty.
+pub trait DeviceMemory: Send {
+    /// The panel of the device with this (NVML) ordinal; a failed reading is
+    /// [`NvmlPanel::Unavailable`] with the reason.
+    fn panel(&self, ordinal: u32) -> NvmlPanel;
+}
+
+/// The device memory reader, opened once, and when it was last asked.
 struct NvmlProbe {
-    nvml: Result<nvml_wrapper::Nvml, String>,
+    reader: Result<Box<dyn DeviceMemory>, String>,
     last: Option<Instant>,
 }
 
 impl NvmlProbe {
     fn new(enabled: bool) -> Self {
-        let nvml = if enabled {
-            nvml_wrapper::Nvml::init().map_err(|e| match e {
-                nvml_wrapper::error::NvmlError::LibloadingError(_) => {
-                    "libnvidia-ml.so.1 cannot be loaded (no NVIDIA driver here)".to_string()
-                }
-                e => e.to_string(),
-            })
+        let reader = if enabled {
+            Err("no device memory reader was given to the live source".to_string())
         } else {
             Err("not asked (--no-nvml)".into())
         };
-        NvmlProbe { nvml, last: None }
+        NvmlProbe { reader, last: None }
     }
 
     fn panel(&self, ordinal: u32) -> NvmlPanel {
-        let nvml = match &self.nvml {
-            Ok(n) => n,
-            Err(e) => return NvmlPanel::Unavailable(e.clone()),
-        };
-        // NVML numbers devices by PCI order, CUDA by CUDA_VISIBLE_DEVICES / speed: the same
-        // index only when neither reorders. The reading is labelled with NVML's name.
-        let read = || -> Result<NvmlPanel, nvml_wrapper::error::NvmlError> {
-            let d = nvml.device_by_index(ordinal)?;
-            let m = d.memory_info()?;
-            let processes = d
-                .running_compute_processes()?
-                .into_iter()
-                .map(|p| NvmlProcess {
-                    pid: p.pid,
-                    used_bytes: match p.used_gpu_memory {
-                        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
-                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
-                    },
-                })
-                .collect();
-            Ok(NvmlPanel::Available {
-                used_bytes: m.used,
-                total_bytes: m.total,
-                processes,
-            })
-        };
-        read().unwrap_or_else(|e| NvmlPanel::Unavailable(format!("NVML device {ordinal}: {e}")))
+        match &self.reader {
+            Ok(r) => r.panel(ordinal),
+            Err(e) => NvmlPanel::Unavailable(e.clone()),
+        }
     }
 }
 
@@ -320,6 +263,15 @@ impl DirSource {
             said_following: false,
             events: 0,
         }
+    }
+
+    /// Reads device memory with `reader` (or says why there is none), when
+    /// [`LiveOptions::nvml`] asks for it; without this call the panel says no reader was given.
+    pub fn with_device_memory(mut self, reader: Result<Box<dyn DeviceMemory>, String>) -> Self {
+        if self.options.nvml {
+            self.nvml.reader = reader;
+        }
+        self
     }
 
     /// Seconds since the trace's start of the latest event read.
@@ -605,7 +557,7 @@ impl DirSource {
             return;
         }
         self.nvml.last = Some(Instant::now());
-        if self.nvml.nvml.is_err() {
+        if self.nvml.reader.is_err() {
             return; // said once per device already
         }
         for &d in &self.stacked {
@@ -851,35 +803,6 @@ pub fn read_all(dir: &Path) -> Vec<Update> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn categories_follow_the_documented_rule() {
-        let c = |l: Option<&str>, n: Option<&str>| CATEGORIES[category(l, n)];
-        assert_eq!(
-            c(Some("prefill/weights"), Some("layer.0.weights")),
-            "weights"
-        );
-        assert_eq!(c(None, Some("embed_tokens")), "weights");
-        assert_eq!(c(Some("prefill/kv_cache"), None), "KV cache");
-        assert_eq!(
-            c(Some("prefill/gdn_state"), Some("layer.3.ssm_state")),
-            "KV cache"
-        );
-        assert_eq!(
-            c(Some("prefill/capacity"), Some("capacity ballast")),
-            "other"
-        );
-        assert_eq!(
-            c(
-                Some("prefill/chunk.0/layer.3/gdn/inputs"),
-                Some("initial_state")
-            ),
-            "activations"
-        );
-        assert_eq!(c(Some("forward"), None), "activations");
-        assert_eq!(c(None, None), "unnamed");
-        assert_eq!(c(Some(""), Some("")), "unnamed");
-    }
 
     #[test]
     fn internal_frames_are_skipped() {

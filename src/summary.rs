@@ -13,7 +13,7 @@ use vramtrace_format::{Event, EventKind};
 use crate::error::Error;
 use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
 use crate::symbolize::StackSymbolizer;
-use crate::tensors::{
+use crate::torch_replay::{
     LiveTensor, Names, Segment, TensorMoment, TensorReplay, TensorStep, TorchOom,
 };
 use crate::trace::{Item, Trace};
@@ -332,7 +332,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                         budget -= cost;
                         TensorPeak::Taken(
                             tensors.live_set(pi, dev),
-                            crate::tensors::segments_of(&replay, pi, dev),
+                            crate::torch_replay::segments_of(&replay, pi, dev),
                         )
                     } else {
                         TensorPeak::Later
@@ -368,7 +368,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                                 torch: Some(TorchOom::of(&t)),
                                 tensors: Some((
                                     tensors.live_set(pi, t.device),
-                                    crate::tensors::segments_of(&replay, pi, t.device),
+                                    crate::torch_replay::segments_of(&replay, pi, t.device),
                                 )),
                             });
                         }
@@ -436,7 +436,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                     let at = tensors.any().then(|| {
                         (
                             tensors.live_set(pi, e.device),
-                            crate::tensors::segments_of(&replay, pi, e.device),
+                            crate::torch_replay::segments_of(&replay, pi, e.device),
                         )
                     });
                     a.failures.push(FailureAt {
@@ -504,19 +504,19 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
         let set = match p {
             TensorPeak::Now => (
                 tensors.live_set(pi, dev),
-                crate::tensors::segments_of(&replay, pi, dev),
+                crate::torch_replay::segments_of(&replay, pi, dev),
             ),
             TensorPeak::Taken(t, s) => (t, s),
             TensorPeak::Later => {
                 let (t, s, _) =
-                    crate::tensors::live_at(trace, pi, dev, tensors.level(pi, dev).peak_seq)?;
+                    crate::torch_replay::live_at(trace, pi, dev, tensors.level(pi, dev).peak_seq)?;
                 (t, s)
             }
         };
         tensor_sets.insert((pi, dev), set);
     }
     let moment = |(t, s): &(Vec<LiveTensor>, Vec<Segment>)| {
-        crate::tensors::moment(trace, t, s, opts.top, opts.frames, &names.0)
+        crate::torch_replay::moment(trace, t, s, opts.top, opts.frames, &names.0)
     };
 
     let syms: Vec<RefCell<StackSymbolizer>> = trace
@@ -572,7 +572,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                 live_count: f.live_count,
                 live: f.live.iter().map(item).collect(),
                 stack: e.stack,
-                frames: crate::tensors::python_frames(p, e.stack, opts.frames.max(1)),
+                frames: crate::torch_replay::python_frames(p, e.stack, opts.frames.max(1)),
                 torch: Some(torch),
                 tensors: f.tensors.as_ref().map(moment),
             };

@@ -7,7 +7,7 @@ use vramtrace_models::units::{fmt_bytes, fmt_secs};
 
 use crate::attribution::{Attribution, MatchedBy, Moment};
 use crate::evidence::Evidence;
-use crate::live::CATEGORIES;
+use crate::categories::CATEGORIES;
 use crate::report::{
     Comparison, FailureReport, LiveSet, MAX_COMPARED_FAILURES, MAX_GROUPS, PeakReport, Report,
     rank_of,
@@ -784,7 +784,7 @@ fn pytorch_message_tensors(
     out: &mut String,
     r: &Report,
     f: &FailureReport,
-    tm: &crate::tensors::TensorMoment,
+    tm: &crate::torch_replay::TensorMoment,
 ) {
     let fl = &f.failure;
     let torch = fl.torch.as_ref();
