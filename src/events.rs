@@ -296,7 +296,8 @@ pub fn for_each_event<'t>(
             }
             Item::Tensor(t) => {
                 let mut line = tensor_line(p, &t);
-                if let crate::torch_replay::TensorStep::Released(freed) = tensors.apply(pi, seq, &t) {
+                if let crate::torch_replay::TensorStep::Released(freed) = tensors.apply(pi, seq, &t)
+                {
                     match freed {
                         Some(a) => {
                             line.size = a.event.size;

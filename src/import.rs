@@ -314,18 +314,9 @@ fn event(
     }
 }
 
-/// Converts a decoded snapshot into the records of one trace file, and its header.
-pub fn convert(
-    v: &Value,
-    pid: u32,
-    source: &str,
-) -> Result<(Header, Vec<Record>, Imported), String> {
-    let d = dict(v).ok_or("the pickle holds no dict")?;
-    let segments = list(key(d, "segments")).ok_or("no `segments` list")?;
-    let traces = list(key(d, "device_traces")).ok_or("no `device_traces` list")?;
-    let mut t = Tables::default();
-    let mut n = Imported::default();
-    let mut timed: Vec<Record> = Vec::new();
+/// The entries of every device's trace, decoded, and the time of the first one (1 µs when no
+/// entry has a time). Entries without a time get 1 µs steps of their own.
+fn decode_traces(traces: &[Value]) -> Result<(Vec<Vec<Entry<'_>>>, u64), String> {
     let mut first_t = u64::MAX;
     // Per device: the entries, decoded.
     let mut per_device: Vec<Vec<Entry>> = Vec::new();
@@ -363,8 +354,17 @@ pub fn convert(
     if first_t == u64::MAX {
         first_t = 1000;
     }
-    // Our exporter's names, per device: by the index of the `alloc` entry they name, and for
-    // blocks live before the history began, by address.
+    Ok((per_device, first_t))
+}
+
+/// Our exporter's names, per device: by the index of the `alloc` entry they name, and for
+/// blocks live before the history began, by address.
+#[allow(clippy::type_complexity)]
+fn our_names(
+    per_device: &[Vec<Entry<'_>>],
+    segments: &[Value],
+    traces: &[Value],
+) -> (Vec<HashMap<usize, OurNames>>, Vec<HashMap<u64, OurNames>>) {
     let mut names_at: Vec<HashMap<usize, OurNames>> = vec![HashMap::new(); per_device.len()];
     let mut names_before: Vec<HashMap<u64, OurNames>> = vec![HashMap::new(); per_device.len()];
     for (dev, entries) in per_device.iter().enumerate() {
@@ -421,9 +421,21 @@ pub fn convert(
             }
         }
     }
-    let t_start = first_t.saturating_sub(1);
-    // What was live when the history began, per device: segments (address → (size,
-    // expandable)) and blocks (address → size).
+    (names_at, names_before)
+}
+
+/// What was live when the history began, per device: segments (address → (size,
+/// expandable, stack)) and blocks (address → (size, requested, stack)).
+#[allow(clippy::type_complexity)]
+fn live_before(
+    t: &mut Tables,
+    per_device: &[Vec<Entry<'_>>],
+    segments: &[Value],
+    traces: &[Value],
+) -> (
+    Vec<BTreeMap<u64, (u64, bool, u32)>>,
+    Vec<BTreeMap<u64, (u64, u64, u32)>>,
+) {
     let mut seg_before: Vec<BTreeMap<u64, (u64, bool, u32)>> =
         vec![BTreeMap::new(); per_device.len()];
     let mut blk_before: Vec<BTreeMap<u64, (u64, u64, u32)>> =
@@ -512,6 +524,25 @@ pub fn convert(
             }
         }
     }
+    (seg_before, blk_before)
+}
+
+/// Converts a decoded snapshot into the records of one trace file, and its header.
+pub fn convert(
+    v: &Value,
+    pid: u32,
+    source: &str,
+) -> Result<(Header, Vec<Record>, Imported), String> {
+    let d = dict(v).ok_or("the pickle holds no dict")?;
+    let segments = list(key(d, "segments")).ok_or("no `segments` list")?;
+    let traces = list(key(d, "device_traces")).ok_or("no `device_traces` list")?;
+    let mut t = Tables::default();
+    let mut n = Imported::default();
+    let mut timed: Vec<Record> = Vec::new();
+    let (per_device, first_t) = decode_traces(traces)?;
+    let (names_at, names_before) = our_names(&per_device, segments, traces);
+    let t_start = first_t.saturating_sub(1);
+    let (seg_before, blk_before) = live_before(&mut t, &per_device, segments, traces);
     let seg_events = |t_ns: u64, dev: i32, addr: u64, size: u64, expandable: bool, stack: u32| {
         let mut v = Vec::new();
         if expandable {

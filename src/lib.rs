@@ -56,6 +56,7 @@ pub mod replay;
 pub mod report;
 pub mod summary;
 pub mod symbolize;
+pub mod timeline;
 pub mod torch_replay;
 pub mod trace;
 pub mod whatif;

@@ -32,22 +32,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramtrace_format::{Event, FILE_EXTENSION, Follower, Problem, Record};
+use vramtrace_format::{FILE_EXTENSION, Follower, Problem, Record};
 use vramtrace_viewer::model::{
-    BreakdownEntry, DeviceInfo, FailedAllocation, LiveAllocation, LiveSnapshot, NvmlPanel,
-    ProcessInfo, SnapshotQuery, TimelinePoint, Update,
+    BreakdownEntry, DeviceInfo, LiveAllocation, LiveSnapshot, NvmlPanel, ProcessInfo,
+    SnapshotQuery, Update,
 };
 use vramtrace_viewer::tui::LiveSource;
 
-use crate::categories::{CATEGORIES, category};
-use crate::replay::{FastMap, LiveAlloc, Pool, Replayer, Step};
+use crate::categories::CATEGORIES;
+use crate::replay::{LiveAlloc, Pool};
 use crate::symbolize::StackSymbolizer;
+use crate::timeline::{Book, TimelineFold};
 use crate::trace::{Item, MemorySource, Process, Trace};
-
-/// The most trace time one bucket of samples covers at least.
-pub const MIN_BUCKET_NS: u64 = 10_000_000;
-/// The most buckets one poll is cut into.
-pub const MAX_BUCKETS: u64 = 256;
 
 /// Settings of a [`DirSource`].
 #[derive(Debug, Clone)]
@@ -73,108 +69,6 @@ impl Default for LiveOptions {
             poll_budget: Duration::from_millis(40),
             nvml_every: Duration::from_secs(1),
         }
-    }
-}
-
-/// Which pairing group a driver function's identifier lives in (pointers, `cuMemCreate`
-/// handles, arrays), so a release finds the bytes its allocation put in a category.
-fn group(e: &Event) -> u8 {
-    match e.api.name() {
-        "cuMemCreate" | "cuMemRelease" => 1,
-        "cuArrayCreate_v2" | "cuArray3DCreate_v2" | "cuArrayDestroy" => 2,
-        _ => 0,
-    }
-}
-
-/// One device-memory allocation as the category books see it.
-#[derive(Clone, Copy)]
-struct Booked {
-    device: i32,
-    category: u8,
-    size: u64,
-    label: u32,
-}
-
-/// The replay plus live bytes by category per process and device.
-#[derive(Default)]
-struct Book {
-    replay: Replayer,
-    seq: usize,
-    booked: FastMap<(usize, u8, u64), Booked>,
-    by_cat: BTreeMap<(usize, i32), [u64; 5]>,
-}
-
-impl Book {
-    fn add(&mut self, pi: usize, b: Booked, sign: bool) {
-        let c = &mut self.by_cat.entry((pi, b.device)).or_default()[b.category as usize];
-        *c = if sign {
-            c.saturating_add(b.size)
-        } else {
-            c.saturating_sub(b.size)
-        };
-    }
-
-    fn unbook(&mut self, key: (usize, u8, u64)) {
-        if let Some(old) = self.booked.remove(&key) {
-            self.add(key.0, old, false);
-        }
-    }
-
-    /// Applies one item of process `pi`; returns the step of an event.
-    fn apply(&mut self, pi: usize, item: &Item, p: &Process) -> Option<Step> {
-        match item {
-            Item::Event(e) => {
-                let step = self.replay.apply(pi, self.seq, e);
-                self.seq += 1;
-                let key = (pi, group(e), e.ptr);
-                match &step {
-                    Step::Allocated { pool } => {
-                        self.unbook(key);
-                        if *pool == Pool::Device {
-                            let b = Booked {
-                                device: e.device,
-                                category: category(p.string(e.label), None).index() as u8,
-                                size: e.size,
-                                label: e.label,
-                            };
-                            self.booked.insert(key, b);
-                            self.add(pi, b, true);
-                        }
-                    }
-                    Step::Released { .. } => self.unbook(key),
-                    _ => {}
-                }
-                Some(step)
-            }
-            Item::Annotate(a) => {
-                if self.replay.annotate(pi, a).is_some()
-                    && let Some(mut b) = self.booked.get(&(pi, 0, a.ptr)).copied()
-                {
-                    let c = category(p.string(b.label), p.string(a.name)).index() as u8;
-                    if c != b.category {
-                        self.add(pi, b, false);
-                        b.category = c;
-                        self.add(pi, b, true);
-                        self.booked.insert((pi, 0, a.ptr), b);
-                    }
-                }
-                None
-            }
-            _ => None,
-        }
-    }
-
-    /// Live bytes by category on `device`, of one process or of all.
-    fn device_cats(&self, device: i32, process: Option<usize>) -> [u64; 5] {
-        let mut sum = [0u64; 5];
-        for ((pi, d), v) in &self.by_cat {
-            if *d == device && process.is_none_or(|p| p == *pi) {
-                for (s, x) in sum.iter_mut().zip(v) {
-                    *s = s.saturating_add(*x);
-                }
-            }
-        }
-        sum
     }
 }
 
@@ -225,18 +119,14 @@ pub struct DirSource {
     options: LiveOptions,
     files: BTreeSet<PathBuf>,
     procs: Vec<LiveProc>,
-    book: Book,
-    t0: Option<u64>,
-    latest_ns: u64,
+    timeline: TimelineFold,
     last_scan: Option<Instant>,
     devices: BTreeMap<i32, (String, u64)>,
-    stacked: BTreeSet<i32>,
     nvml: NvmlProbe,
     frames: HashMap<(u32, u32), Vec<String>>,
     past: Option<(SnapshotQuery, Option<LiveSnapshot>)>,
     said_waiting: bool,
     said_following: bool,
-    events: u64,
 }
 
 /// At most this many problems of one file are reported as notices.
@@ -251,17 +141,13 @@ impl DirSource {
             options,
             files: BTreeSet::new(),
             procs: Vec::new(),
-            book: Book::default(),
-            t0: None,
-            latest_ns: 0,
+            timeline: TimelineFold::new(),
             last_scan: None,
             devices: BTreeMap::new(),
-            stacked: BTreeSet::new(),
             frames: HashMap::new(),
             past: None,
             said_waiting: false,
             said_following: false,
-            events: 0,
         }
     }
 
@@ -276,31 +162,27 @@ impl DirSource {
 
     /// Seconds since the trace's start of the latest event read.
     pub fn latest_s(&self) -> f64 {
-        self.secs(self.latest_ns)
+        self.timeline.secs(self.timeline.latest_ns())
     }
 
     /// `CLOCK_MONOTONIC` ns of the latest event read (0 before any).
     pub fn latest_ns(&self) -> u64 {
-        self.latest_ns
+        self.timeline.latest_ns()
     }
 
     /// Time 0 of the view: the earliest start of a process seen (`CLOCK_MONOTONIC` ns).
     pub fn start_ns(&self) -> Option<u64> {
-        self.t0
+        self.timeline.start_ns()
     }
 
     /// Events replayed so far.
     pub fn events(&self) -> u64 {
-        self.events
+        self.timeline.events()
     }
 
     /// Allocations live now (the size of the replay's state).
     pub fn live_len(&self) -> usize {
-        self.book.replay.live_len()
-    }
-
-    fn secs(&self, t_ns: u64) -> f64 {
-        t_ns.saturating_sub(self.t0.unwrap_or(t_ns)) as f64 / 1e9
+        self.timeline.live_len()
     }
 
     fn scan(&mut self, out: &mut Vec<Update>) {
@@ -398,7 +280,7 @@ impl DirSource {
                 ) else {
                     continue;
                 };
-                self.t0 = Some(self.t0.map_or(h.start_mono_ns, |t| t.min(h.start_mono_ns)));
+                self.timeline.start_at(h.start_mono_ns);
                 out.push(Update::Process(ProcessInfo {
                     pid: h.pid,
                     parent: (h.ppid != 0).then_some(h.ppid),
@@ -446,109 +328,37 @@ impl DirSource {
         batch
     }
 
-    /// Replays a batch in time order and sends bucketed samples and failures.
-    fn ingest(&mut self, mut batch: Vec<(u64, usize, Item)>, out: &mut Vec<Update>) {
-        batch.sort_by_key(|(t, _, _)| *t);
-        let (Some(first), Some(last)) = (batch.first().map(|b| b.0), batch.last().map(|b| b.0))
-        else {
+    /// Replays a batch in time order and sends bucketed samples and failures; a device seen for
+    /// the first time also gets its NVML panel, right after its categories.
+    fn ingest(&mut self, batch: Vec<(u64, usize, Item)>, out: &mut Vec<Update>) {
+        let from = out.len();
+        let procs = &self.procs;
+        self.timeline
+            .ingest(batch, |pi| procs[pi].process.as_ref(), out);
+        if !out[from..]
+            .iter()
+            .any(|u| matches!(u, Update::Categories { .. }))
+        {
             return;
-        };
-        let span = last - first;
-        let buckets = (span / MIN_BUCKET_NS).clamp(1, MAX_BUCKETS);
-        let width = (span / buckets).max(1) + 1;
-        let mut bucket = 0u64;
-        let mut end_t = first;
-        // Per device touched in this bucket: the highest live bytes, when, and their split.
-        let mut high: BTreeMap<i32, (u64, u64, [u64; 5])> = BTreeMap::new();
-        for (t, pi, item) in batch {
-            let b = (t - first) / width;
-            if b != bucket {
-                self.flush(&mut high, end_t, out);
-                bucket = b;
-            }
-            end_t = t;
-            let Some(process) = self.procs[pi].process.as_ref() else {
-                continue;
-            };
-            let step = self.book.apply(pi, &item, process);
-            let Item::Event(e) = &item else { continue };
-            self.events += 1;
-            match step {
-                Some(Step::Allocated { pool: Pool::Device }) => {
-                    let cats = self.book.device_cats(e.device, None);
-                    let total: u64 = cats.iter().sum();
-                    let h = high.entry(e.device).or_insert((0, t, cats));
-                    if total >= h.0 {
-                        *h = (total, t, cats);
-                    }
-                }
-                Some(Step::Released { freed: Some(f) }) if f.pool == Pool::Device => {
-                    high.entry(f.event.device).or_insert((0, t, [0; 5]));
-                }
-                Some(Step::Failed) => {
-                    let device = e.device.max(0);
-                    let label = process
-                        .string(e.label)
-                        .map(str::to_string)
-                        .unwrap_or_default();
-                    out.push(Update::Failure(FailedAllocation {
-                        time_s: self.secs(t),
-                        device: device as u32,
-                        pid: process.pid(),
-                        request_bytes: e.size,
-                        free_bytes: (e.total_bytes != 0).then_some(e.free_bytes),
-                        label,
-                        error: crate::cu_result::name(e.result)
-                            .map(str::to_string)
-                            .unwrap_or_else(|| crate::cu_result::describe(e.result)),
-                    }));
-                    high.entry(device).or_insert((0, t, [0; 5]));
-                }
-                _ => {}
-            }
         }
-        self.flush(&mut high, end_t, out);
-        self.latest_ns = self.latest_ns.max(last);
-    }
-
-    fn flush(
-        &mut self,
-        high: &mut BTreeMap<i32, (u64, u64, [u64; 5])>,
-        end_t: u64,
-        out: &mut Vec<Update>,
-    ) {
-        for (device, (max, max_t, max_cats)) in std::mem::take(high) {
-            if device < 0 {
-                continue;
-            }
-            if self.stacked.insert(device) {
-                out.push(Update::Categories {
-                    device: device as u32,
-                    names: CATEGORIES.iter().map(|s| s.to_string()).collect(),
-                });
+        let tail = out.split_off(from);
+        for u in tail {
+            let new_device = match &u {
+                Update::Categories { device, .. } => Some(*device),
+                _ => None,
+            };
+            out.push(u);
+            if let Some(device) = new_device {
                 out.push(Update::Nvml {
-                    device: device as u32,
-                    panel: self.nvml.panel(device as u32),
+                    device,
+                    panel: self.nvml.panel(device),
                 });
             }
-            let cats = self.book.device_cats(device, None);
-            let now: u64 = cats.iter().sum();
-            let end_s = self.secs(end_t.max(self.latest_ns));
-            if max > now && max_t < end_t {
-                out.push(Update::Sample {
-                    device: device as u32,
-                    point: TimelinePoint::stacked(self.secs(max_t).min(end_s), max_cats.to_vec()),
-                });
-            }
-            out.push(Update::Sample {
-                device: device as u32,
-                point: TimelinePoint::stacked(end_s, cats.to_vec()),
-            });
         }
     }
 
     fn poll_nvml(&mut self, out: &mut Vec<Update>) {
-        if self.stacked.is_empty()
+        if self.timeline.devices().next().is_none()
             || self
                 .nvml
                 .last
@@ -560,7 +370,7 @@ impl DirSource {
         if self.nvml.reader.is_err() {
             return; // said once per device already
         }
-        for &d in &self.stacked {
+        for d in self.timeline.devices() {
             out.push(Update::Nvml {
                 device: d as u32,
                 panel: self.nvml.panel(d as u32),
@@ -582,20 +392,24 @@ impl DirSource {
         let procs: Vec<Option<&Process>> = self.procs.iter().map(|l| l.process.as_ref()).collect();
         let mut largest: Vec<LiveAlloc> = Vec::new();
         for &pi in &wanted {
-            largest.extend(
-                self.book
-                    .replay
-                    .largest(pi, device, Pool::Device, self.options.top),
-            );
+            largest.extend(self.timeline.book.replay.largest(
+                pi,
+                device,
+                Pool::Device,
+                self.options.top,
+            ));
         }
         let mut cats = [0u64; 5];
         for &pi in &wanted {
-            for (s, x) in cats.iter_mut().zip(self.book.device_cats(device, Some(pi))) {
+            for (s, x) in cats
+                .iter_mut()
+                .zip(self.timeline.book.device_cats(device, Some(pi)))
+            {
                 *s += x;
             }
         }
-        let now = self.latest_ns;
-        let time_s = self.secs(now);
+        let now = self.timeline.latest_ns();
+        let time_s = self.timeline.secs(now);
         build_snapshot(
             &procs,
             largest,
@@ -610,7 +424,7 @@ impl DirSource {
     /// The snapshot at an earlier time: the directory read again up to it.
     fn past_snapshot(&mut self, query: &SnapshotQuery) -> Option<LiveSnapshot> {
         let trace = Trace::open(&self.dir).ok()?;
-        let t0 = self.t0.unwrap_or_else(|| trace.start_ns());
+        let t0 = self.timeline.start_ns().unwrap_or_else(|| trace.start_ns());
         let target = t0.saturating_add((query.time_s.max(0.0) * 1e9) as u64);
         let mut book = Book::default();
         trace

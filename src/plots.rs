@@ -1,7 +1,7 @@
 //! View models of `vramtrace plot`, built from traces and the analytical models; the viewer
 //! crate draws them.
 //!
-//! - [`timeline`]: the directory read as the live view reads it ([`crate::live::read_all`]),
+//! - [`timeline`]: the trace folded as the live view folds it ([`crate::timeline`]),
 //!   stacked by [`crate::categories::CATEGORIES`] (categories never used are left out).
 //! - [`breakdown`]: a moment observed as `compare` observes it, against the variant that
 //!   explains the most bytes.
@@ -20,21 +20,14 @@ use vramtrace_viewer::plot::TimelinePlot;
 use vramtrace_viewer::{DEFAULT_MAX_POINTS, Timeline};
 
 use crate::attribution::Attribution;
-use crate::cliff::{cliff_tokens, peaks_at};
 use crate::categories::CATEGORIES;
+use crate::cliff::{cliff_tokens, peaks_at};
 use crate::error::Error;
-use crate::live::read_all;
 use crate::observe::{At, ObservedMoment, observe};
 use crate::trace::Trace;
 
-/// The timeline of every device of the trace in `dir`, stacked by category.
-pub fn timeline(
-    dir: &Path,
-    title: &str,
-    capacity: Option<u64>,
-    predicted_peak: Option<u64>,
-    hide: &[String],
-) -> crate::Result<TimelinePlot> {
+/// Refuses a `--hide` that names no category.
+pub fn check_hide(hide: &[String]) -> crate::Result<()> {
     for h in hide {
         if !CATEGORIES.contains(&h.as_str()) {
             return Err(Error::Invalid(format!(
@@ -43,9 +36,21 @@ pub fn timeline(
             )));
         }
     }
-    // Refuses an empty directory or one with no readable file, with the reader's words.
-    Trace::open(dir)?;
-    let updates = read_all(dir);
+    Ok(())
+}
+
+/// The timeline of every device of `trace` (read from `dir`, which messages name), stacked by
+/// category.
+pub fn timeline(
+    trace: &Trace,
+    dir: &Path,
+    title: &str,
+    capacity: Option<u64>,
+    predicted_peak: Option<u64>,
+    hide: &[String],
+) -> crate::Result<TimelinePlot> {
+    check_hide(hide)?;
+    let updates = crate::timeline::fold(trace)?;
     let mut infos: BTreeMap<u32, DeviceInfo> = BTreeMap::new();
     let mut points: BTreeMap<u32, Vec<TimelinePoint>> = BTreeMap::new();
     let mut failures = Vec::new();

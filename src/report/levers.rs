@@ -88,9 +88,8 @@ pub fn compute(
 ) -> crate::Result<Levers> {
     let tokens: u64 = m.opts.seqlens.iter().sum::<u64>().max(1);
     let v = [c.variant];
-    let peak = |opts: &vramtrace_models::WorkloadOptions, t: u64| {
-        largest_peak_at(&m.cfg, &v, opts, t)
-    };
+    let peak =
+        |opts: &vramtrace_models::WorkloadOptions, t: u64| largest_peak_at(&m.cfg, &v, opts, t);
     let (resident, _) = resident_and_observed(&c.attribution);
     let budget = capacity.checked_sub(resident);
     let cliff = match budget {

@@ -4,13 +4,12 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-
+use crate::commands::model::KernelArgs;
 use vramtrace::attribution::Attribution;
 use vramtrace::cliff;
-use vramtrace::parse::parse_at;
-use crate::commands::model::KernelArgs;
 use vramtrace::names::pattern;
 use vramtrace::observe::{ObservedMoment, observe};
+use vramtrace::parse::parse_at;
 use vramtrace::trace::Trace;
 use vramtrace_models::units::fmt_bytes;
 use vramtrace_models::{Variant, Workload};
@@ -151,14 +150,15 @@ pub fn render(
                 )
             }
             None => {
-                let why =
-                    if m.moment == vramtrace::attribution::Moment::Peak && !r.live_at_predicted_peak {
-                        "(not live at the predicted peak)"
-                    } else if r.evidence.is_some() {
-                        "(not matched)"
-                    } else {
-                        "(not observed)"
-                    };
+                let why = if m.moment == vramtrace::attribution::Moment::Peak
+                    && !r.live_at_predicted_peak
+                {
+                    "(not live at the predicted peak)"
+                } else if r.evidence.is_some() {
+                    "(not matched)"
+                } else {
+                    "(not observed)"
+                };
                 ("-".to_string(), "-".to_string(), "", why.to_string())
             }
         };

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use vramtrace::attribution::{Moment, attribute};
 use crate::commands::compare::render;
 use crate::commands::run::{new_out_dir, prepare_out_dir, report_exit};
-use vramtrace::observe::{At, observe};
 use crate::launch;
+use vramtrace::attribution::{Moment, attribute};
+use vramtrace::observe::{At, observe};
 use vramtrace::summary::{SummaryOptions, render as render_summary, summarize};
 use vramtrace::trace::Trace;
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
@@ -129,13 +129,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         out.display()
     );
     let started = std::time::Instant::now();
-    let status = launch::run_traced(
-        &preload,
-        &out,
-        &cmd,
-        &env,
-        launch::Options { stacks: true },
-    )?;
+    let status = launch::run_traced(&preload, &out, &cmd, &env, launch::Options { stacks: true })?;
     let code = report_exit(cmd[0].as_os_str(), status);
     eprintln!(
         "vramtrace demo: the workload exited with {code} after {:.1} s",

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use vramtrace::export::{
-    FlamegraphOptions, SnapshotOptions, Weight, export_flamegraph, export_parquet,
-    export_perfetto, export_pytorch, has_items,
+    FlamegraphOptions, SnapshotOptions, Weight, export_flamegraph, export_parquet, export_perfetto,
+    export_pytorch, has_items,
 };
 use vramtrace::trace::Trace;
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use vramtrace::live::{DirSource, LiveOptions};
 use crate::launch;
+use vramtrace::live::{DirSource, LiveOptions};
 use vramtrace_models::units::parse_bytes;
 use vramtrace_viewer::model::{LiveSnapshot, SnapshotQuery, Update};
 use vramtrace_viewer::tui::{self, LiveSource, RunOptions, ViewOptions};
@@ -160,8 +160,7 @@ pub fn run_with_view(
         })
     };
     let mut source = RunSource {
-        inner: DirSource::new(dir, LiveOptions::default())
-            .with_device_memory(crate::nvml::open()),
+        inner: DirSource::new(dir, LiveOptions::default()).with_device_memory(crate::nvml::open()),
         status: status.clone(),
         said: false,
         command: program.to_string_lossy().into_owned(),

@@ -100,8 +100,11 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
                 .title
                 .clone()
                 .unwrap_or_else(|| format!("{}: live device bytes by category", trace_name(dir)));
-            let predicted = match &args.config {
-                None => None,
+            let (trace, predicted) = match &args.config {
+                None => {
+                    plots::check_hide(&args.hide)?;
+                    (Trace::open(dir)?, None)
+                }
                 Some(config) => {
                     let (cfg, variants, opts) = args.select.resolve(config)?;
                     let workload = Workload::from_config(&cfg, &opts)?;
@@ -119,10 +122,10 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
                             v.name()
                         ));
                     }
-                    Some(p)
+                    (trace, Some(p))
                 }
             };
-            let plot = plots::timeline(dir, &title, args.capacity, predicted, &args.hide)?;
+            let plot = plots::timeline(&trace, dir, &title, args.capacity, predicted, &args.hide)?;
             plot_timeline(&plot, &args.output)?;
         }
         "breakdown" => {

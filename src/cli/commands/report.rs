@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use vramtrace::attribution::Moment;
 use crate::commands::model::KernelArgs;
+use vramtrace::attribution::Moment;
 use vramtrace::observe::ObservedMoment;
 use vramtrace::plots;
 use vramtrace::report::markdown::Images;
@@ -103,7 +103,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             } else {
                 out.clone()
             };
-            let names = draw(&args, &r, &dir);
+            let names = draw(&args, &trace, &r, &dir);
             if args.html {
                 let inline = |n: Option<String>| {
                     n.and_then(|n| std::fs::read(dir.join(&n)).ok())
@@ -147,13 +147,13 @@ fn write_out(args: &ReportArgs, title: &str, md: &str) -> anyhow::Result<()> {
 }
 
 /// Draws the plots into `dir`; a plot that cannot be drawn is left out with a warning.
-fn draw(args: &ReportArgs, r: &Report, dir: &Path) -> Images {
+fn draw(args: &ReportArgs, trace: &Trace, r: &Report, dir: &Path) -> Images {
     let mut images = Images::default();
     let warn =
         |what: &str, e: anyhow::Error| eprintln!("vramtrace: warning: no {what} plot: {e:#}");
     let capacity = r.capacity.map(|c| c.0).or(args.capacity);
     let title = format!("{}: live device bytes by category", r.title);
-    match plots::timeline(&args.trace, &title, capacity, None, &args.hide)
+    match plots::timeline(trace, &args.trace, &title, capacity, None, &args.hide)
         .map_err(anyhow::Error::from)
         .and_then(|p| Ok(plot_timeline(&p, &dir.join("timeline.png"))?))
     {
