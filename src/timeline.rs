@@ -291,7 +291,10 @@ pub fn fold(trace: &Trace) -> Result<Vec<Update>> {
     let mut out = Vec::new();
     let mut fold = TimelineFold::new();
     let mut devices: BTreeMap<i32, (String, u64)> = BTreeMap::new();
-    for p in &trace.processes {
+    // Devices in the order the live source meets them: files by path.
+    let mut by_path: Vec<&Process> = trace.processes.iter().collect();
+    by_path.sort_by(|a, b| a.path.cmp(&b.path));
+    for p in by_path {
         fold.start_at(p.header.start_mono_ns);
         for d in &p.devices {
             if d.ordinal >= 0 && devices.get(&d.ordinal) != Some(&(d.name.clone(), d.total_bytes)) {
