@@ -314,6 +314,15 @@ fn event(
     }
 }
 
+/// Per device: our exporter's names by the index of the `alloc` entry they name.
+type NamesAt = Vec<HashMap<usize, OurNames>>;
+/// Per device: our exporter's names of blocks live before the history began, by address.
+type NamesBefore = Vec<HashMap<u64, OurNames>>;
+/// Per device: segments live before the history began, address → (size, expandable, stack).
+type SegmentsBefore = Vec<BTreeMap<u64, (u64, bool, u32)>>;
+/// Per device: blocks live before the history began, address → (size, requested, stack).
+type BlocksBefore = Vec<BTreeMap<u64, (u64, u64, u32)>>;
+
 /// The entries of every device's trace, decoded, and the time of the first one (1 µs when no
 /// entry has a time). Entries without a time get 1 µs steps of their own.
 fn decode_traces(traces: &[Value]) -> Result<(Vec<Vec<Entry<'_>>>, u64), String> {
@@ -359,12 +368,11 @@ fn decode_traces(traces: &[Value]) -> Result<(Vec<Vec<Entry<'_>>>, u64), String>
 
 /// Our exporter's names, per device: by the index of the `alloc` entry they name, and for
 /// blocks live before the history began, by address.
-#[allow(clippy::type_complexity)]
 fn our_names(
     per_device: &[Vec<Entry<'_>>],
     segments: &[Value],
     traces: &[Value],
-) -> (Vec<HashMap<usize, OurNames>>, Vec<HashMap<u64, OurNames>>) {
+) -> (NamesAt, NamesBefore) {
     let mut names_at: Vec<HashMap<usize, OurNames>> = vec![HashMap::new(); per_device.len()];
     let mut names_before: Vec<HashMap<u64, OurNames>> = vec![HashMap::new(); per_device.len()];
     for (dev, entries) in per_device.iter().enumerate() {
@@ -426,16 +434,12 @@ fn our_names(
 
 /// What was live when the history began, per device: segments (address → (size,
 /// expandable, stack)) and blocks (address → (size, requested, stack)).
-#[allow(clippy::type_complexity)]
 fn live_before(
     t: &mut Tables,
     per_device: &[Vec<Entry<'_>>],
     segments: &[Value],
     traces: &[Value],
-) -> (
-    Vec<BTreeMap<u64, (u64, bool, u32)>>,
-    Vec<BTreeMap<u64, (u64, u64, u32)>>,
-) {
+) -> (SegmentsBefore, BlocksBefore) {
     let mut seg_before: Vec<BTreeMap<u64, (u64, bool, u32)>> =
         vec![BTreeMap::new(); per_device.len()];
     let mut blk_before: Vec<BTreeMap<u64, (u64, u64, u32)>> =

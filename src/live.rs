@@ -1,5 +1,6 @@
 //! The live view's data: a [`LiveSource`] over a trace directory that processes are still
-//! writing (or a finished one), plus NVML.
+//! writing (or a finished one), plus a device memory reader ([`DeviceMemory`]; the binary's
+//! reads NVML).
 //!
 //! # How it follows
 //! - **Files.** The directory is listed again every [`LiveOptions::rescan`]; every `*.vtr` gets a
@@ -8,12 +9,12 @@
 //!   [`Update::Notice`] and is skipped, never an error.
 //! - **Replay.** Side records (strings, stacks, modules, devices) go into one [`Process`] per
 //!   file; timed records of all files read in one poll are sorted by time and fed to one
-//!   [`Replayer`] (the same state machine as `summary`), keyed by the file's index.
+//!   [`TimelineFold`] (the same replay state machine as `summary`, and the same fold as the
+//!   timeline plot), keyed by the file's index.
 //! - **Samples.** A poll does not send one sample per event: the trace time it covered is cut
-//!   into at most [`MAX_BUCKETS`] buckets of at least [`MIN_BUCKET_NS`], and each device touched
-//!   in a bucket gets its highest point in the bucket (when above the bucket's end) and its end
-//!   point, stacked by [`crate::categories::CATEGORIES`]. A live poll (100 ms of trace) gives about ten points per
-//!   device; the first poll of a finished trace a few hundred.
+//!   into at most [`crate::timeline::MAX_BUCKETS`] buckets (see [`crate::timeline`]). A live
+//!   poll (100 ms of trace) gives about ten points per device; the first poll of a finished
+//!   trace a few hundred.
 //! - **Bounded.** One poll reads at most [`LiveOptions::poll_budget`] of wall time (the rest
 //!   waits for the next poll), the followers hold one block per writing thread, the replay holds
 //!   the live set, the processes their string and stack tables: nothing grows with the number of

@@ -300,6 +300,9 @@ enum PeakSet {
     Later,
 }
 
+/// The tensors and segments live at each tensor peak, by process and device.
+type TensorSets = FastMap<(usize, i32), (Vec<LiveTensor>, Vec<Segment>)>;
+
 /// The first pass's state: counts per process and device, the peaks' live sets as they are
 /// found, the driver and tensor replays.
 struct Pass {
@@ -529,12 +532,8 @@ impl Pass {
 
     /// The tensors and segments live at each tensor peak: still the live set at the end, or
     /// taken by a pass of their own.
-    fn tensor_sets(
-        &mut self,
-        trace: &Trace,
-    ) -> Result<FastMap<(usize, i32), (Vec<LiveTensor>, Vec<Segment>)>, Error> {
-        let mut tensor_sets: FastMap<(usize, i32), (Vec<LiveTensor>, Vec<Segment>)> =
-            FastMap::default();
+    fn tensor_sets(&mut self, trace: &Trace) -> Result<TensorSets, Error> {
+        let mut tensor_sets = TensorSets::default();
         for ((pi, dev), p) in std::mem::take(&mut self.tpeaks) {
             let set = match p {
                 TensorPeak::Now => (
