@@ -1,4 +1,5 @@
-//! The library's error type.
+//! The library's error type: every fallible function of the library returns [`Error`] or
+//! one of the per-area errors it wraps (`ExportError`, `ImportError`, the models' `ModelError`).
 
 use std::path::PathBuf;
 
@@ -28,6 +29,12 @@ pub enum Error {
     /// A model could not predict for the configuration or shape asked for.
     #[error(transparent)]
     Model(#[from] vramtrace_models::ModelError),
+    /// An export failed (its own error says which part).
+    #[error(transparent)]
+    Export(Box<crate::export::ExportError>),
+    /// An import failed (its own error says which part).
+    #[error(transparent)]
+    Import(#[from] crate::import::ImportError),
     /// No model variant could be set beside a moment.
     #[error("no model variant to compare with")]
     NoVariant,
@@ -51,6 +58,12 @@ pub enum Error {
     /// resident bytes past the capacity ...); the message says which.
     #[error("{0}")]
     Unanswerable(String),
+}
+
+impl From<crate::export::ExportError> for Error {
+    fn from(e: crate::export::ExportError) -> Error {
+        Error::Export(Box::new(e))
+    }
 }
 
 /// The library's result type.

@@ -40,9 +40,9 @@
 pub mod attribution;
 pub mod categories;
 pub mod cliff;
-pub mod cu_result;
+mod cu_result;
 pub mod diff;
-pub mod error;
+mod error;
 pub mod events;
 pub mod evidence;
 pub mod export;
@@ -61,7 +61,7 @@ pub mod torch_replay;
 pub mod trace;
 pub mod whatif;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, with_causes};
 pub use trace::{Process, Trace};
 
 #[cfg(test)]
