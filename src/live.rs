@@ -51,13 +51,14 @@ use crate::trace::{Item, MemorySource, Process, Trace};
 pub struct LiveOptions {
     /// Largest live allocations a snapshot lists.
     pub top: usize,
-    /// Ask NVML for device and per-process memory.
+    /// Ask for device and per-process memory (NVML, through the reader given with
+    /// [`DirSource::with_device_memory`]).
     pub nvml: bool,
     /// How often the directory is listed for new files.
     pub rescan: Duration,
     /// How long one poll may read before it returns what it has.
     pub poll_budget: Duration,
-    /// How often NVML is asked.
+    /// How often the device memory reader is asked.
     pub nvml_every: Duration,
 }
 
