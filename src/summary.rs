@@ -557,6 +557,121 @@ impl Pass {
     }
 }
 
+/// What the summary shows of the live sets and failures the pass found: allocations with
+/// their names and frames, failures with PyTorch's numbers, tensor moments.
+struct Shown<'t> {
+    trace: &'t Trace,
+    t0: u64,
+    opts: SummaryOptions,
+    names: &'t Names,
+    syms: Vec<RefCell<StackSymbolizer<'t>>>,
+}
+
+impl<'t> Shown<'t> {
+    fn new(trace: &'t Trace, opts: SummaryOptions, names: &'t Names) -> Shown<'t> {
+        Shown {
+            trace,
+            t0: trace.start_ns(),
+            opts,
+            names,
+            syms: trace
+                .processes
+                .iter()
+                .map(|p| RefCell::new(StackSymbolizer::new(p)))
+                .collect(),
+        }
+    }
+
+    /// The tensors and segments of a tensor moment, as shown.
+    fn moment(&self, (t, s): &(Vec<LiveTensor>, Vec<Segment>)) -> TensorMoment {
+        crate::torch_replay::moment(
+            self.trace,
+            t,
+            s,
+            self.opts.top,
+            self.opts.frames,
+            &self.names.0,
+        )
+    }
+
+    /// The first frames of a stack, symbolised (none when frames are not asked for).
+    fn frames_of(&self, pi: usize, stack: u32) -> Vec<String> {
+        if self.opts.frames == 0 || stack == 0 {
+            return Vec::new();
+        }
+        self.syms[pi]
+            .borrow_mut()
+            .stack(stack)
+            .iter()
+            .take(self.opts.frames)
+            .map(|f| f.to_string())
+            .collect()
+    }
+
+    /// One live allocation as shown.
+    fn item(&self, a: &LiveAlloc) -> AllocItem {
+        let p = &self.trace.processes[a.process];
+        AllocItem {
+            ptr: format!("{:#x}", a.event.ptr),
+            size: a.event.size,
+            api: a.event.api.name(),
+            t_s: rel(a.event.t_ns, self.t0),
+            tid: a.event.tid,
+            label: p.string(a.event.label).map(str::to_owned),
+            tensor: a.annotation.as_ref().map(|n| p.tensor_name(n)),
+            stack: a.event.stack,
+            frames: self.frames_of(a.process, a.event.stack),
+        }
+    }
+
+    /// One failed allocation of process `pi` as shown.
+    fn failure(&self, pi: usize, f: &FailureAt) -> Failure {
+        let e = &f.event;
+        if let Some(torch) = f.torch {
+            // The allocator refused: the request and PyTorch's numbers, the driver's total.
+            let p = &self.trace.processes[pi];
+            return Failure {
+                t_s: rel(e.t_ns, self.t0),
+                api: "pytorch",
+                size: e.size,
+                result: 0,
+                error: "PyTorch OutOfMemoryError (raised by the caching allocator)".into(),
+                free_bytes: torch.free,
+                total_bytes: p
+                    .devices
+                    .iter()
+                    .find(|d| d.ordinal == e.device)
+                    .map_or(0, |d| d.total_bytes),
+                label: None,
+                live_bytes: f.live_bytes,
+                live_count: f.live_count,
+                live: f.live.iter().map(|a| self.item(a)).collect(),
+                stack: e.stack,
+                frames: crate::torch_replay::python_frames(p, e.stack, self.opts.frames.max(1)),
+                torch: Some(torch),
+                tensors: f.tensors.as_ref().map(|m| self.moment(m)),
+            };
+        }
+        Failure {
+            t_s: rel(e.t_ns, self.t0),
+            api: e.api.name(),
+            size: e.size,
+            result: e.result,
+            error: crate::cu_result::describe(e.result),
+            free_bytes: e.free_bytes,
+            total_bytes: e.total_bytes,
+            label: self.trace.processes[pi].string(e.label).map(str::to_owned),
+            live_bytes: f.live_bytes,
+            live_count: f.live_count,
+            live: f.live.iter().map(|a| self.item(a)).collect(),
+            stack: e.stack,
+            frames: self.frames_of(pi, e.stack),
+            torch: None,
+            tensors: f.tensors.as_ref().map(|m| self.moment(m)),
+        }
+    }
+}
+
 /// Computes the summary of a trace in one streaming pass (two when a peak's live set was too
 /// costly to copy in the first).
 pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> {
@@ -577,86 +692,10 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
         names,
         ..
     } = pass;
-    let moment = |(t, s): &(Vec<LiveTensor>, Vec<Segment>)| {
-        crate::torch_replay::moment(trace, t, s, opts.top, opts.frames, &names.0)
-    };
-
-    let syms: Vec<RefCell<StackSymbolizer>> = trace
-        .processes
-        .iter()
-        .map(|p| RefCell::new(StackSymbolizer::new(p)))
-        .collect();
-    let frames_of = |pi: usize, stack: u32| -> Vec<String> {
-        if opts.frames == 0 || stack == 0 {
-            return Vec::new();
-        }
-        syms[pi]
-            .borrow_mut()
-            .stack(stack)
-            .iter()
-            .take(opts.frames)
-            .map(|f| f.to_string())
-            .collect()
-    };
-    let item = |a: &LiveAlloc| -> AllocItem {
-        let p = &trace.processes[a.process];
-        AllocItem {
-            ptr: format!("{:#x}", a.event.ptr),
-            size: a.event.size,
-            api: a.event.api.name(),
-            t_s: rel(a.event.t_ns, t0),
-            tid: a.event.tid,
-            label: p.string(a.event.label).map(str::to_owned),
-            tensor: a.annotation.as_ref().map(|n| p.tensor_name(n)),
-            stack: a.event.stack,
-            frames: frames_of(a.process, a.event.stack),
-        }
-    };
-    let failure = |pi: usize, f: &FailureAt| {
-        let e = &f.event;
-        if let Some(torch) = f.torch {
-            // The allocator refused: the request and PyTorch's numbers, the driver's total.
-            let p = &trace.processes[pi];
-            return Failure {
-                t_s: rel(e.t_ns, t0),
-                api: "pytorch",
-                size: e.size,
-                result: 0,
-                error: "PyTorch OutOfMemoryError (raised by the caching allocator)".into(),
-                free_bytes: torch.free,
-                total_bytes: p
-                    .devices
-                    .iter()
-                    .find(|d| d.ordinal == e.device)
-                    .map_or(0, |d| d.total_bytes),
-                label: None,
-                live_bytes: f.live_bytes,
-                live_count: f.live_count,
-                live: f.live.iter().map(item).collect(),
-                stack: e.stack,
-                frames: crate::torch_replay::python_frames(p, e.stack, opts.frames.max(1)),
-                torch: Some(torch),
-                tensors: f.tensors.as_ref().map(moment),
-            };
-        }
-        Failure {
-            t_s: rel(e.t_ns, t0),
-            api: e.api.name(),
-            size: e.size,
-            result: e.result,
-            error: crate::cu_result::describe(e.result),
-            free_bytes: e.free_bytes,
-            total_bytes: e.total_bytes,
-            label: trace.processes[pi].string(e.label).map(str::to_owned),
-            live_bytes: f.live_bytes,
-            live_count: f.live_count,
-            live: f.live.iter().map(item).collect(),
-            stack: e.stack,
-            frames: frames_of(pi, e.stack),
-            torch: None,
-            tensors: f.tensors.as_ref().map(moment),
-        }
-    };
+    let shown = Shown::new(trace, opts, &names);
+    let moment = |m: &(Vec<LiveTensor>, Vec<Segment>)| shown.moment(m);
+    let item = |a: &LiveAlloc| shown.item(a);
+    let failure = |pi: usize, f: &FailureAt| shown.failure(pi, f);
 
     let acc: BTreeMap<(usize, i32), Acc> = acc.into_iter().collect();
     let mut processes = Vec::new();
