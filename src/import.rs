@@ -531,6 +531,93 @@ fn live_before(
     (seg_before, blk_before)
 }
 
+/// The records of a segment's allocation: `cuMemCreate` and `cuMemMap` for an expandable
+/// segment, `cuMemAlloc_v2` otherwise.
+fn segment_events(
+    t_ns: u64,
+    dev: i32,
+    addr: u64,
+    size: u64,
+    expandable: bool,
+    stack: u32,
+) -> Vec<Record> {
+    let mut v = Vec::new();
+    if expandable {
+        let mut c = event(
+            t_ns,
+            dev,
+            EventKind::Alloc,
+            MemKind::Device,
+            "cuMemCreate",
+            addr,
+            size,
+        );
+        c.stack = stack;
+        v.push(Record::Event(c));
+        let mut m = event(
+            t_ns,
+            dev,
+            EventKind::Map,
+            MemKind::Mapping,
+            "cuMemMap",
+            addr,
+            size,
+        );
+        m.aux = addr;
+        v.push(Record::Event(m));
+    } else {
+        let mut a = event(
+            t_ns,
+            dev,
+            EventKind::Alloc,
+            MemKind::Device,
+            "cuMemAlloc_v2",
+            addr,
+            size,
+        );
+        a.stack = stack;
+        v.push(Record::Event(a));
+    }
+    v
+}
+
+/// A TENSOR record: `size` the block's (or the request's where the snapshot gives no block),
+/// `requested` the bytes asked for (0 for a release or a refusal).
+fn tensor(
+    t_ns: u64,
+    dev: i32,
+    action: TensorAction,
+    ptr: u64,
+    (size, requested): (u64, u64),
+    stack: u32,
+) -> Record {
+    Record::Tensor(TensorEvent {
+        t_ns,
+        tid: 1,
+        device: dev,
+        action,
+        ptr,
+        size,
+        requested,
+        stack,
+        ..TensorEvent::default()
+    })
+}
+
+/// The annotation our exporter's names give a tensor, if they give one.
+fn annotate(t: &mut Tables, t_ns: u64, ptr: u64, names: Option<&OurNames>) -> Option<Record> {
+    let (name, dtype, shape) = names.and_then(OurNames::annotation)?;
+    Some(Record::Annotate(Annotation {
+        t_ns,
+        tid: 1,
+        ptr,
+        name: t.string(&name),
+        dtype: dtype.map_or(0, |d| t.string(&d)),
+        shape,
+        op: false,
+    }))
+}
+
 /// Converts a decoded snapshot into the records of one trace file, and its header.
 pub fn convert(
     v: &Value,
@@ -547,78 +634,6 @@ pub fn convert(
     let (names_at, names_before) = our_names(&per_device, segments, traces);
     let t_start = first_t.saturating_sub(1);
     let (seg_before, blk_before) = live_before(&mut t, &per_device, segments, traces);
-    let seg_events = |t_ns: u64, dev: i32, addr: u64, size: u64, expandable: bool, stack: u32| {
-        let mut v = Vec::new();
-        if expandable {
-            let mut c = event(
-                t_ns,
-                dev,
-                EventKind::Alloc,
-                MemKind::Device,
-                "cuMemCreate",
-                addr,
-                size,
-            );
-            c.stack = stack;
-            v.push(Record::Event(c));
-            let mut m = event(
-                t_ns,
-                dev,
-                EventKind::Map,
-                MemKind::Mapping,
-                "cuMemMap",
-                addr,
-                size,
-            );
-            m.aux = addr;
-            v.push(Record::Event(m));
-        } else {
-            let mut a = event(
-                t_ns,
-                dev,
-                EventKind::Alloc,
-                MemKind::Device,
-                "cuMemAlloc_v2",
-                addr,
-                size,
-            );
-            a.stack = stack;
-            v.push(Record::Event(a));
-        }
-        v
-    };
-    // `size` the block's (or the request's where the snapshot gives no block), `requested` the
-    // bytes asked for (0 for a release or a refusal).
-    let tensor = |t_ns: u64,
-                  dev: i32,
-                  action: TensorAction,
-                  ptr: u64,
-                  (size, requested): (u64, u64),
-                  stack: u32| {
-        Record::Tensor(TensorEvent {
-            t_ns,
-            tid: 1,
-            device: dev,
-            action,
-            ptr,
-            size,
-            requested,
-            stack,
-            ..TensorEvent::default()
-        })
-    };
-    let annotate = |t: &mut Tables, t_ns: u64, ptr: u64, names: Option<&OurNames>| {
-        let (name, dtype, shape) = names.and_then(OurNames::annotation)?;
-        Some(Record::Annotate(Annotation {
-            t_ns,
-            tid: 1,
-            ptr,
-            name: t.string(&name),
-            dtype: dtype.map_or(0, |d| t.string(&d)),
-            shape,
-            op: false,
-        }))
-    };
     // A snapshot without history has devices only in `segments`.
     let devices = per_device.len().max(seg_before.len());
     let no_entries: Vec<Entry> = Vec::new();
@@ -629,7 +644,7 @@ pub fn convert(
         let mut blocks: HashMap<u64, u64> = HashMap::new();
         let mut segs: HashMap<u64, (u64, bool)> = HashMap::new();
         for (&a, &(size, exp, stack)) in &seg_before[dev] {
-            timed.extend(seg_events(t_start, di, a, size, exp, stack));
+            timed.extend(segment_events(t_start, di, a, size, exp, stack));
             segs.insert(a, (size, exp));
             n.segments += 1;
         }
@@ -655,7 +670,7 @@ pub fn convert(
                 "segment_alloc" | "segment_map" => {
                     let exp = e.action == "segment_map";
                     let stack = t.stack(e.frames);
-                    timed.extend(seg_events(e.t_ns, di, e.addr, e.size, exp, stack));
+                    timed.extend(segment_events(e.t_ns, di, e.addr, e.size, exp, stack));
                     segs.insert(e.addr, (e.size, exp));
                     n.segments += 1;
                 }
