@@ -109,8 +109,8 @@ pub extern "C" fn vramtrace_tensor_block(
 }
 
 /// Writes `t` (its time, thread and Python frames filled in here) with its operator, dtype and
-/// shape.
-fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[i64]) {
+/// shape. Also the native capture's writer (`src/torch_tracker.rs`).
+pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[i64]) {
     with_file(|file| {
         t.t_ns = mono_ns();
         t.tid = tid();
