@@ -17,7 +17,8 @@
 //!    `free`) call `c10::reportMemoryUsageToProfiler(ptr, ±block->size, allocated, reserved,
 //!    Device)`, an exported function of `libc10.so` that `libc10_cuda.so` reaches through its
 //!    PLT: the preload exports the same symbol, so the call reaches us first, and we pass it on
-//!    to libc10's own. Its size is the block's, exact.
+//!    to libc10's own (found in the loaded objects' symbol tables: libc10 is loaded
+//!    `RTLD_LOCAL`, out of `dlsym(RTLD_NEXT)`'s sight). Its size is the block's, exact.
 //!
 //! The tracker leaves the ALLOC entry in a thread-local slot; the report that follows on the
 //! same thread for the same address completes it into one TENSOR record (block bytes,
@@ -44,7 +45,6 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use vramtrace_format::{TensorAction, TensorEvent};
 
 use crate::labels::c_str;
-use crate::real_dlsym::real_dlsym_quiet;
 
 /// `TraceEntry::Action::ALLOC`.
 const ACTION_ALLOC: u32 = 0;
@@ -70,9 +70,11 @@ enum State {
 static STATE: AtomicU8 = AtomicU8::new(State::Off as u8);
 /// Whether a tracker was ever attached (it cannot be detached).
 static ATTACHED: AtomicU8 = AtomicU8::new(0);
-/// libc10's own `reportMemoryUsageToProfiler` (the next definition after ours); null until
-/// first needed.
+/// libc10's own `reportMemoryUsageToProfiler`; null until first needed, [`NOT_FOUND`] when
+/// no other object defines it.
 static REAL_REPORT: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+const NOT_FOUND: *mut c_void = usize::MAX as *mut c_void;
+const REPORT_SYMBOL: &core::ffi::CStr = c"_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
 
 fn state() -> State {
     match STATE.load(Ordering::Acquire) {
@@ -218,7 +220,7 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
 ) {
     let real = real_report();
     if !real.is_null() {
-        // Safety: the next definition of this very symbol, with this signature.
+        // Safety: libc10's definition of this very symbol, with this signature.
         unsafe {
             core::mem::transmute::<*mut c_void, ReportFn>(real)(
                 ptr,
@@ -239,21 +241,23 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
     }
 }
 
+/// libc10's own `reportMemoryUsageToProfiler`: the first other loaded object defining it,
+/// searched once (PyTorch loads libc10.so with `RTLD_LOCAL`, out of `RTLD_NEXT`'s sight; any
+/// caller of this function has it loaded).
 fn real_report() -> *mut c_void {
     let p = REAL_REPORT.load(Ordering::Acquire);
     if !p.is_null() {
-        return p;
+        return if p == NOT_FOUND { core::ptr::null_mut() } else { p };
     }
-    let p = real_dlsym_quiet(
-        libc::RTLD_NEXT,
-        c"_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE".as_ptr(),
-    );
-    let own = report_memory_usage_to_profiler as *const () as *mut c_void;
-    if p.is_null() || p == own {
-        return core::ptr::null_mut();
+    let own = report_memory_usage_to_profiler as *const () as usize;
+    let found = crate::elf_lookup::default_function_elsewhere(REPORT_SYMBOL, own)
+        .map_or(NOT_FOUND, |a| a as *mut c_void);
+    REAL_REPORT.store(found, Ordering::Release);
+    if found == NOT_FOUND {
+        core::ptr::null_mut()
+    } else {
+        found
     }
-    REAL_REPORT.store(p, Ordering::Release);
-    p
 }
 
 /// The ALLOC entry this report completes, if the tracker left one for this very block.
