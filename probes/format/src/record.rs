@@ -272,6 +272,19 @@ impl<'a> Encoder<'a> {
         self.bytes(&s.as_bytes()[..end])
     }
 
+    /// The record for a writer that keeps only its kind and payload (format version 2 blocks,
+    /// whose records carry no checksum of their own): the frame header as [`Encoder::finish`]
+    /// writes it but with a zero checksum, which is not computed. A version 1 stream needs
+    /// [`Encoder::finish`].
+    pub fn finish_without_checksum(&mut self, kind: u8) -> &[u8] {
+        let payload_len = (self.len - FRAME_HEADER_LEN) as u16;
+        self.buf[0] = FRAME_MAGIC;
+        self.buf[1] = kind;
+        self.buf[2..4].copy_from_slice(&payload_len.to_le_bytes());
+        self.buf[4..8].fill(0);
+        &self.buf[..self.len]
+    }
+
     /// Writes the frame header for `kind` and returns the finished record.
     pub fn finish(&mut self, kind: u8) -> &[u8] {
         let payload_len = (self.len - FRAME_HEADER_LEN) as u16;

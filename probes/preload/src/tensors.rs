@@ -123,6 +123,6 @@ pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>
         let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
         let mut e = Encoder::new(&mut buf);
         t.encode_payload_with_shape(&mut e, shape);
-        file.write(e.finish(kind::TENSOR));
+        file.write_encoded(&mut e, kind::TENSOR);
     });
 }

@@ -112,8 +112,11 @@ using namespace c10::cuda::CUDACachingAllocator;
 using c10::CachingDeviceAllocator::TraceEntry;
 
 static bool skewed_layout() {
-  const char* s = std::getenv("FAKE_C10_LAYOUT");
-  return s && std::string(s) == "skew";
+  static const bool skew = [] {
+    const char* s = std::getenv("FAKE_C10_LAYOUT");
+    return s && std::string(s) == "skew";
+  }();
+  return skew;
 }
 
 static void trace(Native::DeviceState& d, TraceEntry::Action action, int device, uint64_t ptr,
