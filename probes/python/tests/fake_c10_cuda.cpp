@@ -15,15 +15,17 @@
 //   then moves its statistics, then calls libc10's `c10::reportMemoryUsageToProfiler` with the
 //   block's size; a free calls them with FREE_REQUESTED, FREE_COMPLETED and a negative size.
 //   Blocks are the request rounded up to 512 bytes, and above 1 MiB to whole MiB (so that a
-//   block's size cannot be told from the request alone). Each allocation dawdles a little
-//   between its trace entry and its report, so that two threads on two devices interleave
-//   there.
+//   block's size cannot be told from the request alone). With FAKE_C10_DAWDLE=1 each
+//   allocation sleeps 50 µs between its trace entry and its report, so that two threads on
+//   two devices interleave there.
 //
 // FAKE_C10_SKEW=1 makes getDeviceStats disagree with the statistics dictionary;
 // FAKE_C10_LAYOUT=skew swaps the stream and size fields of every TraceEntry (a PyTorch whose
 // layout is not the one the preload reads). Built by tests/torch_probe_cli.rs into a copy of
 // fake_torch (torch/lib/libc10_cuda.so, linked to the stand-in torch/lib/libc10.so).
 #include <array>
+#include <chrono>
+#include <thread>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -128,6 +130,15 @@ static void trace(Native::DeviceState& d, TraceEntry::Action action, int device,
   for (const auto& t : d.trackers) t(e);
 }
 
+// FAKE_C10_DAWDLE=1: each allocation sleeps between its trace entry and its report.
+static bool dawdle() {
+  static const bool on = [] {
+    const char* s = std::getenv("FAKE_C10_DAWDLE");
+    return s && s[0] == '1';
+  }();
+  return on;
+}
+
 static size_t block_of(size_t size) {
   size_t b = (size + 511) / 512 * 512;
   if (size > (1u << 20)) b = (size + (1u << 20) - 1) >> 20 << 20;
@@ -143,7 +154,7 @@ extern "C" uint64_t fake_c10_malloc(size_t size, int device, uint64_t stream, ui
   size_t b = block_of(size);
   uint64_t ptr = next_ptr.fetch_add(b);
   trace(d, TraceEntry::ALLOC, device, ptr, size, stream);
-  for (volatile int i = 0; i < 200; i = i + 1) {}  // dawdle: let the other device's thread in
+  if (dawdle()) std::this_thread::sleep_for(std::chrono::microseconds(50));  // let the other device's thread in
   d.allocated += b; d.requested += size; d.reserved += b;
   d.live[ptr] = {b, size};
   c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(ptr), static_cast<int64_t>(b),
