@@ -414,7 +414,10 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
     );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("capture=native"), "{stderr}");
-    assert!(stderr.contains("alloc=0 free=0"), "no callback ran: {stderr}");
+    assert!(
+        stderr.contains("alloc=0 free=0"),
+        "no callback ran: {stderr}"
+    );
     let stdout = String::from_utf8_lossy(&o.stdout);
     let printed: Vec<(u64, u64, i32, u32)> = stdout
         .lines()
@@ -437,7 +440,11 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
         .filter(|e| e.action == TensorAction::Alloc)
         .map(|e| (e.ptr, e))
         .collect();
-    assert_eq!(allocs.len(), 600, "one record per block, the check's own not among them");
+    assert_eq!(
+        allocs.len(),
+        600,
+        "one record per block, the check's own not among them"
+    );
     let mut tids = std::collections::HashSet::new();
     for &(ptr, requested, device, line) in &printed {
         let e = allocs[&ptr];
@@ -454,7 +461,11 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
         );
         tids.insert((device, e.tid));
     }
-    assert_eq!(tids.len(), 2, "each device's blocks from one thread: {tids:?}");
+    assert_eq!(
+        tids.len(),
+        2,
+        "each device's blocks from one thread: {tids:?}"
+    );
     let frees: Vec<u64> = ev
         .iter()
         .filter(|e| e.action == TensorAction::Free)
@@ -494,7 +505,10 @@ fn native_capture_falls_back_to_the_callbacks_when_the_layout_differs() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     let said = "native tensor capture off (layout check: the tracker's ALLOC entry";
     assert!(stderr.contains(said), "{stderr}");
-    assert!(stderr.contains("capture=callbacks (layout check"), "{stderr}");
+    assert!(
+        stderr.contains("capture=callbacks (layout check"),
+        "{stderr}"
+    );
     let t = trace(&out);
     assert!(
         t.records

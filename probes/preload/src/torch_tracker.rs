@@ -247,7 +247,11 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
 fn real_report() -> *mut c_void {
     let p = REAL_REPORT.load(Ordering::Acquire);
     if !p.is_null() {
-        return if p == NOT_FOUND { core::ptr::null_mut() } else { p };
+        return if p == NOT_FOUND {
+            core::ptr::null_mut()
+        } else {
+            p
+        };
     }
     let own = report_memory_usage_to_profiler as *const () as usize;
     let found = crate::elf_lookup::default_function_elsewhere(REPORT_SYMBOL, own)
@@ -397,8 +401,12 @@ pub unsafe extern "C" fn vramtrace_torch_native_last(out: *mut u64) {
     if out.is_null() {
         return;
     }
-    let alloc = LAST_ALLOC.try_with(|c| c.replace(Seen::NONE)).unwrap_or(Seen::NONE);
-    let free = LAST_FREE.try_with(|c| c.replace(Seen::NONE)).unwrap_or(Seen::NONE);
+    let alloc = LAST_ALLOC
+        .try_with(|c| c.replace(Seen::NONE))
+        .unwrap_or(Seen::NONE);
+    let free = LAST_FREE
+        .try_with(|c| c.replace(Seen::NONE))
+        .unwrap_or(Seen::NONE);
     let report = LAST_REPORT
         .try_with(|c| {
             let r = c.get();
@@ -511,6 +519,9 @@ mod tests {
                 stream: 5,
             })
         });
-        assert_eq!(take_pending(0x1000).map(|s| (s.size, s.stream)), Some((333, 5)));
+        assert_eq!(
+            take_pending(0x1000).map(|s| (s.size, s.stream)),
+            Some((333, 5))
+        );
     }
 }
