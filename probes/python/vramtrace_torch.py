@@ -4,7 +4,19 @@
 calls `activate()` right after `import torch` finishes; `--no-torch-probe` turns it off). Nothing
 is imported into a program that never imports torch.
 
-What is recorded, through the preload's `vramtrace_tensor` (same trace, same clock):
+Two ways to record each block (same trace, same clock):
+- **Native capture** (the section at the end of this file; chosen when it checks out): the
+  preload records each block itself, from a trace tracker attached to the caching allocator and
+  the allocator's own report of each block's size, with no Python call per tensor: its block
+  and requested bytes, stream, device and the allocating thread's Python line, exact with any
+  number of threads. Attached once CUDA is initialised, after one tensor of a known size has
+  shown that what the preload reads agrees with PyTorch's own figures; otherwise (or with
+  `VRAMTRACE_TORCH_CAPTURE=callbacks`) the callbacks below, and stderr and the trace say why.
+- **Callbacks**, through the preload's `vramtrace_tensor` (described below).
+
+The allocator's refusals go through the OOM observer either way.
+
+What the callbacks record:
 - each block the caching allocator hands out (`torch.cuda._gpu_trace` allocation callback: the
   data pointer as it happens), with its size: the growth of the allocator's `allocated_bytes`
   counter since the previous event, which the allocator updates before it calls the callback
@@ -25,8 +37,8 @@ tensors by size and counts an equal shape and dtype as evidence.
 With `PYTORCH_NO_CUDA_MEMORY_CACHING=1` no block is recorded: each tensor is then a driver
 allocation, which the preload records with its Python frames.
 
-Sizes come from one counter per device, so two threads allocating on the same device at the same
-moment can swap sizes; inference servers allocate from one thread per device. The counters are
+On the callback path sizes come from one counter per device, so two threads allocating on the
+same device at the same moment can swap sizes (native capture cannot). The counters are
 read from the allocator's own statistics where that is checked to be exact (`_NativeCounters`),
 else from `torch._C._cuda_memoryStats`.
 """
