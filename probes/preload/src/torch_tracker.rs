@@ -368,6 +368,8 @@ pub unsafe extern "C" fn vramtrace_torch_native_attach(
     {
         return -4;
     }
+    // Found now, outside the allocator's lock, rather than at the first report.
+    real_report();
     STATE.store(State::Checking as u8, Ordering::Release);
     let mut tracker = StdFunction {
         functor: [0, 0],

@@ -13,6 +13,7 @@ from torch.cuda import _gpu_trace
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+torch.cuda._lazy_init()  # as torch.cuda.init(): the probe attaches and checks here
 lib = torch.cuda._c10()
 assert lib is not None, "the stand-in libc10_cuda.so is missing"
 malloc, release = lib.fake_c10_malloc, lib.fake_c10_free

@@ -1,6 +1,7 @@
 """Two threads allocate at once from the stand-in torch, one on device 0 and one on device 1
 (each device has its own allocator lock, so their trace entries and reports interleave), and
-free every other block; prints `tensor PTR REQUESTED DEVICE LINE` per block and, at the end,
+free every other block. The main thread never allocates: CUDA's (lazy) initialisation, and with
+it the probe's attach and check, happens on whichever worker allocates first. prints `tensor PTR REQUESTED DEVICE LINE` per block and, at the end,
 `reports N` (the calls libc10's report function received)."""
 import ctypes
 import os

@@ -1,3 +1,5 @@
+import threading
+
 from .. import _C
 from . import _gpu_trace
 
@@ -42,8 +44,41 @@ def is_available():
     return True
 
 
+_init = {"done": False, "queued": []}
+_init_lock = threading.RLock()
+_init_tls = threading.local()
+
+
 def is_initialized():
-    return True
+    return _init["done"]
+
+
+def _lazy_call(fn):
+    """As PyTorch's: run `fn` now if CUDA is initialised, else right after it is."""
+    with _init_lock:
+        if _init["done"]:
+            fn()
+        else:
+            _init["queued"].append(fn)
+
+
+def _lazy_init():
+    """As PyTorch's: the first CUDA call of any thread initialises, then runs the queued calls
+    on that thread, holding the lock (other threads wait; the initialising thread's own CUDA
+    calls from the queued calls go through)."""
+    if _init["done"] or getattr(_init_tls, "busy", False):
+        return
+    with _init_lock:
+        if _init["done"]:
+            return
+        _init_tls.busy = True
+        try:
+            for fn in _init["queued"]:
+                fn()
+        finally:
+            _init_tls.busy = False
+            _init["done"] = True
+            _init["queued"] = []
 
 
 def device_count():
@@ -67,6 +102,7 @@ def fake_alloc(size, device=0):
     stand-in libc10_cuda.so (a test built one) the block comes from there, with its trace
     entries and its report to libc10, on `device` (0 or 1); else the request rounded up to 512
     bytes."""
+    _lazy_init()
     lib = _c10()
     if lib is not None:
         import ctypes
@@ -111,11 +147,6 @@ def fake_oom(size):
     for cb in _C.STATE["oom_observers"]:
         cb(0, size, allowed, 1 << 30)
     raise MemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")
-
-
-def _lazy_call(fn):
-    """As PyTorch's: run now when CUDA is initialised (always, here)."""
-    fn()
 
 
 def current_device():
