@@ -395,8 +395,8 @@ fn frames_in(t: &TraceFile, stack: u32, file: &str) -> Vec<(String, u32)> {
 /// Native capture (issue 19): two threads allocate at once, on two devices whose allocator
 /// locks are their own, so each thread's trace entry and report interleave with the other's.
 /// Every block is recorded with its exact size (not computable from the request: the stand-in
-/// rounds large blocks to whole MiB), the bytes asked for, its device and stream and the
-/// allocating line of its own thread; every free once; each report is passed on to libc10's
+/// rounds large blocks to whole MiB), the bytes asked for, its device, stream and segment (from
+/// the allocator's SEGMENT_ALLOC entries) and the allocating line of its own thread; every free once; each report is passed on to libc10's
 /// own function; no Python callback is registered.
 #[test]
 fn native_capture_records_exact_blocks_from_two_threads_at_once() {
@@ -419,7 +419,7 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
         "no callback ran: {stderr}"
     );
     let stdout = String::from_utf8_lossy(&o.stdout);
-    let printed: Vec<(u64, u64, i32, u32)> = stdout
+    let printed: Vec<(u64, u64, i32, u32, u64)> = stdout
         .lines()
         .filter_map(|l| l.strip_prefix("tensor "))
         .map(|l| {
@@ -429,6 +429,7 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
                 w[1].parse().unwrap(),
                 w[2].parse().unwrap(),
                 w[3].parse().unwrap(),
+                w[4].parse().unwrap(),
             )
         })
         .collect();
@@ -446,13 +447,21 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
         "one record per block, the check's own not among them"
     );
     let mut tids = std::collections::HashSet::new();
-    for &(ptr, requested, device, line) in &printed {
+    let mut segments = std::collections::HashSet::new();
+    for &(ptr, requested, device, line, segment) in &printed {
         let e = allocs[&ptr];
         assert_eq!(
-            (e.size, e.requested, e.device, e.stream),
-            (stand_in_block(requested), requested, device, 0x5150),
+            (e.size, e.requested, e.device, e.stream, e.segment),
+            (
+                stand_in_block(requested),
+                requested,
+                device,
+                0x5150,
+                segment
+            ),
             "block {ptr:#x}"
         );
+        segments.insert(segment);
         let worker = if device == 0 { "worker_a" } else { "worker_b" };
         assert_eq!(
             frames_in(&t, e.stack, "two_threads.py").first(),
@@ -465,6 +474,10 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
         tids.len(),
         2,
         "each device's blocks from one thread: {tids:?}"
+    );
+    assert!(
+        segments.len() > 10 && !segments.contains(&0),
+        "{segments:?}"
     );
     let frees: Vec<u64> = ev
         .iter()

@@ -22,7 +22,10 @@
 //!
 //! The tracker leaves the ALLOC entry in a thread-local slot; the report that follows on the
 //! same thread for the same address completes it into one TENSOR record (block bytes,
-//! requested bytes, stream, the thread's Python frames). Both happen under the device's lock,
+//! requested bytes, stream, segment, the thread's Python frames). The segment comes from the
+//! tracker's SEGMENT_ALLOC / SEGMENT_MAP entries (kept in a small table; SEGMENT_FREE /
+//! SEGMENT_UNMAP forget them): the base of the one holding the block, 0 for a segment made
+//! before the tracker was attached. Both happen under the device's lock,
 //! so nothing of another thread comes between them: sizes are exact per block with any number
 //! of threads. A free is the report with a negative size.
 //!
@@ -39,17 +42,27 @@
 //! off tracker stays attached and returns at once.
 
 use core::cell::Cell;
+use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 
 use vramtrace_format::{TensorAction, TensorEvent};
 
+use crate::fork::ForkHandler;
 use crate::labels::c_str;
 
 /// `TraceEntry::Action::ALLOC`.
 const ACTION_ALLOC: u32 = 0;
 /// `TraceEntry::Action::FREE_REQUESTED`.
 const ACTION_FREE_REQUESTED: u32 = 1;
+/// `TraceEntry::Action::SEGMENT_ALLOC`, `SEGMENT_FREE`, `SEGMENT_MAP`, `SEGMENT_UNMAP`.
+const ACTION_SEGMENT_ALLOC: u32 = 3;
+const ACTION_SEGMENT_FREE: u32 = 4;
+const ACTION_SEGMENT_MAP: u32 = 5;
+const ACTION_SEGMENT_UNMAP: u32 = 6;
+/// Most segments (or mapped ranges) kept; a block in one beyond them gets segment 0 (the
+/// reader then finds it among the driver's allocations).
+const MAX_SEGMENTS: usize = 4096;
 /// `c10::DeviceType::CUDA`.
 const DEVICE_TYPE_CUDA: i8 = 1;
 /// How many vtable slots are searched for the attach method (PyTorch 2.5: slot 30, 2.11: 44).
@@ -161,6 +174,104 @@ thread_local! {
     static LAST_REPORT: Cell<Report> = const { Cell::new(Report { ptr: 0, size: 0, device: -1, count: 0 }) };
 }
 
+/// The segments the allocator announced (SEGMENT_ALLOC, or SEGMENT_MAP for expandable
+/// segments, whose mapped ranges stand for segments here) since the tracker was attached: sorted
+/// base addresses and their ends, under a spin lock (the tracker runs under one device's lock,
+/// and devices run in parallel). Nothing allocates; a fork child starts empty.
+struct SegmentTable {
+    lock: AtomicBool,
+    inner: UnsafeCell<Segments>,
+}
+
+struct Segments {
+    len: usize,
+    bases: [u64; MAX_SEGMENTS],
+    ends: [u64; MAX_SEGMENTS],
+}
+
+// Safety: `inner` is only touched with `lock` held.
+unsafe impl Sync for SegmentTable {}
+
+static SEGMENTS: SegmentTable = SegmentTable {
+    lock: AtomicBool::new(false),
+    inner: UnsafeCell::new(Segments {
+        len: 0,
+        bases: [0; MAX_SEGMENTS],
+        ends: [0; MAX_SEGMENTS],
+    }),
+};
+static FORK: ForkHandler = ForkHandler::new(after_fork_child);
+
+impl SegmentTable {
+    fn with<R>(&self, f: impl FnOnce(&mut Segments) -> R) -> R {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            core::hint::spin_loop();
+        }
+        // Safety: the lock is held, so this is the only reference.
+        let r = f(unsafe { &mut *self.inner.get() });
+        self.lock.store(false, Ordering::Release);
+        r
+    }
+
+    fn add(&self, base: u64, size: u64) {
+        FORK.register();
+        self.with(|s| {
+            let at = s.bases[..s.len].partition_point(|&b| b < base);
+            if at < s.len && s.bases[at] == base {
+                s.ends[at] = base.saturating_add(size);
+                return;
+            }
+            if s.len == MAX_SEGMENTS {
+                return;
+            }
+            s.bases.copy_within(at..s.len, at + 1);
+            s.ends.copy_within(at..s.len, at + 1);
+            s.bases[at] = base;
+            s.ends[at] = base.saturating_add(size);
+            s.len += 1;
+        });
+    }
+
+    /// Forgets every segment starting inside `[base, base + size)` (an unmap may cover several
+    /// mapped ranges).
+    fn remove(&self, base: u64, size: u64) {
+        let end = base.saturating_add(size.max(1));
+        self.with(|s| {
+            let from = s.bases[..s.len].partition_point(|&b| b < base);
+            let to = s.bases[..s.len].partition_point(|&b| b < end);
+            if from < to {
+                s.bases.copy_within(to..s.len, from);
+                s.ends.copy_within(to..s.len, from);
+                s.len -= to - from;
+            }
+        });
+    }
+
+    /// The base of the segment holding `ptr`, or 0.
+    fn base_of(&self, ptr: u64) -> u64 {
+        self.with(|s| {
+            let at = s.bases[..s.len].partition_point(|&b| b <= ptr);
+            if at > 0 && ptr < s.ends[at - 1] {
+                s.bases[at - 1]
+            } else {
+                0
+            }
+        })
+    }
+}
+
+/// In the child after `fork`: no holder of the lock survives, and the child's allocator
+/// starts over.
+extern "C" fn after_fork_child() {
+    SEGMENTS.lock.store(false, Ordering::Release);
+    // Safety: the child has one thread, and no other reference exists.
+    unsafe { (*SEGMENTS.inner.get()).len = 0 };
+}
+
 /// The functor's manager: the functor is two words of nothing, stored in place, so copying is
 /// copying them and destroying is nothing. `__get_type_info` (0) answers null: nothing in
 /// PyTorch asks a tracker for its type.
@@ -197,6 +308,8 @@ unsafe extern "C" fn on_trace(_functor: *const [usize; 2], entry: *const TraceEn
         ACTION_ALLOC => {
             let _ = PENDING.try_with(|p| p.set(seen));
         }
+        ACTION_SEGMENT_ALLOC | ACTION_SEGMENT_MAP => SEGMENTS.add(e.addr, e.size),
+        ACTION_SEGMENT_FREE | ACTION_SEGMENT_UNMAP => SEGMENTS.remove(e.addr, e.size),
         ACTION_FREE_REQUESTED if state() == State::Checking => {
             let _ = LAST_FREE.try_with(|p| p.set(seen));
         }
@@ -300,6 +413,7 @@ fn record(ptr: u64, size: i64, device: i8) {
             action: TensorAction::Alloc,
             ptr,
             size: size as u64,
+            segment: SEGMENTS.base_of(ptr),
             requested: seen.map_or(0, |s| s.size),
             stream: seen.map_or(0, |s| s.stream),
             ..TensorEvent::default()
@@ -495,6 +609,33 @@ mod tests {
             manage(&mut dst, &src, 0);
             assert_eq!(dst[0], 0);
         }
+    }
+
+    #[test]
+    fn segments_are_found_added_and_forgotten() {
+        let t = SegmentTable {
+            lock: AtomicBool::new(false),
+            inner: UnsafeCell::new(Segments {
+                len: 0,
+                bases: [0; MAX_SEGMENTS],
+                ends: [0; MAX_SEGMENTS],
+            }),
+        };
+        t.add(0x3000, 0x1000);
+        t.add(0x1000, 0x800);
+        t.add(0x8000, 0x4000);
+        assert_eq!(t.base_of(0x1000), 0x1000);
+        assert_eq!(t.base_of(0x17ff), 0x1000);
+        assert_eq!(t.base_of(0x1800), 0, "past its end");
+        assert_eq!(t.base_of(0x3fff), 0x3000);
+        assert_eq!(t.base_of(0x9000), 0x8000);
+        assert_eq!(t.base_of(0x0fff), 0);
+        // An unmap over two mapped ranges forgets both.
+        t.remove(0x1000, 0x3000);
+        assert_eq!((t.base_of(0x1000), t.base_of(0x3000)), (0, 0));
+        assert_eq!(t.base_of(0x9000), 0x8000);
+        t.remove(0x8000, 0x4000);
+        assert_eq!(t.base_of(0x9000), 0);
     }
 
     #[test]

@@ -19,13 +19,13 @@ assert lib is not None, "the stand-in libc10_cuda.so is missing"
 malloc, release = lib.fake_c10_malloc, lib.fake_c10_free
 on_alloc, on_free = _gpu_trace.alloc_callbacks, _gpu_trace.free_callbacks
 size, stream = 1 << 20, 0x5150
-block = ctypes.c_uint64()
-out = ctypes.byref(block)
+block, segment = ctypes.c_uint64(), ctypes.c_uint64()
+out, seg = ctypes.byref(block), ctypes.byref(segment)
 
 
 def loop():
     for _ in range(n):
-        ptr = malloc(size, 0, stream, out)
+        ptr = malloc(size, 0, stream, out, seg)
         for cb in on_alloc:
             cb(ptr)
         for cb in on_free:

@@ -15,7 +15,8 @@
 //   then moves its statistics, then calls libc10's `c10::reportMemoryUsageToProfiler` with the
 //   block's size; a free calls them with FREE_REQUESTED, FREE_COMPLETED and a negative size.
 //   Blocks are the request rounded up to 512 bytes, and above 1 MiB to whole MiB (so that a
-//   block's size cannot be told from the request alone). With FAKE_C10_DAWDLE=1 each
+//   block's size cannot be told from the request alone), carved in turn from 20 MiB segments
+//   (SEGMENT_ALLOC entries announce each new one). With FAKE_C10_DAWDLE=1 each
 //   allocation sleeps 50 µs between its trace entry and its report, so that two threads on
 //   two devices interleave there.
 //
@@ -85,6 +86,8 @@ struct DeviceState {
   std::recursive_mutex mutex;
   std::vector<AllocatorTraceTracker> trackers;
   std::unordered_map<uint64_t, std::pair<size_t, size_t>> live;  // ptr -> (block, requested)
+  std::unordered_map<uint64_t, uint64_t> segment_of;               // ptr -> its segment's base
+  uint64_t seg_base = 0, seg_next = 0, seg_end = 0;  // the segment blocks are carved from
   int64_t allocated = 0, requested = 0, reserved = 0;
 };
 struct NativeCachingAllocator : CUDAAllocator {
@@ -147,12 +150,27 @@ static size_t block_of(size_t size) {
 
 static std::atomic<uint64_t> next_ptr{0x7e00'0000'0000};
 
-// The block handed out for `size` bytes on `device` for `stream`; its size in `*block`.
-extern "C" uint64_t fake_c10_malloc(size_t size, int device, uint64_t stream, uint64_t* block) {
+constexpr uint64_t kSegment = 20u << 20;
+
+// The block handed out for `size` bytes on `device` for `stream`; its size in `*block`, the
+// base of the segment it was carved from in `*segment`. A block that does not fit in the
+// device's current segment gets a new one (20 MiB, or the block's size if larger), announced
+// to the trackers with SEGMENT_ALLOC, as PyTorch's allocator does after its cudaMalloc.
+extern "C" uint64_t fake_c10_malloc(size_t size, int device, uint64_t stream, uint64_t* block,
+                                    uint64_t* segment) {
   auto& d = Native::native.devices[device];
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
   size_t b = block_of(size);
-  uint64_t ptr = next_ptr.fetch_add(b);
+  if (d.seg_next + b > d.seg_end || d.seg_end == 0) {
+    uint64_t seg_size = b > kSegment ? b : kSegment;
+    d.seg_base = d.seg_next = next_ptr.fetch_add(seg_size);
+    d.seg_end = d.seg_base + seg_size;
+    trace(d, TraceEntry::SEGMENT_ALLOC, device, d.seg_base, seg_size, stream);
+  }
+  uint64_t ptr = d.seg_next;
+  d.seg_next += b;
+  d.segment_of[ptr] = d.seg_base;
+  *segment = d.seg_base;
   trace(d, TraceEntry::ALLOC, device, ptr, size, stream);
   if (dawdle()) std::this_thread::sleep_for(std::chrono::microseconds(50));  // let the other device's thread in
   d.allocated += b; d.requested += size; d.reserved += b;

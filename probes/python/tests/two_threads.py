@@ -1,8 +1,9 @@
 """Two threads allocate at once from the stand-in torch, one on device 0 and one on device 1
 (each device has its own allocator lock, so their trace entries and reports interleave), and
 free every other block. The main thread never allocates: CUDA's (lazy) initialisation, and with
-it the probe's attach and check, happens on whichever worker allocates first. prints `tensor PTR REQUESTED DEVICE LINE` per block and, at the end,
-`reports N` (the calls libc10's report function received)."""
+it the probe's attach and check, happens on whichever worker allocates first. Prints
+`tensor PTR REQUESTED DEVICE LINE SEGMENT` per block and, at the end, `reports N` (the calls
+libc10's report function received)."""
 import ctypes
 import os
 import threading
@@ -44,7 +45,7 @@ for t in threads:
     t.join()
 for rows in out.values():
     for ptr, size, dev, line in rows:
-        os.write(1, f"tensor {ptr} {size} {dev} {line}\n".encode())
+        os.write(1, f"tensor {ptr} {size} {dev} {line} {torch.cuda.segments[ptr]}\n".encode())
 lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
 lib.fake_c10_reports.restype = ctypes.c_uint64
 os.write(1, f"reports {lib.fake_c10_reports()}\n".encode())

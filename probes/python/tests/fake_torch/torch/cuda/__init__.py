@@ -7,6 +7,8 @@ TOTAL = 24 << 30
 _next = [0x7F00_0000_0000]
 # The current stream's handle (`cudaStream_t`), as `current_stream().cuda_stream` gives it.
 _stream = [0x5150]
+# Block pointer -> the base of the segment the stand-in libc10_cuda.so carved it from.
+segments = {}
 
 
 def _c10():
@@ -20,6 +22,7 @@ def _c10():
         lib = ctypes.CDLL(path) if os.path.exists(path) else None
         if lib is not None:
             lib.fake_c10_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
+                                            ctypes.POINTER(ctypes.c_uint64),
                                             ctypes.POINTER(ctypes.c_uint64)]
             lib.fake_c10_malloc.restype = ctypes.c_uint64
             lib.fake_c10_free.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_uint64]
@@ -107,9 +110,11 @@ def fake_alloc(size, device=0):
     if lib is not None:
         import ctypes
 
-        block = ctypes.c_uint64()
-        ptr = lib.fake_c10_malloc(size, device, _stream[0], ctypes.byref(block))
+        block, segment = ctypes.c_uint64(), ctypes.c_uint64()
+        ptr = lib.fake_c10_malloc(size, device, _stream[0], ctypes.byref(block),
+                                  ctypes.byref(segment))
         block = block.value
+        segments[ptr] = segment.value
     else:
         ptr = _next[0]
         block = _block(size)
