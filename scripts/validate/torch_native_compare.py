@@ -15,16 +15,19 @@ for line in sys.stdin:
         frees.append(int(e["ptr"], 16))
 
 bad = 0
+n_records = sum(map(len, allocs.values()))
 
 
 def check(ptr, want, what):
+    """Compares the earliest record of `ptr` not compared yet (an address freed in phase 1 is
+    handed out again later)."""
     global bad
     got = allocs.get(ptr)
     if not got:
         print(f"MISSING {what} {ptr:#x}")
         bad += 1
         return
-    e = got[-1]
+    e = got.pop(0)
     frames = [f for f in e.get("frames") or [] if f.get("file", "").endswith("torch_native_check.py")]
     line = (frames[0]["function"], frames[0]["line"]) if frames else None
     have = (e["size"], e.get("requested"), line)
@@ -46,5 +49,5 @@ if missing_frees:
     bad += len(missing_frees)
 n = len(truth["phase1"]) + len(truth["phase2"])
 print(f"{'OK' if bad == 0 else 'FAILED'}: {n} tensors, {len(truth['phase1_freed'])} frees compared, "
-      f"{bad} differences (tensor records in the trace: {sum(map(len, allocs.values()))})")
+      f"{bad} differences ({n_records} tensor records in the trace)")
 sys.exit(1 if bad else 0)
