@@ -176,10 +176,19 @@ def activate(shapes=None):
 
         # Native capture when it checks out, else the callbacks (the section below).
         _choose_capture(torch, callbacks)
-        try:
-            torch._C._cuda_attach_out_of_memory_observer(on_oom)
-        except AttributeError:
-            _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
+
+        def observe_ooms():
+            try:
+                torch._C._cuda_attach_out_of_memory_observer(on_oom)
+            except AttributeError:
+                _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
+            except Exception as e:  # never break CUDA's initialisation
+                _note(f"allocator OOMs are not recorded: {type(e).__name__}: {e}")
+
+        # After CUDA's initialisation, as native capture: the native allocator hands an observer
+        # to each device's allocator it has, and has none before `init` (PyTorch 2.11's
+        # NativeCachingAllocator::attachOutOfMemoryObserver loops over them).
+        _after_cuda_init(torch, observe_ooms)
     # With the caching allocator off every tensor is a driver allocation, recorded with its
     # Python frames by the preload itself; the allocator's counters do not move, so there is
     # no block to record (an --torch-shapes description still lands on the driver allocation).
@@ -412,11 +421,18 @@ def _choose_capture(torch, callbacks):
         except Exception as e:
             _note(f"tensors are not recorded: {type(e).__name__}: {e}")
 
+    _after_cuda_init(torch, choose)
+
+
+def _after_cuda_init(torch, fn):
+    """`fn()` once CUDA is initialised: now if it is, else through `torch.cuda._lazy_call`,
+    right after initialisation on whichever thread initialises (`fn` must not raise there: it
+    would surface as the program's own CUDA error)."""
     lazy = getattr(torch.cuda, "_lazy_call", None)
     if lazy is None or torch.cuda.is_initialized():
-        choose()
+        fn()
     else:
-        lazy(choose)
+        lazy(fn)
 
 
 def _start_native(torch):
