@@ -350,6 +350,7 @@ fn run_with_c10(
         .env_remove("VRAMTRACE_TORCH_CAPTURE")
         .env_remove("FAKE_C10_LAYOUT")
         .env_remove("FAKE_C10_DAWDLE")
+        .env_remove("FAKE_C10_ALLOCATOR")
         .env_remove("FAKE_C10_SKEW");
     for (k, v) in env {
         c.env(k, v);
@@ -498,6 +499,38 @@ fn native_capture_records_exact_blocks_from_two_threads_at_once() {
     assert_eq!(a, b);
     // 600 blocks, 300 frees and the probe's check (one block and its free).
     assert!(stdout.contains("reports 902"), "{stdout}");
+}
+
+/// Behind the allocator pointer an allocator of another class (as with
+/// `backend:cudaMallocAsync`): the preload attaches nothing (its vtable is not the native
+/// allocator's), says why, and the callbacks record the tensors.
+#[test]
+fn native_capture_is_not_attached_to_another_allocator() {
+    let Some(torch_dir) = fake_torch_with_c10("torch-native-other") else {
+        return;
+    };
+    let out = scratch("torch-native-other-run").join("trace");
+    let o = run_with_c10(
+        &out,
+        &torch_dir,
+        "many_tensors.py",
+        &[("FAKE_C10_ALLOCATOR", "other")],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let said = "native tensor capture off (the allocator in use is not PyTorch's native caching \
+                allocator)";
+    assert!(stderr.contains(said), "{stderr}");
+    let t = trace(&out);
+    assert!(
+        t.records
+            .iter()
+            .any(|r| matches!(r, Record::Note { text, .. } if text.contains(said)))
+    );
+    let allocs = tensors(&t)
+        .into_iter()
+        .filter(|e| e.action == TensorAction::Alloc)
+        .count();
+    assert_eq!(allocs, 20, "through the callbacks");
 }
 
 /// A libc10_cuda whose TraceEntry is laid out otherwise (stream and size swapped) fails the

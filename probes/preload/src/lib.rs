@@ -97,7 +97,8 @@
 //! file (per-thread blocks in a shared mapping, the clock, the thread id, the file's fork
 //! handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
 //! need only the sink (`stacks` asks `python`, which reads the interpreter's frames and interns
-//! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label;
+//! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label; `tensors` (the tensor ABI) and
+//! `torch_tracker` (native capture, which writes through `tensors` and notes through `recorder`);
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
 //! pointers and wraps `cuGetProcAddress`; `dlsym`, the `dlsym` and `dlvsym` overrides, on top.
 

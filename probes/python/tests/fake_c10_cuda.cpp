@@ -21,6 +21,7 @@
 //   two devices interleave there.
 //
 // FAKE_C10_SKEW=1 makes getDeviceStats disagree with the statistics dictionary;
+// FAKE_C10_ALLOCATOR=other puts another allocator class behind the allocator pointer;
 // FAKE_C10_LAYOUT=skew swaps the stream and size fields of every TraceEntry (a PyTorch whose
 // layout is not the one the preload reads). Built by tests/torch_probe_cli.rs into a copy of
 // fake_torch (torch/lib/libc10_cuda.so, linked to the stand-in torch/lib/libc10.so).
@@ -109,7 +110,18 @@ __attribute__((visibility("hidden"))) void NativeCachingAllocator::attachAllocat
 }
 static NativeCachingAllocator native;
 }  // namespace Native
-__attribute__((visibility("default"))) std::atomic<CUDAAllocator*> allocator{&Native::native};
+// Another allocator class (as with `backend:cudaMallocAsync`): its vtable is not the native one.
+struct OtherAllocator : CUDAAllocator {
+  DeviceStats getDeviceStats(signed char) override { return {}; }
+  void attachAllocatorTraceTracker(AllocatorTraceTracker) override {}
+};
+static OtherAllocator other;
+static CUDAAllocator* in_use() {
+  const char* s = std::getenv("FAKE_C10_ALLOCATOR");
+  if (s && std::string(s) == "other") return &other;
+  return &Native::native;
+}
+__attribute__((visibility("default"))) std::atomic<CUDAAllocator*> allocator{in_use()};
 }}  // namespace cuda::CUDACachingAllocator
 }  // namespace c10
 
