@@ -40,7 +40,11 @@ else:
         hidden_size=2048, intermediate_size=5632, num_hidden_layers=a.layers,
         num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
         max_position_embeddings=4096)
-model = transformers.AutoModelForCausalLM.from_config(config).to(device="cuda", dtype=torch.bfloat16)
+# Built on the GPU in bf16 (random weights), not on the CPU first: seconds, not tens of them.
+torch.set_default_dtype(torch.bfloat16)
+with torch.device("cuda"):
+    model = transformers.AutoModelForCausalLM.from_config(config)
+torch.set_default_dtype(torch.float32)
 model.eval()
 vocab = config.vocab_size
 ids = torch.randint(3, vocab, (1, a.prompt), device="cuda")
