@@ -351,6 +351,7 @@ fn run_with_c10(
         .env_remove("FAKE_C10_LAYOUT")
         .env_remove("FAKE_C10_DAWDLE")
         .env_remove("FAKE_C10_ALLOCATOR")
+        .env_remove("FAKE_C10_NO_REPORT")
         .env_remove("FAKE_C10_SKEW");
     for (k, v) in env {
         c.env(k, v);
@@ -533,53 +534,60 @@ fn native_capture_is_not_attached_to_another_allocator() {
     assert_eq!(allocs, 20, "through the callbacks");
 }
 
-/// A libc10_cuda whose TraceEntry is laid out otherwise (stream and size swapped) fails the
-/// probe's check: native capture is turned off, which stderr and the trace say, and the
-/// tensors are recorded through the callbacks as before, with their exact sizes.
+/// A libc10_cuda whose TraceEntry is laid out otherwise (stream and size swapped), or one that
+/// no longer reports its blocks to libc10, fails the probe's check: native capture is turned
+/// off, which stderr and the trace say, and the tensors are recorded through the callbacks as
+/// before, with their exact sizes.
 #[test]
 fn native_capture_falls_back_to_the_callbacks_when_the_layout_differs() {
     let Some(torch_dir) = fake_torch_with_c10("torch-native-skew") else {
         return;
     };
-    let out = scratch("torch-native-skew-run").join("trace");
-    let o = run_with_c10(
-        &out,
-        &torch_dir,
-        "many_tensors.py",
-        &[("FAKE_C10_LAYOUT", "skew")],
-    );
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    let said = "native tensor capture off (layout check: the tracker's ALLOC entry";
-    assert!(stderr.contains(said), "{stderr}");
-    assert!(
-        stderr.contains("capture=callbacks (layout check"),
-        "{stderr}"
-    );
-    let t = trace(&out);
-    assert!(
-        t.records
+    for (env, said) in [
+        (
+            ("FAKE_C10_LAYOUT", "skew"),
+            "native tensor capture off (layout check: the tracker's ALLOC entry",
+        ),
+        (
+            ("FAKE_C10_NO_REPORT", "1"),
+            "native tensor capture off (layout check: the allocator's report (pointer, block \
+             bytes, device) is (0, 0, -1)",
+        ),
+    ] {
+        let out = scratch(&format!("torch-native-skew-{}", env.0)).join("trace");
+        let o = run_with_c10(&out, &torch_dir, "many_tensors.py", &[env]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.contains(said), "{env:?}: {stderr}");
+        assert!(
+            stderr.contains("capture=callbacks (layout check"),
+            "{stderr}"
+        );
+        let t = trace(&out);
+        assert!(
+            t.records
+                .iter()
+                .any(|r| matches!(r, Record::Note { text, .. } if text.contains(said))),
+            "the trace says it too"
+        );
+        let printed: Vec<(u64, u64)> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("tensor "))
+            .map(|l| {
+                let mut w = l.split(' ').map(|x| x.parse::<u64>().unwrap());
+                (w.next().unwrap(), w.next().unwrap())
+            })
+            .collect();
+        let allocs: Vec<(u64, u64, u64)> = tensors(&t)
+            .into_iter()
+            .filter(|e| e.action == TensorAction::Alloc)
+            .map(|e| (e.ptr, e.size, e.requested))
+            .collect();
+        let want: Vec<(u64, u64, u64)> = printed
             .iter()
-            .any(|r| matches!(r, Record::Note { text, .. } if text.contains(said))),
-        "the trace says it too"
-    );
-    let printed: Vec<(u64, u64)> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("tensor "))
-        .map(|l| {
-            let mut w = l.split(' ').map(|x| x.parse::<u64>().unwrap());
-            (w.next().unwrap(), w.next().unwrap())
-        })
-        .collect();
-    let allocs: Vec<(u64, u64, u64)> = tensors(&t)
-        .into_iter()
-        .filter(|e| e.action == TensorAction::Alloc)
-        .map(|e| (e.ptr, e.size, e.requested))
-        .collect();
-    let want: Vec<(u64, u64, u64)> = printed
-        .iter()
-        .map(|&(p, s)| (p, stand_in_block(s), s))
-        .collect();
-    assert_eq!(allocs, want);
+            .map(|&(p, s)| (p, stand_in_block(s), s))
+            .collect();
+        assert_eq!(allocs, want, "{env:?}");
+    }
 }
 
 /// The callback path's cheap size source (`VRAMTRACE_TORCH_CAPTURE=callbacks`): the caching

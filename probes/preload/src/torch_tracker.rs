@@ -168,7 +168,7 @@ thread_local! {
     static PENDING: Cell<Seen> = const { Cell::new(Seen::NONE) };
     /// The last FREE_REQUESTED entry on this thread (for the check).
     static LAST_FREE: Cell<Seen> = const { Cell::new(Seen::NONE) };
-    /// The last ALLOC entry a report consumed on this thread (for the check).
+    /// The last ALLOC entry on this thread (for the check).
     static LAST_ALLOC: Cell<Seen> = const { Cell::new(Seen::NONE) };
     /// The last report on this thread (for the check).
     static LAST_REPORT: Cell<Report> = const { Cell::new(Report { ptr: 0, size: 0, device: -1, count: 0 }) };
@@ -307,6 +307,9 @@ unsafe extern "C" fn on_trace(_functor: *const [usize; 2], entry: *const TraceEn
     match e.action {
         ACTION_ALLOC => {
             let _ = PENDING.try_with(|p| p.set(seen));
+            if state() == State::Checking {
+                let _ = LAST_ALLOC.try_with(|p| p.set(seen));
+            }
         }
         ACTION_SEGMENT_ALLOC | ACTION_SEGMENT_MAP => SEGMENTS.add(e.addr, e.size),
         ACTION_SEGMENT_FREE | ACTION_SEGMENT_UNMAP => SEGMENTS.remove(e.addr, e.size),
@@ -389,10 +392,8 @@ fn take_pending(ptr: u64) -> Option<Seen> {
 }
 
 fn keep_for_check(ptr: u64, size: i64, device: i8) {
-    if size > 0
-        && let Some(seen) = take_pending(ptr)
-    {
-        let _ = LAST_ALLOC.try_with(|p| p.set(seen));
+    if size > 0 {
+        take_pending(ptr);
     }
     let _ = LAST_REPORT.try_with(|r| {
         let count = r.get().count + 1;
@@ -505,8 +506,8 @@ pub unsafe extern "C" fn vramtrace_torch_native_attach(
 }
 
 /// `void vramtrace_torch_native_last(uint64_t out[14])`: what native capture saw last on the
-/// calling thread while checking, and forgets it: the last ALLOC entry a report completed
-/// (action, device, address, size, stream), the last FREE_REQUESTED entry (the same five),
+/// calling thread while checking, and forgets it: the last ALLOC entry (action, device,
+/// address, size, stream), the last FREE_REQUESTED entry (the same five),
 /// and the last report (pointer, size as a signed number, device, how many reports so far).
 /// Fields of what was not seen are all ones for the action and device, zero otherwise.
 ///

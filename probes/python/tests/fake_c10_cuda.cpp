@@ -22,6 +22,7 @@
 //
 // FAKE_C10_SKEW=1 makes getDeviceStats disagree with the statistics dictionary;
 // FAKE_C10_ALLOCATOR=other puts another allocator class behind the allocator pointer;
+// FAKE_C10_NO_REPORT=1 leaves libc10's report function uncalled;
 // FAKE_C10_LAYOUT=skew swaps the stream and size fields of every TraceEntry (a PyTorch whose
 // layout is not the one the preload reads). Built by tests/torch_probe_cli.rs into a copy of
 // fake_torch (torch/lib/libc10_cuda.so, linked to the stand-in torch/lib/libc10.so).
@@ -145,12 +146,18 @@ static void trace(Native::DeviceState& d, TraceEntry::Action action, int device,
   for (const auto& t : d.trackers) t(e);
 }
 
+static bool env_on(const char* name) {
+  const char* s = std::getenv(name);
+  return s && s[0] == '1';
+}
 // FAKE_C10_DAWDLE=1: each allocation sleeps between its trace entry and its report.
 static bool dawdle() {
-  static const bool on = [] {
-    const char* s = std::getenv("FAKE_C10_DAWDLE");
-    return s && s[0] == '1';
-  }();
+  static const bool on = env_on("FAKE_C10_DAWDLE");
+  return on;
+}
+// FAKE_C10_NO_REPORT=1: blocks are not reported to libc10 (a PyTorch that stopped calling it).
+static bool no_report() {
+  static const bool on = env_on("FAKE_C10_NO_REPORT");
   return on;
 }
 
@@ -187,8 +194,9 @@ extern "C" uint64_t fake_c10_malloc(size_t size, int device, uint64_t stream, ui
   if (dawdle()) std::this_thread::sleep_for(std::chrono::microseconds(50));  // let the other device's thread in
   d.allocated += b; d.requested += size; d.reserved += b;
   d.live[ptr] = {b, size};
-  c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(ptr), static_cast<int64_t>(b),
-                                   d.allocated, d.reserved, {c10::DeviceType::CUDA, static_cast<int8_t>(device)});
+  if (!no_report())
+    c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(ptr), static_cast<int64_t>(b),
+                                     d.allocated, d.reserved, {c10::DeviceType::CUDA, static_cast<int8_t>(device)});
   *block = b;
   return ptr;
 }
@@ -204,8 +212,9 @@ extern "C" uint64_t fake_c10_free(uint64_t ptr, int device, uint64_t stream) {
   d.allocated -= b; d.requested -= size;
   trace(d, TraceEntry::FREE_REQUESTED, device, ptr, size, stream);
   trace(d, TraceEntry::FREE_COMPLETED, device, ptr, size, stream);
-  c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(ptr), -static_cast<int64_t>(b),
-                                   d.allocated, d.reserved, {c10::DeviceType::CUDA, static_cast<int8_t>(device)});
+  if (!no_report())
+    c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(ptr), -static_cast<int64_t>(b),
+                                     d.allocated, d.reserved, {c10::DeviceType::CUDA, static_cast<int8_t>(device)});
   return b;
 }
 
