@@ -185,9 +185,11 @@ def activate(shapes=None):
             except Exception as e:  # never break CUDA's initialisation
                 _note(f"allocator OOMs are not recorded: {type(e).__name__}: {e}")
 
-        # After CUDA's initialisation, as native capture: the native allocator hands an observer
-        # to each device's allocator it has, and has none before `init` (PyTorch 2.11's
-        # NativeCachingAllocator::attachOutOfMemoryObserver loops over them).
+        # After CUDA's initialisation, as native capture: PyTorch's binding initialises CUDA
+        # (`lazyInitDevice`, torch/csrc/cuda/Module.cpp THCPModule_attachOutOfMemoryObserver)
+        # before it hands the observer to each device's allocator, so attaching it right after
+        # `import torch` initialised CUDA in every traced program, one that forks workers
+        # afterwards included.
         _after_cuda_init(torch, observe_ooms)
     # With the caching allocator off every tensor is a driver allocation, recorded with its
     # Python frames by the preload itself; the allocator's counters do not move, so there is
