@@ -4,7 +4,19 @@
 calls `activate()` right after `import torch` finishes; `--no-torch-probe` turns it off). Nothing
 is imported into a program that never imports torch.
 
-What is recorded, through the preload's `vramtrace_tensor` (same trace, same clock):
+Two ways to record each block (same trace, same clock):
+- **Native capture** (the section at the end of this file; chosen when it checks out): the
+  preload records each block itself, from a trace tracker attached to the caching allocator and
+  the allocator's own report of each block's size, with no Python call per tensor: its block
+  and requested bytes, stream, device and the allocating thread's Python line, exact with any
+  number of threads. Attached once CUDA is initialised, after one tensor of a known size has
+  shown that what the preload reads agrees with PyTorch's own figures; otherwise (or with
+  `VRAMTRACE_TORCH_CAPTURE=callbacks`) the callbacks below, and stderr and the trace say why.
+- **Callbacks**, through the preload's `vramtrace_tensor` (described below).
+
+The allocator's refusals go through the OOM observer either way.
+
+What the callbacks record:
 - each block the caching allocator hands out (`torch.cuda._gpu_trace` allocation callback: the
   data pointer as it happens), with its size: the growth of the allocator's `allocated_bytes`
   counter since the previous event, which the allocator updates before it calls the callback
@@ -25,8 +37,8 @@ tensors by size and counts an equal shape and dtype as evidence.
 With `PYTORCH_NO_CUDA_MEMORY_CACHING=1` no block is recorded: each tensor is then a driver
 allocation, which the preload records with its Python frames.
 
-Sizes come from one counter per device, so two threads allocating on the same device at the same
-moment can swap sizes; inference servers allocate from one thread per device. The counters are
+On the callback path sizes come from one counter per device, so two threads allocating on the
+same device at the same moment can swap sizes (native capture cannot). The counters are
 read from the allocator's own statistics where that is checked to be exact (`_NativeCounters`),
 else from `torch._C._cuda_memoryStats`.
 """
@@ -155,15 +167,30 @@ def activate(shapes=None):
         for dev in range(torch.cuda.device_count()):
             # Blocks allocated before activation have no size here; count from now.
             baseline[dev] = counters(dev) if torch.cuda.is_initialized() else (0, 0)
-        from torch.cuda import _gpu_trace
+        def callbacks():
+            from torch.cuda import _gpu_trace
 
-        _gpu_trace.register_callback_for_memory_allocation(on_alloc)
-        _gpu_trace.register_callback_for_memory_deallocation(on_free)
-        torch._C._activate_gpu_trace()
-        try:
-            torch._C._cuda_attach_out_of_memory_observer(on_oom)
-        except AttributeError:
-            _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
+            _gpu_trace.register_callback_for_memory_allocation(on_alloc)
+            _gpu_trace.register_callback_for_memory_deallocation(on_free)
+            torch._C._activate_gpu_trace()
+
+        # Native capture when it checks out, else the callbacks (the section below).
+        _choose_capture(torch, callbacks)
+
+        def observe_ooms():
+            try:
+                torch._C._cuda_attach_out_of_memory_observer(on_oom)
+            except AttributeError:
+                _note("this torch has no out-of-memory observer: allocator OOMs are not recorded")
+            except Exception as e:  # never break CUDA's initialisation
+                _note(f"allocator OOMs are not recorded: {type(e).__name__}: {e}")
+
+        # After CUDA's initialisation, as native capture: PyTorch's binding initialises CUDA
+        # (`lazyInitDevice`, torch/csrc/cuda/Module.cpp THCPModule_attachOutOfMemoryObserver)
+        # before it hands the observer to each device's allocator, so attaching it right after
+        # `import torch` initialised CUDA in every traced program, one that forks workers
+        # afterwards included.
+        _after_cuda_init(torch, observe_ooms)
     # With the caching allocator off every tensor is a driver allocation, recorded with its
     # Python frames by the preload itself; the allocator's counters do not move, so there is
     # no block to record (an --torch-shapes description still lands on the driver allocation).
@@ -175,7 +202,8 @@ def activate(shapes=None):
         import atexit
 
         atexit.register(lambda: _note(
-            " ".join(f"{k}={v}" for k, v in counts.items()) + f" sizes={native.source}"))
+            " ".join(f"{k}={v}" for k, v in counts.items()) + f" sizes={native.source}"
+            + f" capture={capture['how']}"))
     _state["active"] = True
     return True
 
@@ -276,6 +304,13 @@ class _NativeCounters:
 def _symtab_values(path, names):
     """`st_value` of each of `names` defined in the `.symtab` of the ELF64 little-endian file
     at `path` (names missing are left out; an unreadable or foreign file gives {})."""
+    return {name: at for name, (at, _size) in _symtab_entries(path, names).items()}
+
+
+def _symtab_entries(path, names):
+    """(`st_value`, `st_size`) of each of `names` defined in the `.symtab` of the ELF64
+    little-endian file at `path` (names missing are left out; an unreadable or foreign file
+    gives {})."""
     import mmap
     import struct
 
@@ -297,10 +332,10 @@ def _symtab_values(path, names):
                     wanted[at + 1 - str_off] = name
             if not wanted:
                 continue
-            for st_name, _info, _other, shndx, value, _size in struct.iter_unpack(
+            for st_name, _info, _other, shndx, value, size in struct.iter_unpack(
                     "<IBBHQQ", m[sh[4]:sh[4] + sh[5]]):
                 if st_name in wanted and shndx != 0 and value != 0:
-                    out[wanted[st_name]] = value
+                    out[wanted[st_name]] = (value, size)
     return out
 
 
@@ -324,3 +359,167 @@ def _shapes_mode(torch):
             return out
 
     return Shapes()
+
+
+# --- Native capture (issue 19) ------------------------------------------------------------
+# Each block recorded by the preload itself, with no Python callback per tensor: a trace
+# tracker attached to PyTorch's caching allocator and the allocator's own call to
+# `c10::reportMemoryUsageToProfiler`, which the preload also exports (probes/preload/src/
+# torch_tracker.rs; docs/architecture.md, "PyTorch's caching allocator, natively"). Chosen when
+# the layouts it reads check out against PyTorch's own figures for one tensor of a known size;
+# otherwise the callbacks above, said on stderr and in the trace.
+
+# An odd request: its block (333,824 bytes, rounded up to 512) differs from it, so the check
+# tells the block's size from the bytes asked for.
+_NATIVE_CHECK_BYTES = 333_333
+_ALLOCATOR = _NativeCounters.ALLOCATOR
+# `NativeCachingAllocator::attachAllocatorTraceTracker`: the TraceEntry type moved from
+# c10::cuda::CUDACachingAllocator (2.5) to c10::CachingDeviceAllocator (2.11), which changes
+# the mangled name, not the call.
+_ATTACH = (
+    "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator27attachAllocatorTraceTracker"
+    "ESt8functionIFvRKNS_22CachingDeviceAllocator10TraceEntryEEE",
+    "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator27attachAllocatorTraceTracker"
+    "ESt8functionIFvRKNS1_10TraceEntryEEE",
+)
+_VTABLE = "_ZTVN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocatorE"
+_ATTACH_ERRORS = {
+    -1: "the caching allocator is not set up yet",
+    -2: "the allocator in use is not PyTorch's native caching allocator",
+    -3: "attachAllocatorTraceTracker is not in the native allocator's vtable",
+    -4: "a tracker was already attached",
+}
+# How tensors are being recorded, for VRAMTRACE_TORCH_PROBE_STATS=1.
+capture = {"how": "callbacks (not chosen yet)"}
+
+
+def _choose_capture(torch, callbacks):
+    """Native capture once CUDA is initialised (the allocator attaches its tracker to the
+    devices it has then; `torch.cuda._lazy_call` runs us right after initialisation, on
+    whichever thread initialises, or now if that is done), else `callbacks()`.
+    `VRAMTRACE_TORCH_CAPTURE=callbacks` keeps the callbacks."""
+    if os.environ.get("VRAMTRACE_TORCH_CAPTURE") == "callbacks":
+        capture["how"] = "callbacks (VRAMTRACE_TORCH_CAPTURE=callbacks)"
+        callbacks()
+        return
+
+    def choose():
+        try:
+            why = _start_native(torch)
+        except Exception as e:  # never break CUDA's initialisation
+            why = f"{type(e).__name__}: {e}"
+        if why is None:
+            capture["how"] = "native"
+            return
+        capture["how"] = f"callbacks ({why})"
+        text = f"native tensor capture off ({why}); tensors recorded through the allocator callbacks"
+        _note(text)
+        try:
+            _lib.vramtrace_torch_native_enable(0, b"torch probe: " + text.encode())
+        except AttributeError:
+            pass
+        try:
+            callbacks()
+        except Exception as e:
+            _note(f"tensors are not recorded: {type(e).__name__}: {e}")
+
+    _after_cuda_init(torch, choose)
+
+
+def _after_cuda_init(torch, fn):
+    """`fn()` once CUDA is initialised: now if it is, else through `torch.cuda._lazy_call`,
+    right after initialisation on whichever thread initialises (`fn` must not raise there: it
+    would surface as the program's own CUDA error)."""
+    lazy = getattr(torch.cuda, "_lazy_call", None)
+    if lazy is None or torch.cuda.is_initialized():
+        fn()
+    else:
+        lazy(fn)
+
+
+def _start_native(torch):
+    """Attaches the preload's tracker and checks it; None when native capture is on, else why
+    not (then it is off)."""
+    try:
+        attach = _lib.vramtrace_torch_native_attach
+        last = _lib.vramtrace_torch_native_last
+        enable = _lib.vramtrace_torch_native_enable
+    except AttributeError:
+        return "the preload has no native capture"
+    attach.argtypes = [ctypes.c_uint64] * 4
+    attach.restype = ctypes.c_int
+    last.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    last.restype = None
+    enable.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    enable.restype = ctypes.c_int
+    if torch.cuda.get_allocator_backend() != "native":
+        return f"allocator backend {torch.cuda.get_allocator_backend()!r}, not the native caching allocator"
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
+    if not os.path.exists(path):
+        return f"no {path}"
+    lib = ctypes.PyDLL(path)
+    allocator = ctypes.addressof(ctypes.c_void_p.in_dll(lib, _ALLOCATOR))
+    at = _symtab_entries(path, [_ALLOCATOR, _VTABLE, *_ATTACH])
+    method = next((name for name in _ATTACH if name in at), None)
+    if _ALLOCATOR not in at or _VTABLE not in at or method is None:
+        return "attachAllocatorTraceTracker or the allocator's vtable is not in libc10_cuda.so's symbol table"
+    base = allocator - at[_ALLOCATOR][0]
+    rc = attach(allocator, base + at[method][0], base + at[_VTABLE][0], at[_VTABLE][1])
+    if rc != 0:
+        return _ATTACH_ERRORS.get(rc, f"attach answered {rc}")
+    why = _native_check(torch, last)
+    if why is None and enable(1, None) != 1:
+        why = "the preload did not turn native capture on"
+    return why
+
+
+def _native_check(torch, last):
+    """Allocates and frees one tensor of `_NATIVE_CHECK_BYTES` on the current device and
+    compares what reached the preload (the tracker's ALLOC and FREE_REQUESTED entries, the
+    allocator's reports) with PyTorch's own figures: the tensor's pointer, its stream, the
+    device, and the moves of `allocated_bytes` (the block) and `requested_bytes`. None when all
+    agree, else the first difference."""
+    dev = torch.cuda.current_device()
+    stats = torch._C._cuda_memoryStats
+
+    def counters():
+        s = stats(dev)
+        return (s["allocated_bytes"]["all"]["current"],
+                s.get("requested_bytes", {}).get("all", {}).get("current", 0))
+
+    out = (ctypes.c_uint64 * 14)()
+
+    def seen():
+        last(out)
+        v = [int(x) for x in out]
+        as_signed = lambda x: x - (1 << 64) if x >= 1 << 63 else x  # noqa: E731
+        return {"alloc": (v[0], as_signed(v[1]), v[2], v[3], v[4]),
+                "free": (v[5], as_signed(v[6]), v[7], v[8], v[9]),
+                "report": (v[10], as_signed(v[11]), as_signed(v[12]))}
+
+    seen()  # forget anything earlier on this thread
+    a0, r0 = counters()
+    t = torch.empty(_NATIVE_CHECK_BYTES, dtype=torch.uint8, device=f"cuda:{dev}")
+    a1, r1 = counters()
+    got = seen()
+    ptr = t.data_ptr()
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    del t
+    a2, _ = counters()
+    got_free = seen()
+    block = a1 - a0
+    checks = [
+        ("requested_bytes", r1 - r0, _NATIVE_CHECK_BYTES),
+        ("the tracker's ALLOC entry (action, device, address, bytes asked, stream)",
+         got["alloc"], (0, dev, ptr, _NATIVE_CHECK_BYTES, stream)),
+        ("the allocator's report (pointer, block bytes, device)", got["report"], (ptr, block, dev)),
+        ("the tracker's FREE_REQUESTED entry", got_free["free"], (1, dev, ptr, _NATIVE_CHECK_BYTES, stream)),
+        ("the allocator's report of the free", got_free["report"], (ptr, -block, dev)),
+        ("allocated_bytes after the free", a2, a0),
+    ]
+    for what, have, want in checks:
+        if have != want:
+            return f"layout check: {what} is {have}, PyTorch's figures say {want}"
+    if block < _NATIVE_CHECK_BYTES:
+        return f"layout check: a block of {block} bytes for {_NATIVE_CHECK_BYTES} asked"
+    return None

@@ -272,6 +272,19 @@ impl<'a> Encoder<'a> {
         self.bytes(&s.as_bytes()[..end])
     }
 
+    /// The record for a writer that keeps only its kind and payload (format version 2 blocks,
+    /// whose records carry no checksum of their own): the frame header as [`Encoder::finish`]
+    /// writes it but with a zero checksum, which is not computed. A version 1 stream needs
+    /// [`Encoder::finish`].
+    pub fn finish_without_checksum(&mut self, kind: u8) -> &[u8] {
+        let payload_len = (self.len - FRAME_HEADER_LEN) as u16;
+        self.buf[0] = FRAME_MAGIC;
+        self.buf[1] = kind;
+        self.buf[2..4].copy_from_slice(&payload_len.to_le_bytes());
+        self.buf[4..8].fill(0);
+        &self.buf[..self.len]
+    }
+
     /// Writes the frame header for `kind` and returns the finished record.
     pub fn finish(&mut self, kind: u8) -> &[u8] {
         let payload_len = (self.len - FRAME_HEADER_LEN) as u16;
@@ -328,7 +341,7 @@ pub(crate) fn frame_at(buf: &[u8], pos: usize) -> FrameCheck {
 pub const MAX_TENSOR_RANK: usize = 16;
 /// Largest TENSOR record, frame included.
 pub const TENSOR_RECORD_MAX_LEN: usize =
-    FRAME_HEADER_LEN + 8 + 4 + 4 + 1 + 8 * 7 + 4 * 3 + 2 + 8 * MAX_TENSOR_RANK + 8;
+    FRAME_HEADER_LEN + 8 + 4 + 4 + 1 + 8 * 7 + 4 * 3 + 2 + 8 * MAX_TENSOR_RANK + 8 + 8;
 
 impl TensorEvent {
     /// Appends the payload (without allocating; the shape is cut to [`MAX_TENSOR_RANK`]).
@@ -358,7 +371,7 @@ impl TensorEvent {
         for &d in shape {
             e.i64(d);
         }
-        e.u64(self.requested);
+        e.u64(self.requested).u64(self.stream);
     }
 }
 
@@ -522,6 +535,10 @@ pub struct TensorEvent {
     /// and a large block is not split when less than 1 MiB would remain). Stored after the
     /// shape: traces written before it read as 0.
     pub requested: u64,
+    /// The CUDA stream the block was allocated for (`cudaStream_t`, 0 for the default stream
+    /// or unknown), as PyTorch's caching allocator records it. Stored after `requested`:
+    /// traces written before it read as 0.
+    pub stream: u64,
 }
 
 /// A decoded record.
@@ -809,6 +826,7 @@ impl Record {
                     dtype: c.u32()?,
                     shape: Vec::new(),
                     requested: 0,
+                    stream: 0,
                 };
                 let rank = c.u16()? as usize;
                 for _ in 0..rank.min(64) {
@@ -816,6 +834,9 @@ impl Record {
                 }
                 if c.remaining() >= 8 {
                     t.requested = c.u64()?;
+                }
+                if c.remaining() >= 8 {
+                    t.stream = c.u64()?;
                 }
                 Record::Tensor(t)
             }
@@ -945,6 +966,7 @@ mod tests {
             dtype: 9,
             shape: vec![1, 4128, 48, 128],
             requested: 50_724_860,
+            stream: 0x5555_0000_1230,
         })
     }
 
@@ -989,12 +1011,25 @@ mod tests {
     fn a_tensor_record_written_before_requested_reads_as_unknown_request() {
         let mut buf = vec![0u8; 4096];
         let frame = tensor().encode(&mut buf).to_vec();
-        let old = &frame[FRAME_HEADER_LEN..frame.len() - 8];
+        let old = &frame[FRAME_HEADER_LEN..frame.len() - 16];
         let Some(Record::Tensor(back)) = Record::decode(kind::TENSOR, old) else {
             panic!("not a tensor record")
         };
         assert_eq!(back.requested, 0);
+        assert_eq!(back.stream, 0);
         assert_eq!(back.shape, vec![1, 4128, 48, 128]);
+    }
+
+    #[test]
+    fn a_tensor_record_written_before_stream_reads_as_unknown_stream() {
+        let mut buf = vec![0u8; 4096];
+        let frame = tensor().encode(&mut buf).to_vec();
+        let old = &frame[FRAME_HEADER_LEN..frame.len() - 8];
+        let Some(Record::Tensor(back)) = Record::decode(kind::TENSOR, old) else {
+            panic!("not a tensor record")
+        };
+        assert_eq!(back.requested, 50_724_860);
+        assert_eq!(back.stream, 0);
     }
 
     #[test]

@@ -234,6 +234,59 @@ unsafe extern "C" fn visit(
     }
 }
 
+struct Elsewhere<'a> {
+    name: &'a CStr,
+    except: usize,
+    found: Option<usize>,
+}
+
+/// The default definition of function `name` in the first loaded object (in the loader's
+/// order) that has one, other than the object holding `except` (the caller's own, which
+/// exports the same name). Unlike `dlsym(RTLD_NEXT, …)` this also sees objects loaded with
+/// `RTLD_LOCAL` (Python extensions and what they pull in).
+pub(crate) fn default_function_elsewhere(name: &CStr, except: usize) -> Option<usize> {
+    let mut s = Elsewhere {
+        name,
+        except,
+        found: None,
+    };
+    // Safety: the callback only reads what the loader hands it, and `s` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit_elsewhere), (&raw mut s).cast()) };
+    s.found
+}
+
+unsafe extern "C" fn visit_elsewhere(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // Safety: `data` is the `Elsewhere` passed by `default_function_elsewhere`; `info` and its
+    // program headers are valid during the callback, and the object's dynamic section is
+    // mapped.
+    unsafe {
+        let s = &mut *data.cast::<Elsewhere>();
+        let info = &*info;
+        let base = info.dlpi_addr as usize;
+        let phdrs = core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum));
+        let holds_except = phdrs.iter().any(|p| {
+            let start = base.wrapping_add(p.p_vaddr as usize);
+            p.p_type == PT_LOAD && s.except >= start && s.except - start < p.p_memsz as usize
+        });
+        if holds_except {
+            return 0;
+        }
+        let Some(d) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+            return 0;
+        };
+        let Some(t) = read_dynamic(base, base.wrapping_add(d.p_vaddr as usize) as *const Dyn)
+        else {
+            return 0;
+        };
+        s.found = t.default_function(s.name);
+        i32::from(s.found.is_some())
+    }
+}
+
 /// Reads the parts of a symbol table from a dynamic section. glibc relocates these `d_ptr`
 /// values in place on x86-64 and aarch64 (not on every architecture or loader), so a value
 /// below the load base is taken as relative to it.

@@ -46,6 +46,11 @@
 //!   per-tensor reports (`src/tensors.rs`): PyTorch's caching allocator as the
 //!   Python probe sees it (blocks handed out and taken back, refused requests with PyTorch's own
 //!   numbers), each a TENSOR record with the reporting thread's Python frames.
+//! - Native tensor capture (`src/torch_tracker.rs`): a trace tracker attached to PyTorch's
+//!   caching allocator (`vramtrace_torch_native_attach`, checked by the probe, then
+//!   `vramtrace_torch_native_enable`) and the allocator's own call to libc10's exported
+//!   `c10::reportMemoryUsageToProfiler`, which the preload also exports and passes on: each
+//!   block a TENSOR record, with no Python callback.
 //! - NVTX: with `NVTX_INJECTION64_PATH` set to this library, `InitializeInjectionNvtx2` accepts
 //!   NVTX's injection and turns range pushes/pops and marks into the same ranges
 //!   (`src/nvtx.rs`).
@@ -92,7 +97,8 @@
 //! file (per-thread blocks in a shared mapping, the clock, the thread id, the file's fork
 //! handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
 //! need only the sink (`stacks` asks `python`, which reads the interpreter's frames and interns
-//! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label;
+//! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label; `tensors` (the tensor ABI) and
+//! `torch_tracker` (native capture, which writes through `tensors` and notes through `recorder`);
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
 //! pointers and wraps `cuGetProcAddress`; `dlsym`, the `dlsym` and `dlvsym` overrides, on top.
 
@@ -116,6 +122,7 @@ mod routing;
 mod sink;
 mod stacks;
 mod tensors;
+mod torch_tracker;
 
 pub use dlsym::{dlsym, dlvsym};
 pub use hooks::*;
@@ -126,3 +133,7 @@ pub use labels::{
 pub use nvtx::InitializeInjectionNvtx2;
 pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};
 pub use tensors::{vramtrace_tensor, vramtrace_tensor_block};
+pub use torch_tracker::{
+    report_memory_usage_to_profiler, vramtrace_torch_native_attach, vramtrace_torch_native_enable,
+    vramtrace_torch_native_last,
+};

@@ -154,6 +154,17 @@ impl File {
         });
     }
 
+    /// [`File::write`] of the record `e` holds, as `kind`, without computing the frame
+    /// checksum that [`File::write`] drops (a version 2 block keeps kind and payload only).
+    pub(crate) fn write_encoded(self, e: &mut vramtrace_format::Encoder<'_>, kind: u8) {
+        #[cfg(test)]
+        if self.raw_fd.is_some() {
+            self.write(e.finish(kind));
+            return;
+        }
+        self.write(e.finish_without_checksum(kind));
+    }
+
     /// Appends one event (its thread is the block's; its time and pointer are encoded as
     /// deltas from the thread's previous event).
     #[inline]

@@ -109,8 +109,8 @@ pub extern "C" fn vramtrace_tensor_block(
 }
 
 /// Writes `t` (its time, thread and Python frames filled in here) with its operator, dtype and
-/// shape.
-fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[i64]) {
+/// shape. Also the native capture's writer (`src/torch_tracker.rs`).
+pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[i64]) {
     with_file(|file| {
         t.t_ns = mono_ns();
         t.tid = tid();
@@ -123,6 +123,6 @@ fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[
         let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
         let mut e = Encoder::new(&mut buf);
         t.encode_payload_with_shape(&mut e, shape);
-        file.write(e.finish(kind::TENSOR));
+        file.write_encoded(&mut e, kind::TENSOR);
     });
 }

@@ -1,8 +1,14 @@
+import threading
+
 from .. import _C
 from . import _gpu_trace
 
 TOTAL = 24 << 30
 _next = [0x7F00_0000_0000]
+# The current stream's handle (`cudaStream_t`), as `current_stream().cuda_stream` gives it.
+_stream = [0x5150]
+# Block pointer -> the base of the segment the stand-in libc10_cuda.so carved it from.
+segments = {}
 
 
 def _c10():
@@ -12,7 +18,16 @@ def _c10():
         import os
 
         path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "lib", "libc10_cuda.so")
-        _c10.lib = ctypes.CDLL(path) if os.path.exists(path) else None
+        # CDLL: its calls release the GIL, so two Python threads are in it at once.
+        lib = ctypes.CDLL(path) if os.path.exists(path) else None
+        if lib is not None:
+            lib.fake_c10_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
+                                            ctypes.POINTER(ctypes.c_uint64),
+                                            ctypes.POINTER(ctypes.c_uint64)]
+            lib.fake_c10_malloc.restype = ctypes.c_uint64
+            lib.fake_c10_free.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_uint64]
+            lib.fake_c10_free.restype = ctypes.c_uint64
+        _c10.lib = lib
     return _c10.lib
 
 
@@ -32,8 +47,41 @@ def is_available():
     return True
 
 
+_init = {"done": False, "queued": []}
+_init_lock = threading.RLock()
+_init_tls = threading.local()
+
+
 def is_initialized():
-    return True
+    return _init["done"]
+
+
+def _lazy_call(fn):
+    """As PyTorch's: run `fn` now if CUDA is initialised, else right after it is."""
+    with _init_lock:
+        if _init["done"]:
+            fn()
+        else:
+            _init["queued"].append(fn)
+
+
+def _lazy_init():
+    """As PyTorch's: the first CUDA call of any thread initialises, then runs the queued calls
+    on that thread, holding the lock (other threads wait; the initialising thread's own CUDA
+    calls from the queued calls go through)."""
+    if _init["done"] or getattr(_init_tls, "busy", False):
+        return
+    with _init_lock:
+        if _init["done"]:
+            return
+        _init_tls.busy = True
+        try:
+            for fn in _init["queued"]:
+                fn()
+        finally:
+            _init_tls.busy = False
+            _init["done"] = True
+            _init["queued"] = []
 
 
 def device_count():
@@ -52,12 +100,25 @@ def get_device_properties(dev):
     return _Props()
 
 
-def fake_alloc(size):
-    """The caching allocator hands out a block (the request rounded up to 512 bytes): the
-    counters first, then the callbacks."""
-    ptr = _next[0]
-    block = _block(size)
-    _next[0] += block
+def fake_alloc(size, device=0):
+    """The caching allocator hands out a block: the counters first, then the callbacks. With the
+    stand-in libc10_cuda.so (a test built one) the block comes from there, with its trace
+    entries and its report to libc10, on `device` (0 or 1); else the request rounded up to 512
+    bytes."""
+    _lazy_init()
+    lib = _c10()
+    if lib is not None:
+        import ctypes
+
+        block, segment = ctypes.c_uint64(), ctypes.c_uint64()
+        ptr = lib.fake_c10_malloc(size, device, _stream[0], ctypes.byref(block),
+                                  ctypes.byref(segment))
+        block = block.value
+        segments[ptr] = segment.value
+    else:
+        ptr = _next[0]
+        block = _block(size)
+        _next[0] += block
     _C.STATE["allocated"] += block
     _C.STATE["requested"] += size
     _sync_c10()
@@ -68,12 +129,14 @@ def fake_alloc(size):
     return ptr
 
 
-def fake_free(ptr, size):
+def fake_free(ptr, size, device=0):
     """A block goes back: the callbacks first, then the counter."""
     if _C.STATE["active"]:
         for cb in _gpu_trace.free_callbacks:
             cb(ptr)
-    _C.STATE["allocated"] -= _block(size)
+    lib = _c10()
+    block = lib.fake_c10_free(ptr, device, _stream[0]) if lib is not None else _block(size)
+    _C.STATE["allocated"] -= block
     _C.STATE["requested"] -= size
     _sync_c10()
 
@@ -89,3 +152,16 @@ def fake_oom(size):
     for cb in _C.STATE["oom_observers"]:
         cb(0, size, allowed, 1 << 30)
     raise MemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")
+
+
+def current_device():
+    return 0
+
+
+class _Stream:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+def current_stream(device=None):
+    return _Stream(_stream[0])

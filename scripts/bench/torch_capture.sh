@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Per-tensor cost of the PyTorch probe on the stand-in (issue 19, item 3: native capture ≤ 1 µs
+# per tensor over bare), side by side with today's callback path:
+#   scripts/bench/torch_capture.sh [TENSORS] [ROUNDS]
+# Builds the release preload and the stand-in libc10 / libc10_cuda (probes/python/tests), then
+# runs probes/python/tests/bench_tensors.py (a 1 MiB block handed out and taken back per tensor,
+# best of 5 loops) alternately: bare (no preload), native (the preload and the probe, as
+# `vramtrace run` sets them up), callbacks (the same with VRAMTRACE_TORCH_CAPTURE=callbacks),
+# ROUNDS times (3 by default), one process per run. Prints each run and a table: the best run
+# of each mode, its overhead over the best bare run, and that overhead against 1 µs.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+N=${1:-20000}
+ROUNDS=${2:-3}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$ROOT"
+cargo build --release -q -p vramtrace-preload
+PRELOAD=$TARGET/release/libvramtrace_preload.so
+T=$ROOT/probes/python/tests
+cp -r "$T/fake_torch" "$W/fake_torch"
+mkdir -p "$W/fake_torch/torch/lib"
+CXX=${CXX:-c++}
+$CXX -shared -fPIC -O2 -std=c++17 -o "$W/fake_torch/torch/lib/libc10.so" "$T/fake_c10.cpp"
+$CXX -shared -fPIC -O2 -std=c++17 -o "$W/fake_torch/torch/lib/libc10_cuda.so" "$T/fake_c10_cuda.cpp" \
+  -L"$W/fake_torch/torch/lib" -lc10 -Wl,-rpath,'$ORIGIN'
+
+run() {
+  local mode=$1 out
+  rm -rf "$W/trace"
+  case $mode in
+    bare) out=$(PYTHONPATH="$W/fake_torch" python3 "$T/bench_tensors.py" "$N") ;;
+    native|callbacks)
+      local capture=auto
+      [ "$mode" = callbacks ] && capture=callbacks
+      out=$(PYTHONPATH="$ROOT/probes/python/autostart:$W/fake_torch" LD_PRELOAD="$PRELOAD" \
+        VRAMTRACE_DIR="$W/trace" VRAMTRACE_TORCH_CAPTURE=$capture VRAMTRACE_TORCH_PROBE_STATS=1 \
+        python3 "$T/bench_tensors.py" "$N" 2> "$W/err") || { cat "$W/err"; exit 1; }
+      grep -q "capture=$mode" "$W/err" || { echo "$mode: the probe did not capture that way:"; cat "$W/err"; exit 1; } ;;
+  esac
+  echo "$mode ${out#ns_per_tensor }"
+}
+
+for r in $(seq "$ROUNDS"); do
+  for mode in bare native callbacks; do
+    line=$(run $mode)
+    echo "round $r $line"
+    echo "$line" >> "$W/results"
+  done
+done
+python3 - "$W/results" <<'PY'
+import sys
+best = {}
+for line in open(sys.argv[1]):
+    mode, ns = line.split()[:2]
+    best[mode] = min(float(ns), best.get(mode, float("inf")))
+bare = best["bare"]
+print(f"\n| mode | ns per tensor (best) | over bare | over bare / 1 µs |")
+print("| --- | ---: | ---: | ---: |")
+for mode in ("bare", "native", "callbacks"):
+    over = best[mode] - bare
+    print(f"| {mode} | {best[mode]:.0f} | {over:+.0f} ns | {over / 1000:.2f} |")
+PY

@@ -1,0 +1,63 @@
+"""The decode case of issue 19 (item 3): a transformers causal LM with random weights and 8
+layers, one 1,024-token prompt, 128 new tokens (greedy, no early stop), the wall time of the
+`generate` call in the same process after a short warm-up generate. One run per process; the
+mode is how the process is started (scripts/validate/torch_native.sh decode alternates them).
+
+  python3 decode_bench.py [--history] [--config CONFIG.json]
+
+--history: PyTorch's own recorder on, `_record_memory_history(stacks="python")`, before the
+model is built. --config: a model's config.json (its text part, `num_hidden_layers` set to 8)
+instead of the built-in Llama shape (hidden 2048, 16 heads, 8 KV heads, MLP 5632, vocab 32000).
+Prints `generate_s X new_tokens N` and the process's peak allocated bytes."""
+import argparse
+import json
+import time
+
+import torch
+import transformers
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--history", action="store_true")
+ap.add_argument("--config")
+ap.add_argument("--prompt", type=int, default=1024)
+ap.add_argument("--new", type=int, default=128)
+ap.add_argument("--layers", type=int, default=8)
+a = ap.parse_args()
+
+torch.manual_seed(0)
+if a.history:
+    torch.cuda.memory._record_memory_history(stacks="python")
+if a.config:
+    raw = json.load(open(a.config))
+    raw = raw.get("text_config", raw)
+    raw["num_hidden_layers"] = a.layers
+    for key in ("layer_types", "layers_block_type"):  # hybrids list a type per layer
+        if isinstance(raw.get(key), list):
+            raw[key] = raw[key][: a.layers]
+    config = transformers.AutoConfig.for_model(**raw)
+else:
+    config = transformers.LlamaConfig(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=a.layers,
+        num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
+        max_position_embeddings=4096)
+# Built on the GPU in bf16 (random weights), not on the CPU first: seconds, not tens of them.
+torch.set_default_dtype(torch.bfloat16)
+with torch.device("cuda"):
+    model = transformers.AutoModelForCausalLM.from_config(config)
+torch.set_default_dtype(torch.float32)
+model.eval()
+vocab = config.vocab_size
+ids = torch.randint(3, vocab, (1, a.prompt), device="cuda")
+kw = dict(do_sample=False, pad_token_id=0)
+with torch.inference_mode():
+    warm = ids[:, :64]
+    model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8,
+                   min_new_tokens=8, **kw)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new,
+                         min_new_tokens=a.new, **kw)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+print(f"generate_s {dt:.3f} new_tokens {out.shape[1] - a.prompt} "
+      f"peak_allocated {torch.cuda.max_memory_allocated()}")
