@@ -37,6 +37,7 @@
 //!   file and line they were read from.
 
 pub mod attribution;
+pub mod categoriser;
 pub mod cli;
 pub mod commands;
 pub mod cu_result;
