@@ -21,8 +21,9 @@
 //!    line keeps tensors of two or more earlier steps → KV cache (it grows); its line keeps the
 //!    previous step's tensors, replaced each step → recurrent state; made in the current step →
 //!    activations.
-//! 6. **A module's forward** (`torch/nn/modules/module.py` `_call_impl`) anywhere in the stack →
-//!    activations.
+//! 6. **Kernels and forwards** ([`ACTIVATION_RULES`]): fla's and FlashAttention's Python entry
+//!    points, `torch.nn.functional`, a module's forward (`torch/nn/modules/module.py`
+//!    `_call_impl`) → activations.
 //! 7. What no rule covers is [`Category::Unnamed`], grouped by its innermost Python line
 //!    ([`site_of`]), never by a C++ allocator frame.
 //!
@@ -36,6 +37,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
+
+mod moment;
+pub use moment::{At, breakdown_at, first_failure, peak};
 
 /// What a byte is for. The names ([`Category::key`]) are those of `report --json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -169,8 +173,19 @@ pub enum Lifetime {
         /// Earlier steps its line still has tensors of.
         steps: u32,
     },
-    /// Its line keeps the previous step's tensors and replaces them each step.
-    Carried,
+    /// Its line keeps `per_step` (≥ 2: one per layer) tensors of the previous step and replaces
+    /// them each step.
+    Carried {
+        /// Tensors of the previous step its line keeps.
+        per_step: u32,
+    },
+    /// Made in the previous step, the only one its line keeps: a local variable not yet dropped.
+    Lingering,
+    /// Made `steps_ago` (≥ 2) steps ago, the only step its line keeps tensors of.
+    Kept {
+        /// Steps since.
+        steps_ago: u32,
+    },
     /// Made in the current step.
     WithinStep,
 }
@@ -532,14 +547,49 @@ pub const FRAME_RULES: &[FrameRule] = &[
     ),
 ];
 
-/// The rule after lifetime: inside a module's forward is an activation
-/// (torch/nn/modules/module.py:Module._call_impl).
-pub const FORWARD_RULE: FrameRule = site(
-    Suffix("torch/nn/modules/module.py"),
-    &["_call_impl", "_wrapped_call_impl", "__call__"],
-    C::Activations,
-    "torch/nn/modules/module.py:Module._call_impl",
-);
+/// The rules after lifetime, innermost frame first: kernels' intermediates and outputs, and
+/// whatever a module's forward makes, are activations. After lifetime, because a kernel's
+/// output can be kept: fla's `final_state` is the recurrent state a model carries
+/// (fla/ops/common/chunk_delta_h.py:chunk_gated_delta_rule_fwd_h, line 723 in fla 0.6.0 on the
+/// H200, `samples/h200/torch-oom`).
+pub const ACTIVATION_RULES: &[FrameRule] = &[
+    // fla's chunked kernels (fla/ops/gated_delta_rule/chunk.py:chunk_gated_delta_rule_fwd and
+    // the ops it calls), its modules (fla/modules/l2norm.py), and vLLM's vendored copy
+    // (vllm/model_executor/layers/fla/ops).
+    site(
+        Dir("fla/ops"),
+        &[],
+        C::Activations,
+        "fla/ops/gated_delta_rule/chunk.py:chunk_gated_delta_rule_fwd",
+    ),
+    site(
+        Dir("fla/modules"),
+        &[],
+        C::Activations,
+        "fla/modules/l2norm.py:l2norm_fwd",
+    ),
+    // FlashAttention's Python entry points (flash_attn/flash_attn_interface.py:
+    // _flash_attn_varlen_forward) allocate the output and softmax_lse.
+    site(
+        Dir("flash_attn"),
+        &[],
+        C::Activations,
+        "flash_attn/flash_attn_interface.py:_flash_attn_varlen_forward",
+    ),
+    site(
+        Suffix("torch/nn/functional.py"),
+        &[],
+        C::Activations,
+        "torch/nn/functional.py",
+    ),
+    // Whatever a module's forward makes (torch/nn/modules/module.py:Module._call_impl).
+    site(
+        Suffix("torch/nn/modules/module.py"),
+        &["_call_impl", "_wrapped_call_impl", "__call__"],
+        C::Activations,
+        "torch/nn/modules/module.py:Module._call_impl",
+    ),
+];
 
 /// Where a native rule looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -743,6 +793,10 @@ impl fmt::Display for Evidence {
                 Some(s) => write!(f, "native {s} in {} (rule: {rule})", base(module)),
                 None => write!(f, "native frame in {} (rule: {rule})", base(module)),
             },
+            Evidence::Label { text, word: "" } => write!(
+                f,
+                "label {text:?} (no word of a category: the program's own tensor)"
+            ),
             Evidence::Label { text, word } => write!(f, "label {text:?} ({word:?})"),
             Evidence::Lifetime { lifetime } => match lifetime {
                 Lifetime::Unknown => f.write_str("lifetime unknown"),
@@ -753,9 +807,19 @@ impl fmt::Display for Evidence {
                     f,
                     "lifetime: its line keeps tensors of {steps} earlier steps (grows)"
                 ),
-                Lifetime::Carried => {
-                    f.write_str("lifetime: its line keeps the previous step's, replaced each step")
-                }
+                Lifetime::Carried { per_step } => write!(
+                    f,
+                    "lifetime: its line keeps {per_step} tensors of the previous step, replaced \
+                     each step"
+                ),
+                Lifetime::Lingering => f.write_str(
+                    "lifetime: made in the previous step, the only one its line keeps (a \
+                     variable not yet dropped)",
+                ),
+                Lifetime::Kept { steps_ago } => write!(
+                    f,
+                    "lifetime: made {steps_ago} steps ago, the only one its line keeps"
+                ),
                 Lifetime::WithinStep => f.write_str("lifetime: made in the current step"),
             },
             Evidence::GraphPool => f.write_str("inside a CUDA graph's pool"),
@@ -898,16 +962,20 @@ pub fn is_torch_machinery(file: &str) -> bool {
 }
 
 /// True for a native frame of an allocator or runtime (PyTorch's caching allocator and empty
-/// tensor factories, the CUDA runtime and driver): never what an unnamed allocation is grouped
-/// by.
+/// tensor factories, PyTorch's libraries where no symbol was resolved, the CUDA runtime and
+/// driver, the Python interpreter, the C library): never what an unnamed allocation is grouped by.
 pub fn is_allocator_frame(f: &NativeFrame<'_>) -> bool {
     let m = base(f.module);
     let sym = f.symbol.unwrap_or("");
     m.starts_with("libcudart")
         || m.starts_with("libcuda.")
-        || m.starts_with("libc10_cuda")
-        || m.starts_with("libc10.")
+        || m.starts_with("libc10")
+        || (m.starts_with("libtorch") && f.symbol.is_none())
         || m.starts_with("libvramtrace")
+        || m.starts_with("python")
+        || m.starts_with("libpython")
+        || m.starts_with("libc.so")
+        || m.starts_with("ld-linux")
         || sym.contains("CUDACachingAllocator")
         || sym.contains("at::detail::empty")
         || sym.starts_with("at::empty")
@@ -918,7 +986,8 @@ pub fn is_allocator_frame(f: &NativeFrame<'_>) -> bool {
 /// The line an unnamed allocation is grouped by: its innermost Python frame that is neither the
 /// probe's nor PyTorch's machinery (`file.py:LINE function`); with only machinery, the
 /// innermost Python frame; with no Python frame, the innermost native frame that is not an
-/// allocator's ([`is_allocator_frame`]); else `"no frames"`.
+/// allocator's ([`is_allocator_frame`]); with only those, `no Python frame (MODULE)` after the
+/// outermost native frame's module; else `"no frames"`.
 pub fn site_of(python: &[PyFrame<'_>], native: &[NativeFrame<'_>]) -> String {
     let own: Vec<&PyFrame<'_>> = python
         .iter()
@@ -936,7 +1005,11 @@ pub fn site_of(python: &[PyFrame<'_>], native: &[NativeFrame<'_>]) -> String {
             Some(s) => format!("{s} ({})", base(f.module)),
             None => base(f.module).to_string(),
         },
-        None => "no frames".to_string(),
+        None if native.is_empty() => "no frames".to_string(),
+        None => format!(
+            "no Python frame ({})",
+            base(native[native.len() - 1].module)
+        ),
     }
 }
 
@@ -1004,8 +1077,9 @@ pub fn categorise(facts: &Facts<'_>) -> Verdict {
     let by_lifetime = match facts.lifetime {
         Lifetime::Persistent => Some(C::Weights),
         Lifetime::Accumulating { .. } => Some(C::KvCache),
-        Lifetime::Carried => Some(C::State),
-        Lifetime::WithinStep | Lifetime::Unknown => None,
+        Lifetime::Carried { .. } => Some(C::State),
+        Lifetime::Lingering => Some(C::Activations),
+        Lifetime::WithinStep | Lifetime::Kept { .. } | Lifetime::Unknown => None,
     };
     if let Some(c) = by_lifetime {
         return Verdict {
@@ -1016,8 +1090,10 @@ pub fn categorise(facts: &Facts<'_>) -> Verdict {
         };
     }
     // 6. A module's forward; made in the current step.
-    if let Some(f) = python.iter().find(|f| FORWARD_RULE.holds(f)) {
-        return FORWARD_RULE.verdict(f);
+    for f in &python {
+        if let Some(r) = ACTIVATION_RULES.iter().find(|r| r.holds(f)) {
+            return r.verdict(f);
+        }
     }
     if facts.lifetime == Lifetime::WithinStep {
         return Verdict {
@@ -1058,17 +1134,24 @@ pub fn categorise(facts: &Facts<'_>) -> Verdict {
 /// - A phase's **steps**: a step begins each time the phase's first allocating line allocates
 ///   again (a prefill chunk's first tensor, a decode step's input).
 /// - At a moment: a tensor of a phase that ended before the latest phase began is
-///   [`Lifetime::Persistent`]. Otherwise, within its phase: a tensor of an earlier step whose
-///   line keeps tensors of two or more earlier steps is [`Lifetime::Accumulating`]; a tensor of
-///   a line that keeps tensors of exactly the previous step is [`Lifetime::Carried`] (the
-///   current step's replacements too); any other tensor of an earlier step is
-///   [`Lifetime::Persistent`], of the current step [`Lifetime::WithinStep`].
+///   [`Lifetime::Persistent`] when the latest phase steps (a loop), else unknown; a tensor of a
+///   phase without steps is unknown. Otherwise, by its line within its phase: a line that keeps
+///   tensors of two or more earlier steps is [`Lifetime::Accumulating`] (its current step's
+///   tensors are the newest entries); a line whose tensors are never freed within their own
+///   step but in the next one (replaced), or that keeps two or more of the previous step before
+///   any was freed, is [`Lifetime::Carried`] (a state per layer; the current step's are the
+///   replacements); otherwise a line's only tensor of the previous step is
+///   [`Lifetime::Lingering`] (a local variable the loop has not reassigned yet:
+///   `samples/h200/torch-oom`'s `vc`), an older one [`Lifetime::Kept`], the current step's
+///   [`Lifetime::WithinStep`].
 #[derive(Debug, Clone, Default)]
 pub struct Steps {
     phases: Vec<PhaseState>,
     latest: Option<usize>,
     seq: u64,
     live: BTreeMap<u64, LiveEntry>,
+    /// Per phase and line: frees within the tensor's own step, frees in the step after.
+    frees: BTreeMap<(usize, String), (u32, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -1108,8 +1191,13 @@ impl Steps {
         Steps::default()
     }
 
-    /// A tensor (or allocation) `id` made with these Python frames.
+    /// A tensor (or allocation) `id` made with these Python frames (without any, it is not
+    /// followed: its lifetime stays unknown).
     pub fn alloc(&mut self, id: u64, python: &[PyFrame<'_>]) {
+        self.live.remove(&id);
+        if python.iter().all(|f| is_probe_frame(f.file, f.function)) {
+            return;
+        }
         self.seq += 1;
         let key = phase_of(python);
         let site = site_of(python, &[]);
@@ -1140,7 +1228,15 @@ impl Steps {
 
     /// `id` freed.
     pub fn free(&mut self, id: u64) {
-        self.live.remove(&id);
+        if let Some(e) = self.live.remove(&id) {
+            let now = self.phases[e.phase].step;
+            let f = self.frees.entry((e.phase, e.site)).or_default();
+            if now == e.step {
+                f.0 += 1;
+            } else if now == e.step + 1 {
+                f.1 += 1;
+            }
+        }
     }
 
     /// The current step of the latest phase (0 before any).
@@ -1153,15 +1249,22 @@ impl Steps {
         let Some(latest) = self.latest else {
             return BTreeMap::new();
         };
+        // Before the first step means before a loop: only when the latest phase steps.
+        let stepping = self.phases[latest].step > 0;
         let began = self.phases[latest].first_seq;
-        // The earlier steps each line still holds tensors of, per phase.
-        let mut earlier: BTreeMap<(usize, &str), std::collections::BTreeSet<u32>> = BTreeMap::new();
+        // Per phase and line: the earlier steps it still holds tensors of, how many of the
+        // previous step, and how many live in all.
+        let mut held: BTreeMap<(usize, &str), (std::collections::BTreeSet<u32>, u32, u32)> =
+            BTreeMap::new();
         for e in self.live.values() {
-            if e.step < self.phases[e.phase].step {
-                earlier
-                    .entry((e.phase, e.site.as_str()))
-                    .or_default()
-                    .insert(e.step);
+            let now = self.phases[e.phase].step;
+            let k = held.entry((e.phase, e.site.as_str())).or_default();
+            k.2 += 1;
+            if e.step < now {
+                k.0.insert(e.step);
+                if e.step + 1 == now {
+                    k.1 += 1;
+                }
             }
         }
         self.live
@@ -1169,14 +1272,34 @@ impl Steps {
             .map(|(id, e)| {
                 let p = &self.phases[e.phase];
                 let l = if p.last_seq < began {
-                    Lifetime::Persistent
+                    if stepping {
+                        Lifetime::Persistent
+                    } else {
+                        Lifetime::Unknown
+                    }
+                } else if p.step == 0 {
+                    // A phase without steps (straight-line code) says nothing.
+                    Lifetime::Unknown
                 } else {
-                    let kept = earlier.get(&(e.phase, e.site.as_str()));
-                    let previous = kept.is_some_and(|s| s.contains(&p.step.saturating_sub(1)));
-                    match kept.map_or(0, |s| s.len() as u32) {
-                        n if n >= 2 && e.step < p.step => Lifetime::Accumulating { steps: n },
-                        1 if previous => Lifetime::Carried,
-                        _ if e.step < p.step => Lifetime::Persistent,
+                    let (steps, previous, live) = held
+                        .get(&(e.phase, e.site.as_str()))
+                        .map_or((0, 0, 0), |(s, n, l)| (s.len() as u32, *n, *l));
+                    let (within, next) = self
+                        .frees
+                        .get(&(e.phase, e.site.clone()))
+                        .copied()
+                        .unwrap_or_default();
+                    // Replaced each step, never freed within one: a state per layer.
+                    let carried = within == 0 && (next > 0 || previous >= 2) && steps <= 1;
+                    match steps {
+                        n if n >= 2 => Lifetime::Accumulating { steps: n },
+                        _ if carried && (steps == 1 || next > 0) => {
+                            Lifetime::Carried { per_step: live }
+                        }
+                        1 if previous == 1 && e.step + 1 == p.step => Lifetime::Lingering,
+                        _ if e.step < p.step => Lifetime::Kept {
+                            steps_ago: p.step - e.step,
+                        },
                         _ => Lifetime::WithinStep,
                     }
                 };
@@ -1198,8 +1321,11 @@ pub struct LiveTensor<'a> {
 /// One driver allocation live at the moment, of the process the moment is about.
 #[derive(Debug, Clone)]
 pub struct LiveAllocation<'a> {
-    /// Its address (a segment's base).
+    /// Its address (a segment's base); for a physical handle not mapped, the handle.
     pub ptr: u64,
+    /// A physical handle (`cuMemCreate`) not mapped anywhere: bytes, but no address a tensor
+    /// could be at.
+    pub handle: bool,
     /// The facts (`bytes` the allocation's).
     pub facts: Facts<'a>,
 }
@@ -1387,7 +1513,7 @@ fn group_key(e: &Evidence) -> String {
 /// [`Category::OtherProcess`].
 pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
     let mut acc: BTreeMap<Category, Acc> = BTreeMap::new();
-    let mut allocs: Vec<&LiveAllocation<'_>> = m.allocations.iter().collect();
+    let mut allocs: Vec<&LiveAllocation<'_>> = m.allocations.iter().filter(|a| !a.handle).collect();
     allocs.sort_by_key(|a| a.ptr);
     let mut inside: Vec<Vec<&LiveTensor<'_>>> = vec![Vec::new(); allocs.len()];
     let mut outside_tensors: Vec<&LiveTensor<'_>> = Vec::new();
@@ -1439,6 +1565,14 @@ pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
             reserve: a.facts.bytes.saturating_sub(tensor_bytes),
             largest_free_block: largest,
         });
+    }
+    // Handles not mapped: bytes by their own facts.
+    for a in m.allocations.iter().filter(|a| a.handle) {
+        traced += a.facts.bytes;
+        let v = categorise(&a.facts);
+        acc.entry(v.category)
+            .or_default()
+            .add(v.evidence, a.facts.bytes, 1);
     }
     // Tensors in no live allocation were counted above but hold no traced driver bytes of
     // theirs (made before recording began): the traced total counts them.
@@ -1722,7 +1856,7 @@ mod tests {
                 py(&module, "_call_impl", 1775),
             ],
         );
-        carried.lifetime = Lifetime::Carried;
+        carried.lifetime = Lifetime::Carried { per_step: 12 };
         assert_eq!(categorise(&carried).category, Category::State);
     }
 
@@ -1918,7 +2052,7 @@ mod tests {
         assert_eq!(
             categorise(&native_only).evidence,
             Evidence::Site {
-                site: "no frames".to_string()
+                site: "no Python frame (libc10_cuda.so)".to_string()
             }
         );
     }
@@ -1946,44 +2080,75 @@ mod tests {
                 py(s, "<module>", 115),
             ],
         );
-        let mut state_id = None;
+        // Per chunk: x (the previous x dropped after), then per layer the K/V kept, the
+        // layer's state replaced, an activation freed, and `vc` reassigned (the previous one
+        // dropped after); chunk 0 also keeps one tensor of line 90 for good.
+        let mut states = [None, None];
         let mut x = None;
+        let mut vc = None;
         let mut id = 100;
-        for _ in 0..3 {
+        let mut next = || {
             id += 1;
-            st.alloc(id, &run(53)); // x, then the previous x is dropped
-            if let Some(old) = x.replace(id) {
+            id
+        };
+        for chunk in 0..3 {
+            let n = next();
+            st.alloc(n, &run(53));
+            if let Some(old) = x.replace(n) {
                 st.free(old);
             }
-            id += 1;
-            st.alloc(id, &run(55)); // kept K/V
-            id += 1;
-            st.alloc(id, &run(64)); // new state, then the previous one is dropped
-            if let Some(old) = state_id.replace(id) {
-                st.free(old);
+            // x = x + ...: the chunk's first x is dropped within the chunk.
+            let n = next();
+            st.alloc(n, &run(79));
+            st.free(x.replace(n).unwrap());
+            for state in &mut states {
+                st.alloc(next(), &run(55));
+                let n = next();
+                st.alloc(n, &run(64));
+                if let Some(old) = state.replace(n) {
+                    st.free(old);
+                }
+                let n = next();
+                st.alloc(n, &run(80));
+                st.free(n);
+                let n = next();
+                st.alloc(n, &run(73));
+                if let Some(old) = vc.replace(n) {
+                    st.free(old);
+                }
             }
-            id += 1;
-            st.alloc(id, &run(80)); // activation, freed
-            st.free(id);
+            if chunk == 0 {
+                st.alloc(900, &run(90));
+            }
         }
         assert_eq!(st.step(), 2);
-        // The fourth chunk begins; its x and an activation are live at the moment.
+        // The fourth chunk begins and layer 0 runs up to its activation, which is live.
         st.alloc(500, &run(53));
         st.free(x.unwrap());
-        st.alloc(501, &run(80));
-        let l = st.lifetimes();
-        assert_eq!(l.len(), 7);
-        assert_eq!(l[&1], Lifetime::Persistent);
-        assert_eq!(l[&102], Lifetime::Accumulating { steps: 3 });
-        assert_eq!(l[&110], Lifetime::Accumulating { steps: 3 });
-        // The state of chunk 3 (step 2), before chunk 4 replaces it.
-        assert_eq!(state_id, Some(111));
-        assert_eq!(l[&111], Lifetime::Carried);
-        assert_eq!(l[&500], Lifetime::WithinStep);
-        assert_eq!(l[&501], Lifetime::WithinStep);
-        // Chunk 4 replaces layer 0's state: the replacement is carried too.
+        st.alloc(501, &run(55));
         st.alloc(502, &run(64));
-        assert_eq!(st.lifetimes()[&502], Lifetime::Carried);
+        st.free(states[0].replace(502).unwrap());
+        st.alloc(503, &run(80));
+        let l = st.lifetimes();
+        assert_eq!(l[&1], Lifetime::Persistent);
+        // K/V: 2 per chunk, 3 chunks done, and the current chunk's.
+        let kv: Vec<u64> = l
+            .iter()
+            .filter(|(_, v)| **v == Lifetime::Accumulating { steps: 3 })
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(kv, [103, 107, 113, 117, 123, 127, 501]);
+        // Layer 1's state of chunk 3 and layer 0's replacement: carried.
+        assert_eq!(states, [Some(502), Some(128)]);
+        assert_eq!(l[&128], Lifetime::Carried { per_step: 2 });
+        assert_eq!(l[&502], Lifetime::Carried { per_step: 2 });
+        // The last `vc` of chunk 3, not yet reassigned: lingering.
+        assert_eq!(vc, Some(130));
+        assert_eq!(l[&130], Lifetime::Lingering);
+        assert_eq!(l[&900], Lifetime::Kept { steps_ago: 3 });
+        assert_eq!(l[&500], Lifetime::WithinStep);
+        assert_eq!(l[&503], Lifetime::WithinStep);
+        assert_eq!(l.len(), 14);
     }
 
     fn tensor(ptr: u64, bytes: u64, python: Vec<PyFrame<'static>>) -> LiveTensor<'static> {
@@ -2000,6 +2165,7 @@ mod tests {
     fn segment(ptr: u64, bytes: u64) -> LiveAllocation<'static> {
         LiveAllocation {
             ptr,
+            handle: false,
             facts: Facts {
                 bytes,
                 python: vec![py("/w/app.py", "main", 1)],
@@ -2034,6 +2200,7 @@ mod tests {
                 // cuBLAS's workspace.
                 LiveAllocation {
                     ptr: 0x3000_0000,
+                    handle: false,
                     facts: Facts {
                         bytes: 64 * MIB,
                         native: vec![NativeFrame {
@@ -2131,6 +2298,7 @@ mod tests {
             pid: 7,
             allocations: vec![LiveAllocation {
                 ptr: 0x1000,
+                handle: false,
                 facts: Facts {
                     bytes: 10 * MIB,
                     label: Some("kv"),
