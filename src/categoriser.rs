@@ -767,6 +767,16 @@ pub enum Evidence {
         /// `file.py:LINE function`, or a native frame.
         site: String,
     },
+    /// An otherwise unnamed line whose bytes are what the config gives for the category
+    /// (within [`CONFIG_TOLERANCE`]).
+    ConfigSize {
+        /// The line (`file.py:LINE function`).
+        site: String,
+        /// What the config gives.
+        expected: u64,
+        /// Its bytes.
+        observed: u64,
+    },
     /// The config's figure against the observed bytes (added to a row).
     Config {
         /// What the config gives.
@@ -847,6 +857,14 @@ impl fmt::Display for Evidence {
             }
             Evidence::OtherTraced { pid } => write!(f, "traced in process {pid}"),
             Evidence::Site { site } => write!(f, "no rule; at {site}"),
+            Evidence::ConfigSize {
+                site,
+                expected,
+                observed,
+            } => write!(
+                f,
+                "at {site}: {observed} B, the config gives {expected} B (size against the config)"
+            ),
             Evidence::Config { expected, observed } => {
                 write!(f, "the config gives {expected} B, {observed} B seen")
             }
@@ -1357,6 +1375,41 @@ pub struct Expectations {
     pub weight_bytes: Option<u64>,
     /// KV bytes per token (every layer) and the tokens cached at the moment.
     pub kv: Option<(u64, u64)>,
+    /// The recurrent state's bytes (every GDN layer, every sequence).
+    pub state_bytes: Option<u64>,
+}
+
+impl Expectations {
+    /// What `cfg` gives on one rank of `tp`: its weights in `format`
+    /// (`vramtrace_models::weight_bytes`), its KV cache in `kv_dtype` for `tokens` cached tokens
+    /// (`kv_cache_per_token`; none for 0 tokens), and its GDN state for `seqs` sequences with a bf16 conv state and
+    /// an fp32 recurrent state (`gdn_state_per_seq`; fla's `final_state` is fp32).
+    pub fn from_config(
+        cfg: &vramtrace_models::ModelConfig,
+        tp: u64,
+        format: vramtrace_models::WeightFormat,
+        kv_dtype: vramtrace_models::DType,
+        tokens: u64,
+        seqs: u64,
+    ) -> Result<Expectations, vramtrace_models::ModelError> {
+        use vramtrace_models::DType;
+        let weights = vramtrace_models::weight_bytes(cfg, format, tp)?;
+        let kv = vramtrace_models::kv_cache_per_token(cfg, tp, kv_dtype)?;
+        let state = vramtrace_models::gdn_state_per_seq(cfg, tp, DType::BF16, DType::F32, 0)?;
+        Ok(Expectations {
+            weight_bytes: Some(weights.bytes),
+            kv: (tokens > 0).then_some((kv.bytes_per_token, tokens)),
+            state_bytes: (state.layers > 0).then(|| state.bytes_per_seq.saturating_mul(seqs)),
+        })
+    }
+}
+
+/// How close a group's bytes must be to the config's figure for the config to name it: 2 %
+/// (the caching allocator's 512-byte rounding and a few buffers, not another component).
+pub const CONFIG_TOLERANCE: f64 = 0.02;
+
+fn near(observed: u64, expected: u64) -> bool {
+    expected > 0 && (observed as f64 - expected as f64).abs() <= CONFIG_TOLERANCE * expected as f64
 }
 
 /// The live set at one moment, for one process and device.
@@ -1646,6 +1699,56 @@ pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
             total += extra;
         }
     }
+    // The config names an unnamed line whose bytes are its weights', KV cache's or state's.
+    if let Some(un) = acc.get_mut(&C::Unnamed) {
+        let mut moved: Vec<(Category, EvidenceLine, u64)> = Vec::new();
+        let targets = [
+            (C::Weights, m.expect.weight_bytes),
+            (C::KvCache, m.expect.kv.map(|(p, t)| p.saturating_mul(t))),
+            (C::State, m.expect.state_bytes),
+        ];
+        un.lines.retain(|l| {
+            let hit = targets
+                .iter()
+                .find(|(_, e)| e.is_some_and(|e| near(l.bytes, e)));
+            match hit {
+                Some(&(c, Some(expected))) => {
+                    moved.push((
+                        c,
+                        EvidenceLine {
+                            evidence: l.evidence.clone(),
+                            bytes: l.bytes,
+                            count: l.count,
+                        },
+                        expected,
+                    ));
+                    false
+                }
+                _ => true,
+            }
+        });
+        for (c, line, expected) in moved {
+            let un = acc.get_mut(&C::Unnamed).expect("moved from it");
+            un.bytes -= line.bytes;
+            un.count -= line.count;
+            if un.bytes == 0 && un.lines.is_empty() {
+                acc.remove(&C::Unnamed);
+            }
+            let site = match &line.evidence {
+                Evidence::Site { site } => site.clone(),
+                other => other.to_string(),
+            };
+            acc.entry(c).or_default().add(
+                Evidence::ConfigSize {
+                    site,
+                    expected,
+                    observed: line.bytes,
+                },
+                line.bytes,
+                line.count,
+            );
+        }
+    }
     // The config's figures beside the rows they check.
     if let Some(w) = m.expect.weight_bytes {
         let observed = acc.get(&C::Weights).map_or(0, |a| a.bytes);
@@ -1665,6 +1768,14 @@ pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
                 expected: per_token.saturating_mul(tokens),
                 observed,
             },
+            bytes: 0,
+            count: 0,
+        });
+    }
+    if let Some(expected) = m.expect.state_bytes {
+        let observed = acc.get(&C::State).map_or(0, |a| a.bytes);
+        acc.entry(C::State).or_default().lines.push(EvidenceLine {
+            evidence: Evidence::Config { expected, observed },
             bytes: 0,
             count: 0,
         });
@@ -2232,6 +2343,7 @@ mod tests {
             expect: Expectations {
                 weight_bytes: Some(4 * MIB),
                 kv: None,
+                state_bytes: None,
             },
             ..Default::default()
         };
@@ -2290,6 +2402,52 @@ mod tests {
         assert_eq!(b.bytes(Category::AllocatorReserve), 0);
         assert_eq!(b.bytes(Category::Unnamed), 22 * MIB);
         assert_eq!(b.rows.iter().map(|r| r.bytes).sum::<u64>(), 500 * MIB);
+    }
+
+    #[test]
+    fn the_config_names_an_unnamed_line_of_its_size() {
+        let t = |ptr: u64, bytes: u64, line: u32| {
+            tensor(ptr, bytes, vec![py("/w/loader.py", "load", line)])
+        };
+        let m = MomentFacts {
+            tensors: vec![
+                // 3 × 100 MiB at line 10: the weights are 300 MiB + 1 MiB by the config.
+                t(0x1_0000_0000, 100 * MIB, 10),
+                t(0x2_0000_0000, 100 * MIB, 10),
+                t(0x3_0000_0000, 100 * MIB, 10),
+                // 8 MiB at line 20: 4096 tokens × 2 KiB.
+                t(0x4_0000_0000, 8 * MIB, 20),
+                // 5 MiB at line 30: nothing the config gives.
+                t(0x5_0000_0000, 5 * MIB, 30),
+            ],
+            expect: Expectations {
+                weight_bytes: Some(301 * MIB),
+                kv: Some((2048, 4096)),
+                state_bytes: None,
+            },
+            ..Default::default()
+        };
+        let b = categorise_moment(&m);
+        assert_eq!(b.bytes(Category::Weights), 300 * MIB);
+        assert_eq!(b.bytes(Category::KvCache), 8 * MIB);
+        assert_eq!(b.bytes(Category::Unnamed), 5 * MIB);
+        let w = b
+            .rows
+            .iter()
+            .find(|r| r.category == Category::Weights)
+            .unwrap();
+        assert_eq!(w.count, 3);
+        assert_eq!(
+            w.evidence[0].evidence,
+            Evidence::ConfigSize {
+                site: "loader.py:10 load".to_string(),
+                expected: 301 * MIB,
+                observed: 300 * MIB,
+            }
+        );
+        assert_eq!(b.total, 313 * MIB);
+        // 2 % off is the edge: 301 MiB × 0.98 = 294.98 MiB.
+        assert!(near(295 * MIB, 301 * MIB) && !near(294 * MIB, 301 * MIB));
     }
 
     #[test]

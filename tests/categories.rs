@@ -222,3 +222,36 @@ fn fla_gdn_peak_tensors_by_frames() {
     );
     sums_to_total(&b);
 }
+
+/// The config's figures beside the rows they check: the workload's weights are what
+/// `vramtrace-models` computes for Qwen3.6-27B (bf16, one rank), and its GDN state one
+/// sequence's state for every GDN layer.
+#[test]
+fn prefill_18gib_against_its_config() {
+    use vramtrace_models::{DType, ModelConfig, WeightFormat};
+    let cfg = ModelConfig::from_path(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/models/Qwen3.6-27B/config.json"),
+    )
+    .unwrap();
+    let expect = Expectations::from_config(&cfg, 1, WeightFormat::Bf16, DType::BF16, 0, 1).unwrap();
+    assert_eq!(
+        (expect.weight_bytes, expect.kv, expect.state_bytes),
+        (Some(53_791_996_928), None, Some(153_944_064))
+    );
+    let (trace, at) = at_failure("prefill-18gib");
+    let b = breakdown_at(&trace, at, expect).unwrap();
+    // The workload loads fewer layers than the config has: the check says so, in numbers.
+    assert!(evidence(&b, Category::Weights).contains(&(
+        "the config gives 53791996928 B, 17776688128 B seen".to_string(),
+        0,
+        0
+    )));
+    // The GDN state labelled is exactly one sequence's; fla's 3 MiB initial_state is beside it.
+    assert!(evidence(&b, Category::State).contains(&(
+        "the config gives 153944064 B, 157089792 B seen".to_string(),
+        0,
+        0
+    )));
+    assert_eq!(b.bytes(Category::Weights), 17_776_688_128);
+    sums_to_total(&b);
+}
