@@ -33,8 +33,9 @@
 //! the traced bytes when live), other processes (other traced processes on the device, NVML's
 //! other processes).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -1169,12 +1170,15 @@ pub struct Steps {
     seq: u64,
     live: BTreeMap<u64, LiveEntry>,
     /// Per phase and line: frees within the tensor's own step, frees in the step after.
-    frees: BTreeMap<(usize, String), (u32, u32)>,
+    frees: BTreeMap<(usize, Arc<str>), (u32, u32)>,
+    /// Phase index by phase key.
+    phase_index: HashMap<String, usize>,
+    /// Phase and line by the caller's key for a stack ([`Steps::alloc_keyed`]).
+    by_stack: HashMap<u64, Option<(usize, Arc<str>)>>,
 }
 
 #[derive(Debug, Clone)]
 struct PhaseState {
-    key: String,
     first_site: String,
     step: u32,
     first_seq: u64,
@@ -1185,7 +1189,7 @@ struct PhaseState {
 struct LiveEntry {
     phase: usize,
     step: u32,
-    site: String,
+    site: Arc<str>,
 }
 
 /// The phase key of a Python stack (innermost first): its two outermost frames that are not
@@ -1212,35 +1216,69 @@ impl Steps {
     /// A tensor (or allocation) `id` made with these Python frames (without any, it is not
     /// followed: its lifetime stays unknown).
     pub fn alloc(&mut self, id: u64, python: &[PyFrame<'_>]) {
-        self.live.remove(&id);
-        if python.iter().all(|f| is_probe_frame(f.file, f.function)) {
-            return;
-        }
-        self.seq += 1;
-        let key = phase_of(python);
-        let site = site_of(python, &[]);
-        let phase = match self.phases.iter().position(|p| p.key == key) {
-            Some(i) => {
-                let p = &mut self.phases[i];
-                if p.first_site == site {
-                    p.step += 1;
-                }
-                p.last_seq = self.seq;
-                i
-            }
+        let found = self.place(python);
+        self.record(id, found);
+    }
+
+    /// As [`Steps::alloc`], with the phase and line of `stack` (any key that names one Python
+    /// stack, such as a process's stack id) worked out once: `python` is read only the first
+    /// time a key is seen.
+    pub fn alloc_keyed<'a>(
+        &mut self,
+        id: u64,
+        stack: u64,
+        python: impl FnOnce() -> Vec<PyFrame<'a>>,
+    ) {
+        let found = match self.by_stack.get(&stack) {
+            Some(f) => f.clone(),
             None => {
-                self.phases.push(PhaseState {
-                    key,
-                    first_site: site.clone(),
-                    step: 0,
-                    first_seq: self.seq,
-                    last_seq: self.seq,
-                });
-                self.phases.len() - 1
+                let f = self.place(&python());
+                self.by_stack.insert(stack, f.clone());
+                f
             }
         };
+        self.record(id, found);
+    }
+
+    /// The phase (created if new) and the line of a stack; `None` without a Python frame.
+    fn place(&mut self, python: &[PyFrame<'_>]) -> Option<(usize, Arc<str>)> {
+        if python.iter().all(|f| is_probe_frame(f.file, f.function)) {
+            return None;
+        }
+        let key = phase_of(python);
+        let site: Arc<str> = site_of(python, &[]).into();
+        let phase = match self.phase_index.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.phases.push(PhaseState {
+                    first_site: site.to_string(),
+                    step: 0,
+                    first_seq: 0,
+                    last_seq: 0,
+                });
+                let i = self.phases.len() - 1;
+                self.phase_index.insert(key, i);
+                i
+            }
+        };
+        Some((phase, site))
+    }
+
+    fn record(&mut self, id: u64, found: Option<(usize, Arc<str>)>) {
+        self.live.remove(&id);
+        let Some((phase, site)) = found else {
+            return;
+        };
+        self.seq += 1;
+        let p = &mut self.phases[phase];
+        if p.first_seq == 0 {
+            p.first_seq = self.seq;
+        } else if *p.first_site == *site {
+            p.step += 1;
+        }
+        p.last_seq = self.seq;
         self.latest = Some(phase);
-        let step = self.phases[phase].step;
+        let step = p.step;
         self.live.insert(id, LiveEntry { phase, step, site });
     }
 
@@ -1272,11 +1310,10 @@ impl Steps {
         let began = self.phases[latest].first_seq;
         // Per phase and line: the earlier steps it still holds tensors of, how many of the
         // previous step, and how many live in all.
-        let mut held: BTreeMap<(usize, &str), (std::collections::BTreeSet<u32>, u32, u32)> =
-            BTreeMap::new();
+        let mut held: BTreeMap<(usize, &str), (BTreeSet<u32>, u32, u32)> = BTreeMap::new();
         for e in self.live.values() {
             let now = self.phases[e.phase].step;
-            let k = held.entry((e.phase, e.site.as_str())).or_default();
+            let k = held.entry((e.phase, &*e.site)).or_default();
             k.2 += 1;
             if e.step < now {
                 k.0.insert(e.step);
@@ -1300,7 +1337,7 @@ impl Steps {
                     Lifetime::Unknown
                 } else {
                     let (steps, previous, live) = held
-                        .get(&(e.phase, e.site.as_str()))
+                        .get(&(e.phase, &*e.site))
                         .map_or((0, 0, 0), |(s, n, l)| (s.len() as u32, *n, *l));
                     let (within, next) = self
                         .frees

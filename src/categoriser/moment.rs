@@ -161,7 +161,8 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
                 if ours && e.device == at.device {
                     match e.kind {
                         EventKind::Alloc | EventKind::Map => {
-                            driver_steps.alloc(e.ptr, &py_frames(p, e.stack))
+                            driver_steps
+                                .alloc_keyed(e.ptr, e.stack.into(), || py_frames(p, e.stack))
                         }
                         EventKind::Free | EventKind::Unmap => driver_steps.free(e.ptr),
                         EventKind::AllocFailed if i == at.seq => {
@@ -179,7 +180,8 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
                 if ours && te.device == at.device {
                     match te.action {
                         TensorAction::Alloc => {
-                            tensor_steps.alloc(te.ptr, &py_frames(p, te.stack));
+                            tensor_steps
+                                .alloc_keyed(te.ptr, te.stack.into(), || py_frames(p, te.stack));
                             match ranges.get(&te.tid).and_then(|s| s.last()) {
                                 Some(&l) => tensor_label.insert(te.ptr, l),
                                 None => tensor_label.remove(&te.ptr),
