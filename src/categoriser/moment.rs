@@ -10,7 +10,7 @@ use vramtrace_format::{EventKind, TensorAction};
 
 use super::{
     Breakdown, DeviceMemory, Expectations, Facts, Lifetime, LiveAllocation, LiveTensor,
-    MomentFacts, NativeFrame, PyFrame, Steps, categorise_moment,
+    MomentFacts, NativeFrame, PyFrame, Steps, Verdict, categorise, categorise_moment,
 };
 use crate::Error;
 use crate::replay::{Pool, Replayer};
@@ -353,4 +353,93 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
         expect,
     };
     Ok(categorise_moment(&m))
+}
+
+/// The category of an allocation as it is made, from what is known then: its Python frames,
+/// the modules of its native frames (no symbols: cheap enough for every allocation of a
+/// timeline), its label and annotated name; its lifetime is not known yet.
+pub fn categorise_stack(
+    p: &Process,
+    stack: u32,
+    bytes: u64,
+    label: Option<&str>,
+    name: Option<&str>,
+) -> Verdict {
+    let native: Vec<NativeFrame<'_>> = p
+        .stacks
+        .get(&stack)
+        .map(|addrs| {
+            addrs
+                .iter()
+                .filter_map(|&a| {
+                    p.modules
+                        .iter()
+                        .rev()
+                        .find(|m| m.start <= a && a < m.end)
+                        .map(|m| NativeFrame {
+                            module: m.path.as_str(),
+                            symbol: None,
+                        })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    categorise(&Facts {
+        bytes,
+        python: py_frames(p, stack),
+        native,
+        label,
+        name,
+        lifetime: Lifetime::Unknown,
+        in_graph_pool: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::categoriser::Category;
+
+    #[test]
+    fn a_stack_by_its_modules_and_python_frames() {
+        let mut p = Trace::from_files(vec![vramtrace_format::TraceFile {
+            path: "t".into(),
+            header: Default::default(),
+            driver_version: None,
+            devices: Vec::new(),
+            records: Vec::new(),
+            problems: Vec::new(),
+        }])
+        .processes
+        .remove(0);
+        p.modules.push(vramtrace_format::ModuleInfo {
+            start: 0x1000,
+            end: 0x2000,
+            bias: 0,
+            path: "/usr/lib/x86_64-linux-gnu/libnccl.so.2".into(),
+            build_id: Vec::new(),
+        });
+        p.stacks.insert(7, vec![0x1800, 0x9000]);
+        let v = categorise_stack(&p, 7, 2 << 20, Some("ncclCommInitRankConfig"), None);
+        assert_eq!(v.category, Category::Communication);
+        p.strings
+            .insert(1, "/w/site-packages/transformers/cache_utils.py".into());
+        p.strings.insert(2, "update".into());
+        p.py_stacks.insert(
+            8,
+            vec![vramtrace_format::PyFrame {
+                file: 1,
+                function: 2,
+                line: 120,
+            }],
+        );
+        assert_eq!(
+            categorise_stack(&p, 8, 1, None, None).category,
+            Category::KvCache
+        );
+        assert_eq!(
+            categorise_stack(&p, 9, 1, None, None).category,
+            Category::Unnamed
+        );
+    }
 }
