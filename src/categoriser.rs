@@ -169,6 +169,10 @@ pub enum Lifetime {
     Unknown,
     /// Made before the first step (in an earlier phase of the program) and never freed since.
     Persistent,
+    /// Made in an earlier phase that freed almost all it made (under a tenth of its allocations
+    /// are live): what a warm-up or a one-off computation left behind, not the model's state
+    /// (PyTorch's 32 MiB cuBLAS workspace after the warm-up matmul in `samples/h200/torch-oom`).
+    Leftover,
     /// Its line keeps tensors made in `steps` (≥ 2) earlier steps: it grows step by step.
     Accumulating {
         /// Earlier steps its line still has tensors of.
@@ -814,6 +818,9 @@ impl fmt::Display for Evidence {
                 Lifetime::Persistent => {
                     f.write_str("lifetime: made before the first step, never freed")
                 }
+                Lifetime::Leftover => {
+                    f.write_str("lifetime: left by an earlier phase that freed almost all it made")
+                }
                 Lifetime::Accumulating { steps } => write!(
                     f,
                     "lifetime: its line keeps tensors of {steps} earlier steps (grows)"
@@ -1098,7 +1105,9 @@ pub fn categorise(facts: &Facts<'_>) -> Verdict {
         Lifetime::Accumulating { .. } => Some(C::KvCache),
         Lifetime::Carried { .. } => Some(C::State),
         Lifetime::Lingering => Some(C::Activations),
-        Lifetime::WithinStep | Lifetime::Kept { .. } | Lifetime::Unknown => None,
+        Lifetime::WithinStep | Lifetime::Kept { .. } | Lifetime::Leftover | Lifetime::Unknown => {
+            None
+        }
     };
     if let Some(c) = by_lifetime {
         return Verdict {
@@ -1153,8 +1162,9 @@ pub fn categorise(facts: &Facts<'_>) -> Verdict {
 /// - A phase's **steps**: a step begins each time the phase's first allocating line allocates
 ///   again (a prefill chunk's first tensor, a decode step's input).
 /// - At a moment: a tensor of a phase that ended before the latest phase began is
-///   [`Lifetime::Persistent`] when the latest phase steps (a loop), else unknown; a tensor of a
-///   phase without steps is unknown. Otherwise, by its line within its phase: a line that keeps
+///   [`Lifetime::Persistent`] when the latest phase steps (a loop) — [`Lifetime::Leftover`] when
+///   under a tenth of that phase's allocations are live — else unknown; a tensor of a phase
+///   without steps is unknown. Otherwise, by its line within its phase: a line that keeps
 ///   tensors of two or more earlier steps is [`Lifetime::Accumulating`] (its current step's
 ///   tensors are the newest entries); a line whose tensors are never freed within their own
 ///   step but in the next one (replaced), or that keeps two or more of the previous step before
@@ -1179,6 +1189,9 @@ pub struct Steps {
 
 #[derive(Debug, Clone)]
 struct PhaseState {
+    /// Allocations made in it, and of those still live.
+    made: u32,
+    live: u32,
     first_site: String,
     step: u32,
     first_seq: u64,
@@ -1251,6 +1264,8 @@ impl Steps {
             Some(&i) => i,
             None => {
                 self.phases.push(PhaseState {
+                    made: 0,
+                    live: 0,
                     first_site: site.to_string(),
                     step: 0,
                     first_seq: 0,
@@ -1265,7 +1280,7 @@ impl Steps {
     }
 
     fn record(&mut self, id: u64, found: Option<(usize, Arc<str>)>) {
-        self.live.remove(&id);
+        self.free(id);
         let Some((phase, site)) = found else {
             return;
         };
@@ -1277,6 +1292,8 @@ impl Steps {
             p.step += 1;
         }
         p.last_seq = self.seq;
+        p.made += 1;
+        p.live += 1;
         self.latest = Some(phase);
         let step = p.step;
         self.live.insert(id, LiveEntry { phase, step, site });
@@ -1285,7 +1302,9 @@ impl Steps {
     /// `id` freed.
     pub fn free(&mut self, id: u64) {
         if let Some(e) = self.live.remove(&id) {
-            let now = self.phases[e.phase].step;
+            let ph = &mut self.phases[e.phase];
+            ph.live = ph.live.saturating_sub(1);
+            let now = ph.step;
             let f = self.frees.entry((e.phase, e.site)).or_default();
             if now == e.step {
                 f.0 += 1;
@@ -1327,10 +1346,12 @@ impl Steps {
             .map(|(id, e)| {
                 let p = &self.phases[e.phase];
                 let l = if p.last_seq < began {
-                    if stepping {
-                        Lifetime::Persistent
-                    } else {
+                    if !stepping {
                         Lifetime::Unknown
+                    } else if u64::from(p.live) * 10 < u64::from(p.made) {
+                        Lifetime::Leftover
+                    } else {
+                        Lifetime::Persistent
                     }
                 } else if p.step == 0 {
                     // A phase without steps (straight-line code) says nothing.
@@ -2231,6 +2252,14 @@ mod tests {
         // Per chunk: x (the previous x dropped after), then per layer the K/V kept, the
         // layer's state replaced, an activation freed, and `vc` reassigned (the previous one
         // dropped after); chunk 0 also keeps one tensor of line 90 for good.
+        // A warm-up (main:104) that frees all but one of what it makes.
+        let warm = |line: u32| vec![py(s, "prefill", line), py(s, "main", 104)];
+        for i in 0..20 {
+            st.alloc(50 + i, &warm(55));
+            if i > 0 {
+                st.free(50 + i);
+            }
+        }
         let mut states = [None, None];
         let mut x = None;
         let mut vc = None;
@@ -2279,6 +2308,7 @@ mod tests {
         st.alloc(503, &run(80));
         let l = st.lifetimes();
         assert_eq!(l[&1], Lifetime::Persistent);
+        assert_eq!(l[&50], Lifetime::Leftover);
         // K/V: 2 per chunk, 3 chunks done, and the current chunk's.
         let kv: Vec<u64> = l
             .iter()
@@ -2296,7 +2326,7 @@ mod tests {
         assert_eq!(l[&900], Lifetime::Kept { steps_ago: 3 });
         assert_eq!(l[&500], Lifetime::WithinStep);
         assert_eq!(l[&503], Lifetime::WithinStep);
-        assert_eq!(l.len(), 14);
+        assert_eq!(l.len(), 15);
     }
 
     fn tensor(ptr: u64, bytes: u64, python: Vec<PyFrame<'static>>) -> LiveTensor<'static> {
