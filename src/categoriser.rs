@@ -510,6 +510,14 @@ pub const FRAME_RULES: &[FrameRule] = &[
         C::KvCache,
         "sglang/srt/mem_cache/memory_pool.py:MHATokenToKVPool._create_buffers",
     ),
+    // SGLang's graph runner keeps static input buffers for the largest captured batch
+    // (sglang/srt/model_executor/cuda_graph_runner.py:CudaGraphRunner.__init__).
+    site(
+        Suffix("sglang/srt/model_executor/cuda_graph_runner.py"),
+        &["__init__"],
+        C::EngineBuffers,
+        "sglang/srt/model_executor/cuda_graph_runner.py:CudaGraphRunner.__init__",
+    ),
     site(
         Dir("sglang/srt/model_loader"),
         &[],
