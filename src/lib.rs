@@ -39,6 +39,7 @@
 
 pub mod attribution;
 pub mod categories;
+pub mod categoriser;
 pub mod cliff;
 mod cu_result;
 pub mod diff;
