@@ -11,8 +11,10 @@
 //! the numbers that index layers and chunks collapsed ([`crate::names::pattern`]).
 
 pub mod html;
+pub mod json;
 pub mod levers;
 pub mod markdown;
+pub mod triage;
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -66,6 +68,13 @@ pub struct ReportOptions {
     pub model: Option<ModelInput>,
     /// The card the levers are computed for (default: the failing device's total).
     pub capacity: Option<u64>,
+    /// The program to model the step as (`--runtime`); detected from the trace when `None`.
+    pub runtime: Option<vramtrace_models::Runtime>,
+    /// vLLM's attention block in tokens (`--block-size`, the chunk floor in align mode).
+    pub block_size: Option<u64>,
+    /// What `vramtrace run` gathered at start (`versions.json` in the trace directory), as
+    /// name and value.
+    pub versions: Vec<(String, String)>,
 }
 
 /// One group of live allocations: same category, same name and label pattern.
@@ -293,6 +302,12 @@ pub struct Report {
     pub host_names: Vec<String>,
     /// When the first process started (UTC), when known.
     pub started: Option<String>,
+    /// The verdict, the limit, the categories, the whole-step model and the levers.
+    pub triage: Option<triage::Triage>,
+    /// Why the triage could not be computed.
+    pub triage_error: Option<String>,
+    /// What `vramtrace run` gathered at start, as name and value.
+    pub versions: Vec<(String, String)>,
 }
 
 impl Report {
@@ -417,6 +432,9 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
             .min()
             .and_then(|t| jiff::Timestamp::from_nanosecond(i128::from(t)).ok())
             .map(|t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string()),
+        triage: None,
+        triage_error: None,
+        versions: opts.versions.clone(),
     };
     if let Some(m) = &opts.model {
         let workload = Workload::from_config(&m.cfg, &m.opts)?;
@@ -453,6 +471,16 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
                 Err(e) => report.levers_error = Some(format!("{e:#}")),
             },
         }
+    }
+    let topts = triage::TriageOptions {
+        model: opts.model.clone(),
+        runtime: opts.runtime,
+        block_size: opts.block_size,
+        capacity: opts.capacity,
+    };
+    match triage::triage(trace, &report, &topts) {
+        Ok(t) => report.triage = Some(t),
+        Err(e) => report.triage_error = Some(crate::error::with_causes(&e)),
     }
     Ok(report)
 }

@@ -43,6 +43,66 @@ pub struct ReportArgs {
     /// Timeline: leave a category out of the stack (e.g. `other`, a ballast); repeatable.
     #[arg(long, value_name = "CATEGORY")]
     pub hide: Vec<String>,
+    /// The program that ran the step, for the whole-step model: workload,
+    /// torch_prefill_script, vllm or transformers (default: read from the trace's labels and
+    /// Python frames).
+    #[arg(long, value_name = "RUNTIME", value_parser = parse_runtime)]
+    pub runtime: Option<vramtrace_models::Runtime>,
+    /// Keep the config's first N layers (a shortened model built from the config, as
+    /// `scripts/validate/torch_prefill.py --layers N` runs it).
+    #[arg(long, value_name = "N")]
+    pub layers: Option<usize>,
+    /// vLLM's attention block in tokens: the chunk floor in mamba align mode (default: the
+    /// failing step's chunk on a hybrid model).
+    #[arg(long, value_name = "TOKENS")]
+    pub block_size: Option<u64>,
+    /// Print the report as one JSON object (the verdict, the limit, the categories, the
+    /// whole-step model and the levers); with -o, write OUT/report.json beside report.md.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_runtime(s: &str) -> Result<vramtrace_models::Runtime, String> {
+    vramtrace_models::Runtime::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = vramtrace_models::Runtime::ALL
+            .iter()
+            .map(|r| r.name())
+            .collect();
+        format!("{s:?} is not a runtime; use one of {}", names.join(", "))
+    })
+}
+
+/// What `vramtrace run` gathered at start (`versions.json` in the trace directory), in its
+/// order; empty when the trace has none.
+fn read_versions(trace: &Path) -> Vec<(String, String)> {
+    let dir = if trace.is_dir() {
+        trace.to_path_buf()
+    } else {
+        trace.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    let Ok(text) = std::fs::read_to_string(dir.join(crate::commands::run::VERSIONS_FILE)) else {
+        return Vec::new();
+    };
+    match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(serde_json::Value::Object(m)) => m
+            .into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    serde_json::Value::String(s) => s,
+                    serde_json::Value::Null => "(not found)".to_string(),
+                    other => other.to_string(),
+                };
+                (k, v)
+            })
+            .collect(),
+        _ => {
+            eprintln!(
+                "vramtrace: warning: {} is not a JSON object; the versions block is left out",
+                dir.join(crate::commands::run::VERSIONS_FILE).display()
+            );
+            Vec::new()
+        }
+    }
 }
 
 fn trace_name(p: &Path) -> String {
@@ -58,7 +118,17 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
     let model = match &args.config {
         None => None,
         Some(config) => {
-            let (cfg, variants, opts) = args.select.resolve(config)?;
+            let (mut cfg, variants, opts) = args.select.resolve(config)?;
+            if let Some(n) = args.layers {
+                if n == 0 || n > cfg.layer_types.len() {
+                    anyhow::bail!(
+                        "--layers must be 1 to {} (the config's layers), not {n}",
+                        cfg.layer_types.len()
+                    );
+                }
+                cfg.layer_types.truncate(n);
+                cfg.num_hidden_layers = n as u64;
+            }
             Some(ModelInput {
                 cfg,
                 variants,
@@ -90,8 +160,27 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             title: title.clone(),
             model,
             capacity: args.capacity,
+            runtime: args.runtime,
+            block_size: args.block_size,
+            versions: read_versions(&args.trace),
         },
     )?;
+    if args.json {
+        let json = report::json::render(&r);
+        let text = serde_json::to_string_pretty(&json)?;
+        match &args.output {
+            None => {
+                println!("{text}");
+                return Ok(0);
+            }
+            Some(out) => {
+                let path = out.join("report.json");
+                std::fs::write(&path, format!("{text}\n"))
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                eprintln!("vramtrace: wrote {}", path.display());
+            }
+        }
+    }
     let images = match &args.output {
         None => Images::default(),
         Some(out) => {

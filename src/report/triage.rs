@@ -1,0 +1,1146 @@
+//! The top of a report, for the person who triages the bug: the verdict class with its
+//! evidence, the limit that was actually enforced and the shortfall against it, the request that
+//! tipped it over with its Python line, the chunk and context read from the trace, every byte of
+//! the moment in a category ([`crate::categoriser`]), the whole-step model's verdict on the
+//! failing step with its residuals and frontier, and the levers with their predicted ceilings.
+//!
+//! [`triage`] computes it from a trace and a built [`Report`]; `report --json` serialises it and
+//! the Markdown's first screen renders it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
+
+use serde::Serialize;
+use vramtrace_format::TensorAction;
+use vramtrace_models::{
+    ChunkFloor, ChunkFrontier, ContextFrontier, DType, KnownParts, LayerKind, Limit, ModelConfig,
+    Residuals, Runtime, ServingShape, StepModel, StepVariants, residuals,
+};
+
+use crate::categoriser::{
+    self, At, Breakdown, Category, Evidence, Expectations, PyFrame, breakdown_at,
+};
+use crate::report::{FailureReport, ModelInput, Report};
+use crate::torch_replay::TorchOom;
+use crate::trace::{Item, Process, Trace};
+
+/// The longest context the context frontier searches (tokens per sequence).
+const MAX_SEARCHED_CONTEXT: u64 = 1 << 20;
+
+/// What ran out, in one of the classes a maintainer asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictClass {
+    /// One kernel's (or layer's) live tensors do not fit even with nothing accumulated.
+    KernelLiveSet,
+    /// The KV cache grew with the context until a step no longer fit.
+    KvGrowth,
+    /// Enough was free inside the caching allocator's segments, but not in one block.
+    Fragmentation,
+    /// CUDA graphs' private pools took what the step needed.
+    CudaGraphs,
+    /// Another process held what the step needed.
+    OtherProcess,
+    /// The CUDA context, loaded modules and libraries' workspaces took what the step needed.
+    Context,
+    /// A limit below the card (a fraction, `--gpu-memory-utilization`) refused the request.
+    Limit,
+    /// Nothing failed.
+    None,
+}
+
+impl VerdictClass {
+    /// The name in `report --json` (`kv_growth`).
+    pub fn key(self) -> &'static str {
+        match self {
+            VerdictClass::KernelLiveSet => "kernel_live_set",
+            VerdictClass::KvGrowth => "kv_growth",
+            VerdictClass::Fragmentation => "fragmentation",
+            VerdictClass::CudaGraphs => "cuda_graphs",
+            VerdictClass::OtherProcess => "other_process",
+            VerdictClass::Context => "context",
+            VerdictClass::Limit => "limit",
+            VerdictClass::None => "none",
+        }
+    }
+
+    /// The name a person reads.
+    pub fn title(self) -> &'static str {
+        match self {
+            VerdictClass::KernelLiveSet => "the kernel's live set",
+            VerdictClass::KvGrowth => "KV-cache growth",
+            VerdictClass::Fragmentation => "fragmentation",
+            VerdictClass::CudaGraphs => "CUDA graphs",
+            VerdictClass::OtherProcess => "another process",
+            VerdictClass::Context => "context and modules",
+            VerdictClass::Limit => "an enforced limit",
+            VerdictClass::None => "no failure",
+        }
+    }
+}
+
+/// The verdict and what it rests on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    /// The class.
+    pub class: VerdictClass,
+    /// The facts it rests on, each a sentence with its numbers.
+    pub evidence: Vec<String>,
+}
+
+/// The limit that was enforced when the request was refused.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnforcedLimit {
+    /// The limit (for the whole-step model).
+    pub limit: Limit,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Where it was read from, in words.
+    pub source: String,
+}
+
+/// The request that did not fit.
+#[derive(Debug, Clone, Serialize)]
+pub struct Tipping {
+    /// Bytes requested.
+    pub bytes: u64,
+    /// The first user or library frame (`file.py:LINE function`), when the stack has one.
+    pub line: Option<String>,
+    /// The label active then (an NVTX range or annotation).
+    pub label: Option<String>,
+    /// The category the step needed it for.
+    pub category: &'static str,
+}
+
+/// Where in the run the failing step was, read from the trace.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepPosition {
+    /// The step's index (0 = the first chunk).
+    pub chunk_index: u64,
+    /// New tokens of the step, when the trace tells them.
+    pub chunk_tokens: Option<u64>,
+    /// Tokens held at the end of the step (`(chunk_index + 1) × chunk_tokens`), when known.
+    pub context_tokens: Option<u64>,
+    /// How they were read, in words.
+    pub source: String,
+}
+
+/// One category of the moment, as `report --json` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CategoryRow {
+    /// `weights`, `kv_cache`, … ([`Category::key`]).
+    pub category: &'static str,
+    /// Bytes.
+    pub bytes: u64,
+    /// What they rest on, one sentence per line of evidence, with its bytes.
+    pub evidence: Vec<String>,
+}
+
+/// The whole-step model beside the failing step.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelView {
+    /// The program the step was modelled as.
+    pub runtime: Runtime,
+    /// The step modelled.
+    pub shape: ServingShape,
+    /// Whether the failing step fits the enforced limit (absent without a failure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_fits: Option<bool>,
+    /// Whether the step before it (one chunk less context) fits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before_fits: Option<bool>,
+    /// The limit's bytes minus what the step counts against it (negative: short by).
+    pub headroom: i64,
+    /// Bytes the step counts against the limit.
+    pub counted: u64,
+    /// The parts given from the trace (not predicted).
+    pub known: KnownParts,
+    /// Predicted beside observed per category, with the likely cause of each difference.
+    pub residuals: Residuals,
+    /// The largest chunk that fits at the failing context.
+    pub chunk_frontier: ChunkFrontier,
+    /// The largest context that fits at the step's chunk.
+    pub context_frontier: ContextFrontier,
+}
+
+/// One lever and what the model predicts it does.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lever {
+    /// What to change (`--max-num-batched-tokens 2048`).
+    pub change: String,
+    /// Whether the failing step fits with it (absent when the model cannot tell).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fits: Option<bool>,
+    /// The new ceiling, in words with numbers (the largest context or chunk that fits).
+    pub ceiling: String,
+    /// Whether it can be turned at all (the chunk lever below vLLM's block floor cannot).
+    pub feasible: bool,
+}
+
+/// Everything the first screen and `report --json` say beyond the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct Triage {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Which moment the categories are of (`the first failure`, `the highest peak`).
+    pub moment: String,
+    /// The limit enforced at the failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<EnforcedLimit>,
+    /// Bytes the request lacked against that limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shortfall: Option<u64>,
+    /// The request that tipped it over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tipping: Option<Tipping>,
+    /// The failing step's chunk and context.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepPosition>,
+    /// Every byte of the moment in a category.
+    pub categories: Vec<CategoryRow>,
+    /// The categoriser's breakdown (segments included), for the tables and plots.
+    #[serde(skip)]
+    pub breakdown: Option<Breakdown>,
+    /// The whole-step model, with `--model`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelView>,
+    /// Why the whole-step model could not be set beside the failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_error: Option<String>,
+    /// The levers, most useful first.
+    pub levers: Vec<Lever>,
+    /// PyTorch's out-of-memory message rebuilt from the trace, when PyTorch refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pytorch_message: Option<String>,
+}
+
+/// What the triage needs besides the trace and the report.
+#[derive(Debug, Clone, Default)]
+pub struct TriageOptions {
+    /// The model (config with `--layers` applied, TP).
+    pub model: Option<ModelInput>,
+    /// The program to model the step as; detected from the trace when `None`.
+    pub runtime: Option<Runtime>,
+    /// vLLM's attention block in tokens (the chunk floor in align mode); the step's chunk when
+    /// `None` and the runtime is vLLM-like on a hybrid model.
+    pub block_size: Option<u64>,
+    /// `--capacity`: a card of this size (a ballast leaves it).
+    pub capacity: Option<u64>,
+}
+
+/// PyTorch's `format_size` (c10/cuda/CUDACachingAllocator.cpp): bytes, KiB, MiB or GiB with two
+/// decimals.
+pub fn torch_format_size(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let f = b as f64;
+    if b <= 1024 {
+        format!("{b} bytes")
+    } else if f <= K * K {
+        format!("{:.2} KiB", f / K)
+    } else if f <= K * K * K {
+        format!("{:.2} MiB", f / (K * K))
+    } else {
+        format!("{:.2} GiB", f / (K * K * K))
+    }
+}
+
+/// The segment size PyTorch's caching allocator asks for to serve `size` bytes
+/// (`get_allocation_size`: 2 MiB for small requests, 20 MiB up to 10 MiB, else rounded to
+/// 2 MiB; docs/architecture.md).
+pub fn torch_segment_size(size: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    if size <= MIB {
+        2 * MIB
+    } else if size < 10 * MIB {
+        20 * MIB
+    } else {
+        size.div_ceil(2 * MIB) * 2 * MIB
+    }
+}
+
+/// PyTorch's message as its allocator wrote it (torch 2.x, `CUDACachingAllocator.cpp`'s
+/// `malloc`): "this process has" is NVML's figure for the process, here total − free − the
+/// other traced processes (the trace has no NVML reading); private pools are not told apart.
+pub fn pytorch_message(device: i32, t: &TorchOom, total: u64, process_in_use: u64) -> String {
+    let allowed = if t.limit > 0 {
+        format!("{} allowed; ", torch_format_size(t.limit))
+    } else {
+        String::new()
+    };
+    format!(
+        "CUDA out of memory. Tried to allocate {}. GPU {device} has a total capacity of {} of which {} is free. Including non-PyTorch memory, this process has {} memory in use. {allowed}Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+        torch_format_size(t.requested),
+        torch_format_size(total),
+        torch_format_size(t.free),
+        torch_format_size(process_in_use),
+        torch_format_size(t.allocated),
+        torch_format_size(t.reserved.saturating_sub(t.allocated)),
+    )
+}
+
+/// The program a trace ran: the reference workload by its labels, the validation script, vLLM
+/// or transformers by their Python frames; `None` when nothing says.
+pub fn detect_runtime(trace: &Trace) -> Option<Runtime> {
+    let mut found = None;
+    for p in &trace.processes {
+        for frames in p.py_stacks.values() {
+            for f in frames {
+                let file = p.string(f.file).unwrap_or("");
+                let r = if file.ends_with("torch_prefill.py") {
+                    Some(Runtime::TorchPrefillScript)
+                } else if file.contains("/vllm/") {
+                    Some(Runtime::Vllm)
+                } else if file.contains("/transformers/") {
+                    Some(Runtime::Transformers)
+                } else {
+                    None
+                };
+                if r.is_some() {
+                    return r;
+                }
+            }
+        }
+        if found.is_none() && p.strings.values().any(|s| s.starts_with("prefill/chunk.")) {
+            found = Some(Runtime::Workload);
+        }
+    }
+    found
+}
+
+/// `prefill/chunk.27/layer.0/…` → 27.
+fn chunk_of_label(label: &str) -> Option<u64> {
+    let i = label.find("chunk.")?;
+    let rest = &label[i + "chunk.".len()..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// `q bf16[1, 4128, 16, 128]` → `(q, [1, 4128, 16, 128])`.
+fn name_and_shape(t: &str) -> Option<(&str, Vec<u64>)> {
+    let open = t.rfind('[')?;
+    let dims = t[open + 1..].strip_suffix(']')?;
+    let shape: Option<Vec<u64>> = dims.split(',').map(|d| d.trim().parse().ok()).collect();
+    let name = t[..open].trim_end().rsplit_once(' ').map_or("", |(n, _)| n);
+    Some((name, shape?))
+}
+
+/// The step of a labelled run (the reference workload): the chunk in the failure's label, its
+/// tokens from the annotated query of that chunk (`q [1, T, H, D]`).
+fn step_from_labels(f: &FailureReport) -> Option<StepPosition> {
+    let label = f.failure.label.as_deref()?;
+    let n = chunk_of_label(label)?;
+    let prefix = format!("chunk.{n}/");
+    let tokens = f
+        .failure
+        .live
+        .iter()
+        .filter(|a| a.label.as_deref().is_some_and(|l| l.contains(&prefix)))
+        .filter_map(|a| name_and_shape(a.tensor.as_deref()?))
+        .find(|(name, s)| matches!(*name, "q" | "k" | "v") && s.len() >= 3 && s[0] == 1)
+        .map(|(_, s)| s[1]);
+    Some(StepPosition {
+        chunk_index: n,
+        chunk_tokens: tokens,
+        context_tokens: tokens.map(|t| (n + 1) * t),
+        source: match tokens {
+            Some(t) => format!(
+                "the failure's label `{label}` names chunk {n}; that chunk's annotated `q` has {t} tokens"
+            ),
+            None => format!("the failure's label `{label}` names chunk {n}"),
+        },
+    })
+}
+
+fn py_frames(p: &Process, stack: u32) -> Vec<PyFrame<'_>> {
+    p.py_stacks
+        .get(&stack)
+        .map(|fs| {
+            fs.iter()
+                .map(|f| PyFrame {
+                    file: p.string(f.file).unwrap_or("?"),
+                    function: p.string(f.function).unwrap_or("?"),
+                    line: f.line,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The step of an unlabelled PyTorch run, from the Python lines of its tensors: a step begins
+/// each time the latest phase's first line allocates again ([`categoriser::Steps`]' rule); the
+/// step's first tensor is its input, `tokens × hidden × dtype` bytes of the config's hidden size.
+fn step_from_tensors(
+    trace: &Trace,
+    at: At,
+    cfg: Option<&ModelConfig>,
+) -> crate::Result<Option<StepPosition>> {
+    #[derive(Default)]
+    struct Phase {
+        first_site: String,
+        steps: u64,
+        input_bytes: u64,
+    }
+    let p = &trace.processes[at.process];
+    let mut phases: Vec<Phase> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut by_stack: HashMap<u32, Option<(usize, String)>> = HashMap::new();
+    let mut latest: Option<usize> = None;
+    let mut i = 0usize;
+    trace.for_each_item(|pi, it| {
+        if i >= at.seq {
+            return ControlFlow::Break(());
+        }
+        i += 1;
+        let Item::Tensor(t) = &it else {
+            return ControlFlow::Continue(());
+        };
+        if pi != at.process || t.device != at.device || t.action != TensorAction::Alloc {
+            return ControlFlow::Continue(());
+        }
+        let place = by_stack.entry(t.stack).or_insert_with(|| {
+            let py = py_frames(p, t.stack);
+            if py
+                .iter()
+                .all(|f| categoriser::is_probe_frame(f.file, f.function))
+            {
+                return None;
+            }
+            let key = categoriser::phase_of(&py);
+            let site = categoriser::site_of(&py, &[]);
+            let n = phases.len();
+            let ph = *index.entry(key).or_insert(n);
+            if ph == n {
+                phases.push(Phase {
+                    first_site: site.clone(),
+                    ..Phase::default()
+                });
+            }
+            Some((ph, site))
+        });
+        if let Some((ph, site)) = place.clone() {
+            let phase = &mut phases[ph];
+            if phase.first_site == site {
+                phase.steps += 1;
+                phase.input_bytes = t.size;
+            }
+            latest = Some(ph);
+        }
+        ControlFlow::Continue(())
+    })?;
+    let Some(ph) = latest.map(|l| &phases[l]) else {
+        return Ok(None);
+    };
+    if ph.steps == 0 {
+        return Ok(None);
+    }
+    let n = ph.steps - 1;
+    let per_token = cfg.map(|c| c.hidden_size * c.dtype.size_bytes());
+    let tokens = per_token
+        .filter(|&b| b > 0 && ph.input_bytes > 0 && ph.input_bytes.is_multiple_of(b))
+        .map(|b| ph.input_bytes / b);
+    let source = match (tokens, per_token) {
+        (Some(t), Some(b)) => format!(
+            "step {n} of the loop whose first line is `{}` (it allocated {} times); that line's tensor, the step's input, is {} B = {t} tokens × {b} B (hidden size × dtype)",
+            ph.first_site,
+            ph.steps,
+            ph.input_bytes
+        ),
+        _ => format!(
+            "step {n} of the loop whose first line is `{}` (it allocated {} times, its input {} B); give --model for the token count",
+            ph.first_site, ph.steps, ph.input_bytes
+        ),
+    };
+    Ok(Some(StepPosition {
+        chunk_index: n,
+        chunk_tokens: tokens,
+        context_tokens: tokens.map(|t| (n + 1) * t),
+        source,
+    }))
+}
+
+/// Frames of the allocation machinery a triager does not look for: the driver binding, the
+/// caching allocator, PyTorch's C++ dispatch, a backend's allocation wrapper.
+const MACHINERY: [&str; 10] = [
+    "cudarc::",
+    "cuMem",
+    "libcuda",
+    "c10::",
+    "at::",
+    "libc10",
+    "libtorch",
+    "Backend",
+    "backend::",
+    "::alloc",
+];
+
+/// The first user or library frame of a stack: the innermost Python frame
+/// (`file.py:LINE function`), else the innermost symbolised frame past the allocation machinery
+/// ([`MACHINERY`]); `None` when neither is there.
+fn first_user_frame(frames: &[String]) -> Option<String> {
+    frames
+        .iter()
+        .find(|f| f.contains(".py:"))
+        .or_else(|| {
+            frames.iter().find(|f| {
+                !f.contains("(not the traced file)")
+                    && !f.starts_with("0x")
+                    && !MACHINERY.iter().any(|m| f.contains(m))
+            })
+        })
+        .cloned()
+}
+
+fn rows_of(b: &Breakdown) -> Vec<CategoryRow> {
+    b.rows
+        .iter()
+        .map(|r| CategoryRow {
+            category: r.category.key(),
+            bytes: r.bytes,
+            evidence: r
+                .evidence
+                .iter()
+                .map(|l| format!("{} ({} B, {} allocations)", l.evidence, l.bytes, l.count))
+                .collect(),
+        })
+        .collect()
+}
+
+fn gib(b: u64) -> String {
+    vramtrace_models::units::fmt_bytes(b)
+}
+
+/// The bytes of `other_process` and `context` inside the limit: under a card smaller than the
+/// device (`--capacity` with a ballast), the device's bytes past the card are other processes'
+/// first (the ballast), then the context's.
+fn inside_limit(b: &Breakdown, device_total: u64, limit: &Limit) -> (u64, u64) {
+    let other = b.bytes(Category::OtherProcess);
+    let context = b.bytes(Category::Context);
+    match limit {
+        Limit::Card { capacity } if *capacity < device_total => {
+            let outside = device_total - capacity;
+            let other_out = other.min(outside);
+            let context_out = context.min(outside - other_out);
+            (other - other_out, context - context_out)
+        }
+        _ => (other, context),
+    }
+}
+
+/// Computes the triage of `report` (built from `trace`).
+pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Result<Triage> {
+    let failure = report.first_failure();
+    let at = match failure {
+        Some(_) => categoriser::first_failure(trace)?,
+        None => match report.highest_peak() {
+            Some(p) => categoriser::peak(trace, p.process, p.device)?,
+            None => None,
+        },
+    };
+    let breakdown = match at {
+        Some(at) => Some(breakdown_at(trace, at, Expectations::default())?),
+        None => None,
+    };
+    let categories = breakdown.as_ref().map(rows_of).unwrap_or_default();
+    let moment = match failure {
+        Some(f) => format!("the first failure ({:.3} s)", f.failure.t_s),
+        None => "the highest peak".to_string(),
+    };
+    let mut t = Triage {
+        verdict: Verdict {
+            class: VerdictClass::None,
+            evidence: Vec::new(),
+        },
+        moment,
+        limit: None,
+        shortfall: None,
+        tipping: None,
+        step: None,
+        categories,
+        breakdown: breakdown.clone(),
+        model: None,
+        model_error: None,
+        levers: Vec::new(),
+        pytorch_message: None,
+    };
+    let (Some(f), Some(at), Some(b)) = (failure, at, breakdown) else {
+        t.verdict.evidence.push(match report.highest_peak() {
+            Some(_) => "no allocation failed; the categories are those of the highest peak".into(),
+            None => "no device allocation was recorded".into(),
+        });
+        return Ok(t);
+    };
+    let fl = &f.failure;
+    let total = report
+        .device(f.process, f.device)
+        .and_then(|d| d.total_bytes)
+        .filter(|&t| t > 0)
+        .unwrap_or(fl.total_bytes);
+    let torch = fl.torch.as_ref();
+
+    // The limit enforced, and the shortfall against it.
+    let (limit, source) = match (torch.filter(|t| t.limit > 0), opts.capacity) {
+        (Some(tl), _) => (
+            Limit::PerProcessFraction {
+                capacity: total,
+                fraction: tl.limit as f64 / total as f64,
+            },
+            format!(
+                "PyTorch's per-process limit of {} (`set_per_process_memory_fraction`), read from its refusal",
+                gib(tl.limit)
+            ),
+        ),
+        (None, Some(c)) => (
+            Limit::Card { capacity: c },
+            format!("a card of {} (given with --capacity)", gib(c)),
+        ),
+        (None, None) => (
+            Limit::Card { capacity: total },
+            format!("the card: {} total", gib(total)),
+        ),
+    };
+    let limit_bytes = match torch.filter(|t| t.limit > 0) {
+        Some(tl) => tl.limit,
+        None => limit.bytes().unwrap_or(total),
+    };
+    let segment = torch.map(|tl| torch_segment_size(tl.requested));
+    let shortfall = match torch {
+        Some(tl) if tl.limit > 0 => (tl.reserved + segment.unwrap_or(tl.requested))
+            .saturating_sub(tl.limit)
+            .max(1),
+        Some(tl) => segment
+            .unwrap_or(tl.requested)
+            .saturating_sub(tl.free)
+            .max(1),
+        None => fl.size.saturating_sub(fl.free_bytes).max(1),
+    };
+    t.limit = Some(EnforcedLimit {
+        limit,
+        bytes: limit_bytes,
+        source,
+    });
+    t.shortfall = Some(shortfall);
+    t.tipping = Some(Tipping {
+        bytes: fl.size,
+        line: first_user_frame(&f.frames),
+        label: fl.label.clone(),
+        category: "activations",
+    });
+    if let Some(tl) = torch {
+        let others: u64 = f
+            .traced_by_process
+            .iter()
+            .filter(|(pid, _)| *pid != report.summary.processes[f.process].pid)
+            .map(|(_, b)| *b)
+            .sum();
+        let in_use = total.saturating_sub(tl.free).saturating_sub(others);
+        t.pytorch_message = Some(pytorch_message(f.device, tl, total, in_use));
+    }
+
+    // Where in the run: labels, else the tensors' lines.
+    let cfg = opts.model.as_ref().map(|m| &m.cfg);
+    t.step = match step_from_labels(f) {
+        Some(s) => Some(s),
+        None => step_from_tensors(trace, at, cfg)?,
+    };
+
+    // The whole-step model.
+    let (other_in, context_in) = inside_limit(&b, total, &limit);
+    let reserve = match torch {
+        Some(tl) => tl.reserved.saturating_sub(tl.allocated),
+        None => b.bytes(Category::AllocatorReserve),
+    };
+    let largest_free = b
+        .segments
+        .iter()
+        .map(|s| s.largest_free_block)
+        .max()
+        .unwrap_or(0);
+    let model = match &opts.model {
+        None => None,
+        Some(m) => match whole_step(trace, opts, m, &t, &b, &limit, reserve, other_in, context_in)
+        {
+            Ok(v) => Some(v),
+            Err(e) => {
+                t.model_error = Some(e);
+                None
+            }
+        },
+    };
+
+    // The verdict.
+    let kv = b.bytes(Category::KvCache);
+    let graphs = b.bytes(Category::CudaGraphs);
+    let kv_grows = b.rows.iter().any(|r| {
+        r.category == Category::KvCache
+            && r.evidence.iter().any(|l| {
+                matches!(l.evidence, Evidence::Lifetime { .. })
+                    || l.evidence.to_string().contains("kv_cache")
+            })
+    });
+    let chunk_index = t.step.as_ref().map(|s| s.chunk_index).unwrap_or(0);
+    let mut ev = Vec::new();
+    let without_fits = |part: KnownParts| -> Option<bool> {
+        let m = model.as_ref()?;
+        let mi = opts.model.as_ref()?;
+        let sm = StepModel::new(
+            mi.cfg.clone(),
+            StepVariants::for_runtime(m.runtime, &mi.cfg),
+            part,
+        );
+        sm.check(&m.shape, &limit).ok()?.fits()
+    };
+    let class = if other_in > 0
+        && (without_fits(KnownParts {
+            other_process: None,
+            ..model.as_ref().map(|m| m.known.clone()).unwrap_or_default()
+        })
+        .unwrap_or(other_in >= shortfall))
+    {
+        ev.push(format!(
+            "other processes held {} inside the limit, more than the {} the request lacked",
+            gib(other_in),
+            gib(shortfall)
+        ));
+        VerdictClass::OtherProcess
+    } else if graphs >= shortfall {
+        ev.push(format!(
+            "CUDA graphs' pools held {} at the failure, more than the {} the request lacked",
+            gib(graphs),
+            gib(shortfall)
+        ));
+        VerdictClass::CudaGraphs
+    } else if torch.is_some() && reserve >= fl.size && largest_free < fl.size {
+        ev.push(format!(
+            "{} was free inside PyTorch's segments (reserved {} − allocated {}), more than the {} request, but the largest free block was {}: no segment could serve it",
+            gib(reserve),
+            gib(torch.map_or(0, |x| x.reserved)),
+            gib(torch.map_or(0, |x| x.allocated)),
+            gib(fl.size),
+            gib(largest_free)
+        ));
+        if let Some(fits) = without_fits(KnownParts {
+            allocator_reserve: None,
+            ..model.as_ref().map(|m| m.known.clone()).unwrap_or_default()
+        }) {
+            ev.push(format!(
+                "the whole-step model {} without that reserve",
+                if fits {
+                    "fits the same step"
+                } else {
+                    "still does not fit the step"
+                }
+            ));
+        }
+        VerdictClass::Fragmentation
+    } else if kv > 0
+        && chunk_index > 0
+        && (kv_grows || t.step.is_some())
+        && model.as_ref().is_none_or(|m| {
+            m.context_frontier
+                .largest_context
+                .is_some_and(|l| l < m.shape.context_tokens)
+        })
+    {
+        ev.push(format!(
+            "the KV cache held {} at chunk {chunk_index}{}",
+            gib(kv),
+            if chunk_index > 0 {
+                format!(
+                    ", about {} per chunk since the first",
+                    gib(kv / (chunk_index + 1))
+                )
+            } else {
+                String::new()
+            }
+        ));
+        if let Some(m) = &model {
+            ev.push(format!(
+                "the model fits a chunk of {} tokens up to a context of {} tokens; this step held {}",
+                m.shape.chunk_tokens,
+                m.context_frontier.largest_context.unwrap_or(0),
+                m.shape.context_tokens
+            ));
+        }
+        VerdictClass::KvGrowth
+    } else if context_in > 0
+        && context_in.saturating_mul(4) >= limit_bytes
+        && context_in >= shortfall
+    {
+        ev.push(format!(
+            "the context, modules and libraries' workspaces took {} of the {} limit",
+            gib(context_in),
+            gib(limit_bytes)
+        ));
+        VerdictClass::Context
+    } else if limit_bytes < total && torch.is_some_and(|x| x.limit > 0) {
+        ev.push(format!(
+            "PyTorch's limit of {} refused it while the card had {} free",
+            gib(limit_bytes),
+            gib(fl.free_bytes)
+        ));
+        VerdictClass::Limit
+    } else {
+        ev.push(format!(
+            "the step's own tensors ({} live in activations) did not fit what the weights, caches and context left",
+            gib(b.bytes(Category::Activations))
+        ));
+        VerdictClass::KernelLiveSet
+    };
+    if matches!(limit, Limit::PerProcessFraction { .. }) && class != VerdictClass::Limit {
+        ev.push(format!(
+            "under an enforced limit: {}; short by {}",
+            t.limit.as_ref().map_or(String::new(), |l| l.source.clone()),
+            gib(shortfall)
+        ));
+    }
+    if let Some(m) = &model {
+        ev.push(format!(
+            "the whole-step model: the failing step {} ({} counted against {})",
+            if m.failure_fits == Some(false) {
+                "does not fit"
+            } else {
+                "fits — a residual the trace must explain"
+            },
+            gib(m.counted),
+            gib(limit_bytes)
+        ));
+    }
+    t.verdict = Verdict {
+        class,
+        evidence: ev,
+    };
+    t.levers = levers(opts, &t, model.as_ref(), &limit, class, reserve, fl.size);
+    t.model = model;
+    Ok(t)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn whole_step(
+    trace: &Trace,
+    opts: &TriageOptions,
+    m: &ModelInput,
+    t: &Triage,
+    b: &Breakdown,
+    limit: &Limit,
+    reserve: u64,
+    other_in: u64,
+    context_in: u64,
+) -> Result<ModelView, String> {
+    let runtime = opts.runtime.or_else(|| detect_runtime(trace)).ok_or(
+        "the trace does not say which program ran the step; pass --runtime (workload, torch_prefill_script, vllm, transformers)",
+    )?;
+    let step = t.step.as_ref().ok_or(
+        "the trace does not say which chunk failed (no chunk label, no step loop in the tensors' lines)",
+    )?;
+    let (chunk, context) = match (step.chunk_tokens, step.context_tokens) {
+        (Some(c), Some(l)) => (c, l),
+        _ => {
+            return Err(format!(
+                "the trace does not say how many tokens the chunk held ({}); pass a config whose hidden size it matches",
+                step.source
+            ));
+        }
+    };
+    let nz = |c: Category| Some(b.bytes(c)).filter(|&x| x > 0);
+    let known = KnownParts {
+        cuda_graphs: nz(Category::CudaGraphs),
+        communication: nz(Category::Communication),
+        autotune: nz(Category::Autotune),
+        allocator_reserve: (runtime.uses_pytorch_allocator() && reserve > 0).then_some(reserve),
+        context: Some(context_in),
+        other_process: Some(other_in).filter(|&x| x > 0),
+        ..KnownParts::default()
+    };
+    let cfg = &m.cfg;
+    let model = StepModel::new(
+        cfg.clone(),
+        StepVariants::for_runtime(runtime, cfg),
+        known.clone(),
+    );
+    let mut shape = ServingShape::prefill(cfg, chunk, context);
+    shape.tp = m.opts.tp.max(1);
+    let failing = model.check(&shape, limit).map_err(|e| e.to_string())?;
+    let before = (context > chunk)
+        .then(|| model.check(&shape.with_context(context - chunk), limit).ok())
+        .flatten()
+        .and_then(|s| s.fits());
+    let lc = failing.limit.clone().ok_or("the model was not checked")?;
+    let mut observed: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &b.rows {
+        let bytes = match r.category {
+            Category::OtherProcess => other_in,
+            Category::Context => context_in,
+            _ => r.bytes,
+        };
+        if bytes > 0 {
+            *observed.entry(r.category.key().to_string()).or_default() += bytes;
+        }
+    }
+    // The refused request belongs to the step's activations.
+    *observed.entry("activations".to_string()).or_default() +=
+        t.tipping.as_ref().map_or(0, |x| x.bytes);
+    let res = residuals(&failing, &observed).map_err(|e| e.to_string())?;
+    let hybrid = cfg
+        .layer_types
+        .iter()
+        .any(|k| *k == LayerKind::LinearAttention);
+    let floor = if hybrid && matches!(runtime, Runtime::Vllm | Runtime::Workload) {
+        ChunkFloor::vllm_mamba_align(opts.block_size.unwrap_or(chunk))
+    } else {
+        ChunkFloor::none()
+    };
+    let chunk_frontier = model
+        .largest_chunk_at(&shape, limit, &floor)
+        .map_err(|e| e.to_string())?;
+    let max_ctx = MAX_SEARCHED_CONTEXT.max(context.saturating_mul(4));
+    let context_frontier = model
+        .largest_context_at(&shape.with_context(chunk), limit, max_ctx)
+        .map_err(|e| e.to_string())?;
+    Ok(ModelView {
+        runtime,
+        shape,
+        failure_fits: Some(lc.fits),
+        before_fits: before,
+        headroom: lc.headroom,
+        counted: lc.counted,
+        known,
+        residuals: res,
+        chunk_frontier,
+        context_frontier,
+    })
+}
+
+/// The model with other parts or another shape, checked against the limit: (fits, largest
+/// context at the chunk).
+fn what_if(
+    opts: &TriageOptions,
+    m: &ModelView,
+    known: KnownParts,
+    shape: &ServingShape,
+    limit: &Limit,
+) -> Option<(bool, Option<u64>)> {
+    let mi = opts.model.as_ref()?;
+    let sm = StepModel::new(
+        mi.cfg.clone(),
+        StepVariants::for_runtime(m.runtime, &mi.cfg),
+        known,
+    );
+    let fits = sm.check(shape, limit).ok()?.fits()?;
+    let ctx = sm
+        .largest_context_at(
+            &shape.with_context(shape.chunk_tokens),
+            limit,
+            MAX_SEARCHED_CONTEXT.max(shape.context_tokens.saturating_mul(4)),
+        )
+        .ok()?;
+    Some((fits, ctx.largest_context))
+}
+
+fn ceiling(largest: Option<u64>, chunk: u64) -> String {
+    match largest {
+        Some(l) => format!("contexts up to {l} tokens at a chunk of {chunk}"),
+        None => format!("no context fits at a chunk of {chunk}"),
+    }
+}
+
+fn levers(
+    opts: &TriageOptions,
+    t: &Triage,
+    model: Option<&ModelView>,
+    limit: &Limit,
+    class: VerdictClass,
+    reserve: u64,
+    request: u64,
+) -> Vec<Lever> {
+    let mut out = Vec::new();
+    let frag = class == VerdictClass::Fragmentation;
+    let Some(m) = model else {
+        if frag {
+            out.push(Lever {
+                change: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
+                fits: None,
+                ceiling: format!(
+                    "the {} free inside segments becomes one mappable range, more than the {} request (give --model for the new ceiling)",
+                    gib(reserve),
+                    gib(request)
+                ),
+                feasible: true,
+            });
+        }
+        return out;
+    };
+    let chunk = m.shape.chunk_tokens;
+    let context = m.shape.context_tokens;
+    if frag {
+        let known = KnownParts {
+            allocator_reserve: None,
+            ..m.known.clone()
+        };
+        if let Some((fits, ctx)) = what_if(opts, m, known, &m.shape, limit) {
+            out.push(Lever {
+                change: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
+                fits: Some(fits),
+                ceiling: format!(
+                    "{} (the {} reserve usable)",
+                    ceiling(ctx, chunk),
+                    gib(reserve)
+                ),
+                feasible: true,
+            });
+        }
+    }
+    if let Some(graphs) = m.known.cuda_graphs {
+        let known = KnownParts {
+            cuda_graphs: None,
+            ..m.known.clone()
+        };
+        if let Some((fits, ctx)) = what_if(opts, m, known, &m.shape, limit) {
+            out.push(Lever {
+                change: "--enforce-eager (or fewer --cuda-graph-sizes)".into(),
+                fits: Some(fits),
+                ceiling: format!("{} (frees {} of graph pools)", ceiling(ctx, chunk), gib(graphs)),
+                feasible: true,
+            });
+        }
+    }
+    let f = &m.chunk_frontier;
+    out.push(match f.largest_chunk {
+        Some(c) => Lever {
+            change: format!("--max-num-batched-tokens {c}"),
+            fits: Some(c >= 1),
+            ceiling: format!(
+                "the largest chunk that fits at this context ({context} tokens) is {c}{}",
+                if f.floor.multiple > 1 {
+                    format!(" (a multiple of the block floor {})", f.floor.multiple)
+                } else {
+                    String::new()
+                }
+            ),
+            feasible: true,
+        },
+        None => Lever {
+            change: "--max-num-batched-tokens (smaller chunk)".into(),
+            fits: Some(false),
+            ceiling: format!(
+                "no chunk fits at this context ({context} tokens): even the floor of {} tokens counts {} against {}",
+                f.floor.min_tokens.max(f.floor.multiple).max(1),
+                gib(f.at_floor),
+                gib(f.limit_bytes)
+            ),
+            feasible: false,
+        },
+    });
+    let cf = &m.context_frontier;
+    out.push(Lever {
+        change: match cf.largest_context {
+            Some(l) => format!("--max-model-len {l}"),
+            None => "--max-model-len".into(),
+        },
+        // It refuses this request's context up front instead of fitting it.
+        fits: cf.largest_context.filter(|&l| l >= context).map(|_| true),
+        ceiling: ceiling(cf.largest_context, chunk),
+        feasible: cf.largest_context.is_some(),
+    });
+    // The limit needed for this step.
+    let needed = m.counted;
+    let (change, feasible) = match limit {
+        Limit::GpuMemoryUtilization { capacity, .. } | Limit::PerProcessFraction { capacity, .. } => {
+            let frac = needed as f64 / *capacity as f64;
+            (
+                if matches!(limit, Limit::GpuMemoryUtilization { .. }) {
+                    format!("--gpu-memory-utilization {:.3}", (frac * 1000.0).ceil() / 1000.0)
+                } else {
+                    format!(
+                        "set_per_process_memory_fraction({:.3})",
+                        (frac * 1000.0).ceil() / 1000.0
+                    )
+                },
+                frac <= 1.0,
+            )
+        }
+        Limit::Card { .. } => (format!("a card (or --gpu-memory-utilization budget) of at least {}", gib(needed)), true),
+    };
+    out.push(Lever {
+        change,
+        fits: Some(feasible),
+        ceiling: format!("this step counts {} against the limit", gib(needed)),
+        feasible,
+    });
+    let mut fp8 = m.shape.clone();
+    if fp8.kv_dtype.size_bytes() > 1 {
+        fp8.kv_dtype = DType::F8;
+        if let Some((fits, ctx)) = what_if(opts, m, m.known.clone(), &fp8, limit) {
+            let same = ctx == m.context_frontier.largest_context;
+            out.push(Lever {
+                change: "--kv-cache-dtype fp8".into(),
+                fits: Some(fits),
+                ceiling: if same {
+                    format!(
+                        "{} (unchanged: the {} runtime's model keeps K/V in the activation dtype)",
+                        ceiling(ctx, chunk),
+                        m.runtime.name()
+                    )
+                } else {
+                    ceiling(ctx, chunk)
+                },
+                feasible: !same,
+            });
+        }
+    }
+    let mut tp2 = m.shape.clone();
+    tp2.tp = m.shape.tp * 2;
+    if let Some((fits, ctx)) = what_if(opts, m, m.known.clone(), &tp2, limit) {
+        out.push(Lever {
+            change: format!("--tensor-parallel-size {}", tp2.tp),
+            fits: Some(fits),
+            ceiling: format!("{} per rank", ceiling(ctx, chunk)),
+            feasible: true,
+        });
+    }
+    let _ = t;
+    // Most useful first: those that fit the failing step, then those that cap it, then those
+    // that do not help; infeasible last.
+    out.sort_by_key(|l| {
+        (
+            !l.feasible,
+            match l.fits {
+                Some(true) => 0,
+                None => 1,
+                Some(false) => 2,
+            },
+        )
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pytorch_sizes_as_its_message_prints_them() {
+        assert_eq!(torch_format_size(512), "512 bytes");
+        assert_eq!(torch_format_size(1_319_108_608), "1.23 GiB");
+        assert_eq!(torch_format_size(3_149_126_656), "2.93 GiB");
+        assert_eq!(torch_format_size(25_769_803_776), "24.00 GiB");
+        assert_eq!(torch_segment_size(1_319_108_608), 1_319_108_608);
+        assert_eq!(torch_segment_size(5 << 20), 20 << 20);
+        assert_eq!(torch_segment_size(100), 2 << 20);
+    }
+
+    #[test]
+    fn chunks_and_shapes_from_labels_and_names() {
+        assert_eq!(
+            chunk_of_label("prefill/chunk.27/layer.0/gdn/chunk_gated_delta_rule"),
+            Some(27)
+        );
+        assert_eq!(chunk_of_label("prefill/weights"), None);
+        assert_eq!(
+            name_and_shape("q bf16[1, 4128, 16, 128]"),
+            Some(("q", vec![1, 4128, 16, 128]))
+        );
+        assert_eq!(name_and_shape("weights"), None);
+    }
+}
