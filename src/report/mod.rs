@@ -308,6 +308,8 @@ pub struct Report {
     pub triage_error: Option<String>,
     /// What `vramtrace run` gathered at start, as name and value.
     pub versions: Vec<(String, String)>,
+    /// Per process: whether it ran PyTorch (loaded `libc10_cuda` or recorded tensors).
+    pub pytorch: Vec<bool>,
 }
 
 impl Report {
@@ -435,6 +437,15 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
         triage: None,
         triage_error: None,
         versions: opts.versions.clone(),
+        pytorch: trace
+            .processes
+            .iter()
+            .map(|p| {
+                p.modules
+                    .iter()
+                    .any(|m| m.path.contains("libc10_cuda") || m.path.contains("libtorch_cuda"))
+            })
+            .collect(),
     };
     if let Some(m) = &opts.model {
         let workload = Workload::from_config(&m.cfg, &m.opts)?;

@@ -790,9 +790,8 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     };
     if matches!(limit, Limit::PerProcessFraction { .. }) && class != VerdictClass::Limit {
         ev.push(format!(
-            "under an enforced limit: {}; short by {}",
-            t.limit.as_ref().map_or(String::new(), |l| l.source.clone()),
-            gib(shortfall)
+            "under an enforced limit: {}",
+            t.limit.as_ref().map_or(String::new(), |l| l.source.clone())
         ));
     }
     if let Some(m) = &model {

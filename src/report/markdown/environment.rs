@@ -39,7 +39,8 @@ pub(super) fn environment(out: &mut String, r: &Report) {
     }
     let mut gpus: Vec<(i32, String, Option<u64>, Vec<u32>)> = Vec::new();
     for p in procs {
-        for d in &p.devices {
+        // A host allocation (pinned memory) is recorded under ordinal −1: not a GPU.
+        for d in p.devices.iter().filter(|d| d.device >= 0) {
             let name = d.name.clone().unwrap_or_else(|| "?".into());
             match gpus
                 .iter_mut()

@@ -80,11 +80,36 @@ pub(super) fn failure(out: &mut String, r: &Report, i: usize, f: &FailureReport)
             }
         );
     }
-    let _ = writeln!(out, "| short by | {} |\n", both(f.shortfall()));
+    match r.triage.as_ref().filter(|_| i == 0) {
+        Some(t) => {
+            let _ = writeln!(
+                out,
+                "| short by | {} against {} |\n",
+                both(t.shortfall.unwrap_or(0)),
+                t.limit
+                    .as_ref()
+                    .map_or("the card".to_string(), |l| cell(&l.source))
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "| short by | {} (the request − the driver's free) |\n",
+                both(f.shortfall())
+            );
+        }
+    }
     stack_block(out, "stack of the failed request", &f.frames);
     pytorch_message(out, r, f);
-    let _ = writeln!(out, "Live at that moment:\n");
-    live_tables(out, &f.live, fl.live_bytes);
+    if i == 0 && r.triage.as_ref().is_some_and(|t| !t.categories.is_empty()) {
+        let _ = writeln!(
+            out,
+            "Every byte live at that moment is in a category above ([Every byte in a category](#every-byte-in-a-category-at-the-first-failure)).\n"
+        );
+    } else {
+        let _ = writeln!(out, "Live at that moment:\n");
+        live_tables(out, &f.live, fl.live_bytes);
+    }
     match &f.comparison {
         Some(c) => comparison(out, r, c),
         None if r.model.is_some() && i >= MAX_COMPARED_FAILURES => {

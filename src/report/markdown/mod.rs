@@ -21,6 +21,7 @@ mod failures;
 mod peaks;
 mod pytorch;
 mod top;
+mod triage;
 
 use comparison::*;
 use environment::*;
@@ -28,6 +29,7 @@ use failures::*;
 use peaks::*;
 use pytorch::*;
 use top::*;
+use triage::*;
 
 /// Where the plots are: a file name beside the report, or a data URI; `None` when not drawn.
 #[derive(Debug, Clone, Default)]
@@ -153,14 +155,23 @@ fn failed_tensor(c: &Comparison) -> Option<String> {
 pub fn render(r: &Report, images: &Images) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# Memory report: {}\n", r.title);
-    top(&mut out, r);
+    let triaged = triage_top(&mut out, r);
+    if !triaged {
+        top(&mut out, r);
+    }
     let _ = writeln!(out, "\n---\n");
-    if r.model.is_some() || !r.failures.is_empty() {
+    if triaged {
+        if let Some(c) = &images.cliff {
+            let _ = writeln!(out, "![the cliff: the step against the limit]({c})\n");
+        }
+    } else if r.model.is_some() || !r.failures.is_empty() {
         what_to_do(&mut out, r, images);
     }
+    triage_sections(&mut out, r);
     failures(&mut out, r, images);
     failed_calls(&mut out, r);
     peaks(&mut out, r, images);
+    versions(&mut out, r);
     environment(&mut out, r);
     how_to_read(&mut out, r);
     out

@@ -41,7 +41,12 @@ pub(super) fn peak(out: &mut String, r: &Report, p: &PeakReport) {
     let highest = r
         .highest_peak()
         .is_some_and(|h| (h.process, h.device) == (p.process, p.device));
-    if highest {
+    if highest && !r.failures.is_empty() && r.failures[0].comparison.is_some() {
+        let _ = writeln!(
+            out,
+            "(the model is set beside the first failure above, not repeated here)\n"
+        );
+    } else if highest {
         match (&r.peak_comparison, &r.peak_comparison_error) {
             (Some(c), _) => comparison(out, r, c),
             (None, Some(e)) => {

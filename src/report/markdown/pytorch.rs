@@ -7,6 +7,10 @@ pub(super) fn pytorch_message(out: &mut String, r: &Report, f: &FailureReport) {
     if let Some(tm) = &fl.tensors {
         return pytorch_message_tensors(out, r, f, tm);
     }
+    // Only a PyTorch program prints PyTorch's message.
+    if !r.pytorch.get(f.process).copied().unwrap_or(false) {
+        return;
+    }
     let named = f.live.named_bytes;
     let _ = writeln!(
         out,
@@ -51,7 +55,7 @@ pub(super) fn pytorch_message(out: &mut String, r: &Report, f: &FailureReport) {
     );
     let _ = writeln!(
         out,
-        "| *R* is reserved by PyTorch but unallocated | at most {}: the process's driver allocations minus the named tensors. The driver-level trace sees the caching allocator's segments, not the free blocks inside them; which segment holds the largest free block needs the PyTorch tensor-level probe, which does not exist yet |",
+        "| *R* is reserved by PyTorch but unallocated | at most {}: the process's driver allocations minus the named tensors. The driver-level trace sees the caching allocator's segments, not the free blocks inside them; which segment holds the largest free block needs the tensor records: run the program under `vramtrace run`, whose PyTorch probe records every tensor |",
         both(fl.live_bytes.saturating_sub(named))
     );
     let _ = writeln!(
@@ -168,10 +172,12 @@ pub(super) fn pytorch_message_tensors(
             "the largest free block, {}, holds the request: a segment could have served it by size (the allocator's pools and rounding aside), so free space inside the cache was not what was missing",
             fmt_bytes(tm.largest_free_block)
         )
-    } else if tm.unallocated_bytes >= request {
+    } else if torch.map_or(tm.unallocated_bytes, |t| t.reserved.saturating_sub(t.allocated))
+        >= request
+    {
         format!(
             "fragmentation: {} is free inside the segments in all, more than the request, but the largest free block is {}, so no segment could serve it",
-            fmt_bytes(tm.unallocated_bytes),
+            fmt_bytes(torch.map_or(tm.unallocated_bytes, |t| t.reserved.saturating_sub(t.allocated))),
             fmt_bytes(tm.largest_free_block)
         )
     } else {
@@ -181,31 +187,36 @@ pub(super) fn pytorch_message_tensors(
             fmt_bytes(tm.largest_free_block)
         )
     };
-    if tm.segment_bytes == 0 {
+    if let Some(t) = torch {
+        // PyTorch's own R: reserved − allocated. The trace's segment arithmetic would count the
+        // driver allocations outside PyTorch's segments (cuBLAS's workspace) as reserve too.
         let _ = writeln!(
             out,
-            "| *R* is reserved by PyTorch but unallocated | {}; the trace saw none of the segments (allocated before recording began, or not through a traced driver), so the largest free block against the request is unknown |",
-            match torch {
-                Some(t) => format!(
-                    "{} by PyTorch's own numbers (reserved {} − allocated {})",
-                    both(t.reserved.saturating_sub(t.allocated)),
-                    fmt_bytes(t.reserved),
-                    fmt_bytes(t.allocated)
-                ),
-                None => "unknown".into(),
+            "| *R* is reserved by PyTorch but unallocated | {} = PyTorch's reserved {} − allocated {}{}; {verdict} |",
+            both(t.reserved.saturating_sub(t.allocated)),
+            fmt_bytes(t.reserved),
+            fmt_bytes(t.allocated),
+            if tm.segment_bytes > t.reserved {
+                format!(
+                    " (the trace's driver allocations, {}, include {} outside PyTorch's segments, counted below as non-PyTorch memory)",
+                    fmt_bytes(tm.segment_bytes),
+                    fmt_bytes(tm.segment_bytes - t.reserved)
+                )
+            } else {
+                String::new()
             }
+        );
+    } else if tm.segment_bytes == 0 {
+        let _ = writeln!(
+            out,
+            "| *R* is reserved by PyTorch but unallocated | unknown; the trace saw none of the segments (allocated before recording began, or not through a traced driver), so the largest free block against the request is unknown |"
         );
     } else {
         let _ = writeln!(
             out,
-            "| *R* is reserved by PyTorch but unallocated | {} = segment bytes {} − tensor bytes inside them{}; {verdict} |",
+            "| *R* is reserved by PyTorch but unallocated | at most {} = the driver allocations {} − tensor bytes inside them (some may not be PyTorch's segments); {verdict} |",
             both(tm.unallocated_bytes),
-            both(tm.segment_bytes),
-            match torch {
-                Some(t) if t.reserved != tm.segment_bytes =>
-                    format!(" (PyTorch counted {} reserved)", both(t.reserved)),
-                _ => String::new(),
-            }
+            both(tm.segment_bytes)
         );
     }
     if let Some(t) = torch.filter(|t| t.limit > 0) {

@@ -1,0 +1,326 @@
+//! The first screen for a failure (the verdict, the limit enforced and the shortfall, the
+//! request that tipped it over, the step, where the bytes were, what to change) and the sections
+//! the triage adds below: every category with its evidence, the whole-step model's residuals
+//! and frontier, PyTorch's message rebuilt verbatim, the versions block.
+
+use super::*;
+use crate::report::triage::VerdictClass;
+
+fn yes_no(b: Option<bool>) -> &'static str {
+    match b {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "—",
+    }
+}
+
+/// The first screen when an allocation failed; `false` when there is nothing to say this way
+/// (no failure, or no triage).
+pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
+    let (Some(t), Some(f)) = (&r.triage, r.first_failure()) else {
+        return false;
+    };
+    if t.verdict.class == VerdictClass::None {
+        return false;
+    }
+    let fl = &f.failure;
+    let shortfall = t.shortfall.unwrap_or(0);
+    let limit = t.limit.as_ref();
+    let at = t
+        .tipping
+        .as_ref()
+        .and_then(|x| x.line.as_deref().or(x.label.as_deref()))
+        .map(|l| format!(" at {}", code(&cell(l))))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "**Verdict: {}** — {} on {} ran out of memory at {}: a request of **{}**{at} was refused, **short by {}** against {}.\n",
+        t.verdict.class.title(),
+        who(r, f.process),
+        device_words(r, f.process, f.device),
+        fmt_secs(fl.t_s),
+        fmt_bytes(fl.size),
+        fmt_bytes(shortfall),
+        limit.map_or("the card".to_string(), |l| l.source.clone()),
+    );
+    for e in &t.verdict.evidence {
+        let _ = writeln!(out, "- {e}");
+    }
+    let _ = writeln!(out, "\n| | |\n| --- | --- |");
+    if let Some(l) = limit {
+        let _ = writeln!(
+            out,
+            "| limit enforced | {} — {} |",
+            both(l.bytes),
+            cell(&l.source)
+        );
+    }
+    let _ = writeln!(out, "| short by | **{}** |", both(shortfall));
+    if let Some(x) = &t.tipping {
+        let _ = writeln!(
+            out,
+            "| tipped over by | {}{}{} |",
+            both(x.bytes),
+            x.line
+                .as_deref()
+                .map(|l| format!(" at {}", code(&cell(l))))
+                .unwrap_or_default(),
+            x.label
+                .as_deref()
+                .map(|l| format!(" in {}", code(&cell(l))))
+                .unwrap_or_default()
+        );
+    }
+    match &t.step {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "| step | chunk {} (counting from 0){}{} — {} |",
+                s.chunk_index,
+                s.chunk_tokens
+                    .map(|c| format!(" of **{c} tokens**"))
+                    .unwrap_or_default(),
+                s.context_tokens
+                    .map(|c| format!(", **{} tokens** held at its end", exact(c)))
+                    .unwrap_or_default(),
+                cell(&s.source)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "| step | the trace does not say which chunk failed (no chunk label, no loop in the tensors' Python lines) |"
+            );
+        }
+    }
+    match (&t.model, &t.model_error, &r.model) {
+        (Some(m), _, _) => {
+            let _ = writeln!(
+                out,
+                "| whole-step model | the failing step **{}**: {} counted against {} ({}); the step before it {} |",
+                if m.failure_fits == Some(false) {
+                    "does not fit"
+                } else {
+                    "fits (see the residuals: the trace holds what the model does not)"
+                },
+                fmt_bytes(m.counted),
+                fmt_bytes(limit.map_or(0, |l| l.bytes)),
+                if m.headroom < 0 {
+                    format!("short by {}", fmt_bytes(m.headroom.unsigned_abs()))
+                } else {
+                    format!("{} to spare", fmt_bytes(m.headroom as u64))
+                },
+                match m.before_fits {
+                    Some(true) => "fits",
+                    Some(false) => "does not fit either",
+                    None => "is not modelled",
+                }
+            );
+        }
+        (None, Some(e), _) => {
+            let _ = writeln!(out, "| whole-step model | not set beside it: {} |", cell(e));
+        }
+        (None, None, None) => {
+            let _ = writeln!(
+                out,
+                "| whole-step model | pass `--model config.json` for the model's verdict, its frontier and the levers' ceilings |"
+            );
+        }
+        _ => {}
+    }
+    let _ = writeln!(out);
+    let total: u64 = t.categories.iter().map(|c| c.bytes).sum();
+    let parts: Vec<String> = t
+        .categories
+        .iter()
+        .filter(|c| c.bytes > 0)
+        .map(|c| {
+            let title = crate::categoriser::Category::parse(c.category)
+                .map_or(c.category, |x| x.title());
+            format!("{title} {}", fmt_bytes(c.bytes))
+        })
+        .collect();
+    if !parts.is_empty() {
+        let _ = writeln!(
+            out,
+            "**Where the device's {} were** at {}: {}.\n",
+            fmt_bytes(total),
+            t.moment,
+            parts.join(" · ")
+        );
+    }
+    if !t.levers.is_empty() {
+        let _ = writeln!(
+            out,
+            "**What to change**{}:\n",
+            match (&t.model, &r.model) {
+                (Some(m), Some(mi)) => format!(
+                    " (each predicted by the whole-step model of {} as run by {})",
+                    mi.cfg.display_name(),
+                    m.runtime.name()
+                ),
+                _ => String::new(),
+            }
+        );
+        let _ = writeln!(
+            out,
+            "| change | the failing step fits | new ceiling |\n| --- | --- | --- |"
+        );
+        for l in &t.levers {
+            let _ = writeln!(
+                out,
+                "| {}{} | {} | {} |",
+                code(&cell(&l.change)),
+                if l.feasible { "" } else { " (infeasible)" },
+                yes_no(l.fits),
+                cell(&l.ceiling)
+            );
+        }
+        let _ = writeln!(out);
+    }
+    true
+}
+
+/// The sections the triage adds below the first screen.
+pub(super) fn triage_sections(out: &mut String, r: &Report) {
+    let Some(t) = &r.triage else {
+        if let Some(e) = &r.triage_error {
+            let _ = writeln!(out, "## Categories\n\nNot computed: {}\n", cell(e));
+        }
+        return;
+    };
+    if !t.categories.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Every byte in a category, at {}\n\n| category | bytes | what it rests on |\n| --- | ---: | --- |",
+            t.moment
+        );
+        for c in &t.categories {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                c.category,
+                both(c.bytes),
+                cell(&c.evidence.join("; "))
+            );
+        }
+        let _ = writeln!(out);
+        if let Some(b) = &t.breakdown
+            && !b.segments.is_empty()
+        {
+            let s = &b.segments[0];
+            let _ = writeln!(
+                out,
+                "The caching allocator's reserve: {} in {} segments; the segment with the most, {} at {:#x}, holds {} of tensors, its largest free block {}.\n",
+                both(b.bytes(crate::categoriser::Category::AllocatorReserve)),
+                b.segments.len(),
+                fmt_bytes(s.size),
+                s.base,
+                fmt_bytes(s.tensor_bytes),
+                fmt_bytes(s.largest_free_block)
+            );
+        }
+    }
+    if let Some(m) = &t.model {
+        let _ = writeln!(
+            out,
+            "## The whole-step model beside the failing step\n\nA step of {} new tokens with {} tokens held, batch {}, TP {}, modelled as {} runs it; the parts a config cannot give were given from the trace: {}.\n",
+            m.shape.chunk_tokens,
+            exact(m.shape.context_tokens),
+            m.shape.batch,
+            m.shape.tp,
+            m.runtime.name(),
+            known_words(&m.known)
+        );
+        let _ = writeln!(
+            out,
+            "| category | predicted | observed | predicted − observed | likely cause |\n| --- | ---: | ---: | ---: | --- |"
+        );
+        for p in &m.residuals.parts {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                p.category.name(),
+                p.predicted.map(both).unwrap_or_else(|| "—".into()),
+                both(p.observed),
+                signed(i128::from(p.residual)),
+                cell(&p.likely_cause)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "| total | {} | {} | {} | the failed request is counted in the observed activations |\n",
+            both(m.residuals.predicted_total),
+            both(m.residuals.observed_total),
+            signed(i128::from(m.residuals.total_residual))
+        );
+        let cf = &m.context_frontier;
+        let kf = &m.chunk_frontier;
+        let _ = writeln!(
+            out,
+            "The frontier against {}: at a chunk of {} tokens, contexts up to **{}** fit{}; at the failing context of {} tokens, {} ({}).\n",
+            fmt_bytes(cf.limit_bytes),
+            cf.chunk_tokens,
+            cf.largest_context
+                .map(exact)
+                .unwrap_or_else(|| "none".into()),
+            if cf.capped { " (the search's cap)" } else { "" },
+            exact(kf.context_tokens),
+            match kf.largest_chunk {
+                Some(c) => format!("the largest chunk that fits is **{c}** tokens"),
+                None => format!(
+                    "no chunk fits: the floor counts {}",
+                    fmt_bytes(kf.at_floor)
+                ),
+            },
+            kf.floor.why
+        );
+    }
+    if let Some(msg) = &t.pytorch_message {
+        let _ = writeln!(
+            out,
+            "## PyTorch's message, rebuilt from the trace\n\nWhat PyTorch printed, rebuilt from the numbers its allocator reported at the refusal (\"this process has\" is total − free − the other traced processes; PyTorch reads NVML):\n\n```text\ntorch.OutOfMemoryError: {msg}\n```\n"
+        );
+    }
+}
+
+fn known_words(k: &vramtrace_models::KnownParts) -> String {
+    let mut v = Vec::new();
+    for (name, b) in [
+        ("engine buffers", k.engine_buffers),
+        ("CUDA graphs", k.cuda_graphs),
+        ("communication", k.communication),
+        ("autotuning", k.autotune),
+        ("KV pool", k.kv_pool),
+        ("allocator reserve", k.allocator_reserve),
+        ("context", k.context),
+        ("other processes", k.other_process),
+    ] {
+        if let Some(b) = b {
+            v.push(format!("{name} {}", fmt_bytes(b)));
+        }
+    }
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// The versions `vramtrace run` gathered at start.
+pub(super) fn versions(out: &mut String, r: &Report) {
+    let _ = writeln!(out, "## Versions\n");
+    if r.versions.is_empty() {
+        let _ = writeln!(
+            out,
+            "Not recorded: the trace has no `versions.json` (`vramtrace run` writes it at start: torch, triton, fla, vLLM, transformers, the driver, CUDA, `PYTORCH_CUDA_ALLOC_CONF`, the command line).\n"
+        );
+        return;
+    }
+    let _ = writeln!(out, "```text");
+    for (k, v) in &r.versions {
+        let _ = writeln!(out, "{k}: {v}");
+    }
+    let _ = writeln!(out, "```\n");
+}
+
