@@ -212,6 +212,21 @@ pub struct Triage {
     /// PyTorch's out-of-memory message rebuilt from the trace, when PyTorch refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pytorch_message: Option<String>,
+    /// Of `other_process` and `context`, the bytes inside the enforced limit (under a card
+    /// smaller than the device, what lies past the card is a ballast or another tenant).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inside_limit: Option<InsideLimit>,
+}
+
+/// The bytes of the categories a card smaller than the device splits.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct InsideLimit {
+    /// Other processes' bytes inside the limit.
+    pub other_process: u64,
+    /// The context's bytes inside the limit.
+    pub context: u64,
+    /// The device's bytes past the limit (`total − limit` under a smaller card, else 0).
+    pub outside: u64,
 }
 
 /// What the triage needs besides the trace and the report.
@@ -563,6 +578,7 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         model_error: None,
         levers: Vec::new(),
         pytorch_message: None,
+        inside_limit: None,
     };
     let (Some(f), Some(at), Some(b)) = (failure, at, breakdown) else {
         t.verdict.evidence.push(match report.highest_peak() {
@@ -647,6 +663,14 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
 
     // The whole-step model.
     let (other_in, context_in) = inside_limit(&b, total, &limit);
+    t.inside_limit = Some(InsideLimit {
+        other_process: other_in,
+        context: context_in,
+        outside: match limit {
+            Limit::Card { capacity } => total.saturating_sub(capacity),
+            _ => 0,
+        },
+    });
     let reserve = match torch {
         Some(tl) => tl.reserved.saturating_sub(tl.allocated),
         None => b.bytes(Category::AllocatorReserve),
@@ -1059,7 +1083,13 @@ fn levers(
                 frac <= 1.0,
             )
         }
-        Limit::Card { .. } => (format!("a card (or --gpu-memory-utilization budget) of at least {}", gib(needed)), true),
+        Limit::Card { .. } => (
+            format!(
+                "a card (or a --gpu-memory-utilization budget) of {} or more",
+                gib(needed)
+            ),
+            true,
+        ),
     };
     out.push(Lever {
         change,

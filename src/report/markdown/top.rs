@@ -181,7 +181,7 @@ pub(super) fn levers_brief(out: &mut String, r: &Report) {
         (Some(c), _) => {
             let _ = writeln!(
                 out,
-                "  - the cliff: a prefill chunk of **{c} tokens** or more does not fit ({} resident); this one was {}: keep `--max-num-batched-tokens` at **{}** or below.",
+                "  - the cliff: a prefill chunk of **{c} tokens** or more does not fit ({} resident); the chunk modelled (`--tokens`) is {}: keep `--max-num-batched-tokens` at **{}** or below.",
                 fmt_bytes(l.resident),
                 l.tokens,
                 c - 1
@@ -283,7 +283,7 @@ pub(super) fn what_to_do(out: &mut String, r: &Report, images: &Images) {
         (Some(c), Some(b)) => {
             let _ = writeln!(
                 out,
-                "| prefill chunk (`--max-num-batched-tokens`) | the cliff: **{c} tokens** (the first chunk whose kernel peak exceeds capacity − resident = {}) | a chunk of {} tokens fits; this one was {} |",
+                "| prefill chunk (`--max-num-batched-tokens`) | the cliff: **{c} tokens** (the first chunk whose kernel peak exceeds capacity − resident = {}) | a chunk of {} tokens fits; the chunk modelled (`--tokens`) is {} |",
                 fmt_bytes(b),
                 c - 1,
                 l.tokens

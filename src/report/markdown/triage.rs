@@ -46,6 +46,19 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
     for e in &t.verdict.evidence {
         let _ = writeln!(out, "- {e}");
     }
+    if let Some(c) = &f.comparison {
+        if let Some(what) = failed_tensor(c) {
+            let _ = writeln!(out, "- the refused tensor, by the kernel model: {what}");
+        }
+        other_implementation_brief(out, c);
+    }
+    if r.failures.len() > 1 {
+        let _ = writeln!(
+            out,
+            "- the first of {} failed allocations (all in [Failed allocations](#failed-allocations))",
+            r.failures.len()
+        );
+    }
     let _ = writeln!(out, "\n| | |\n| --- | --- |");
     if let Some(l) = limit {
         let _ = writeln!(
@@ -129,24 +142,39 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
         _ => {}
     }
     let _ = writeln!(out);
-    let total: u64 = t.categories.iter().map(|c| c.bytes).sum();
+    let inside = t.inside_limit;
+    let in_limit = |c: &crate::report::triage::CategoryRow| match (c.category, inside) {
+        ("other_process", Some(i)) => i.other_process,
+        ("context", Some(i)) => i.context,
+        _ => c.bytes,
+    };
+    let total: u64 = t.categories.iter().map(in_limit).sum();
     let parts: Vec<String> = t
         .categories
         .iter()
-        .filter(|c| c.bytes > 0)
+        .filter(|c| in_limit(c) > 0)
         .map(|c| {
             let title = crate::categoriser::Category::parse(c.category)
                 .map_or(c.category, |x| x.title());
-            format!("{title} {}", fmt_bytes(c.bytes))
+            format!("{title} {}", fmt_bytes(in_limit(c)))
         })
         .collect();
     if !parts.is_empty() {
+        let outside = inside.map_or(0, |i| i.outside);
         let _ = writeln!(
             out,
-            "**Where the device's {} were** at {}: {}.\n",
+            "**Where the {} inside the limit were** at {}: {}{}.\n",
             fmt_bytes(total),
             t.moment,
-            parts.join(" · ")
+            parts.join(" · "),
+            if outside > 0 {
+                format!(
+                    " (the device's {} past the limit — a ballast, other tenants, the context before them — are left out)",
+                    fmt_bytes(outside)
+                )
+            } else {
+                String::new()
+            }
         );
     }
     if !t.levers.is_empty() {
@@ -170,7 +198,11 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
             let _ = writeln!(
                 out,
                 "| {}{} | {} | {} |",
-                code(&cell(&l.change)),
+                if l.change.starts_with("a ") {
+                    cell(&l.change)
+                } else {
+                    code(&cell(&l.change))
+                },
                 if l.feasible { "" } else { " (infeasible)" },
                 yes_no(l.fits),
                 cell(&l.ceiling)
@@ -178,6 +210,7 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
         }
         let _ = writeln!(out);
     }
+    unreadable(out, r);
     true
 }
 
