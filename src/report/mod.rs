@@ -10,6 +10,7 @@
 //! (ballast, reservations), unnamed. Within a category they are grouped by name and label with
 //! the numbers that index layers and chunks collapsed ([`crate::names::pattern`]).
 
+pub mod figures;
 pub mod html;
 pub mod json;
 pub mod levers;

@@ -458,9 +458,7 @@ fn step_from_tensors(
     let source = match (tokens, per_token) {
         (Some(t), Some(b)) => format!(
             "step {n} of the loop whose first line is `{}` (it allocated {} times); that line's tensor, the step's input, is {} B = {t} tokens × {b} B (hidden size × dtype)",
-            ph.first_site,
-            ph.steps,
-            ph.input_bytes
+            ph.first_site, ph.steps, ph.input_bytes
         ),
         _ => format!(
             "step {n} of the loop whose first line is `{}` (it allocated {} times, its input {} B); give --model for the token count",
@@ -683,8 +681,9 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         .unwrap_or(0);
     let model = match &opts.model {
         None => None,
-        Some(m) => match whole_step(trace, opts, m, &t, &b, &limit, reserve, other_in, context_in)
-        {
+        Some(m) => match whole_step(
+            trace, opts, m, &t, &b, &limit, reserve, other_in, context_in,
+        ) {
             Ok(v) => Some(v),
             Err(e) => {
                 t.model_error = Some(e);
@@ -886,7 +885,11 @@ fn whole_step(
     shape.tp = m.opts.tp.max(1);
     let failing = model.check(&shape, limit).map_err(|e| e.to_string())?;
     let before = (context > chunk)
-        .then(|| model.check(&shape.with_context(context - chunk), limit).ok())
+        .then(|| {
+            model
+                .check(&shape.with_context(context - chunk), limit)
+                .ok()
+        })
         .flatten()
         .and_then(|s| s.fits());
     let lc = failing.limit.clone().ok_or("the model was not checked")?;
@@ -1023,7 +1026,11 @@ fn levers(
             out.push(Lever {
                 change: "--enforce-eager (or fewer --cuda-graph-sizes)".into(),
                 fits: Some(fits),
-                ceiling: format!("{} (frees {} of graph pools)", ceiling(ctx, chunk), gib(graphs)),
+                ceiling: format!(
+                    "{} (frees {} of graph pools)",
+                    ceiling(ctx, chunk),
+                    gib(graphs)
+                ),
                 feasible: true,
             });
         }
@@ -1069,11 +1076,15 @@ fn levers(
     // The limit needed for this step.
     let needed = m.counted;
     let (change, feasible) = match limit {
-        Limit::GpuMemoryUtilization { capacity, .. } | Limit::PerProcessFraction { capacity, .. } => {
+        Limit::GpuMemoryUtilization { capacity, .. }
+        | Limit::PerProcessFraction { capacity, .. } => {
             let frac = needed as f64 / *capacity as f64;
             (
                 if matches!(limit, Limit::GpuMemoryUtilization { .. }) {
-                    format!("--gpu-memory-utilization {:.3}", (frac * 1000.0).ceil() / 1000.0)
+                    format!(
+                        "--gpu-memory-utilization {:.3}",
+                        (frac * 1000.0).ceil() / 1000.0
+                    )
                 } else {
                     format!(
                         "set_per_process_memory_fraction({:.3})",

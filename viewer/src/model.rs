@@ -226,3 +226,55 @@ pub struct CliffCurve {
     /// `(prompt tokens, observed peak bytes)` from traces.
     pub observed: Vec<(u64, u64)>,
 }
+
+/// One panel of the whole-step cliff: the step's bytes counted against the limit as one shape
+/// varies (the context at a fixed chunk, or the chunk at a fixed context).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CliffPanel {
+    /// What varies, for the x axis (`context tokens at a chunk of 4128`).
+    pub x_desc: String,
+    /// `(x, bytes counted against the limit)`, in x order.
+    pub curve: Vec<(u64, u64)>,
+    /// The largest x that fits (the frontier), when one does.
+    pub frontier: Option<u64>,
+    /// The failing step: `(x, bytes the model counts for it)`.
+    pub failure: Option<(u64, u64)>,
+}
+
+/// The whole-step cliff: the context panel, then the chunk panel, against one limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CliffPanels {
+    /// Title: the model, the program and the limit.
+    pub title: String,
+    /// The enforced limit in bytes.
+    pub limit_bytes: u64,
+    /// How the limit is said in the legend (`PyTorch's per-process limit`).
+    pub limit_label: String,
+    /// The panels, left to right.
+    pub panels: Vec<CliffPanel>,
+}
+
+/// One part of the capacity bar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityPart {
+    /// Its name (`weights`, `KV cache`, `free`).
+    pub label: String,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// The breakdown as one stacked bar against the enforced limit, the failing request drawn past
+/// what was used so that it overhangs the limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityBar {
+    /// Title: the moment and the device.
+    pub title: String,
+    /// The enforced limit in bytes.
+    pub limit_bytes: u64,
+    /// How the limit is said (`a card of 18.00 GiB`).
+    pub limit_label: String,
+    /// The parts in stacking order (`free` last when there is room left).
+    pub parts: Vec<CapacityPart>,
+    /// The refused request: its label and bytes.
+    pub request: Option<CapacityPart>,
+}

@@ -14,7 +14,9 @@ use vramtrace::report::{self, ModelInput, Report, ReportOptions};
 use vramtrace::trace::Trace;
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_viewer::model::{BreakdownPlot, BreakdownRow};
-use vramtrace_viewer::plot::{plot_breakdown, plot_cliff, plot_timeline};
+use vramtrace_viewer::plot::{
+    plot_breakdown, plot_capacity_bar, plot_cliff, plot_cliff_panels, plot_timeline,
+};
 
 /// Arguments of `vramtrace report`.
 #[derive(clap::Args, Debug)]
@@ -240,7 +242,14 @@ fn draw(args: &ReportArgs, trace: &Trace, r: &Report, dir: &Path) -> Images {
     let mut images = Images::default();
     let warn =
         |what: &str, e: anyhow::Error| eprintln!("vramtrace: warning: no {what} plot: {e:#}");
-    let capacity = r.capacity.map(|c| c.0).or(args.capacity);
+    // The timeline's line is the limit that was enforced, when the triage knows it.
+    let capacity = r
+        .triage
+        .as_ref()
+        .and_then(|t| t.limit.as_ref())
+        .map(|l| l.bytes)
+        .or(r.capacity.map(|c| c.0))
+        .or(args.capacity);
     let title = format!("{}: live device bytes by category", r.title);
     match plots::timeline(trace, &args.trace, &title, capacity, None, &args.hide)
         .map_err(anyhow::Error::from)
@@ -249,11 +258,25 @@ fn draw(args: &ReportArgs, trace: &Trace, r: &Report, dir: &Path) -> Images {
         Ok(()) => images.timeline = Some("timeline.png".into()),
         Err(e) => warn("timeline", e),
     }
-    match breakdown(r).and_then(|p| Ok(plot_breakdown(&p, &dir.join("breakdown.png"))?)) {
+    let drawn = match report::figures::capacity_bar(r) {
+        Some(bar) => {
+            plot_capacity_bar(&bar, &dir.join("breakdown.png")).map_err(anyhow::Error::from)
+        }
+        None => breakdown(r).and_then(|p| Ok(plot_breakdown(&p, &dir.join("breakdown.png"))?)),
+    };
+    match drawn {
         Ok(()) => images.breakdown = Some("breakdown.png".into()),
         Err(e) => warn("breakdown", e),
     }
-    if let (Some(m), Some(l)) = (&r.model, &r.levers) {
+    if let Some(panels) = report::figures::cliff_panels(r) {
+        match panels
+            .map_err(anyhow::Error::from)
+            .and_then(|p| Ok(plot_cliff_panels(&p, &dir.join("cliff.png"))?))
+        {
+            Ok(()) => images.cliff = Some("cliff.png".into()),
+            Err(e) => warn("cliff", e),
+        }
+    } else if let (Some(m), Some(l)) = (&r.model, &r.levers) {
         let c = r
             .first_failure()
             .and_then(|f| f.comparison.as_ref())

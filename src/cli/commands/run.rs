@@ -430,7 +430,12 @@ fn write_versions(out: &Path, command: &[OsString], env: &[(OsString, OsString)]
         .and_then(|t| {
             t.lines()
                 .next()
-                .and_then(|l| l.split_whitespace().find(|w| w.chars().filter(|c| *c == '.').count() >= 1 && w.chars().all(|c| c.is_ascii_digit() || c == '.')))
+                .and_then(|l| {
+                    l.split_whitespace().find(|w| {
+                        w.chars().filter(|c| *c == '.').count() >= 1
+                            && w.chars().all(|c| c.is_ascii_digit() || c == '.')
+                    })
+                })
                 .map(str::to_string)
         });
     v.insert(
@@ -438,7 +443,10 @@ fn write_versions(out: &Path, command: &[OsString], env: &[(OsString, OsString)]
         driver.map_or(serde_json::Value::Null, Into::into),
     );
     if let Some(python) = python_of(command) {
-        v.insert("python".into(), python.to_string_lossy().into_owned().into());
+        v.insert(
+            "python".into(),
+            python.to_string_lossy().into_owned().into(),
+        );
         match python_versions(&python) {
             Ok(found) => v.extend(found),
             Err(e) => {
@@ -537,7 +545,10 @@ fn python_versions(python: &Path) -> anyhow::Result<serde_json::Map<String, serd
     }
     let mut text = String::new();
     std::io::Read::read_to_string(
-        &mut child.stdout.take().context("no output from the interpreter")?,
+        &mut child
+            .stdout
+            .take()
+            .context("no output from the interpreter")?,
         &mut text,
     )?;
     match serde_json::from_str(text.trim()) {

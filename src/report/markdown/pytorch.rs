@@ -172,12 +172,15 @@ pub(super) fn pytorch_message_tensors(
             "the largest free block, {}, holds the request: a segment could have served it by size (the allocator's pools and rounding aside), so free space inside the cache was not what was missing",
             fmt_bytes(tm.largest_free_block)
         )
-    } else if torch.map_or(tm.unallocated_bytes, |t| t.reserved.saturating_sub(t.allocated))
-        >= request
+    } else if torch.map_or(tm.unallocated_bytes, |t| {
+        t.reserved.saturating_sub(t.allocated)
+    }) >= request
     {
         format!(
             "fragmentation: {} is free inside the segments in all, more than the request, but the largest free block is {}, so no segment could serve it",
-            fmt_bytes(torch.map_or(tm.unallocated_bytes, |t| t.reserved.saturating_sub(t.allocated))),
+            fmt_bytes(torch.map_or(tm.unallocated_bytes, |t| {
+                t.reserved.saturating_sub(t.allocated)
+            })),
             fmt_bytes(tm.largest_free_block)
         )
     } else {

@@ -154,8 +154,8 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
         .iter()
         .filter(|c| in_limit(c) > 0)
         .map(|c| {
-            let title = crate::categoriser::Category::parse(c.category)
-                .map_or(c.category, |x| x.title());
+            let title =
+                crate::categoriser::Category::parse(c.category).map_or(c.category, |x| x.title());
             format!("{title} {}", fmt_bytes(in_limit(c)))
         })
         .collect();
@@ -301,10 +301,7 @@ pub(super) fn triage_sections(out: &mut String, r: &Report) {
             exact(kf.context_tokens),
             match kf.largest_chunk {
                 Some(c) => format!("the largest chunk that fits is **{c}** tokens"),
-                None => format!(
-                    "no chunk fits: the floor counts {}",
-                    fmt_bytes(kf.at_floor)
-                ),
+                None => format!("no chunk fits: the floor counts {}", fmt_bytes(kf.at_floor)),
             },
             kf.floor.why
         );
@@ -356,4 +353,3 @@ pub(super) fn versions(out: &mut String, r: &Report) {
     }
     let _ = writeln!(out, "```\n");
 }
-

@@ -8,6 +8,7 @@
 
 mod breakdown;
 mod cliff;
+mod panels;
 mod style;
 mod timeline;
 
@@ -19,6 +20,7 @@ use plotters::prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingA
 
 pub use breakdown::plot_breakdown;
 pub use cliff::plot_cliff;
+pub use panels::{plot_capacity_bar, plot_cliff_panels};
 pub use timeline::{TimelinePlot, plot_timeline};
 
 use crate::error::ViewerError;

@@ -1,0 +1,148 @@
+//! The report's own plots, as view models for `vramtrace-viewer`: the breakdown as one
+//! stacked capacity bar against the enforced limit (weights, KV, state, activations, reserve,
+//! context, free) with the failing request overhanging it, and the whole-step cliff in two
+//! panels (the context at the step's chunk, the chunk at the failing context), the failure
+//! marked.
+
+use vramtrace_models::{Limit, StepModel, StepVariants};
+use vramtrace_viewer::model::{CapacityBar, CapacityPart, CliffPanel, CliffPanels};
+
+use crate::categoriser::Category;
+use crate::report::Report;
+
+/// Points per cliff panel.
+const CURVE_POINTS: u64 = 48;
+
+fn limit_label(l: &Limit) -> &'static str {
+    match l {
+        Limit::Card { .. } => "card",
+        Limit::GpuMemoryUtilization { .. } => "--gpu-memory-utilization",
+        Limit::PerProcessFraction { .. } => "PyTorch's per-process limit",
+    }
+}
+
+/// The capacity bar at the first failure; `None` without one.
+pub fn capacity_bar(r: &Report) -> Option<CapacityBar> {
+    let t = r.triage.as_ref()?;
+    let f = r.first_failure()?;
+    let limit = t.limit.as_ref()?;
+    let b = t.breakdown.as_ref()?;
+    let inside = t.inside_limit;
+    let per_process = matches!(limit.limit, Limit::PerProcessFraction { .. });
+    let mut parts = Vec::new();
+    for c in Category::ALL {
+        let bytes = match (c, inside) {
+            (Category::OtherProcess, Some(i)) => i.other_process,
+            (Category::Context, Some(i)) => i.context,
+            _ => b.bytes(c),
+        };
+        // PyTorch's limit counts its reserved bytes only: what lies outside its segments
+        // (the context, libraries' own allocations, other processes) is not drawn against it.
+        if bytes == 0
+            || (per_process
+                && matches!(
+                    c,
+                    Category::Context | Category::OtherProcess | Category::Communication
+                ))
+        {
+            continue;
+        }
+        parts.push(CapacityPart {
+            label: c.title().to_string(),
+            bytes,
+        });
+    }
+    let used: u64 = parts.iter().map(|p| p.bytes).sum();
+    if limit.bytes > used {
+        parts.push(CapacityPart {
+            label: "free".into(),
+            bytes: limit.bytes - used,
+        });
+    }
+    Some(CapacityBar {
+        title: format!(
+            "{}: the first failure ({:.3} s), cuda:{}",
+            r.title, f.failure.t_s, f.device
+        ),
+        limit_bytes: limit.bytes,
+        limit_label: limit_label(&limit.limit).to_string(),
+        parts,
+        request: Some(CapacityPart {
+            label: format!(
+                "the refused request{}",
+                t.tipping
+                    .as_ref()
+                    .and_then(|x| x.line.as_deref())
+                    .map(|l| format!(" at {l}"))
+                    .unwrap_or_default()
+            ),
+            bytes: f.failure.size,
+        }),
+    })
+}
+
+/// Evenly spaced points from `lo` to `hi` (both included).
+fn spaced(lo: u64, hi: u64) -> Vec<u64> {
+    let hi = hi.max(lo);
+    let mut v: Vec<u64> = (0..=CURVE_POINTS)
+        .map(|i| lo + (hi - lo) * i / CURVE_POINTS)
+        .collect();
+    v.dedup();
+    v
+}
+
+/// The whole-step cliff; `None` without the model beside a failure.
+pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
+    let t = r.triage.as_ref()?;
+    let m = t.model.as_ref()?;
+    let mi = r.model.as_ref()?;
+    let limit = t.limit.as_ref()?;
+    let model = StepModel::new(
+        mi.cfg.clone(),
+        StepVariants::for_runtime(m.runtime, &mi.cfg),
+        m.known.clone(),
+    );
+    let chunk = m.shape.chunk_tokens;
+    let context = m.shape.context_tokens;
+    let go = || -> crate::Result<CliffPanels> {
+        let frontier_ctx = m.context_frontier.largest_context;
+        let hi_ctx = context.max(frontier_ctx.unwrap_or(0)).saturating_mul(5) / 4;
+        let contexts = spaced(chunk, hi_ctx.max(chunk * 2));
+        let ctx_curve = model.context_curve(&m.shape, &limit.limit, &contexts)?;
+        let floor = m.chunk_frontier.floor.multiple.max(1);
+        let chunks: Vec<u64> = spaced(1, chunk.saturating_mul(3) / 2)
+            .into_iter()
+            .map(|c| c.div_ceil(floor) * floor)
+            .filter(|&c| c <= context)
+            .collect::<std::collections::BTreeSet<u64>>()
+            .into_iter()
+            .collect();
+        let chunk_curve = model.chunk_curve(&m.shape, &limit.limit, &chunks)?;
+        Ok(CliffPanels {
+            title: format!(
+                "{} ({}): the step against the {} of {}",
+                mi.cfg.display_name(),
+                m.runtime.name(),
+                limit_label(&limit.limit),
+                vramtrace_models::units::fmt_bytes(limit.bytes)
+            ),
+            limit_bytes: limit.bytes,
+            limit_label: limit_label(&limit.limit).to_string(),
+            panels: vec![
+                CliffPanel {
+                    x_desc: format!("context tokens at a chunk of {chunk}"),
+                    curve: ctx_curve,
+                    frontier: frontier_ctx,
+                    failure: Some((context, m.counted)),
+                },
+                CliffPanel {
+                    x_desc: format!("chunk tokens at a context of {context}"),
+                    curve: chunk_curve,
+                    frontier: m.chunk_frontier.largest_chunk,
+                    failure: Some((chunk, m.counted)),
+                },
+            ],
+        })
+    };
+    Some(go())
+}
