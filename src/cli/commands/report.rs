@@ -85,18 +85,41 @@ fn read_versions(trace: &Path) -> Vec<(String, String)> {
     let Ok(text) = std::fs::read_to_string(dir.join(crate::commands::run::VERSIONS_FILE)) else {
         return Vec::new();
     };
+    // The order a maintainer reads them in; keys not listed follow in name order.
+    const ORDER: [&str; 11] = [
+        "command",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "driver",
+        "cuda",
+        "python",
+        "torch",
+        "triton",
+        "fla",
+        "flash_attn",
+        "vllm",
+        "transformers",
+    ];
     match serde_json::from_str::<serde_json::Value>(&text) {
-        Ok(serde_json::Value::Object(m)) => m
-            .into_iter()
-            .map(|(k, v)| {
-                let v = match v {
-                    serde_json::Value::String(s) => s,
-                    serde_json::Value::Null => "(not found)".to_string(),
-                    other => other.to_string(),
-                };
-                (k, v)
-            })
-            .collect(),
+        Ok(serde_json::Value::Object(m)) => {
+            let mut v: Vec<(String, String)> = m
+                .into_iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        serde_json::Value::String(s) => s,
+                        serde_json::Value::Null => "(not found)".to_string(),
+                        other => other.to_string(),
+                    };
+                    (k, v)
+                })
+                .collect();
+            v.sort_by_key(|(k, _)| {
+                (
+                    ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()),
+                    k.clone(),
+                )
+            });
+            v
+        }
         _ => {
             eprintln!(
                 "vramtrace: warning: {} is not a JSON object; the versions block is left out",
