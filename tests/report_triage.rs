@@ -319,3 +319,50 @@ fn run_writes_the_versions_at_start() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `vramtrace model --context`: the whole-step view and its frontier, as the report computes
+/// them, on prefill-18gib's step (chunk 2 of 4128 at 18 GiB, the trace's 257,618,896 bytes of
+/// context given).
+#[test]
+fn model_context_prints_the_whole_step_and_its_frontier() {
+    let o = Command::new(common::vramtrace())
+        .arg("model")
+        .arg(config())
+        .args([
+            "--tokens",
+            "4128",
+            "--context",
+            "12384",
+            "--runtime",
+            "workload",
+            "--limit",
+            "18GiB",
+            "--known",
+            "context=257618896",
+            "--block-size",
+            "4128",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::describe(&o));
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["total"], 19_473_280_976u64);
+    assert_eq!(j["limit"]["fits"], false);
+    assert_eq!(j["limit"]["headroom"], -145_928_144);
+    assert_eq!(j["context_frontier"]["largest_context"], 10_157);
+    assert_eq!(j["chunk_frontier"]["largest_chunk"], Value::Null);
+    // A part that is not one is refused with the list.
+    let o = Command::new(common::vramtrace())
+        .arg("model")
+        .arg(config())
+        .args(["--tokens", "4128", "--context", "8256", "--known", "kv=1GiB"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("use engine_buffers, cuda_graphs"),
+        "{}",
+        common::describe(&o)
+    );
+}

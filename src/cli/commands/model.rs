@@ -65,6 +65,9 @@ pub struct ModelArgs {
     /// Weight format for the model summary: bf16, fp8, int4 or int4:GROUP.
     #[arg(long, default_value = "bf16")]
     pub weights: String,
+    /// The whole-step model (`--context`): every part of one serving step and its frontier.
+    #[command(flatten)]
+    pub whole: crate::commands::model_step::StepArgs,
 }
 
 /// Which kernel, variant and batch to model: shared by `vramtrace model` and `vramtrace compare`.
@@ -222,6 +225,13 @@ const DEFAULT_TOKENS: u64 = 4128;
 /// Runs `vramtrace model`.
 pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
     let (cfg, variants, opts) = args.select.resolve(&args.config)?;
+    if args.whole.context.is_some() {
+        let chunk = opts.seqlens.iter().sum::<u64>();
+        if args.select.tokens.is_none() {
+            bail!("--context needs --tokens: the chunk of new tokens the step prefills");
+        }
+        return crate::commands::model_step::run(cfg, chunk, opts.tp, &args.whole, args.json);
+    }
     let weights: WeightFormat = args.weights.parse().map_err(anyhow::Error::msg)?;
 
     if let (Some(cap), Some(res)) = (&args.capacity, &args.resident) {
