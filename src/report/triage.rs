@@ -474,8 +474,10 @@ fn step_from_tensors(
 }
 
 /// Frames of the allocation machinery a triager does not look for: the driver binding, the
-/// caching allocator, PyTorch's C++ dispatch, a backend's allocation wrapper.
-const MACHINERY: [&str; 10] = [
+/// caching allocator, PyTorch's C++ dispatch, Rust's runtime (unwinding guards), a backend's
+/// allocation wrapper and the reference workload's tensor factory (`Session::empty`, its
+/// `torch.empty`).
+const MACHINERY: [&str; 16] = [
     "cudarc::",
     "cuMem",
     "libcuda",
@@ -486,6 +488,12 @@ const MACHINERY: [&str; 10] = [
     "Backend",
     "backend::",
     "::alloc",
+    "core::",
+    "std::",
+    "__rust",
+    "::guarded",
+    "Session::empty",
+    "__libc",
 ];
 
 /// The first user or library frame of a stack: the innermost Python frame
