@@ -270,8 +270,8 @@ report_torch() {
   # A real PyTorch OOM, as a user would file it: the prefill above on a 24 GiB allocator limit.
   rm -rf "$W/torch-oom" "$W/torch-oom-report"
   $VT run --out "$W/torch-oom" -- python3 "$VAL/torch_prefill.py" --layers 16 --tokens 262144 --passes 1 --capacity-gib 24 2>&1 | tail -5
-  $VT report "$W/torch-oom" --model "$CFG" --variant fla-0.6.0 --tokens 4128 --capacity 24GiB -o "$W/torch-oom-report" | tail -3
-  $VT report "$W/torch-oom" --model "$CFG" --variant fla-0.6.0 --tokens 4128 --capacity 24GiB --html -o "$W/torch-oom-report" | tail -1
+  $VT report "$W/torch-oom" --model "$CFG" --variant fla-0.6.0 --layers 16 --json -o "$W/torch-oom-report" | tail -3
+  $VT report "$W/torch-oom" --model "$CFG" --variant fla-0.6.0 --layers 16 --html -o "$W/torch-oom-report" | tail -1
   head -40 "$W/torch-oom-report/report.md"
 }
 
