@@ -62,19 +62,33 @@ fn prefill_sample_report_states_the_failure_and_the_levers() {
         "**Verdict: KV-cache growth** — `vramtrace-workload` pid 449 (parent 447) on cuda:0 (NVIDIA H200, 139.80 GiB) ran out of memory at 7.902 s: a request of **97.50 MiB** at `prefill/chunk.2/layer.0/gdn/chunk_gated_delta_rule/chunk_gated_delta_rule_fwd_h` was refused, **short by 24.38 MiB** against a card of 18.00 GiB (given with --capacity)."
     );
     has("- the KV cache held 774.00 MiB at chunk 2, about 258.00 MiB per chunk since the first");
-    has("- the model fits a chunk of 4128 tokens up to a context of 10157 tokens; this step held 12384");
-    has("- the refused tensor, by the kernel model: `h` bfloat16 [1, 65, 48, 128, 128] of fla-0.6.0 (97.50 MiB predicted)");
-    has("| step | chunk 2 (counting from 0) of **4128 tokens**, **12,384 tokens** held at its end — the failure's label");
-    has("| whole-step model | the failing step **does not fit**: 18.14 GiB counted against 18.00 GiB (short by 139.17 MiB); the step before it fits |");
+    has(
+        "- the model fits a chunk of 4128 tokens up to a context of 10157 tokens; this step held 12384",
+    );
+    has(
+        "- the refused tensor, by the kernel model: `h` bfloat16 [1, 65, 48, 128, 128] of fla-0.6.0 (97.50 MiB predicted)",
+    );
+    has(
+        "| step | chunk 2 (counting from 0) of **4128 tokens**, **12,384 tokens** held at its end — the failure's label",
+    );
+    has(
+        "| whole-step model | the failing step **does not fit**: 18.14 GiB counted against 18.00 GiB (short by 139.17 MiB); the step before it fits |",
+    );
     has("context and modules 245.68 MiB (the device's 121.80 GiB past the limit");
     has("| `--max-model-len 10157` | — | contexts up to 10157 tokens at a chunk of 4128 |");
-    has("| `--max-num-batched-tokens (smaller chunk)` (infeasible) | no | no chunk fits at this context (12384 tokens): even the floor of 4128 tokens counts 18.14 GiB against 18.00 GiB |");
+    has(
+        "| `--max-num-batched-tokens (smaller chunk)` (infeasible) | no | no chunk fits at this context (12384 tokens): even the floor of 4128 tokens counts 18.14 GiB against 18.00 GiB |",
+    );
     let top_end = lines.iter().position(|l| *l == "---").unwrap();
     assert!(top_end < 40, "the first screen is {top_end} lines");
     // Below: every category with its evidence, the model's residuals, exact bytes.
-    has("| kv_cache | 774.00 MiB (811,597,824 B) | label \"prefill/kv_cache\" (\"kv\") (811597824 B, 48 allocations) |");
+    has(
+        "| kv_cache | 774.00 MiB (811,597,824 B) | label \"prefill/kv_cache\" (\"kv\") (811597824 B, 48 allocations) |",
+    );
     has("| context | 245.68 MiB (257,618,896 B) | 245.68 MiB (257,618,896 B) | 0 B | agrees |");
-    has("The frontier against 18.00 GiB: at a chunk of 4128 tokens, contexts up to **10,157** fit; at the failing context of 12,384 tokens, no chunk fits");
+    has(
+        "The frontier against 18.00 GiB: at a chunk of 4128 tokens, contexts up to **10,157** fit; at the failing context of 12,384 tokens, no chunk fits",
+    );
     has("| untraced (total − free − traced live) | 772.50 MiB (810,021,840 B) |");
     // The kernel model beside the failure: what each match rests on and where it was made.
     has(
@@ -91,7 +105,10 @@ fn prefill_sample_report_states_the_failure_and_the_levers() {
         "Of the matched: backed by a name or a frame in the modelled file 121.69 MiB (127,604,736 B), by size and order alone 0 B; 0 tensor(s) ambiguous among look-alikes, 0 contradicted by their frames.",
     );
     // The table is not repeated at the peak.
-    assert_eq!(md.matches("| tensor | shape | dtype | predicted |").count(), 1);
+    assert_eq!(
+        md.matches("| tensor | shape | dtype | predicted |").count(),
+        1
+    );
     has("(the model is set beside the first failure above, not repeated here)");
     has("| `layer.#.kv.chunk.# [prefill/kv_cache]` | KV cache | 48 | 774.00 MiB (811,597,824 B) |");
     has(

@@ -134,7 +134,10 @@ fn torch_oom_is_fragmentation_under_an_enforced_limit() {
     assert_eq!(bare["verdict"]["class"], "fragmentation");
     assert!(bare.get("model").is_none(), "{bare}");
     assert_eq!(bare["shortfall"], 48_234_496);
-    assert_eq!(bare["levers"][0]["change"], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    assert_eq!(
+        bare["levers"][0]["change"],
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    );
 }
 
 /// The Markdown's first screen on the same sample: the verdict and the shortfall against the
@@ -145,7 +148,10 @@ fn torch_oom_first_screen_leads_with_the_cause() {
     let cfg = config();
     let md = run(
         &root().join("samples/h200/torch-oom"),
-        &with_model(&["--layers", "16", "--variant", "fla-0.6.0"], cfg.to_str().unwrap()),
+        &with_model(
+            &["--layers", "16", "--variant", "fla-0.6.0"],
+            cfg.to_str().unwrap(),
+        ),
     );
     let lines: Vec<&str> = md.lines().collect();
     assert_eq!(
@@ -155,7 +161,10 @@ fn torch_oom_first_screen_leads_with_the_cause() {
     let top = &md[..md.find("\n---\n").expect("the first screen ends")];
     assert!(top.lines().count() < 40, "{top}");
     assert!(!top.contains("**116.30 GiB"), "{top}");
-    assert!(top.contains("| short by | **46.00 MiB (48,234,496 B)** |"), "{top}");
+    assert!(
+        top.contains("| short by | **46.00 MiB (48,234,496 B)** |"),
+        "{top}"
+    );
     assert!(
         top.contains("| step | chunk 25 (counting from 0) of **4128 tokens**, **107,328 tokens** held at its end"),
         "{top}"
@@ -172,10 +181,18 @@ fn torch_oom_first_screen_leads_with_the_cause() {
     ));
     assert!(!md.contains("3,216,392,964"), "the reserve counted twice");
     assert!(!md.contains("does not exist yet"));
-    assert!(!md.contains("cuda:-1"), "a pinned host allocation is not a GPU");
+    assert!(
+        !md.contains("cuda:-1"),
+        "a pinned host allocation is not a GPU"
+    );
     assert!(!md.contains("| kv_cache | 0 B"));
-    assert_eq!(md.matches("| tensor | shape | dtype | predicted |").count(), 1);
-    assert!(md.contains("```text\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.23 GiB."));
+    assert_eq!(
+        md.matches("| tensor | shape | dtype | predicted |").count(),
+        1
+    );
+    assert!(md.contains(
+        "```text\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.23 GiB."
+    ));
 }
 
 /// The workload on the H200 held to 18 GiB by a ballast: the KV cache grew to the point where
@@ -206,7 +223,12 @@ fn prefill_18gib_is_kv_growth_and_the_failing_step_does_not_fit() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|l| l["change"].as_str().unwrap().starts_with("--max-num-batched-tokens"))
+        .find(|l| {
+            l["change"]
+                .as_str()
+                .unwrap()
+                .starts_with("--max-num-batched-tokens")
+        })
         .unwrap();
     assert_eq!(chunk["feasible"], false);
     // Every residual is a number with a cause, none hidden.
@@ -249,7 +271,10 @@ fn without_a_failure_the_verdict_is_none_and_failure_fits_is_absent() {
     let cfg = config();
     let j = json(
         &root().join("samples/h200/fla-gdn-t4128"),
-        &with_model(&["--variant", "fla-0.6.0", "--tokens", "4128"], cfg.to_str().unwrap()),
+        &with_model(
+            &["--variant", "fla-0.6.0", "--tokens", "4128"],
+            cfg.to_str().unwrap(),
+        ),
     );
     assert_eq!(j["verdict"]["class"], "none");
     assert!(j["model"].get("failure_fits").is_none(), "{j}");
@@ -309,8 +334,7 @@ fn run_writes_the_versions_at_start() {
         .unwrap();
     assert!(o.status.success(), "{}", common::describe(&o));
     let v: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("versions.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("versions.json")).unwrap()).unwrap();
     assert_eq!(v["command"], format!("{python} -c print('hi')"));
     assert_eq!(v["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:True");
     assert_eq!(v["python"], python);
@@ -356,7 +380,14 @@ fn model_context_prints_the_whole_step_and_its_frontier() {
     let o = Command::new(common::vramtrace())
         .arg("model")
         .arg(config())
-        .args(["--tokens", "4128", "--context", "8256", "--known", "kv=1GiB"])
+        .args([
+            "--tokens",
+            "4128",
+            "--context",
+            "8256",
+            "--known",
+            "kv=1GiB",
+        ])
         .output()
         .unwrap();
     assert!(!o.status.success());

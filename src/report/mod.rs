@@ -448,6 +448,16 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
             })
             .collect(),
     };
+    let topts = triage::TriageOptions {
+        model: opts.model.clone(),
+        runtime: opts.runtime,
+        block_size: opts.block_size,
+        capacity: opts.capacity,
+    };
+    match triage::triage(trace, &report, &topts) {
+        Ok(t) => report.triage = Some(t),
+        Err(e) => report.triage_error = Some(crate::error::with_causes(&e)),
+    }
     if let Some(m) = &opts.model {
         let workload = Workload::from_config(&m.cfg, &m.opts)?;
         for f in report.failures.iter_mut().take(MAX_COMPARED_FAILURES) {
@@ -483,16 +493,6 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
                 Err(e) => report.levers_error = Some(format!("{e:#}")),
             },
         }
-    }
-    let topts = triage::TriageOptions {
-        model: opts.model.clone(),
-        runtime: opts.runtime,
-        block_size: opts.block_size,
-        capacity: opts.capacity,
-    };
-    match triage::triage(trace, &report, &topts) {
-        Ok(t) => report.triage = Some(t),
-        Err(e) => report.triage_error = Some(crate::error::with_causes(&e)),
     }
     Ok(report)
 }
@@ -543,6 +543,22 @@ fn levers_for(report: &Report, m: &ModelInput, capacity: u64) -> crate::Result<L
             (c, &p.live, None)
         }
     };
+    // The KV cache and the weights as the categoriser counts them (frames and lifetimes), not
+    // only what a label names.
+    let mut live = live.clone();
+    if let Some(t) = &report.triage {
+        let bytes = |k: &str| {
+            t.categories
+                .iter()
+                .find(|c| c.category == k)
+                .map_or(0, |c| c.bytes)
+        };
+        live.kv_cache_bytes = live.kv_cache_bytes.max(bytes("kv_cache"));
+        if let Some(i) = CATEGORIES.iter().position(|c| *c == "weights") {
+            live.by_category[i].0 = live.by_category[i].0.max(bytes("weights"));
+        }
+    }
+    let live = &live;
     levers::compute(m, comparison, live, failure, capacity)
 }
 

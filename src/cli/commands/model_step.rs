@@ -8,8 +8,8 @@ use anyhow::{Context, bail};
 use serde_json::json;
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_models::{
-    ChunkFloor, DType, KnownParts, LayerKind, Limit, ModelConfig, Runtime, ServingShape,
-    StepModel, StepVariants,
+    ChunkFloor, DType, KnownParts, LayerKind, Limit, ModelConfig, Runtime, ServingShape, StepModel,
+    StepVariants,
 };
 
 /// The whole-step options of `vramtrace model`.
@@ -21,13 +21,23 @@ pub struct StepArgs {
     #[arg(long, value_name = "TOKENS")]
     pub context: Option<u64>,
     /// The program that runs the step: workload, torch_prefill_script, vllm or transformers.
-    #[arg(long, value_name = "RUNTIME", default_value = "transformers", requires = "context")]
+    #[arg(
+        long,
+        value_name = "RUNTIME",
+        default_value = "transformers",
+        requires = "context"
+    )]
     pub runtime: String,
     /// The limit: a card of this many bytes (e.g. `24GiB`); with a fraction, the card's total.
     #[arg(long, value_name = "BYTES", requires = "context")]
     pub limit: Option<String>,
     /// vLLM's `--gpu-memory-utilization` of the `--limit` card.
-    #[arg(long, value_name = "F", requires = "limit", conflicts_with = "memory_fraction")]
+    #[arg(
+        long,
+        value_name = "F",
+        requires = "limit",
+        conflicts_with = "memory_fraction"
+    )]
     pub gpu_memory_utilization: Option<f64>,
     /// PyTorch's `set_per_process_memory_fraction` of the `--limit` card.
     #[arg(long, value_name = "F", requires = "limit")]
@@ -50,9 +60,9 @@ pub struct StepArgs {
 fn known_parts(list: &[String]) -> anyhow::Result<KnownParts> {
     let mut k = KnownParts::default();
     for item in list {
-        let (name, bytes) = item
-            .split_once('=')
-            .with_context(|| format!("--known {item:?}: give CATEGORY=BYTES, e.g. context=700MiB"))?;
+        let (name, bytes) = item.split_once('=').with_context(|| {
+            format!("--known {item:?}: give CATEGORY=BYTES, e.g. context=700MiB")
+        })?;
         let b = parse_bytes(bytes)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("--known {item:?}"))?;
