@@ -916,10 +916,7 @@ fn whole_step(
     *observed.entry("activations".to_string()).or_default() +=
         t.tipping.as_ref().map_or(0, |x| x.bytes);
     let res = residuals(&failing, &observed).map_err(|e| e.to_string())?;
-    let hybrid = cfg
-        .layer_types
-        .iter()
-        .any(|k| *k == LayerKind::LinearAttention);
+    let hybrid = cfg.layer_types.contains(&LayerKind::LinearAttention);
     let floor = if hybrid && matches!(runtime, Runtime::Vllm | Runtime::Workload) {
         ChunkFloor::vllm_mamba_align(opts.block_size.unwrap_or(chunk))
     } else {

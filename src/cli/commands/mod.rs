@@ -14,3 +14,4 @@ pub mod replay;
 pub mod report;
 pub mod run;
 pub mod summary;
+pub mod versions;

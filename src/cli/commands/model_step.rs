@@ -139,10 +139,7 @@ pub fn run(
         Some(l) => model.check(&shape, l)?,
         None => model.step(&shape)?,
     };
-    let hybrid = cfg
-        .layer_types
-        .iter()
-        .any(|k| *k == LayerKind::LinearAttention);
+    let hybrid = cfg.layer_types.contains(&LayerKind::LinearAttention);
     let floor = match args.block_size {
         Some(b) if hybrid => ChunkFloor::vllm_mamba_align(b),
         _ => ChunkFloor::none(),

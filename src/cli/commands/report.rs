@@ -82,7 +82,8 @@ fn read_versions(trace: &Path) -> Vec<(String, String)> {
     } else {
         trace.parent().map(Path::to_path_buf).unwrap_or_default()
     };
-    let Ok(text) = std::fs::read_to_string(dir.join(crate::commands::run::VERSIONS_FILE)) else {
+    let Ok(text) = std::fs::read_to_string(dir.join(crate::commands::versions::VERSIONS_FILE))
+    else {
         return Vec::new();
     };
     // The order a maintainer reads them in; keys not listed follow in name order.
@@ -123,7 +124,7 @@ fn read_versions(trace: &Path) -> Vec<(String, String)> {
         _ => {
             eprintln!(
                 "vramtrace: warning: {} is not a JSON object; the versions block is left out",
-                dir.join(crate::commands::run::VERSIONS_FILE).display()
+                dir.join(crate::commands::versions::VERSIONS_FILE).display()
             );
             Vec::new()
         }
