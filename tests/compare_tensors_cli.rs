@@ -302,6 +302,6 @@ fn the_report_explains_pytorchs_message_from_the_tensors() {
     );
     assert!(section.contains("334,436,352 B) in 8 live tensors"));
     assert!(section.contains("`chunk_delta_h.py:722 chunk_fwd_h`"));
-    assert!(section.contains("= segment bytes 1.00 GiB"));
+    assert!(section.contains("= PyTorch's reserved 1.00 GiB − allocated 318.94 MiB"));
     assert!(section.contains("refused before asking the driver"));
 }
