@@ -67,7 +67,8 @@ fn demo_on_a_fractional_capacity_fails_earlier_and_its_next_lines_run() {
         .skip(1)
         .filter(|l| !l.contains("| jq"))
         .collect();
-    assert_eq!(next.len(), 3, "{stdout}");
+    assert_eq!(next.len(), 4, "{stdout}");
+    assert!(next[0].contains(" report "), "{stdout}");
     for line in next {
         let cmd = line.split("   #").next().unwrap().trim();
         let words: Vec<&str> = cmd.split_whitespace().collect();

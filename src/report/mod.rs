@@ -355,11 +355,12 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
         if stack == 0 {
             return (Vec::new(), Vec::new());
         }
-        let frames: Vec<_> = syms[pi]
-            .stack(stack)
-            .into_iter()
-            .take(STACK_FRAMES)
-            .collect();
+        let mut frames: Vec<_> = syms[pi].stack(stack);
+        // STACK_FRAMES from the first user or library frame on, the machinery above it kept
+        // for the reader who wants it.
+        let texts: Vec<String> = frames.iter().map(|f| f.to_string()).collect();
+        let (machinery, _) = triage::user_stack(&texts);
+        frames.truncate(machinery + STACK_FRAMES);
         unsymbolised |= frames.iter().any(|f| f.function.is_none());
         (
             frames.iter().map(|f| f.to_string()).collect(),

@@ -496,6 +496,12 @@ const MACHINERY: [&str; 16] = [
     "__libc",
 ];
 
+fn is_user_frame(f: &str) -> bool {
+    !f.contains("(not the traced file)")
+        && !f.starts_with("0x")
+        && !MACHINERY.iter().any(|m| f.contains(m))
+}
+
 /// The first user or library frame of a stack: the innermost Python frame
 /// (`file.py:LINE function`), else the innermost symbolised frame past the allocation machinery
 /// ([`MACHINERY`]); `None` when neither is there.
@@ -503,14 +509,21 @@ fn first_user_frame(frames: &[String]) -> Option<String> {
     frames
         .iter()
         .find(|f| f.contains(".py:"))
-        .or_else(|| {
-            frames.iter().find(|f| {
-                !f.contains("(not the traced file)")
-                    && !f.starts_with("0x")
-                    && !MACHINERY.iter().any(|m| f.contains(m))
-            })
-        })
+        .or_else(|| frames.iter().find(|f| is_user_frame(f)))
         .cloned()
+}
+
+/// A stack (innermost first) from its first user or library frame: the frames of the
+/// allocation machinery before it dropped, and how many were. Python frames count as the
+/// program's; a stack with no such frame is kept whole.
+pub fn user_stack(frames: &[String]) -> (usize, &[String]) {
+    match frames
+        .iter()
+        .position(|f| f.contains(".py:") || is_user_frame(f))
+    {
+        Some(i) => (i, &frames[i..]),
+        None => (0, frames),
+    }
 }
 
 fn rows_of(b: &Breakdown) -> Vec<CategoryRow> {
@@ -813,10 +826,35 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         ));
         VerdictClass::Limit
     } else {
-        ev.push(format!(
-            "the step's own tensors ({} live in activations) did not fit what the weights, caches and context left",
-            gib(b.bytes(Category::Activations))
-        ));
+        if fl.size > limit_bytes {
+            ev.push(format!(
+                "the request alone, {}, is larger than the whole limit of {}: no cache or chunk setting makes it fit",
+                gib(fl.size),
+                gib(limit_bytes)
+            ));
+        } else {
+            ev.push(format!(
+                "the failing step's tensors: {} in activations when the {} request came",
+                gib(b.bytes(Category::Activations)),
+                gib(fl.size)
+            ));
+            if let Some(r) = b
+                .rows
+                .iter()
+                .filter(|r| r.category != Category::Activations)
+                .max_by_key(|r| r.bytes)
+            {
+                ev.push(format!(
+                    "the largest other part: {} {}{}",
+                    r.category.title(),
+                    gib(r.bytes),
+                    r.evidence
+                        .first()
+                        .map(|l| format!(" ({})", l.evidence))
+                        .unwrap_or_default()
+                ));
+            }
+        }
         VerdictClass::KernelLiveSet
     };
     if matches!(limit, Limit::PerProcessFraction { .. }) && class != VerdictClass::Limit {

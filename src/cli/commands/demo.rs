@@ -128,6 +128,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         args.weights,
         out.display()
     );
+    crate::commands::versions::write(&out, &cmd, &env);
     let started = std::time::Instant::now();
     let status = launch::run_traced(&preload, &out, &cmd, &env, launch::Options { stacks: true })?;
     let code = report_exit(cmd[0].as_os_str(), status);
@@ -227,6 +228,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     // The binary as it can be typed from here, so every line runs as printed.
     let vt = shown_path(&exe);
     println!("\nNext:");
+    println!(
+        "  {vt} report {dir} --model {cfg_arg} -o {dir}-report   # the verdict, the whole-step model, the levers, the plots"
+    );
     println!(
         "  {vt} summary {dir}            # every process, peak and failure, with native stacks"
     );

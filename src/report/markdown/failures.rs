@@ -99,7 +99,18 @@ pub(super) fn failure(out: &mut String, r: &Report, i: usize, f: &FailureReport)
             );
         }
     }
-    stack_block(out, "stack of the failed request", &f.frames);
+    let (skipped, frames) = crate::report::triage::user_stack(&f.frames);
+    stack_block(
+        out,
+        &if skipped > 0 {
+            format!(
+                "stack of the failed request, from its first user or library frame ({skipped} frames of the allocation machinery above it left out)"
+            )
+        } else {
+            "stack of the failed request".to_string()
+        },
+        frames,
+    );
     pytorch_message(out, r, f);
     if i == 0 && r.triage.as_ref().is_some_and(|t| !t.categories.is_empty()) {
         let _ = writeln!(
