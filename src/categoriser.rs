@@ -40,7 +40,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 mod moment;
-pub use moment::{At, breakdown_at, categorise_stack, first_failure, peak};
+pub use moment::{At, MomentKind, breakdown_at, categorise_stack, first_failure, moments, peak};
 
 /// What a byte is for. The names ([`Category::key`]) are those of `report --json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
