@@ -40,7 +40,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 mod moment;
-pub use moment::{At, breakdown_at, categorise_stack, first_failure, peak};
+pub use moment::{At, MomentKind, breakdown_at, categorise_stack, first_failure, moments, peak};
 
 /// What a byte is for. The names ([`Category::key`]) are those of `report --json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -1868,6 +1868,66 @@ pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
     }
 }
 
+/// Evidence lines shown under a row; the rest are summed in one line.
+pub const SHOWN_EVIDENCE: usize = 6;
+
+/// The rows as text, one per category with its bytes, share of the whole and count, and under
+/// each what it rests on (at most [`SHOWN_EVIDENCE`] lines, the rest summed), every line
+/// starting with `indent`.
+pub fn render(b: &Breakdown, indent: &str) -> String {
+    use vramtrace_models::units::fmt_bytes;
+    let mut out = String::new();
+    let share = |x: u64| {
+        if b.total == 0 {
+            0.0
+        } else {
+            x as f64 * 100.0 / b.total as f64
+        }
+    };
+    for r in &b.rows {
+        let count = if r.count > 0 {
+            format!(" in {}", r.count)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "{indent}{:<18} {:>11} {:>6.2}%{count}\n",
+            r.category.title(),
+            fmt_bytes(r.bytes),
+            share(r.bytes)
+        ));
+        let mut rest = (0u64, 0usize, 0usize);
+        for (i, l) in r.evidence.iter().enumerate() {
+            if i >= SHOWN_EVIDENCE {
+                rest = (rest.0 + l.bytes, rest.1 + l.count, rest.2 + 1);
+                continue;
+            }
+            let what = if l.bytes == 0 && l.count == 0 {
+                String::new()
+            } else if l.count > 0 {
+                format!("{} in {}: ", fmt_bytes(l.bytes), l.count)
+            } else {
+                format!("{}: ", fmt_bytes(l.bytes))
+            };
+            out.push_str(&format!("{indent}    {what}{}\n", l.evidence));
+        }
+        if rest.2 > 0 {
+            out.push_str(&format!(
+                "{indent}    {} in {} under {} more lines\n",
+                fmt_bytes(rest.0),
+                rest.1,
+                rest.2
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "{indent}{:<18} {:>11}\n",
+        "total",
+        fmt_bytes(b.total)
+    ));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2523,6 +2583,35 @@ mod tests {
         assert_eq!(b.total, 313 * MIB);
         // 2 % off is the edge: 301 MiB × 0.98 = 294.98 MiB.
         assert!(near(295 * MIB, 301 * MIB) && !near(294 * MIB, 301 * MIB));
+    }
+
+    #[test]
+    fn rows_render_with_their_evidence() {
+        let m = MomentFacts {
+            tensors: (0..8)
+                .map(|i| {
+                    tensor(
+                        0x1_0000_0000 + i * 0x1000_0000,
+                        MIB,
+                        vec![py("/w/app.py", "step", 10 + i as u32)],
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let text = render(&categorise_moment(&m), "  ");
+        assert_eq!(
+            text,
+            "  unnamed               8.00 MiB 100.00% in 8\n\
+             \x20     1.00 MiB in 1: no rule; at app.py:10 step\n\
+             \x20     1.00 MiB in 1: no rule; at app.py:11 step\n\
+             \x20     1.00 MiB in 1: no rule; at app.py:12 step\n\
+             \x20     1.00 MiB in 1: no rule; at app.py:13 step\n\
+             \x20     1.00 MiB in 1: no rule; at app.py:14 step\n\
+             \x20     1.00 MiB in 1: no rule; at app.py:15 step\n\
+             \x20     2.00 MiB in 2 under 2 more lines\n\
+             \x20 total                 8.00 MiB\n"
+        );
     }
 
     #[test]

@@ -276,3 +276,22 @@ fn prefill_18gib_against_its_config() {
     assert_eq!(b.bytes(Category::Weights), 17_776_688_128);
     sums_to_total(&b);
 }
+
+/// One moment per process and device: the first out-of-memory, else the peak.
+#[test]
+fn moments_of_every_device() {
+    use vramtrace::categoriser::{MomentKind, moments};
+    let trace = Trace::open(&sample("torch-oom")).unwrap();
+    let m = moments(&trace).unwrap();
+    assert_eq!(
+        m,
+        [(first_failure(&trace).unwrap().unwrap(), MomentKind::Failure)]
+    );
+    let trace = Trace::open(&sample("nccl-stages")).unwrap();
+    let m = moments(&trace).unwrap();
+    assert_eq!(m.len(), 2);
+    for (at, kind) in m {
+        assert_eq!(kind, MomentKind::Peak);
+        assert_eq!(Some(at), peak(&trace, at.process, at.device).unwrap());
+    }
+}

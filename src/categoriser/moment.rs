@@ -76,6 +76,70 @@ pub fn peak(trace: &Trace, process: usize, device: i32) -> Result<Option<At>, Er
     }))
 }
 
+/// Which moment of a device a breakdown is at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MomentKind {
+    /// Its first out-of-memory.
+    Failure,
+    /// Its highest device memory (no out-of-memory).
+    Peak,
+}
+
+/// The moment to break down for each process and device with device memory: its first
+/// out-of-memory, else its peak; one pass over the trace, in process then device order.
+pub fn moments(trace: &Trace) -> Result<Vec<(At, MomentKind)>, Error> {
+    let mut r = Replayer::new();
+    let mut failures: std::collections::BTreeMap<(usize, i32), usize> = Default::default();
+    let mut i = 0usize;
+    trace.for_each_item(|pi, it| {
+        match &it {
+            Item::Event(e) => {
+                r.apply(pi, i, e);
+                if e.kind == EventKind::AllocFailed
+                    && crate::cu_result::is_out_of_memory(e.result)
+                    && e.device >= 0
+                {
+                    failures.entry((pi, e.device)).or_insert(i);
+                }
+            }
+            Item::Tensor(t) if t.action == TensorAction::AllocFailed && t.device >= 0 => {
+                failures.entry((pi, t.device)).or_insert(i);
+            }
+            _ => {}
+        }
+        i += 1;
+        ControlFlow::Continue(())
+    })?;
+    let mut keys: std::collections::BTreeSet<(usize, i32)> = failures.keys().copied().collect();
+    for ((pi, device, pool), l) in r.levels() {
+        if pool == Pool::Device && l.peak > 0 && device >= 0 {
+            keys.insert((pi, device));
+        }
+    }
+    Ok(keys
+        .into_iter()
+        .map(|(process, device)| match failures.get(&(process, device)) {
+            Some(&seq) => (
+                At {
+                    process,
+                    device,
+                    seq,
+                },
+                MomentKind::Failure,
+            ),
+            None => (
+                At {
+                    process,
+                    device,
+                    seq: r.level(process, device, Pool::Device).peak_seq,
+                },
+                MomentKind::Peak,
+            ),
+        })
+        .collect())
+}
+
 /// One live thing with owned frames and strings, before it is borrowed as [`Facts`].
 struct Owned {
     ptr: u64,
