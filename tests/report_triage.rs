@@ -397,3 +397,34 @@ fn model_context_prints_the_whole_step_and_its_frontier() {
         common::describe(&o)
     );
 }
+
+/// The chunk is read from the trace, not echoed from `--tokens`: the demo with chunks of 2064
+/// fails in chunk 56; the whole-step model and the kernel model (no `--tokens` given) both take
+/// 2064.
+#[test]
+fn the_chunk_is_read_from_the_trace() {
+    common::target_dir();
+    let out = scratch("demo-2064").join("trace");
+    let o = Command::new(common::vramtrace())
+        .args(["demo", "--simulate", "--chunk", "2064", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", common::describe(&o));
+    let cfg = config();
+    let cfg = cfg.to_str().unwrap();
+    let j = json(&out, &with_model(&[], cfg));
+    assert_eq!(j["step"]["chunk_index"], 56);
+    assert_eq!(j["step"]["chunk_tokens"], 2064);
+    assert_eq!(j["step"]["context_tokens"], 57 * 2064);
+    assert_eq!(j["model"]["shape"]["chunk_tokens"], 2064);
+    assert_eq!(j["model"]["failure_fits"], false);
+    assert_eq!(j["verdict"]["class"], "kv_growth");
+    let md = run(&out, &with_model(&["--variant", "fla-0.6.0"], cfg));
+    assert!(
+        md.contains("The model at that moment: **fla-0.6.0** on Qwen3.6-27B, 2064 tokens"),
+        "{md}"
+    );
+    assert!(!md.contains("4128"), "no chunk of 4128 anywhere: {md}");
+    let _ = std::fs::remove_dir_all(out.parent().unwrap());
+}

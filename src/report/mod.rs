@@ -58,6 +58,9 @@ pub struct ModelInput {
     pub variant_given: bool,
     /// The batch (the prefill chunk: `--tokens` / `--seqlens`, `--tp`, dtype).
     pub opts: WorkloadOptions,
+    /// Whether `--tokens` or `--seqlens` named the chunk; otherwise the chunk read from the
+    /// trace (the failing step's) is the kernel model's batch.
+    pub tokens_given: bool,
 }
 
 /// What the report is built from besides the trace.
@@ -459,7 +462,21 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
         Ok(t) => report.triage = Some(t),
         Err(e) => report.triage_error = Some(crate::error::with_causes(&e)),
     }
-    if let Some(m) = &opts.model {
+    // The kernel model's chunk: the one the trace shows failing, unless one was given.
+    let model = opts.model.clone().map(|mut m| {
+        if !m.tokens_given
+            && let Some(t) = report
+                .triage
+                .as_ref()
+                .and_then(|t| t.step.as_ref())
+                .and_then(|s| s.chunk_tokens)
+        {
+            m.opts.seqlens = vec![t];
+        }
+        m
+    });
+    report.model = model.clone();
+    if let Some(m) = &model {
         let workload = Workload::from_config(&m.cfg, &m.opts)?;
         for f in report.failures.iter_mut().take(MAX_COMPARED_FAILURES) {
             let pid = trace.processes[f.process].header.pid;

@@ -156,6 +156,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
                 cfg.num_hidden_layers = n as u64;
             }
             Some(ModelInput {
+                tokens_given: args.select.tokens.is_some() || args.select.seqlens.is_some(),
                 cfg,
                 variants,
                 variant_given: args.select.variant.is_some(),
