@@ -74,7 +74,9 @@ fn prefill_sample_report_states_the_failure_and_the_levers() {
     has(
         "| whole-step model | the failing step **does not fit**: 18.14 GiB counted against 18.00 GiB (short by 139.17 MiB); the step before it fits |",
     );
-    has("context and modules 245.68 MiB (the device's 121.80 GiB past the limit");
+    has(
+        "context and modules 245.68 MiB; not counted by it: the device's 121.80 GiB past the limit",
+    );
     has("| `--max-model-len 10157` | — | contexts up to 10157 tokens at a chunk of 4128 |");
     has(
         "| `--max-num-batched-tokens (smaller chunk)` (infeasible) | no | no chunk fits at this context (12384 tokens): even the floor of 4128 tokens counts 18.14 GiB against 18.00 GiB |",

@@ -174,6 +174,11 @@ fn torch_oom_first_screen_leads_with_the_cause() {
         "{top}"
     );
     assert!(top.contains("the failing step **does not fit**"), "{top}");
+    // What the limit counts is PyTorch's reserved 22.82 GiB; the context is outside it.
+    assert!(
+        top.contains("**Where the 22.82 GiB the limit counts were** at the first failure (54.028 s): weights 10.40 GiB · KV cache 6.44 GiB · recurrent state 37.06 MiB · activations 2.97 GiB · allocator reserve 2.93 GiB · unnamed 32.00 MiB; not counted by it: context and modules 696.81 MiB."),
+        "{top}"
+    );
     // Nothing recommends the GDN kernel's cliff for a failure in an attention layer.
     assert!(!md.contains("the cliff: a prefill chunk"), "{md}");
     assert!(md.contains(

@@ -28,7 +28,6 @@ pub fn capacity_bar(r: &Report) -> Option<CapacityBar> {
     let limit = t.limit.as_ref()?;
     let b = t.breakdown.as_ref()?;
     let inside = t.inside_limit;
-    let per_process = matches!(limit.limit, Limit::PerProcessFraction { .. });
     let mut parts = Vec::new();
     for c in Category::ALL {
         let bytes = match (c, inside) {
@@ -36,15 +35,12 @@ pub fn capacity_bar(r: &Report) -> Option<CapacityBar> {
             (Category::Context, Some(i)) => i.context,
             _ => b.bytes(c),
         };
-        // PyTorch's limit counts its reserved bytes only: what lies outside its segments
-        // (the context, libraries' own allocations, other processes) is not drawn against it.
-        if bytes == 0
-            || (per_process
-                && matches!(
-                    c,
-                    Category::Context | Category::OtherProcess | Category::Communication
-                ))
-        {
+        // What the limit does not count (PyTorch's counts its own segments only: not the
+        // context, libraries' own allocations, other processes) is not drawn against it.
+        // Unnamed bytes are drawn: in a PyTorch process they are tensors no rule names.
+        let counted = c == Category::Unnamed
+            || vramtrace_models::Category::from_name(c.key()).is_none_or(|m| limit.limit.counts(m));
+        if bytes == 0 || !counted {
             continue;
         }
         parts.push(CapacityPart {

@@ -148,32 +148,51 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
         ("context", Some(i)) => i.context,
         _ => c.bytes,
     };
-    let total: u64 = t.categories.iter().map(in_limit).sum();
-    let parts: Vec<String> = t
+    // What the enforced limit counts (PyTorch's counts its own segments only). Unnamed bytes
+    // are counted: in a PyTorch process they are tensors no rule names (torch-oom's cuBLAS
+    // workspace is a block of PyTorch's reserve).
+    let counts = |c: &crate::report::triage::CategoryRow| match (
+        limit,
+        vramtrace_models::Category::from_name(c.category),
+    ) {
+        (Some(l), Some(m)) => m == vramtrace_models::Category::Unnamed || l.limit.counts(m),
+        _ => true,
+    };
+    let title = |c: &crate::report::triage::CategoryRow| {
+        crate::categoriser::Category::parse(c.category).map_or(c.category, |x| x.title())
+    };
+    let (counted, uncounted): (Vec<_>, Vec<_>) = t
         .categories
         .iter()
         .filter(|c| in_limit(c) > 0)
-        .map(|c| {
-            let title =
-                crate::categoriser::Category::parse(c.category).map_or(c.category, |x| x.title());
-            format!("{title} {}", fmt_bytes(in_limit(c)))
-        })
-        .collect();
-    if !parts.is_empty() {
+        .partition(|c| counts(c));
+    if !counted.is_empty() {
+        let total: u64 = counted.iter().map(|c| in_limit(c)).sum();
+        let parts: Vec<String> = counted
+            .iter()
+            .map(|c| format!("{} {}", title(c), fmt_bytes(in_limit(c))))
+            .collect();
+        let mut besides: Vec<String> = uncounted
+            .iter()
+            .map(|c| format!("{} {}", title(c), fmt_bytes(in_limit(c))))
+            .collect();
         let outside = inside.map_or(0, |i| i.outside);
+        if outside > 0 {
+            besides.push(format!(
+                "the device's {} past the limit (a ballast, other tenants, the context before them)",
+                fmt_bytes(outside)
+            ));
+        }
         let _ = writeln!(
             out,
-            "**Where the {} inside the limit were** at {}: {}{}.\n",
+            "**Where the {} the limit counts were** at {}: {}{}.\n",
             fmt_bytes(total),
             t.moment,
             parts.join(" · "),
-            if outside > 0 {
-                format!(
-                    " (the device's {} past the limit — a ballast, other tenants, the context before them — are left out)",
-                    fmt_bytes(outside)
-                )
-            } else {
+            if besides.is_empty() {
                 String::new()
+            } else {
+                format!("; not counted by it: {}", besides.join(", "))
             }
         );
     }
