@@ -275,6 +275,8 @@ pub struct PeakReport {
     pub live: LiveSet,
     /// The largest allocations live at the peak, with their symbolised frames.
     pub top: Vec<(AllocItem, Vec<String>)>,
+    /// Every byte of the peak in a category ([`crate::categoriser`]), with its evidence.
+    pub categories: Option<crate::categoriser::Breakdown>,
 }
 
 /// Everything a report shows.
@@ -390,6 +392,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
                         .take(TOP_STACKS)
                         .map(|a| (a.clone(), frames_of(pi, a.stack).0))
                         .collect(),
+                    categories: None,
                 });
             }
             for (n, f) in d.failures.iter().enumerate() {
@@ -461,6 +464,16 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
     match triage::triage(trace, &report, &topts) {
         Ok(t) => report.triage = Some(t),
         Err(e) => report.triage_error = Some(crate::error::with_causes(&e)),
+    }
+    for p in &mut report.peaks {
+        let at = crate::categoriser::peak(trace, p.process, p.device)?;
+        if let Some(at) = at {
+            p.categories = Some(crate::categoriser::breakdown_at(
+                trace,
+                at,
+                crate::categoriser::Expectations::default(),
+            )?);
+        }
     }
     // The kernel model's chunk: the one the trace shows failing, unless one was given.
     let model = opts.model.clone().map(|mut m| {

@@ -205,9 +205,15 @@ fn live_tables(out: &mut String, live: &LiveSet, total: u64) {
             both(*b)
         );
     }
+    group_table(out, live);
+}
+
+/// The live set's groups by name and label (numbers collapsed), with the live view's label
+/// category of each.
+fn group_table(out: &mut String, live: &LiveSet) {
     let _ = writeln!(
         out,
-        "\n| group (`#` = any number) | category | allocations | bytes |\n| --- | --- | ---: | ---: |"
+        "\n| group (`#` = any number) | label category | allocations | bytes |\n| --- | --- | ---: | ---: |"
     );
     for g in live.groups.iter().take(MAX_GROUPS) {
         let _ = writeln!(

@@ -36,7 +36,36 @@ pub(super) fn peak(out: &mut String, r: &Report, p: &PeakReport) {
         both(d.peak_bytes),
         d.peak_live_count
     );
-    live_tables(out, &p.live, d.peak_bytes);
+    match &p.categories {
+        Some(b) => {
+            let _ = writeln!(
+                out,
+                "| category | bytes | what it rests on |\n| --- | ---: | --- |"
+            );
+            for r in &b.rows {
+                let ev: Vec<String> = r
+                    .evidence
+                    .iter()
+                    .take(3)
+                    .map(|l| format!("{} ({})", l.evidence, fmt_bytes(l.bytes)))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {}{} |",
+                    r.category.key(),
+                    both(r.bytes),
+                    cell(&ev.join("; ")),
+                    if r.evidence.len() > 3 {
+                        format!("; {} more", r.evidence.len() - 3)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            group_table(out, &p.live);
+        }
+        None => live_tables(out, &p.live, d.peak_bytes),
+    }
     headroom(out, r, p);
     let highest = r
         .highest_peak()
