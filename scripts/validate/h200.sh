@@ -527,6 +527,20 @@ whole_step() {
   $VT summary "$d" > "$d.summary" 2>&1; head -20 "$d.summary"
 }
 
+report_versions() {
+  # Issue 18 item 4: the versions block `vramtrace run` gathers at start (versions.json: the
+  # driver from /proc/driver/nvidia/version, torch, its CUDA, triton, fla, transformers from the
+  # packages' metadata) on the real machine, and the report's first screen of the torch OOM
+  # rerun with it. Compare versions.json with `setup`'s nvidia-smi and python lines.
+  local d=$W/report-versions
+  rm -rf "$d" "$d-report"
+  PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.9 timeout 600 $VT run --out "$d" -- \
+    python3 "$VAL/torch_prefill.py" --layers 16 --tokens 262144 --passes 1 --capacity-gib 24
+  cat "$d/versions.json"
+  $VT report "$d" --model "$CFG" --layers 16 --json -o "$d-report" | tail -2
+  head -30 "$d-report/report.md"
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del
