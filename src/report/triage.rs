@@ -323,7 +323,7 @@ pub fn detect_runtime(trace: &Trace) -> Option<Runtime> {
 }
 
 /// `prefill/chunk.27/layer.0/…` → 27.
-fn chunk_of_label(label: &str) -> Option<u64> {
+pub fn chunk_of_label(label: &str) -> Option<u64> {
     let i = label.find("chunk.")?;
     let rest = &label[i + "chunk.".len()..];
     let end = rest

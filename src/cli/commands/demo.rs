@@ -148,6 +148,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
     let mut failure_live: Option<Vec<String>> = None;
     let mut resident = None;
     let mut failed_kernel = None;
+    let mut failed_chunk: Option<u64> = None;
     for (at, what) in [
         (At::Failure(0), "the failed allocation"),
         (At::Peak, "the peak"),
@@ -216,6 +217,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
                 .sum();
             resident = Some(a.observed_bytes - a.attributed_bytes - ballast);
             failed_kernel = Some((variant, tokens));
+            failed_chunk = vramtrace::report::triage::chunk_of_label(&label);
         }
         println!("\n=== {what}, against {} ===", variant.name());
         print!(
@@ -245,10 +247,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             "  {vt} compare {dir} --model {cfg_arg} --variant {}{l2} --tokens {tokens} --at oom",
             variant.name()
         );
-        if let Some(res) = resident {
-            // The cliff: the chunk size from which this kernel no longer fits beside what was held.
+        if let Some(n) = failed_chunk {
+            // The whole step that failed against the card, and its frontier: the largest
+            // context at this chunk, the largest chunk (vLLM's block floor) at this context.
             println!(
-                "  {vt} model {cfg_arg} --variant {}{l2} --capacity {} --resident {res}   # the cliff beside the {} held then",
+                "  {vt} model {cfg_arg} --tokens {tokens} --context {} --runtime workload --limit {} --block-size {tokens}   # the whole step against the card and its frontier",
+                (n + 1) * tokens,
+                args.capacity
+            );
+        } else if let Some(res) = resident {
+            // Only the kernel is known: its cliff beside what was held.
+            println!(
+                "  {vt} model {cfg_arg} --variant {}{l2} --capacity {} --resident {res}   # the kernel's cliff beside the {} held then",
                 variant.name(),
                 args.capacity,
                 vramtrace_models::units::fmt_bytes(res)
