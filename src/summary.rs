@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::ControlFlow;
+use std::path::Path;
 
 use serde::Serialize;
 use vramtrace_format::{Event, EventKind};
@@ -210,6 +211,68 @@ pub struct ProcessSummary {
     pub devices: Vec<DeviceSummary>,
     /// What the reader stepped over (torn tail after a crash).
     pub problems: Vec<String>,
+    /// The recorder's and the probes' notes, in record order (NOTE records).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// Whether PyTorch's tensors were recorded in this process, and if not, why. Absent for a
+    /// process that shows no sign of torch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor_capture: Option<TensorCapture>,
+}
+
+/// Whether a process's tensors were recorded ([`ProcessSummary::tensor_capture`]).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TensorCapture {
+    /// Tensor records of the process: blocks handed out, taken back, requests refused.
+    pub events: u64,
+    /// What the PyTorch probe said of itself in this process: `Some(true)` started,
+    /// `Some(false)` could not start (the reason is in `status`), `None` said nothing.
+    pub probe_started: Option<bool>,
+    /// One sentence: what was recorded, or why nothing was.
+    pub status: String,
+}
+
+/// The prefix of the PyTorch probe's notes (probes/python/vramtrace_torch.py).
+const PROBE_NOTE: &str = "torch probe: ";
+
+/// Libraries that only a process running PyTorch with CUDA loads.
+const TORCH_LIBRARIES: [&str; 2] = ["libc10_cuda.so", "libtorch_cuda.so"];
+
+/// Whether `p`'s tensors were recorded, from its tensor records, the probe's note and the
+/// modules it had loaded; `None` when nothing says the process ran torch.
+pub fn tensor_capture(p: &crate::trace::Process, events: u64) -> Option<TensorCapture> {
+    let probe = p
+        .notes
+        .iter()
+        .rev()
+        .find_map(|(_, text)| text.strip_prefix(PROBE_NOTE));
+    let started = probe.map(|t| t.starts_with("active"));
+    let torch_library = p.modules.iter().find_map(|m| {
+        let name = Path::new(&m.path).file_name()?.to_str()?;
+        TORCH_LIBRARIES
+            .iter()
+            .any(|l| name.starts_with(l))
+            .then(|| name.to_string())
+    });
+    let status = match (events, probe, torch_library) {
+        (1.., _, _) => format!("recorded: {events} tensor events"),
+        (0, Some(text), _) if started == Some(false) => format!("not recorded: {text}"),
+        (0, Some(_), _) => "none: Python with torch and the probe started, but no tensor events \
+             (PyTorch's caching allocator handed out no block while recording; with \
+             PYTORCH_NO_CUDA_MEMORY_CACHING=1 each tensor is a driver allocation above)"
+            .to_string(),
+        (0, None, Some(lib)) => format!(
+            "not recorded: torch is loaded ({lib}) but the PyTorch probe never started in \
+             this process (run without --no-torch-probe, and keep the PYTHONPATH entry that \
+             vramtrace run adds in the environment of the processes it starts)"
+        ),
+        (0, None, None) => return None,
+    };
+    Some(TensorCapture {
+        events,
+        probe_started: started,
+        status,
+    })
 }
 
 /// The summary of a whole trace.
@@ -312,6 +375,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
     let mut tpeaks: FastMap<(usize, i32), TensorPeak> = FastMap::default();
     let mut names = Names::default();
     let mut seq = 0usize;
+    let mut tensor_events = vec![0u64; trace.processes.len()];
     trace.for_each_item(|pi, it| {
         budget += 1;
         let e = match it {
@@ -323,6 +387,9 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                 return ControlFlow::Continue(());
             }
             Item::Tensor(t) => {
+                if let Some(n) = tensor_events.get_mut(pi) {
+                    *n += 1;
+                }
                 if let Some(dev) = tensors.would_remove(pi, &t)
                     && let Some(p) = tpeaks.get_mut(&(pi, dev))
                     && matches!(p, TensorPeak::Now)
@@ -684,6 +751,8 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             driver_version: p.driver_version,
             devices,
             problems: p.problems.iter().map(|x| x.to_string()).collect(),
+            notes: p.notes.iter().map(|(_, text)| text.clone()).collect(),
+            tensor_capture: tensor_capture(p, tensor_events.get(pi).copied().unwrap_or(0)),
         });
     }
     Ok(Summary {
@@ -723,6 +792,12 @@ pub fn render(s: &Summary, detail: bool) -> String {
         );
         for prob in &p.problems {
             let _ = writeln!(out, "  warning: {prob}");
+        }
+        for note in &p.notes {
+            let _ = writeln!(out, "  note: {note}");
+        }
+        if let Some(c) = &p.tensor_capture {
+            let _ = writeln!(out, "  tensors: {}", c.status);
         }
         if p.devices.is_empty() {
             let _ = writeln!(out, "  no device memory activity recorded");

@@ -183,6 +183,9 @@ pub struct Process {
     pub modules: Vec<ModuleInfo>,
     /// What the reader had to step over (a torn tail after a crash).
     pub problems: Vec<Problem>,
+    /// The recorder's and the probes' NOTE records (time, text), in record order: why
+    /// something was not recorded, whether the PyTorch probe started.
+    pub notes: Vec<(u64, String)>,
     source: Arc<dyn Source>,
 }
 
@@ -203,6 +206,7 @@ impl Process {
             py_stacks: HashMap::new(),
             modules: Vec::new(),
             problems: Vec::new(),
+            notes: Vec::new(),
             source: source.clone(),
         };
         p.problems = source.for_each_record(&mut |r| p.note(r))?;
@@ -230,6 +234,7 @@ impl Process {
             py_stacks: HashMap::new(),
             modules: Vec::new(),
             problems: source.problems.clone(),
+            notes: Vec::new(),
             source: Arc::new(MemorySource::default()),
         };
         for r in &source.records {
@@ -265,6 +270,7 @@ impl Process {
                 self.py_stacks.insert(stack, frames);
             }
             Record::Module(m) => self.modules.push(m),
+            Record::Note { t_ns, text } => self.notes.push((t_ns, text)),
             _ => {}
         }
     }

@@ -32,7 +32,10 @@ pub struct RunArgs {
     /// Do not start the PyTorch probe. By default a Python program that imports torch records
     /// each tensor the caching allocator hands out and takes back, with its Python line, and
     /// the allocator's own out-of-memory errors (probes/python/vramtrace_torch.py, put on
-    /// PYTHONPATH; nothing changes in a program that never imports torch).
+    /// PYTHONPATH; nothing changes in a program that never imports torch). It starts in every
+    /// Python process of the run once torch has been imported, whatever looked for torch
+    /// first and whichever thread allocates, in multiprocessing and torchrun workers too; where
+    /// it cannot, it says why on stderr and `summary` says so per process.
     #[arg(long)]
     pub no_torch_probe: bool,
     /// Also describe each PyTorch operator's output tensors by the operator, shape and dtype

@@ -46,6 +46,9 @@
 //!   per-tensor reports (`src/tensors.rs`): PyTorch's caching allocator as the
 //!   Python probe sees it (blocks handed out and taken back, refused requests with PyTorch's own
 //!   numbers), each a TENSOR record with the reporting thread's Python frames.
+//! - `vramtrace_note` (`src/notes.rs`): a NOTE record from a probe; the PyTorch probe says with
+//!   it whether it started in the process and why not (a standing note, written into the file
+//!   when the process records anything, and into a fork child's file).
 //! - NVTX: with `NVTX_INJECTION64_PATH` set to this library, `InitializeInjectionNvtx2` accepts
 //!   NVTX's injection and turns range pushes/pops and marks into the same ranges
 //!   (`src/nvtx.rs`).
@@ -90,7 +93,7 @@
 //! module that keeps per-process state registers its own fork child handler) and `real_dlsym`
 //! (glibc's `dlsym` and `dlvsym`, read from glibc's symbol table by `elf_lookup`); `driver`, the table of the driver's real entry points; `sink`, the trace
 //! file (per-thread blocks in a shared mapping, the clock, the thread id, the file's fork
-//! handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
+//! handling); `intern`, `modules`, `stacks`, `labels`, `notes` and `nvtx`, which
 //! need only the sink (`stacks` asks `python`, which reads the interpreter's frames and interns
 //! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label;
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
@@ -108,6 +111,7 @@ mod hooks;
 mod intern;
 mod labels;
 mod modules;
+mod notes;
 mod nvtx;
 mod python;
 mod real_dlsym;
@@ -123,6 +127,7 @@ pub use labels::{
     VRAMTRACE_ABI_VERSION, vramtrace_abi_version, vramtrace_annotate, vramtrace_annotate_op,
     vramtrace_mark, vramtrace_range_pop, vramtrace_range_push,
 };
+pub use notes::{NOTE_STANDING, vramtrace_note};
 pub use nvtx::InitializeInjectionNvtx2;
 pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};
 pub use tensors::{vramtrace_tensor, vramtrace_tensor_block};

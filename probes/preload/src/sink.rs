@@ -36,6 +36,9 @@
 //! inherited descriptor, bumps [`EPOCH`] (so the forking thread's cursor, copied into the child,
 //! is stale and never used) and goes back to `IDLE`: the child creates its own file, with its
 //! own pid and ppid, on its first record, and never stores into the parent's.
+//!
+//! A standing note ([`set_standing_note`], from `vramtrace_note`) is written into each file
+//! right after its header records, the parent's and every fork child's.
 
 use core::cell::Cell;
 use core::ffi::{c_char, c_int};
@@ -364,6 +367,69 @@ fn stop_with_note(why: &str) {
     disable(why);
 }
 
+/// Longest standing note kept, in bytes.
+const MAX_STANDING: usize = 256;
+/// The standing note ([`set_standing_note`]): its bytes, its length (0: none) and the spin lock
+/// that guards both.
+static STANDING: [AtomicU8; MAX_STANDING] = [const { AtomicU8::new(0) }; MAX_STANDING];
+static STANDING_LEN: AtomicU32 = AtomicU32::new(0);
+static STANDING_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// Keeps `text` as this process's standing note: a NOTE written into every trace file the
+/// process creates from now on (its own, created on its first record, and a fork child's),
+/// and into the open file at once if there is one. A process that never records anything
+/// still writes no file. The PyTorch probe says with it whether it started, so that a reader
+/// can tell "no tensor recorded" from "no tensor made".
+pub(crate) fn set_standing_note(text: &[u8]) {
+    let text = &text[..text.len().min(MAX_STANDING)];
+    if !lock_standing() {
+        return;
+    }
+    for (slot, &b) in STANDING.iter().zip(text) {
+        slot.store(b, Ordering::Relaxed);
+    }
+    STANDING_LEN.store(text.len() as u32, Ordering::Relaxed);
+    STANDING_LOCK.store(false, Ordering::Release);
+    // Against the opener's read in `file()`: at worst both write it (two equal notes).
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if STATE.load(Ordering::Acquire) == RECORDING {
+        with_file(write_standing_note);
+    }
+}
+
+/// Takes the standing note's lock; false if it stays taken (a thread stopped inside it, which
+/// only a bug or a fork at that moment can do): the note is then left out, never waited for.
+fn lock_standing() -> bool {
+    for _ in 0..100_000 {
+        if STANDING_LOCK
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        core::hint::spin_loop();
+    }
+    false
+}
+
+/// Writes the standing note, if there is one, into `file`.
+fn write_standing_note(file: File) {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if STANDING_LEN.load(Ordering::Relaxed) == 0 || !lock_standing() {
+        return;
+    }
+    let mut text = [0u8; MAX_STANDING];
+    let len = (STANDING_LEN.load(Ordering::Relaxed) as usize).min(MAX_STANDING);
+    for (b, slot) in text.iter_mut().zip(&STANDING).take(len) {
+        *b = slot.load(Ordering::Relaxed);
+    }
+    STANDING_LOCK.store(false, Ordering::Release);
+    let mut buf = [0u8; FRAME_HEADER_LEN + 8 + MAX_STANDING];
+    let mut e = Encoder::new(&mut buf);
+    e.u64(mono_ns()).bytes(&text[..len]);
+    file.write(e.finish(kind::NOTE));
+}
+
 /// Writes LEB128 `v` into `out`; returns its length.
 fn put_varint(out: &mut [u8; 10], mut v: u64) -> usize {
     let mut n = 0;
@@ -468,6 +534,7 @@ pub(crate) fn file() -> Option<File> {
                                 e.i32(v);
                                 File::MAPPED.write(e.finish(kind::DRIVER));
                             }
+                            write_standing_note(File::MAPPED);
                             Some(File::MAPPED)
                         }
                         Err(why) => {
@@ -696,6 +763,7 @@ extern "C" fn after_fork_child() {
     NEXT_BLOCK.store(0, Ordering::Release);
     RESERVED.store(0, Ordering::Release);
     GROW.store(false, Ordering::Release);
+    STANDING_LOCK.store(false, Ordering::Release);
     if state == RECORDING || state == OPENING {
         if fd >= 0 {
             // Safety: the child's copy of the parent's descriptor; the child is single-threaded
