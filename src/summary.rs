@@ -218,6 +218,55 @@ pub struct ProcessSummary {
     /// process that shows no sign of torch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tensor_capture: Option<TensorCapture>,
+    /// Time ranges whose tensor-level records were dropped to keep the trace within its size
+    /// budget (`vramtrace run --max-size`), merged; driver events, failures and the live set
+    /// were kept.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tensor_detail_lost: Vec<LostRange>,
+}
+
+/// A time range whose tensor-level records the recorder dropped ([`ProcessSummary`]).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LostRange {
+    /// Start, seconds since the trace began.
+    pub from_s: f64,
+    /// End, seconds since the trace began.
+    pub to_s: f64,
+    /// Blocks of records dropped in it.
+    pub blocks: u64,
+}
+
+/// The dropped blocks' time ranges as [`LostRange`]s: one thread's dropped blocks are the
+/// start of its chain (the ring drops in the order blocks were taken), so they make one range
+/// per thread; ranges of different threads are merged where they overlap.
+fn lost_ranges(dropped: &[(u32, u64, u64)], t0: u64) -> Vec<LostRange> {
+    let mut per_thread: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    for &(tid, from, to) in dropped {
+        let r = per_thread.entry(tid).or_insert((from, to, 0));
+        r.0 = r.0.min(from);
+        r.1 = r.1.max(to);
+        r.2 += 1;
+    }
+    let mut d: Vec<(u64, u64, u64)> = per_thread.into_values().collect();
+    d.sort_unstable();
+    let mut merged: Vec<(u64, u64, u64)> = Vec::new();
+    for (from, to, blocks) in d {
+        match merged.last_mut() {
+            Some(m) if from <= m.1 => {
+                m.1 = m.1.max(to);
+                m.2 += blocks;
+            }
+            _ => merged.push((from, to, blocks)),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(from, to, blocks)| LostRange {
+            from_s: rel(from, t0),
+            to_s: rel(to, t0),
+            blocks,
+        })
+        .collect()
 }
 
 /// Whether a process's tensors were recorded ([`ProcessSummary::tensor_capture`]).
@@ -407,7 +456,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                 }
                 let a = acc.entry((pi, t.device)).or_default();
                 match tensors.apply(pi, seq, &t) {
-                    TensorStep::Allocated => {
+                    TensorStep::Allocated | TensorStep::Restated(true) => {
                         if tensors.level(pi, t.device).peak_seq == seq {
                             tpeaks.insert((pi, t.device), TensorPeak::Now);
                         }
@@ -440,7 +489,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                             });
                         }
                     }
-                    TensorStep::Released(_) => {}
+                    TensorStep::Released(_) | TensorStep::Restated(false) => {}
                 }
                 seq += 1;
                 return ControlFlow::Continue(());
@@ -753,6 +802,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             problems: p.problems.iter().map(|x| x.to_string()).collect(),
             notes: p.notes.iter().map(|(_, text)| text.clone()).collect(),
             tensor_capture: tensor_capture(p, tensor_events.get(pi).copied().unwrap_or(0)),
+            tensor_detail_lost: lost_ranges(&p.dropped, t0),
         });
     }
     Ok(Summary {
@@ -798,6 +848,16 @@ pub fn render(s: &Summary, detail: bool) -> String {
         }
         if let Some(c) = &p.tensor_capture {
             let _ = writeln!(out, "  tensors: {}", c.status);
+        }
+        for l in &p.tensor_detail_lost {
+            let _ = writeln!(
+                out,
+                "  tensor detail lost to the size budget from {} to {} ({} blocks dropped; \
+                 driver events, failures and the live set kept)",
+                fmt_secs(l.from_s),
+                fmt_secs(l.to_s),
+                l.blocks
+            );
         }
         if p.devices.is_empty() {
             let _ = writeln!(out, "  no device memory activity recorded");

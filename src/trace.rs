@@ -186,6 +186,9 @@ pub struct Process {
     /// The recorder's and the probes' NOTE records (time, text), in record order: why
     /// something was not recorded, whether the PyTorch probe started.
     pub notes: Vec<(u64, String)>,
+    /// The tensor-level blocks the recorder dropped to stay within its size budget (DROPPED
+    /// records): the writing thread, and the first and last times they covered.
+    pub dropped: Vec<(u32, u64, u64)>,
     source: Arc<dyn Source>,
 }
 
@@ -207,6 +210,7 @@ impl Process {
             modules: Vec::new(),
             problems: Vec::new(),
             notes: Vec::new(),
+            dropped: Vec::new(),
             source: source.clone(),
         };
         p.problems = source.for_each_record(&mut |r| p.note(r))?;
@@ -235,6 +239,7 @@ impl Process {
             modules: Vec::new(),
             problems: source.problems.clone(),
             notes: Vec::new(),
+            dropped: Vec::new(),
             source: Arc::new(MemorySource::default()),
         };
         for r in &source.records {
@@ -271,6 +276,12 @@ impl Process {
             }
             Record::Module(m) => self.modules.push(m),
             Record::Note { t_ns, text } => self.notes.push((t_ns, text)),
+            Record::Dropped {
+                tid,
+                from_t_ns,
+                to_t_ns,
+                ..
+            } => self.dropped.push((tid, from_t_ns, to_t_ns)),
             _ => {}
         }
     }

@@ -44,6 +44,18 @@ pub struct RunArgs {
     /// (a `torch.empty` + `del` took 26 µs on an H200 with it, 13 µs without, 2–4 µs untraced).
     #[arg(long, conflicts_with = "no_torch_probe")]
     pub torch_shapes: bool,
+    /// Keep each process's trace file within BYTES (`0`: no limit). Tensor-level records
+    /// (PyTorch's blocks handed out and taken back) go into a ring: once the file would pass
+    /// the budget, the oldest of them are dropped, 64 KiB at a time, and `summary` says which
+    /// time range lost them. Driver events, failures, notes and the live tensors are never
+    /// dropped (a tensor still live when its record goes is restated), and at every failed
+    /// allocation, every refusal of PyTorch's allocator, and on `vramtrace snapshot PID`, the
+    /// whole live tensor set with its stacks is written beside the ring. A tensor event takes
+    /// about 40 bytes with its Python line (docs/performance.md), so the default of 4GiB holds
+    /// some 100 million of them: a day of an 8-layer model decoding 5 steps a second at the
+    /// 0.5 MB per step measured on the H200 needs 216 GB, and keeps its last 8,000 steps.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
+    pub max_size: u64,
     /// Run the program against vramtrace's stand-in driver instead of a GPU: a `libcuda.so.1`
     /// that keeps host-side books and fails with real out-of-memory errors. No GPU needed.
     #[arg(long)]
@@ -79,6 +91,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         Vec::new()
     };
     env.extend(torch_probe_env(&preload, &args)?);
+    env.push((
+        "VRAMTRACE_MAX_SIZE".into(),
+        args.max_size.to_string().into(),
+    ));
     check_writable(&out)?;
     let pipe = StatusPipe::new()?;
     env.push(pipe.env());

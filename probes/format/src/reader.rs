@@ -327,13 +327,13 @@ fn decode_blocks(
 ) -> (Vec<(u64, Record)>, Vec<Problem>) {
     let mut keyed = Vec::new();
     let mut problems = Vec::new();
-    let mut last_t: HashMap<u32, u64> = HashMap::new();
+    let mut last_t: HashMap<(u32, bool), u64> = HashMap::new();
     let mut offset = data_offset;
     while offset < bytes.len() as u64 {
         let end = (offset + block_size as u64).min(bytes.len() as u64);
         let block = &bytes[offset as usize..end as usize];
         if let Some(h) = block_header(block, offset, block_size, true, &mut problems) {
-            let t = last_t.entry(h.tid).or_insert(0);
+            let t = last_t.entry(h.stream()).or_insert(0);
             *t = (*t).max(h.base_t_ns);
             let mut cur = BlockCursor::new(offset, h, block_size);
             loop {
@@ -421,8 +421,8 @@ struct BlockFollower {
     open: BTreeMap<u64, (Option<BlockCursor>, Vec<u8>)>,
     /// Every block below this index is open or closed for good.
     scanned: u64,
-    /// Each thread's newest block.
-    newest: HashMap<u32, u64>,
+    /// Each stream's newest block (a thread's never-dropped and droppable blocks).
+    newest: HashMap<(u32, bool), u64>,
 }
 
 impl BlockFollower {
@@ -449,13 +449,13 @@ impl BlockFollower {
                 match block_header(buf, offset, self.block_size, false, &mut problems) {
                     Some(h) => {
                         *cur = Some(BlockCursor::new(offset, h, self.block_size));
-                        if let Some(old) = self.newest.insert(h.tid, index) {
+                        if let Some(old) = self.newest.insert(h.stream(), index) {
                             // The thread moved on: its older block is complete (read it once
                             // more below, then close it).
                             if old < index {
                                 closed.push(old);
                             } else {
-                                self.newest.insert(h.tid, old);
+                                self.newest.insert(h.stream(), old);
                             }
                         }
                     }

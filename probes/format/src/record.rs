@@ -50,6 +50,10 @@ pub mod kind {
     /// dtype and shape, with the same payload as [`ANNOTATE`]. Not a name someone gave the
     /// allocation, so attribution matches it by size and weighs its shape as evidence.
     pub const OP_OUTPUT: u8 = 14;
+    /// Tensor-level records of one block the writer dropped to stay within its size budget
+    /// (`vramtrace run --max-size`): whose thread, and the time range they covered
+    /// ([`crate::Record::Dropped`]). Never itself dropped.
+    pub const DROPPED: u8 = 15;
 }
 
 /// What an event did.
@@ -457,6 +461,12 @@ pub enum TensorAction {
     Free = 2,
     /// The allocator raised an out-of-memory error for a request of `size` bytes.
     AllocFailed = 3,
+    /// The block at `ptr` is live at `t_ns`: a restatement, written when the record of its
+    /// allocation was dropped to stay within the size budget, or one entry of a flight record
+    /// (the whole live set, at a failure or on request). `stack` is the allocation's. A reader
+    /// that has the block live already ignores it; one that does not takes it as allocated
+    /// then. Readers older than this action skip it.
+    Live = 4,
 }
 
 impl TensorAction {
@@ -466,6 +476,7 @@ impl TensorAction {
             1 => Self::Alloc,
             2 => Self::Free,
             3 => Self::AllocFailed,
+            4 => Self::Live,
             _ => return None,
         })
     }
@@ -476,6 +487,7 @@ impl TensorAction {
             Self::Alloc => "tensor_alloc",
             Self::Free => "tensor_free",
             Self::AllocFailed => "tensor_alloc_failed",
+            Self::Live => "tensor_live",
         }
     }
 }
@@ -595,6 +607,18 @@ pub enum Record {
     },
     /// A tensor allocated, freed or refused inside PyTorch's caching allocator.
     Tensor(TensorEvent),
+    /// Tensor-level records dropped by the writer to stay within its size budget: one block of
+    /// thread `tid`'s, covering `from_t_ns..=to_t_ns`, dropped at `t_ns`.
+    Dropped {
+        /// When the block was dropped.
+        t_ns: u64,
+        /// The thread that had written it.
+        tid: u32,
+        /// Base time of the block (no record in it is earlier).
+        from_t_ns: u64,
+        /// Time of its last record.
+        to_t_ns: u64,
+    },
     /// A record of a kind this reader does not know; skipped.
     Unknown {
         /// Its kind byte.
@@ -768,6 +792,12 @@ impl Record {
                 tid: c.u32()?,
                 name: c.u32()?,
             },
+            kind::DROPPED => Record::Dropped {
+                t_ns: c.u64()?,
+                tid: c.u32()?,
+                from_t_ns: c.u64()?,
+                to_t_ns: c.u64()?,
+            },
             kind::NOTE => Record::Note {
                 t_ns: c.u64()?,
                 text: String::from_utf8_lossy(c.rest()).into_owned(),
@@ -885,6 +915,15 @@ impl Record {
             Record::Note { t_ns, text } => {
                 e.u64(*t_ns).bytes(text.as_bytes());
                 kind::NOTE
+            }
+            Record::Dropped {
+                t_ns,
+                tid,
+                from_t_ns,
+                to_t_ns,
+            } => {
+                e.u64(*t_ns).u32(*tid).u64(*from_t_ns).u64(*to_t_ns);
+                kind::DROPPED
             }
             Record::PyStack { stack, frames } => {
                 e.u32(*stack);

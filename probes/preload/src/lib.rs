@@ -110,6 +110,7 @@ mod guard;
 mod hooks;
 mod intern;
 mod labels;
+mod live_tensors;
 mod modules;
 mod notes;
 mod nvtx;

@@ -47,8 +47,9 @@ use std::sync::atomic::{
 };
 
 use vramtrace_format::{
-    BLOCK_HEADER_LEN, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas, Encoder, Event, FRAME_HEADER_LEN,
-    Header, MAX_EVENT_RECORD_LEN, encode_event, kind, payload_time, trace_file_name,
+    BLOCK_DROPPABLE, BLOCK_HEADER_LEN, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas, Encoder, Event,
+    FRAME_HEADER_LEN, Header, MAX_EVENT_RECORD_LEN, encode_event, kind, payload_time,
+    trace_file_name,
 };
 
 use crate::fork::ForkHandler;
@@ -97,6 +98,10 @@ struct Cursor {
     /// Next free byte inside the block.
     pos: usize,
     deltas: Deltas,
+    /// The block's index in the file.
+    index: u64,
+    /// The time of the block's last record (its base time before the first).
+    last_t: u64,
 }
 
 const NO_CURSOR: Cursor = Cursor {
@@ -104,11 +109,17 @@ const NO_CURSOR: Cursor = Cursor {
     block: core::ptr::null_mut(),
     pos: BLOCK_SIZE,
     deltas: Deltas { t_ns: 0, ptr: 0 },
+    index: 0,
+    last_t: 0,
 };
 
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
     static CURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
+    /// The thread's droppable block: tensor-level records, in the ring under a size budget.
+    static DCURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
+    /// Inside [`append`] (or a flight record) on this thread: a signal handler must not write.
+    static BUSY: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The open trace file, as [`with_file`] and [`file()`] hand it out: the only way to write.
@@ -155,6 +166,40 @@ impl File {
             }
             tag
         });
+    }
+
+    /// Appends one tensor-level record (a frame, as [`File::write`]) to this thread's
+    /// droppable block: under a size budget, the oldest droppable blocks are reused once the
+    /// file would pass it ([`take_droppable`]). Returns the block's index in the file, and the
+    /// index of a block reused to make room (its records gone, a DROPPED record written), if
+    /// one was; `None` when nothing was written.
+    pub(crate) fn write_droppable(self, frame: &[u8]) -> Option<(u64, Option<u64>)> {
+        #[cfg(test)]
+        if self.raw_fd.is_some() {
+            self.write(frame);
+            return Some((0, None));
+        }
+        if frame.len() < FRAME_HEADER_LEN {
+            return None;
+        }
+        let (tag, payload) = (frame[1], &frame[FRAME_HEADER_LEN..]);
+        let mut len = [0u8; 10];
+        let n = put_varint(&mut len, payload.len() as u64);
+        let total = 1 + n + payload.len();
+        if tag == 0 || total > BLOCK_SIZE - BLOCK_HEADER_LEN {
+            return None;
+        }
+        let t = payload_time(tag, payload).unwrap_or_else(crate::clock::last_ns);
+        let mut reused = None;
+        let index = append_in(&DCURSOR, Some(&mut reused), total, t, |dst, _| {
+            // Safety: `append_in` hands out `total` writable bytes of this thread's block.
+            unsafe {
+                core::ptr::copy_nonoverlapping(len.as_ptr(), dst.add(1), n);
+                core::ptr::copy_nonoverlapping(payload.as_ptr(), dst.add(1 + n), payload.len());
+            }
+            tag
+        })?;
+        Some((index, reused))
     }
 
     /// Appends one event (its thread is the block's; its time and pointer are encoded as
@@ -214,14 +259,36 @@ impl Written for (u8, usize) {
 /// first (the tag) and returns the tag; the tag is stored last, with release ordering.
 #[inline]
 fn append<W: Written>(room: usize, t_ns: u64, fill: impl FnOnce(*mut u8, &mut Deltas) -> W) {
+    append_in(&CURSOR, None, room, t_ns, fill);
+}
+
+/// [`append`] into the block of `which` cursor: [`CURSOR`], or [`DCURSOR`] with `reused`
+/// (which then receives the index of a block reused to make room). Returns the block's index.
+#[inline]
+fn append_in<W: Written>(
+    which: &'static std::thread::LocalKey<Cell<Cursor>>,
+    reused: Option<&mut Option<u64>>,
+    room: usize,
+    t_ns: u64,
+    fill: impl FnOnce(*mut u8, &mut Deltas) -> W,
+) -> Option<u64> {
     let epoch = EPOCH.load(Ordering::Acquire);
-    let Ok(mut cur) = CURSOR.try_with(Cell::get) else {
-        return; // thread-local storage already torn down (thread exit)
-    };
+    let mut cur = which.try_with(Cell::get).ok()?; // none at thread exit
+    let was_busy = BUSY.try_with(|b| b.replace(true)).unwrap_or(true);
     if cur.epoch != epoch || cur.pos + room > BLOCK_SIZE {
-        match take_block(epoch, t_ns) {
+        let taken = match reused {
+            Some(reused) => take_droppable(epoch, t_ns, cur).map(|(c, r)| {
+                *reused = r;
+                c
+            }),
+            None => take_block(epoch, t_ns, 0),
+        };
+        match taken {
             Some(c) => cur = c,
-            None => return,
+            None => {
+                let _ = BUSY.try_with(|b| b.set(was_busy));
+                return None;
+            }
         }
     }
     // Safety: the cursor's block is this thread's alone, mapped and reserved, and
@@ -231,16 +298,32 @@ fn append<W: Written>(room: usize, t_ns: u64, fill: impl FnOnce(*mut u8, &mut De
     // Safety: `dst` is in the mapping and suitably aligned for a byte; nobody else stores here.
     unsafe { AtomicU8::from_ptr(dst) }.store(tag, Ordering::Release);
     cur.pos += len;
-    let _ = CURSOR.try_with(|c| c.set(cur));
+    cur.last_t = cur.last_t.max(t_ns);
+    let _ = which.try_with(|c| c.set(cur));
+    let _ = BUSY.try_with(|b| b.set(was_busy));
+    Some(cur.index)
+}
+
+/// Whether this thread is inside the sink (a signal handler on it must not write).
+pub(crate) fn busy() -> bool {
+    BUSY.try_with(Cell::get).unwrap_or(true)
+}
+
+/// Runs `f` with this thread marked busy (see [`busy`]).
+pub(crate) fn as_busy(f: impl FnOnce()) {
+    let was = BUSY.try_with(|b| b.replace(true)).unwrap_or(true);
+    f();
+    let _ = BUSY.try_with(|b| b.set(was));
 }
 
 /// Hands this thread a fresh block, its header written. `None` when recording stops.
 #[cold]
-fn take_block(epoch: u32, t_ns: u64) -> Option<Cursor> {
+fn take_block(epoch: u32, t_ns: u64, flags: u32) -> Option<Cursor> {
     if STATE.load(Ordering::Acquire) != RECORDING {
         return None;
     }
     let index = NEXT_BLOCK.fetch_add(1, Ordering::AcqRel);
+    let seq = NEXT_SEQ.fetch_add(1, Ordering::AcqRel);
     let chunk = (index / BLOCKS_PER_CHUNK) as usize;
     if chunk >= MAX_CHUNKS {
         disable("the trace file reached its size limit (64 GiB)");
@@ -254,13 +337,24 @@ fn take_block(epoch: u32, t_ns: u64) -> Option<Cursor> {
     if EPOCH.load(Ordering::Acquire) != epoch || STATE.load(Ordering::Acquire) != RECORDING {
         return None;
     }
-    let base = CHUNKS[chunk].load(Ordering::Acquire);
+    let block = block_at(index);
+    Some(start_block(epoch, block, index, seq, t_ns, flags))
+}
+
+/// The mapped address of block `index` (its chunk mapped).
+fn block_at(index: u64) -> *mut u8 {
+    let base = CHUNKS[(index / BLOCKS_PER_CHUNK) as usize].load(Ordering::Acquire);
     // Safety: the chunk is mapped and CHUNK_BYTES long; the block lies inside it.
-    let block = unsafe { base.add((index % BLOCKS_PER_CHUNK) as usize * BLOCK_SIZE) };
+    unsafe { base.add((index % BLOCKS_PER_CHUNK) as usize * BLOCK_SIZE) }
+}
+
+/// Writes the header of the (zeroed) block at `block` and returns this thread's cursor in it.
+fn start_block(epoch: u32, block: *mut u8, index: u64, seq: u64, t_ns: u64, flags: u32) -> Cursor {
     let header = BlockHeader {
         tid: tid(),
-        seq: index,
+        seq,
         base_t_ns: t_ns,
+        flags,
     };
     let bytes = header.encode();
     // Safety: the block is this thread's alone and reserved; the magic (bytes 0..4, aligned:
@@ -272,12 +366,142 @@ fn take_block(epoch: u32, t_ns: u64) -> Option<Cursor> {
             Ordering::Release,
         );
     }
-    Some(Cursor {
+    Cursor {
         epoch,
         block,
         pos: BLOCK_HEADER_LEN,
         deltas: Deltas::at_block_start(&header),
-    })
+        index,
+        last_t: t_ns,
+    }
+}
+
+// ---- the ring: tensor-level blocks under a size budget ---------------------------------------
+
+/// Most finished droppable blocks the ring keeps track of (8 GiB of them); past that, new
+/// droppable blocks are not queued and the file grows.
+const MAX_RING: usize = 1 << 17;
+
+/// A finished droppable block: where it is, whose it was and the times it covers.
+#[derive(Clone, Copy)]
+struct RingEntry {
+    index: u64,
+    tid: u32,
+    from_t: u64,
+    to_t: u64,
+}
+
+/// The queue of finished droppable blocks, oldest first; guarded by [`RING_LOCK`].
+struct Ring {
+    entries: [RingEntry; MAX_RING],
+    head: usize,
+    len: usize,
+}
+
+struct RingCell(core::cell::UnsafeCell<Ring>);
+// Safety: only reached under RING_LOCK.
+unsafe impl Sync for RingCell {}
+
+static RING: RingCell = RingCell(core::cell::UnsafeCell::new(Ring {
+    entries: [RingEntry {
+        index: 0,
+        tid: 0,
+        from_t: 0,
+        to_t: 0,
+    }; MAX_RING],
+    head: 0,
+    len: 0,
+}));
+static RING_LOCK: AtomicBool = AtomicBool::new(false);
+/// The budget in blocks (0: none), set when the file is created.
+static BUDGET_BLOCKS: AtomicU64 = AtomicU64::new(0);
+/// The sequence number of the next block taken or reused.
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `f` on the ring under its lock; `None` if the lock stays taken (a thread stopped
+/// inside it, which only a fork at that moment can do).
+fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
+    let mut spins = 0u32;
+    while RING_LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins > 1_000_000 {
+            return None;
+        }
+        // Safety: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+    // Safety: RING is only reached here, under RING_LOCK.
+    let r = f(unsafe { &mut *RING.0.get() });
+    RING_LOCK.store(false, Ordering::Release);
+    Some(r)
+}
+
+/// The size budget in blocks (0: none).
+pub(crate) fn budget_blocks() -> u64 {
+    BUDGET_BLOCKS.load(Ordering::Relaxed)
+}
+
+/// Hands this thread a droppable block, `old` being its previous one (which joins the ring's
+/// queue): a fresh block while the file is within its budget (or there is none), else the
+/// oldest finished droppable block, reused: its records are dropped, a DROPPED record says
+/// which time range of whose they covered, and its index is returned beside the cursor so that
+/// the caller can restate what they held that still matters (the live tensors).
+#[cold]
+fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<u64>)> {
+    let budget = BUDGET_BLOCKS.load(Ordering::Relaxed);
+    if old.epoch == epoch && !old.block.is_null() && budget > 0 {
+        let entry = RingEntry {
+            index: old.index,
+            tid: tid(),
+            // Safety: the old block is mapped; its base time is bytes 16..24 of its header.
+            from_t: u64::from_le_bytes(unsafe { *(old.block.add(16) as *const [u8; 8]) }),
+            to_t: old.last_t,
+        };
+        with_ring(|r| {
+            if r.len < MAX_RING {
+                let at = (r.head + r.len) % MAX_RING;
+                r.entries[at] = entry;
+                r.len += 1;
+            }
+        });
+    }
+    if budget == 0 || NEXT_BLOCK.load(Ordering::Acquire) < budget {
+        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|c| (c, None));
+    }
+    let Some(Some(e)) = with_ring(|r| {
+        (r.len > 0).then(|| {
+            let e = r.entries[r.head];
+            r.head = (r.head + 1) % MAX_RING;
+            r.len -= 1;
+            e
+        })
+    }) else {
+        // Nothing finished to reuse (every droppable block is some thread's current one):
+        // the file grows past the budget rather than lose a record.
+        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|c| (c, None));
+    };
+    if EPOCH.load(Ordering::Acquire) != epoch || STATE.load(Ordering::Acquire) != RECORDING {
+        return None;
+    }
+    let mut buf = [0u8; FRAME_HEADER_LEN + 28];
+    let mut enc = Encoder::new(&mut buf);
+    enc.u64(t_ns).u32(e.tid).u64(e.from_t).u64(e.to_t);
+    File::MAPPED.write(enc.finish(kind::DROPPED));
+    let block = block_at(e.index);
+    // Safety: a finished block of this file, mapped; no thread owns it any more (it left the
+    // queue under the lock). Its magic goes first, so a reader sees no half-cleared block.
+    unsafe {
+        AtomicU32::from_ptr(block as *mut u32).store(0, Ordering::Release);
+        core::ptr::write_bytes(block.add(4), 0, BLOCK_SIZE - 4);
+    }
+    let seq = NEXT_SEQ.fetch_add(1, Ordering::AcqRel);
+    Some((
+        start_block(epoch, block, e.index, seq, t_ns, BLOCK_DROPPABLE),
+        Some(e.index),
+    ))
 }
 
 /// The slow path: reserves space up to block `index` and maps its chunk. `None` (recording
@@ -310,7 +534,12 @@ fn grow_locked(index: u64) -> Result<(), String> {
     let reserved = RESERVED.load(Ordering::Acquire);
     if reserved <= index {
         let step = reserved.clamp(FIRST_RESERVE_BLOCKS, MAX_RESERVE_STEP_BLOCKS);
-        let upto = (index + 1).max(reserved + step);
+        let mut upto = (index + 1).max(reserved + step);
+        let budget = BUDGET_BLOCKS.load(Ordering::Relaxed);
+        if budget > 0 {
+            // Under a budget the reservation stops at it (the file is as long as it reserves).
+            upto = upto.min(budget.max(index + 1));
+        }
         let from = data + reserved * BLOCK_SIZE as u64;
         let len = (upto - reserved) * BLOCK_SIZE as u64;
         // Safety: an open descriptor and a range; posix_fallocate returns an error number.
@@ -638,6 +867,17 @@ fn open_trace() -> Result<c_int, String> {
     }
     DATA_OFFSET.store(data_offset, Ordering::Release);
     NEXT_BLOCK.store(0, Ordering::Release);
+    NEXT_SEQ.store(0, Ordering::Release);
+    let budget = crate::config::max_size();
+    BUDGET_BLOCKS.store(
+        if budget == 0 {
+            0
+        } else {
+            // At least a few blocks: the ring needs room beside the driver's own blocks.
+            (budget.saturating_sub(data_offset) / BLOCK_SIZE as u64).max(4)
+        },
+        Ordering::Relaxed,
+    );
     RESERVED.store(0, Ordering::Release);
     Ok(fd)
 }
@@ -764,6 +1004,12 @@ extern "C" fn after_fork_child() {
     RESERVED.store(0, Ordering::Release);
     GROW.store(false, Ordering::Release);
     STANDING_LOCK.store(false, Ordering::Release);
+    RING_LOCK.store(false, Ordering::Release);
+    // Safety: the child has one thread, and the lock is free.
+    unsafe {
+        (*RING.0.get()).len = 0;
+        (*RING.0.get()).head = 0;
+    }
     if state == RECORDING || state == OPENING {
         if fd >= 0 {
             // Safety: the child's copy of the parent's descriptor; the child is single-threaded
@@ -774,4 +1020,6 @@ extern "C" fn after_fork_child() {
     }
     let _ = TID.try_with(|c| c.set(0));
     let _ = CURSOR.try_with(|c| c.set(NO_CURSOR));
+    let _ = DCURSOR.try_with(|c| c.set(NO_CURSOR));
+    let _ = BUSY.try_with(|b| b.set(false));
 }

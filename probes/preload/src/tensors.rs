@@ -123,6 +123,18 @@ fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[
         let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
         let mut e = Encoder::new(&mut buf);
         t.encode_payload_with_shape(&mut e, shape);
-        file.write(e.finish(kind::TENSOR));
+        let frame = e.finish(kind::TENSOR);
+        if t.action == TensorAction::AllocFailed {
+            // A refusal is never dropped, and the live set it met is written just before it.
+            crate::live_tensors::flight_record(
+                file,
+                b"PyTorch's allocator refused a request",
+                true,
+                t.t_ns,
+            );
+            file.write(frame);
+        } else if let Some((block, reused)) = file.write_droppable(frame) {
+            crate::live_tensors::on_report(file, &t, block, reused);
+        }
     });
 }
