@@ -1,0 +1,271 @@
+//! Bounded traces (`vramtrace run --max-size`): tensor-level records in a ring of droppable
+//! blocks, against the stand-in torch (probes/python/tests/fake_torch) and
+//! probes/python/tests/ring_prog.py. The trace stays within its budget while failures, the live
+//! tensors and the notes survive, `summary` says which time range lost tensor detail, and a
+//! flight record of the live set is written at a refusal, on SIGUSR2 and on `vramtrace
+//! snapshot PID`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use vramtrace_format::{Record, TensorAction, TraceFile};
+
+const MIB: u64 = 1 << 20;
+/// The three blocks ring_prog.py keeps: 4 MiB, 3 MiB and a 1,000-byte request (a 1 KiB block).
+const KEPT_BYTES: u64 = 4 * MIB + 3 * MIB + 1024;
+
+fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/tests")
+}
+
+/// Runs ring_prog.py MODE N under `vramtrace run` with `extra` options; the trace directory
+/// and the program's stdout.
+fn run_ring(name: &str, mode: &str, n: u32, extra: &[&str]) -> (PathBuf, String) {
+    let out = scratch(name).join("trace");
+    let o = Command::new(vramtrace())
+        .args(["run", "-q", "--out"])
+        .arg(&out)
+        .args(extra)
+        .arg("--")
+        .arg("python3")
+        .arg(python_dir().join("ring_prog.py"))
+        .arg(mode)
+        .arg(n.to_string())
+        .env("PYTHONPATH", python_dir().join("fake_torch"))
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env("VRAMTRACE_BIN", vramtrace())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{mode}: {}", describe(&o));
+    (out, String::from_utf8(o.stdout).unwrap())
+}
+
+fn trace_file(out: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "vtr"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+/// `(ptr, size)` of the blocks the program printed as `keep PTR SIZE` (the size asked for).
+fn kept(stdout: &str) -> Vec<(u64, u64)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("keep "))
+        .map(|l| {
+            let mut w = l.split(' ').map(|x| x.parse::<u64>().unwrap());
+            (w.next().unwrap(), w.next().unwrap().div_ceil(512) * 512)
+        })
+        .collect()
+}
+
+fn summary_json(out: &Path) -> serde_json::Value {
+    let o = Command::new(vramtrace())
+        .args(["summary", "--json"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// The flight record's Live records (ptr, size), in the order written after its NOTE.
+fn flight_record(t: &TraceFile, why: &str) -> (String, Vec<(u64, u64)>) {
+    let at = t
+        .records
+        .iter()
+        .position(|r| matches!(r, Record::Note { text, .. } if text.starts_with(&format!("flight record: {why}"))))
+        .unwrap_or_else(|| panic!("no flight record for {why}"));
+    let Record::Note { t_ns, text } = &t.records[at] else {
+        unreachable!()
+    };
+    let live = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Tensor(e) if e.action == TensorAction::Live && e.t_ns == *t_ns => {
+                Some((e.ptr, e.size))
+            }
+            _ => None,
+        })
+        .collect();
+    (text.clone(), live)
+}
+
+/// 20,000 blocks allocated and freed (some 1.6 MB of tensor records) under a 512 KiB budget,
+/// then the allocator refuses a request: the file stays within 512 KiB, the refusal is there
+/// with PyTorch's numbers, the live set at the refusal is exactly the three blocks allocated
+/// first (whose own records were the first dropped), and `summary` says which time range lost
+/// tensor detail. The same program without a budget keeps every record and passes 512 KiB.
+#[test]
+fn the_ring_keeps_failures_and_the_live_set_within_the_budget() {
+    let budget = 512 << 10;
+    let (out, stdout) = run_ring("ring-oom", "oom", 20_000, &["--max-size", "512KiB"]);
+    let file = trace_file(&out);
+    let len = std::fs::metadata(&file).unwrap().len();
+    assert!(len <= budget, "{len} bytes over the {budget}-byte budget");
+    let t = TraceFile::read(&file).unwrap();
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    let keep = kept(&stdout);
+    let dropped = t
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Dropped { .. }))
+        .count();
+    assert!(dropped > 0, "no block was dropped");
+    // The kept blocks' allocation records were the oldest: dropped, and restated.
+    let allocs: Vec<u64> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Tensor(e) if e.action == TensorAction::Alloc => Some(e.ptr),
+            _ => None,
+        })
+        .collect();
+    assert!(keep.iter().all(|(p, _)| !allocs.contains(p)), "not dropped");
+    assert!(allocs.len() < 20_000, "{} allocations kept", allocs.len());
+    let (note, live) = flight_record(&t, "PyTorch's allocator refused a request");
+    assert_eq!(
+        note,
+        format!(
+            "flight record: PyTorch's allocator refused a request: 3 live tensors, {KEPT_BYTES} bytes"
+        )
+    );
+    assert_eq!(live, keep);
+
+    let v = summary_json(&out);
+    let p = &v["processes"][0];
+    let f = &p["devices"][0]["failures"][0];
+    assert_eq!(f["api"], "pytorch");
+    assert_eq!(f["torch"]["requested"], 20u64 << 30);
+    assert_eq!(f["torch"]["allocated"], KEPT_BYTES);
+    assert_eq!(f["tensors"]["tensor_count"], 3);
+    assert_eq!(f["tensors"]["tensor_bytes"], KEPT_BYTES);
+    let mut at_failure: Vec<(u64, u64)> = f["tensors"]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            let ptr = x["ptr"].as_str().unwrap().trim_start_matches("0x");
+            (
+                u64::from_str_radix(ptr, 16).unwrap(),
+                x["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    at_failure.sort();
+    assert_eq!(at_failure, keep, "{f}");
+    let lost = p["tensor_detail_lost"].as_array().unwrap();
+    assert_eq!(lost.len(), 1, "one thread: one range: {lost:?}");
+    assert_eq!(lost[0]["blocks"], dropped as u64);
+    let (from, to) = (
+        lost[0]["from_s"].as_f64().unwrap(),
+        lost[0]["to_s"].as_f64().unwrap(),
+    );
+    assert!(from < to, "{lost:?}");
+    let o = Command::new(vramtrace())
+        .arg("summary")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!(
+            "tensor detail lost to the size budget from {} to {} ({dropped} blocks dropped;",
+            vramtrace_models::units::fmt_secs(from),
+            vramtrace_models::units::fmt_secs(to)
+        )),
+        "{text}"
+    );
+
+    // No budget: every record kept, and the file is past what the budget held it to.
+    let (out, _) = run_ring("ring-unbounded", "oom", 20_000, &["--max-size", "0"]);
+    let file = trace_file(&out);
+    assert!(std::fs::metadata(&file).unwrap().len() > budget);
+    let t = TraceFile::read(&file).unwrap();
+    let events = t
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Tensor(e) if e.action != TensorAction::Live))
+        .count();
+    assert_eq!(events, 3 + 2 * 20_000 + 1);
+    assert!(
+        !t.records
+            .iter()
+            .any(|r| matches!(r, Record::Dropped { .. }))
+    );
+    assert!(summary_json(&out)["processes"][0]["tensor_detail_lost"].is_null());
+}
+
+/// A flight record on request: on SIGUSR2, and through `vramtrace snapshot PID` (which the
+/// program runs on itself), the live set with its stacks goes into the trace beside the ring.
+#[test]
+fn snapshot_on_sigusr2_and_on_vramtrace_snapshot() {
+    for mode in ["signal", "snapshot"] {
+        let (out, stdout) = run_ring(
+            &format!("ring-{mode}"),
+            mode,
+            20_000,
+            &["--max-size", "512KiB"],
+        );
+        let t = TraceFile::read(&trace_file(&out)).unwrap();
+        let (note, live) = flight_record(&t, "SIGUSR2 (vramtrace snapshot)");
+        assert_eq!(
+            note,
+            format!(
+                "flight record: SIGUSR2 (vramtrace snapshot): 3 live tensors, {KEPT_BYTES} bytes"
+            ),
+            "{mode}"
+        );
+        assert_eq!(live, kept(&stdout), "{mode}");
+        // Each with the Python line that allocated it.
+        let stack = t
+            .records
+            .iter()
+            .find_map(|r| match r {
+                Record::Tensor(e) if e.action == TensorAction::Live => Some(e.stack),
+                _ => None,
+            })
+            .unwrap();
+        assert_ne!(
+            stack, 0,
+            "{mode}: a flight record keeps the allocation's stack"
+        );
+        assert!(
+            t.records
+                .iter()
+                .any(|r| matches!(r, Record::PyStack { stack: s, .. } if *s == stack)),
+            "{mode}"
+        );
+    }
+}
+
+/// `vramtrace snapshot` never sends SIGUSR2 to a process that does not catch it (the default
+/// action would kill it): it says why and leaves the process alone.
+#[test]
+fn snapshot_refuses_a_process_that_does_not_catch_sigusr2() {
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let o = Command::new(vramtrace())
+        .args(["snapshot", &child.id().to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("does not catch SIGUSR2"),
+        "{}",
+        describe(&o)
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the process must still run"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
