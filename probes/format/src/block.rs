@@ -263,6 +263,7 @@ pub fn payload_time(kind_byte: u8, payload: &[u8]) -> Option<u64> {
         | kind::MARK
         | kind::NOTE
         | kind::DROPPED
+        | kind::TENSOR_COMPACT
         | kind::TENSOR => Some(u64::from_le_bytes(payload.get(..8)?.try_into().ok()?)),
         _ => None,
     }

@@ -62,7 +62,8 @@ pub use reader::{Follower, Problem, ReadError, Scan, TraceFile, scan_records};
 pub use record::{
     Annotation, DeviceInfo, EVENT_PAYLOAD_LEN, EVENT_RECORD_LEN, Encoder, Event, EventKind,
     FRAME_HEADER_LEN, FRAME_MAGIC, MAX_PAYLOAD, MAX_TENSOR_RANK, MemKind, ModuleInfo, PY_FRAME_LEN,
-    PyFrame, Record, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent, kind,
+    PyFrame, Record, TENSOR_COMPACT_MAX_LEN, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent,
+    kind,
 };
 
 /// File name of the trace of process `pid`; `attempt` > 0 when that name was already taken.

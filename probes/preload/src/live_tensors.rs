@@ -216,7 +216,7 @@ fn map(t: &mut Table) -> bool {
     };
     if p == libc::MAP_FAILED {
         MAPPED.store(2, Ordering::Release);
-        crate::recorder::note(b"the live-tensor table could not be mapped: under the size budget, tensors whose allocation is dropped are not restated");
+        note(b"the live-tensor table could not be mapped: under the size budget, tensors whose allocation is dropped are not restated");
         return false;
     }
     t.dense = p as *mut Entry;
@@ -242,8 +242,8 @@ fn live_record<'a>(buf: &'a mut [u8; TENSOR_RECORD_MAX_LEN], e: &Entry, t_ns: u6
         ..TensorEvent::default()
     };
     let mut enc = Encoder::new(&mut buf[..]);
-    t.encode_payload_with_shape(&mut enc, &[]);
-    let len = enc.finish(kind::TENSOR).len();
+    t.encode_compact_payload(&mut enc);
+    let len = enc.finish(kind::TENSOR_COMPACT).len();
     &buf[..len]
 }
 
@@ -266,7 +266,7 @@ fn restate(t: &mut Table, file: File, reused: u64) {
             e.block = index as u32;
             if let Some(r) = again {
                 if tail == queue.len() {
-                    crate::recorder::note(b"the live tensors do not fit in the size budget: some are no longer restated (raise --max-size)");
+                    note(b"the live tensors do not fit in the size budget: some are no longer restated (raise --max-size)");
                     return;
                 }
                 queue[tail] = r;
@@ -341,6 +341,16 @@ pub(crate) fn flight_record(file: File, why: &[u8], wait: bool, now: u64) {
     });
 }
 
+/// A NOTE record with `text`.
+fn note(text: &[u8]) {
+    crate::sink::with_file(|file| {
+        let mut buf = [0u8; FRAME_HEADER_LEN + 8 + 160];
+        let mut enc = Encoder::new(&mut buf);
+        enc.u64(mono_ns()).bytes(&text[..text.len().min(160)]);
+        file.write(enc.finish(kind::NOTE));
+    });
+}
+
 fn decimal(out: &mut [u8; 20], mut v: u64) -> &[u8] {
     let mut i = out.len();
     loop {
@@ -362,7 +372,7 @@ fn install_sigusr2() {
         if libc::sigaction(libc::SIGUSR2, core::ptr::null(), &mut old) != 0
             || old.sa_sigaction != libc::SIG_DFL
         {
-            crate::recorder::note(b"SIGUSR2 is the program's own: vramtrace snapshot cannot ask this process for a flight record");
+            note(b"SIGUSR2 is the program's own: vramtrace snapshot cannot ask this process for a flight record");
             return;
         }
         let mut sa: libc::sigaction = core::mem::zeroed();

@@ -122,8 +122,14 @@ fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[
         t.dtype = dtype.map_or(0, |d| crate::intern::intern(file, d));
         let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
         let mut e = Encoder::new(&mut buf);
-        t.encode_payload_with_shape(&mut e, shape);
-        let frame = e.finish(kind::TENSOR);
+        // A block handed out or taken back in about 30 bytes instead of 97 (docs/performance.md).
+        let frame = if shape.is_empty() && t.is_compact() {
+            t.encode_compact_payload(&mut e);
+            e.finish(kind::TENSOR_COMPACT)
+        } else {
+            t.encode_payload_with_shape(&mut e, shape);
+            e.finish(kind::TENSOR)
+        };
         if t.action == TensorAction::AllocFailed {
             // A refusal is never dropped, and the live set it met is written just before it.
             crate::live_tensors::flight_record(
