@@ -500,6 +500,36 @@ fn the_probe_starts_however_torch_is_reached() {
     }
 }
 
+/// The probe starts when torch was imported before vramtrace's sitecustomize ran (a `.pth`
+/// file of the user site directory imports it), and when a finder the program put ahead of
+/// the probe's found torch (the next module imported starts it).
+#[test]
+fn the_probe_starts_when_torch_came_before_it_or_past_it() {
+    let base = scratch("torch-probe-user-base");
+    let site = Command::new("python3")
+        .args(["-c", "import site; print(site.getusersitepackages())"])
+        .env("PYTHONUSERBASE", &base)
+        .output()
+        .unwrap();
+    let site = PathBuf::from(String::from_utf8(site.stdout).unwrap().trim());
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("vramtrace_test_torch.pth"), "import torch\n").unwrap();
+    for (mode, env) in [
+        ("pth", vec![("PYTHONUSERBASE", base.to_str().unwrap())]),
+        ("finder_ahead", vec![]),
+    ] {
+        let (out, stdout, _) =
+            run_activation(&format!("torch-probe-activation-{mode}"), mode, &env);
+        let pids = assert_every_block_recorded(mode, &out, &stdout);
+        assert_eq!(pids.len(), 1, "{mode}");
+        assert_eq!(
+            capture_status(&out)[&(pids[0] as u64)],
+            "recorded: 5 tensor events",
+            "{mode}"
+        );
+    }
+}
+
 /// A process that imports torch and never allocates a block has its trace say so; one whose
 /// torch has no CUDA says why nothing is recorded, once on stderr and in the trace.
 #[test]

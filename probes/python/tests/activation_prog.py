@@ -18,6 +18,10 @@ MODE:
   first, then imports torch and allocates.
 - none: imports torch and allocates nothing, but leaves a mark (a record: the process has a
   trace file).
+- pth: torch was imported before any sitecustomize ran (the test puts `import torch` in a .pth
+  file of the user site directory); the program only allocates.
+- finder_ahead: the program puts its own finder first on sys.meta_path, which finds torch
+  itself (as some import hooks do), imports torch, then another module, then allocates.
 """
 import ctypes
 import importlib.util
@@ -87,6 +91,24 @@ def main(mode):
             for r in range(2)
         ]
         assert [c.wait() for c in children] == [0, 0]
+    elif mode == "pth":
+        assert "torch" in sys.modules, "the .pth file did not import torch"
+        allocate()
+    elif mode == "finder_ahead":
+        import importlib.abc
+        import importlib.machinery
+
+        class Ahead(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name != "torch":
+                    return None
+                return importlib.machinery.PathFinder.find_spec(name, path, target)
+
+        sys.meta_path.insert(0, Ahead())
+        import torch  # noqa: F401
+        import csv  # noqa: F401  (any module not imported yet)
+
+        allocate()
     elif mode == "none":
         import torch  # noqa: F401
 
