@@ -183,7 +183,7 @@ fn with_table<R>(wait: bool, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
             return None;
         }
         core::hint::spin_loop();
-        if spins % 64 == 0 {
+        if spins.is_multiple_of(64) {
             // Safety: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
         }
