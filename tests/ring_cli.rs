@@ -185,6 +185,34 @@ fn the_ring_keeps_failures_and_the_live_set_within_the_budget() {
         "{text}"
     );
 
+    // The other readers say it too: the report, and `events` on stderr.
+    let o = Command::new(vramtrace())
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let md = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        md.contains(&format!(
+            "blocks dropped; driver events, failures and the live set kept)"
+        )) && md.contains(&format!("({dropped} blocks dropped;")),
+        "{md}"
+    );
+    let o = Command::new(vramtrace())
+        .arg("events")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!(
+            "were dropped to keep the trace within its size budget ({dropped} blocks;"
+        )),
+        "{}",
+        describe(&o)
+    );
+
     // No budget: every record kept, and the file is past what the budget held it to.
     let (out, _) = run_ring("ring-unbounded", "oom", 20_000, &["--max-size", "0"]);
     let file = trace_file(&out);

@@ -24,6 +24,8 @@ MODE:
   itself (as some import hooks do), imports torch, then another module, then allocates.
 """
 import ctypes
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import subprocess
@@ -95,8 +97,6 @@ def main(mode):
         assert "torch" in sys.modules, "the .pth file did not import torch"
         allocate()
     elif mode == "finder_ahead":
-        import importlib.abc
-        import importlib.machinery
 
         class Ahead(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
