@@ -185,6 +185,31 @@ fn the_ring_keeps_failures_and_the_live_set_within_the_budget() {
         "{text}"
     );
 
+    // A follower (the live view's reader) reads the reused blocks once each: the same tensor
+    // records as the whole-file reader, no more.
+    let mut follower = vramtrace_format::Follower::open(&file).unwrap();
+    let mut followed = Vec::new();
+    for _ in 0..3 {
+        let (records, problems) = follower.poll().unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        followed.extend(records.into_iter().filter_map(|r| match r {
+            Record::Tensor(e) => Some((e.t_ns, e.ptr, e.action as u8)),
+            _ => None,
+        }));
+    }
+    let mut whole: Vec<(u64, u64, u8)> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Tensor(e) => Some((e.t_ns, e.ptr, e.action as u8)),
+            _ => None,
+        })
+        .collect();
+    followed.sort_unstable();
+    whole.sort_unstable();
+    assert_eq!(followed.len(), whole.len());
+    assert!(followed == whole, "the follower read other tensor records");
+
     // The other readers say it too: the report, and `events` on stderr.
     let o = Command::new(vramtrace())
         .arg("report")
@@ -296,4 +321,74 @@ fn snapshot_refuses_a_process_that_does_not_catch_sigusr2() {
     );
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// Following the file while the ring reuses its blocks (the live view's reader): every tensor
+/// record the finished file holds was followed, none twice (a reused block is read again from
+/// its new start, once).
+#[test]
+fn a_follower_keeps_up_with_reused_blocks() {
+    let out = scratch("ring-follow").join("trace");
+    let mut child = Command::new(vramtrace())
+        .args(["run", "-q", "--max-size", "512KiB", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg("python3")
+        .arg(python_dir().join("ring_prog.py"))
+        .args(["oom", "60000"])
+        .env("PYTHONPATH", python_dir().join("fake_torch"))
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env_remove("LD_PRELOAD")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let key = |r: Record| match r {
+        Record::Tensor(e) => Some((e.t_ns, e.ptr, e.action as u8)),
+        _ => None,
+    };
+    let mut follower = None;
+    let mut followed = Vec::new();
+    let mut polls = 0;
+    loop {
+        let done = child.try_wait().unwrap().is_some();
+        if follower.is_none()
+            && let Some(f) = std::fs::read_dir(&out).ok().and_then(|d| {
+                d.map(|e| e.unwrap().path())
+                    .find(|p| p.extension().is_some_and(|x| x == "vtr"))
+            })
+        {
+            follower = Some(vramtrace_format::Follower::open(&f).unwrap());
+        }
+        if let Some(f) = &mut follower {
+            let (records, _) = f.poll().unwrap();
+            followed.extend(records.into_iter().filter_map(key));
+            polls += 1;
+        }
+        if done {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(child.wait().unwrap().success());
+    let f = follower.as_mut().expect("a trace file");
+    for _ in 0..2 {
+        followed.extend(f.poll().unwrap().0.into_iter().filter_map(key));
+    }
+    let t = TraceFile::read(&trace_file(&out)).unwrap();
+    assert!(
+        t.records
+            .iter()
+            .any(|r| matches!(r, Record::Dropped { .. }))
+    );
+    let mut seen = std::collections::HashSet::new();
+    for k in &followed {
+        assert!(seen.insert(*k), "read twice: {k:?} ({polls} polls)");
+    }
+    let missed = t
+        .records
+        .into_iter()
+        .filter_map(key)
+        .filter(|k| !seen.contains(k))
+        .count();
+    assert_eq!(missed, 0, "tensor records never followed ({polls} polls)");
 }

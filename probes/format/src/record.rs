@@ -665,6 +665,8 @@ pub enum Record {
         from_t_ns: u64,
         /// Time of its last record.
         to_t_ns: u64,
+        /// The block's index in the file (reused at once: a follower reads it again).
+        index: u64,
     },
     /// A record of a kind this reader does not know; skipped.
     Unknown {
@@ -878,6 +880,7 @@ impl Record {
                 tid: c.u32()?,
                 from_t_ns: c.u64()?,
                 to_t_ns: c.u64()?,
+                index: c.u64()?,
             },
             kind::NOTE => Record::Note {
                 t_ns: c.u64()?,
@@ -1002,8 +1005,13 @@ impl Record {
                 tid,
                 from_t_ns,
                 to_t_ns,
+                index,
             } => {
-                e.u64(*t_ns).u32(*tid).u64(*from_t_ns).u64(*to_t_ns);
+                e.u64(*t_ns)
+                    .u32(*tid)
+                    .u64(*from_t_ns)
+                    .u64(*to_t_ns)
+                    .u64(*index);
                 kind::DROPPED
             }
             Record::PyStack { stack, frames } => {

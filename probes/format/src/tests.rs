@@ -99,6 +99,7 @@ fn sample_records() -> Vec<Record> {
             tid: 9,
             from_t_ns: 2,
             to_t_ns: 8,
+            index: 3,
         },
     ]
 }

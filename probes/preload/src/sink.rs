@@ -486,10 +486,6 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
     if EPOCH.load(Ordering::Acquire) != epoch || STATE.load(Ordering::Acquire) != RECORDING {
         return None;
     }
-    let mut buf = [0u8; FRAME_HEADER_LEN + 28];
-    let mut enc = Encoder::new(&mut buf);
-    enc.u64(t_ns).u32(e.tid).u64(e.from_t).u64(e.to_t);
-    File::MAPPED.write(enc.finish(kind::DROPPED));
     let block = block_at(e.index);
     // Safety: a finished block of this file, mapped; no thread owns it any more (it left the
     // queue under the lock). Its magic goes first, so a reader sees no half-cleared block.
@@ -498,10 +494,17 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
         core::ptr::write_bytes(block.add(4), 0, BLOCK_SIZE - 4);
     }
     let seq = NEXT_SEQ.fetch_add(1, Ordering::AcqRel);
-    Some((
-        start_block(epoch, block, e.index, seq, t_ns, BLOCK_DROPPABLE),
-        Some(e.index),
-    ))
+    let cursor = start_block(epoch, block, e.index, seq, t_ns, BLOCK_DROPPABLE);
+    // After the new header: a follower that reads this record finds the block restarted.
+    let mut buf = [0u8; FRAME_HEADER_LEN + 36];
+    let mut enc = Encoder::new(&mut buf);
+    enc.u64(t_ns)
+        .u32(e.tid)
+        .u64(e.from_t)
+        .u64(e.to_t)
+        .u64(e.index);
+    File::MAPPED.write(enc.finish(kind::DROPPED));
+    Some((cursor, Some(e.index)))
 }
 
 /// The slow path: reserves space up to block `index` and maps its chunk. `None` (recording
