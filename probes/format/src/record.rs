@@ -1076,7 +1076,7 @@ mod tests {
             let frame = e.finish(kind::TENSOR_COMPACT).to_vec();
             assert_eq!(
                 frame.len() - FRAME_HEADER_LEN,
-                8 + 2 + 1 + 1 + 6 + 4 + 4 + 1 + 1
+                8 + 2 + 1 + 1 + 7 + 4 + 4 + 1 + 1
             );
             assert_eq!(
                 Record::decode(kind::TENSOR_COMPACT, &frame[FRAME_HEADER_LEN..]),
