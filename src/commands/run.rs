@@ -52,9 +52,9 @@ pub struct RunArgs {
     /// allocation, every refusal of PyTorch's allocator, and on `vramtrace snapshot PID`, the
     /// whole live tensor set with its stacks is written beside the ring. A tensor event takes
     /// 27 bytes (measured on the stand-in; docs/performance.md), so the default of 4GiB holds
-    /// some 150 million: at about 0.14 MB per decode step of an 8-layer model (estimated from
-    /// the H200's 5,000 tensor events per step), a day of decoding at 5 steps a second would
-    /// write 60 GB; the ring keeps the last 30,000 steps of it.
+    /// some 150 million: at about 0.14 MB per decode step of an 8-layer model (an estimate:
+    /// the H200 run of issue 19 wrote 0.5 MB per step in 97-byte records), a day of decoding
+    /// at 5 steps a second would write 60 GB; the ring keeps the last 30,000 steps of it.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
     pub max_size: u64,
     /// Run the program against vramtrace's stand-in driver instead of a GPU: a `libcuda.so.1`
