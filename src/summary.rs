@@ -1143,3 +1143,114 @@ fn shorten(s: &str, n: usize) -> String {
         t
     }
 }
+
+#[cfg(test)]
+mod capture_tests {
+    use super::*;
+    use vramtrace_format::{ModuleInfo, Record, TraceFile};
+
+    fn process(records: Vec<Record>) -> crate::trace::Process {
+        crate::trace::Process::from_file(TraceFile {
+            path: "1.vtr".into(),
+            header: Default::default(),
+            driver_version: None,
+            devices: Vec::new(),
+            records,
+            problems: Vec::new(),
+        })
+    }
+
+    fn module(path: &str) -> Record {
+        Record::Module(ModuleInfo {
+            start: 0x1000,
+            end: 0x2000,
+            bias: 0,
+            path: path.into(),
+            build_id: Vec::new(),
+        })
+    }
+
+    fn note(text: &str) -> Record {
+        Record::Note {
+            t_ns: 5,
+            text: text.into(),
+        }
+    }
+
+    /// Whether tensors were recorded, from the tensor count, the probe's own note, and the
+    /// libraries loaded: every case says one sentence, and a process with no sign of torch
+    /// says nothing.
+    #[test]
+    fn each_process_says_whether_its_tensors_were_recorded() {
+        let status = |records, events| tensor_capture(&process(records), events).map(|c| c.status);
+        assert_eq!(
+            status(
+                vec![note(
+                    "torch probe: active (torch 2.11.0, caching allocator)"
+                )],
+                4
+            ),
+            Some("recorded: 4 tensor events".into())
+        );
+        assert_eq!(
+            status(
+                vec![note(
+                    "torch probe: not active: this torch (2.11.0+cpu) is built without CUDA; tensors are not recorded"
+                )],
+                0
+            ),
+            Some("not recorded: not active: this torch (2.11.0+cpu) is built without CUDA; tensors are not recorded".into())
+        );
+        assert!(
+            status(
+                vec![note(
+                    "torch probe: active (torch 2.11.0, caching allocator)"
+                )],
+                0
+            )
+            .unwrap()
+            .starts_with("none: Python with torch and the probe started, but no tensor events")
+        );
+        assert_eq!(
+            status(
+                vec![module("/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so")],
+                0
+            ),
+            Some("not recorded: torch is loaded (libc10_cuda.so) but the PyTorch probe never started in this process (run without --no-torch-probe, and keep the PYTHONPATH entry that vramtrace run adds in the environment of the processes it starts)".into())
+        );
+        assert_eq!(status(vec![module("/usr/lib/libcudart.so.12")], 0), None);
+        assert_eq!(status(vec![], 0), None);
+        let c = tensor_capture(&process(vec![note("torch probe: active (x)")]), 0).unwrap();
+        assert_eq!((c.events, c.probe_started), (0, Some(true)));
+    }
+
+    /// One thread's dropped blocks make one range; another thread's overlapping range merges,
+    /// a later one stays apart.
+    #[test]
+    fn lost_ranges_merge_per_thread_then_by_overlap() {
+        let r = lost_ranges(
+            &[
+                (7, 1_000_000_000, 1_500_000_000),
+                (7, 1_500_000_100, 2_000_000_000),
+                (8, 1_900_000_000, 2_500_000_000),
+                (9, 4_000_000_000, 4_500_000_000),
+            ],
+            0,
+        );
+        assert_eq!(
+            r,
+            vec![
+                LostRange {
+                    from_s: 1.0,
+                    to_s: 2.5,
+                    blocks: 3
+                },
+                LostRange {
+                    from_s: 4.0,
+                    to_s: 4.5,
+                    blocks: 1
+                }
+            ]
+        );
+    }
+}

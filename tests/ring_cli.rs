@@ -257,6 +257,30 @@ fn the_ring_keeps_failures_and_the_live_set_within_the_budget() {
     assert!(summary_json(&out)["processes"][0]["tensor_detail_lost"].is_null());
 }
 
+/// A failed driver allocation gets the same flight record, just before it: the summary's
+/// failure lists the tensors live then, whose own records the ring had dropped.
+#[test]
+fn a_failed_driver_allocation_keeps_the_live_tensors() {
+    let (out, stdout) = run_ring(
+        "ring-driver-oom",
+        "driver_oom",
+        20_000,
+        &["--max-size", "512KiB"],
+    );
+    assert!(stdout.contains("driver oom"), "{stdout}");
+    let t = TraceFile::read(&trace_file(&out)).unwrap();
+    let (note, live) = flight_record(&t, "a failed driver allocation");
+    assert_eq!(
+        note,
+        format!("flight record: a failed driver allocation: 3 live tensors, {KEPT_BYTES} bytes")
+    );
+    assert_eq!(live, kept(&stdout));
+    let v = summary_json(&out);
+    let f = &v["processes"][0]["devices"][0]["failures"][0];
+    assert_eq!(f["size"], 1u64 << 40, "{f}");
+    assert_eq!(f["tensors"]["tensor_bytes"], KEPT_BYTES, "{f}");
+}
+
 /// A flight record on request: on SIGUSR2, and through `vramtrace snapshot PID` (which the
 /// program runs on itself), the live set with its stacks goes into the trace beside the ring.
 #[test]

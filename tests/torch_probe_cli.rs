@@ -560,6 +560,30 @@ fn summary_says_why_a_process_has_no_tensors() {
     );
     let status: Vec<String> = capture_status(&out).into_values().collect();
     assert_eq!(status, vec![format!("not recorded: {why}")]);
+
+    // A process that kept vramtrace's PYTHONPATH but lost the preload (LD_PRELOAD cleared):
+    // there is no trace to write to, so stderr says it, once.
+    let path = std::env::join_paths([
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/autostart"),
+        python_dir().join("fake_torch"),
+    ])
+    .unwrap();
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import torch, importlib.util; importlib.util.find_spec('torch')",
+        ])
+        .env("PYTHONPATH", path)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "vramtrace: torch probe: not active: the vramtrace preload is not loaded in this process \
+         (LD_PRELOAD lost its libvramtrace_preload.so, or the process was started without it); \
+         tensors are not recorded\n"
+    );
     let o = Command::new(vramtrace())
         .arg("summary")
         .arg(&out)

@@ -4,6 +4,8 @@ the first a ring drops), then N blocks are allocated and freed in turn, then:
 - oom: the stand-in allocator refuses a 20 GiB request;
 - signal: the process sends itself SIGUSR2 (a flight record on request);
 - snapshot: the process runs `$VRAMTRACE_BIN snapshot <its pid>`.
+- driver_oom: the driver (the stand-in libcuda.so.1, through ctypes) refuses a 1 TiB
+  cuMemAlloc_v2.
 Prints `keep PTR SIZE` for the kept blocks and `churn FIRST_PTR LAST_PTR` for the others."""
 import os
 import signal
@@ -34,6 +36,17 @@ if mode == "oom":
 elif mode == "signal":
     os.kill(os.getpid(), signal.SIGUSR2)
     time.sleep(0.1)
+elif mode == "driver_oom":
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    assert cuda.cuInit(0) == 0
+    dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+    assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 40)) != 0
+    os.write(1, b"driver oom\n")
 elif mode == "snapshot":
     subprocess.run([os.environ["VRAMTRACE_BIN"], "snapshot", str(os.getpid())], check=True)
     time.sleep(0.1)
