@@ -257,6 +257,45 @@ fn the_ring_keeps_failures_and_the_live_set_within_the_budget() {
     assert!(summary_json(&out)["processes"][0]["tensor_detail_lost"].is_null());
 }
 
+/// A live set larger than the budget: 20,000 more tensors kept beside the three, and 20,000
+/// allocated and freed, under 512 KiB. Each tensor that outlives its record is restated once
+/// into never-dropped blocks, and its release follows it there, so the replayed live set stays
+/// exact (before, releases dropped with their block left tensors live for good); the file
+/// passes the budget by those statements and the refusal's flight record, and no more.
+#[test]
+fn a_live_set_larger_than_the_budget_stays_exact() {
+    let budget = 512 << 10;
+    let k = 20_000u64;
+    let out = scratch("ring-many-live-k").join("trace");
+    let o = Command::new(vramtrace())
+        .args(["run", "-q", "--max-size", "512KiB", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg("python3")
+        .arg(python_dir().join("ring_prog.py"))
+        .args(["oom", "20000", &k.to_string()])
+        .env("PYTHONPATH", python_dir().join("fake_torch"))
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let len = std::fs::metadata(trace_file(&out)).unwrap().len();
+    // Each kept tensor is stated twice beside the ring: restated once, and in the refusal's
+    // flight record (about 30 bytes each time).
+    assert!(
+        len > budget && len <= budget + k * 2 * 32 + (128 << 10),
+        "{len} bytes: past the budget by more than the live tensors' statements"
+    );
+    let v = summary_json(&out);
+    let d = &v["processes"][0]["devices"][0];
+    let live = KEPT_BYTES + k * 4096;
+    assert_eq!(d["tensors"]["live_at_end"], live, "{}", d["tensors"]);
+    let f = &d["failures"][0];
+    assert_eq!(f["tensors"]["tensor_count"], 3 + k);
+    assert_eq!(f["tensors"]["tensor_bytes"], live);
+}
+
 /// A failed driver allocation gets the same flight record, just before it: the summary's
 /// failure lists the tensors live then, whose own records the ring had dropped.
 #[test]

@@ -5,8 +5,9 @@
 //! reader that lost a tensor's allocation record would lose the tensor from the live set, so
 //! this table keeps every live tensor (pointer, sizes, stack id, device, thread) with the block
 //! its last statement is in. When a block is reused, each tensor still live whose statement
-//! was in it is restated (a TENSOR record with action `Live`, into the thread's current
-//! droppable block): the live set a reader replays stays whole outside the dropped time range.
+//! was in it is restated (a tensor record with action `Live`, into the thread's never-dropped
+//! blocks, once per tensor): the live set a reader replays stays whole outside the dropped time
+//! range.
 //!
 //! The flight recorder writes the whole table, as `Live` records after a NOTE that says why,
 //! into never-dropped blocks: at every refusal of PyTorch's allocator and every failed driver
@@ -247,41 +248,47 @@ fn live_record<'a>(buf: &'a mut [u8; TENSOR_RECORD_MAX_LEN], e: &Entry, t_ns: u6
     &buf[..len]
 }
 
-/// Restates, into droppable blocks, every live tensor whose statement was in block `reused`
-/// (just reused, its records gone); a block reused while doing so is handled the same way, up
-/// to a few (a live set that does not fit in the ring is said in a note).
+/// The `block` of an entry restated into a never-dropped block: it matches no droppable one.
+const KEPT: u32 = u32::MAX;
+
+/// Restates every live tensor whose statement was in block `reused` (just reused, its records
+/// gone) into this thread's never-dropped blocks, once: a tensor that outlives one turn of the
+/// ring is likely to live long (weights, caches), and is never restated again. The file may
+/// pass its budget by these statements (about 30 bytes per such tensor), never by a cascade:
+/// a never-dropped write reuses no block.
 fn restate(t: &mut Table, file: File, reused: u64) {
-    let mut queue = [0u64; 8];
-    let (mut head, mut tail) = (0usize, 1usize);
-    queue[0] = reused;
     let now = mono_ns();
-    while head < tail {
-        let block = queue[head] as u32;
-        head += 1;
-        let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
-        for e in t.entries().iter_mut().filter(|e| e.block == block) {
-            let Some((index, again)) = file.write_droppable(live_record(&mut buf, e, now)) else {
-                return;
-            };
-            e.block = index as u32;
-            if let Some(r) = again {
-                if tail == queue.len() {
-                    note(b"the live tensors do not fit in the size budget: some are no longer restated (raise --max-size)");
-                    return;
-                }
-                queue[tail] = r;
-                tail += 1;
-            }
-        }
+    let block = reused as u32;
+    let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
+    for e in t.entries().iter_mut().filter(|e| e.block == block) {
+        file.write(live_record(&mut buf, e, now));
+        e.block = KEPT;
     }
 }
 
-/// Keeps the table in step with one tensor report that was written into droppable block
-/// `block` (`reused`: a block the write reused).
+/// Takes a released tensor out of the table before its release is written; true when its
+/// statement is in a never-dropped block (it was restated), so that its release must go there
+/// too: a dropped release would leave it live for a reader for good.
+pub(crate) fn on_release(ptr: u64) -> bool {
+    with_table(true, |table| {
+        let (i, found) = table.find(ptr);
+        let kept = found && {
+            let at = table.slot(i) as usize - 1;
+            table.entries()[at].block == KEPT
+        };
+        table.remove(ptr);
+        kept
+    })
+    .unwrap_or(false)
+}
+
+/// Keeps the table in step with one tensor report written into droppable block `block` (an
+/// allocation is added; a release was taken out by [`on_release`]), and restates what block
+/// `reused` held, if the write reused one.
 pub(crate) fn on_report(file: File, t: &TensorEvent, block: u64, reused: Option<u64>) {
     with_table(true, |table| {
-        match t.action {
-            TensorAction::Alloc => table.insert(Entry {
+        if t.action == TensorAction::Alloc {
+            table.insert(Entry {
                 ptr: t.ptr,
                 size: t.size,
                 requested: t.requested,
@@ -289,14 +296,17 @@ pub(crate) fn on_report(file: File, t: &TensorEvent, block: u64, reused: Option<
                 device: t.device,
                 tid: t.tid,
                 block: block as u32,
-            }),
-            TensorAction::Free => table.remove(t.ptr),
-            _ => {}
+            });
         }
         if let Some(r) = reused {
             restate(table, file, r);
         }
     });
+    serve_pending(file);
+}
+
+/// Writes the flight record a `SIGUSR2` asked for, if one is waiting.
+pub(crate) fn serve_pending(file: File) {
     if PENDING.load(Ordering::Relaxed) {
         flight_record(file, b"SIGUSR2 (vramtrace snapshot)", true, mono_ns());
     }

@@ -139,6 +139,10 @@ fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[
                 t.t_ns,
             );
             file.write(frame);
+        } else if t.action == TensorAction::Free && crate::live_tensors::on_release(t.ptr) {
+            // Its statement was kept (restated): so is its release.
+            file.write(frame);
+            crate::live_tensors::serve_pending(file);
         } else if let Some((block, reused)) = file.write_droppable(frame) {
             crate::live_tensors::on_report(file, &t, block, reused);
         }

@@ -1,6 +1,7 @@
 """Many tensor events, then the evidence that must survive a small size budget: `python3
-ring_prog.py MODE N`. Three blocks are allocated first and kept (their records are the oldest,
-the first a ring drops), then N blocks are allocated and freed in turn, then:
+ring_prog.py MODE N [K]`. Three blocks are allocated first and kept (their records are the
+oldest, the first a ring drops), and K more of 4 KiB (0 by default), then N blocks are
+allocated and freed in turn, then:
 - oom: the stand-in allocator refuses a 20 GiB request;
 - signal: the process sends itself SIGUSR2 (a flight record on request);
 - snapshot: the process runs `$VRAMTRACE_BIN snapshot <its pid>`.
@@ -16,11 +17,14 @@ import time
 import torch
 
 mode, n = sys.argv[1], int(sys.argv[2])
+k = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 keep = []
 for size in (4 << 20, 3 << 20, 1000):
     ptr = torch.cuda.fake_alloc(size)
     keep.append(ptr)
     os.write(1, f"keep {ptr} {size}\n".encode())
+many = [torch.cuda.fake_alloc(4096) for _ in range(k)]
+os.write(1, f"kept {k} more of 4096 bytes\n".encode())
 first = last = None
 for i in range(n):
     ptr = torch.cuda.fake_alloc(4096)
