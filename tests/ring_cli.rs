@@ -219,9 +219,8 @@ fn the_ring_keeps_failures_and_the_live_set_within_the_budget() {
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
     let md = String::from_utf8_lossy(&o.stdout);
     assert!(
-        md.contains(&format!(
-            "blocks dropped; driver events, failures and the live set kept)"
-        )) && md.contains(&format!("({dropped} blocks dropped;")),
+        md.contains("blocks dropped; driver events, failures and the live set kept)")
+            && md.contains(&format!("({dropped} blocks dropped;")),
         "{md}"
     );
     let o = Command::new(vramtrace())
