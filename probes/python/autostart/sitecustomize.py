@@ -3,10 +3,11 @@ the program's torch module has finished executing (nothing is imported before th
 at all in a program that never imports torch), then runs the environment's own sitecustomize,
 if any.
 
-The finder stays first on `sys.meta_path` until torch's module has actually executed: a
-`importlib.util.find_spec("torch")` (which transformers and many others call to see whether
-torch is installed) gets a spec whose loader activates the probe when executed, and the spec
-thrown away changes nothing; the next `import torch` gets another. Should torch be imported
+The finder stays first on `sys.meta_path` until torch's module has actually executed (and
+then for good, inert: see _activate). An `importlib.util.find_spec("torch")` (which
+transformers and many others call to see whether torch is installed) gets a spec whose loader
+activates the probe when executed; that spec thrown away changes nothing, and the next
+`import torch` gets another. Should torch be imported
 past it, the next module imported after torch starts the probe. A torch imported before
 this file ran (a `.pth` file, the environment's own sitecustomize) is activated here. When the
 probe cannot start it says why, once on stderr and in the trace (vramtrace_torch.not_active)."""
@@ -24,10 +25,9 @@ def _activate():
     if _tried:
         return
     _tried.append(True)
-    try:
-        sys.meta_path.remove(_FINDER)
-    except ValueError:
-        pass
+    # The finder stays on sys.meta_path, inert (it returns None at once): removing it here,
+    # often inside its own find_spec while importlib iterates that very list, would make
+    # importlib skip the finder after it for this lookup (a builtin module then not found).
     sys.path.insert(0, _PROBE_DIR)
     try:
         import vramtrace_torch

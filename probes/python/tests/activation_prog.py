@@ -21,7 +21,8 @@ MODE:
 - pth: torch was imported before any sitecustomize ran (the test puts `import torch` in a .pth
   file of the user site directory); the program only allocates.
 - finder_ahead: the program puts its own finder first on sys.meta_path, which finds torch
-  itself (as some import hooks do), imports torch, then another module, then allocates.
+  itself (as some import hooks do), imports torch, then a builtin module not imported yet, then
+  allocates.
 """
 import ctypes
 import importlib.abc
@@ -104,10 +105,15 @@ def main(mode):
                     return None
                 return importlib.machinery.PathFinder.find_spec(name, path, target)
 
+        # Only the standard finders after the probe's: the first module imported after torch
+        # is a builtin one, which only the finder right after the probe's finds (a finder that
+        # removed itself there made importlib skip it: ModuleNotFoundError).
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "DistutilsMetaFinder"]
         sys.meta_path.insert(0, Ahead())
         import torch  # noqa: F401
-        import csv  # noqa: F401  (any module not imported yet)
 
+        builtin = next(m for m in sys.builtin_module_names if m not in sys.modules)
+        importlib.import_module(builtin)
         allocate()
     elif mode == "none":
         import torch  # noqa: F401
