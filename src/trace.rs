@@ -370,6 +370,26 @@ pub fn warn_unreadable(trace: &Trace) {
             u.reason
         );
     }
+    warn_dropped(trace);
+}
+
+/// Says on stderr, per process, which time range lost tensor events to the recorder's size
+/// budget (DROPPED records): every command that reads a trace says it.
+pub fn warn_dropped(trace: &Trace) {
+    let t0 = trace.start_ns();
+    for p in &trace.processes {
+        let from = p.dropped.iter().map(|d| d.1).min();
+        let to = p.dropped.iter().map(|d| d.2).max();
+        if let (Some(from), Some(to)) = (from, to) {
+            eprintln!(
+                "vramtrace: {}: tensor events from {:.3} s to {:.3} s were dropped to keep the trace within its size budget ({} blocks; driver events, failures and the live tensors were kept)",
+                p.path.display(),
+                from.saturating_sub(t0) as f64 / 1e9,
+                to.saturating_sub(t0) as f64 / 1e9,
+                p.dropped.len()
+            );
+        }
+    }
 }
 
 /// An error and its causes, joined: `a: b: c`.

@@ -26,16 +26,6 @@ pub fn run(args: EventsArgs) -> anyhow::Result<i32> {
         for prob in &p.problems {
             eprintln!("vramtrace: warning: {}: {prob}", p.path.display());
         }
-        if let (Some(from), Some(to)) = (
-            p.dropped.iter().map(|d| d.1).min(),
-            p.dropped.iter().map(|d| d.2).max(),
-        ) {
-            eprintln!(
-                "vramtrace: {}: tensor events between t_ns {from} and {to} were dropped to keep the trace within its size budget ({} blocks; driver events, failures and the live tensors were kept)",
-                p.path.display(),
-                p.dropped.len()
-            );
-        }
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
