@@ -378,9 +378,10 @@ fn start_block(epoch: u32, block: *mut u8, index: u64, seq: u64, t_ns: u64, flag
 
 // ---- the ring: tensor-level blocks under a size budget ---------------------------------------
 
-/// Most finished droppable blocks the ring keeps track of (8 GiB of them); past that, new
-/// droppable blocks are not queued and the file grows.
-const MAX_RING: usize = 1 << 17;
+/// Most finished droppable blocks the ring keeps track of: 64 GiB of them, the most a trace
+/// file can hold. The queue is one anonymous mapping (32 MiB of address space, made when the
+/// first block is queued, touched only as far as blocks are).
+const MAX_RING: usize = MAX_CHUNKS * BLOCKS_PER_CHUNK as usize;
 
 /// A finished droppable block: where it is, whose it was and the times it covers.
 #[derive(Clone, Copy)]
@@ -393,9 +394,39 @@ struct RingEntry {
 
 /// The queue of finished droppable blocks, oldest first; guarded by [`RING_LOCK`].
 struct Ring {
-    entries: [RingEntry; MAX_RING],
+    /// `MAX_RING` entries once mapped; null before (and if the mapping failed: nothing is
+    /// queued, so nothing is reused and the file grows past its budget).
+    entries: *mut RingEntry,
     head: usize,
     len: usize,
+}
+
+impl Ring {
+    fn entry(&mut self, i: usize) -> &mut RingEntry {
+        // Safety: `entries` maps MAX_RING entries and callers pass `i < MAX_RING`.
+        unsafe { &mut *self.entries.add(i) }
+    }
+
+    /// Maps the queue on first use; false if it cannot be.
+    fn ready(&mut self) -> bool {
+        if self.entries.is_null() {
+            // Safety: an anonymous private mapping, committed only where touched.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    MAX_RING * core::mem::size_of::<RingEntry>(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                self.entries = p as *mut RingEntry;
+            }
+        }
+        !self.entries.is_null()
+    }
 }
 
 struct RingCell(core::cell::UnsafeCell<Ring>);
@@ -403,12 +434,7 @@ struct RingCell(core::cell::UnsafeCell<Ring>);
 unsafe impl Sync for RingCell {}
 
 static RING: RingCell = RingCell(core::cell::UnsafeCell::new(Ring {
-    entries: [RingEntry {
-        index: 0,
-        tid: 0,
-        from_t: 0,
-        to_t: 0,
-    }; MAX_RING],
+    entries: core::ptr::null_mut(),
     head: 0,
     len: 0,
 }));
@@ -461,9 +487,9 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
             to_t: old.last_t,
         };
         with_ring(|r| {
-            if r.len < MAX_RING {
+            if r.len < MAX_RING && r.ready() {
                 let at = (r.head + r.len) % MAX_RING;
-                r.entries[at] = entry;
+                *r.entry(at) = entry;
                 r.len += 1;
             }
         });
@@ -473,7 +499,7 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
     }
     let Some(Some(e)) = with_ring(|r| {
         (r.len > 0).then(|| {
-            let e = r.entries[r.head];
+            let e = *r.entry(r.head);
             r.head = (r.head + 1) % MAX_RING;
             r.len -= 1;
             e
