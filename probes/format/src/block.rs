@@ -8,10 +8,10 @@
 //!
 //! Block: `[magic u32][tid u32][seq u64][base_t_ns u64][crc32 of bytes 4..24 u32][flags u32]`,
 //! then records. The writer stores the magic last, so a block whose magic is zero holds nothing.
-//! `seq` is the global order in which blocks were taken (or reused); a thread writes two
-//! streams, its never-dropped blocks (flags 0) and its droppable tensor-level blocks
-//! ([`BLOCK_DROPPABLE`]), and each stream's blocks in `seq` order are its records in the order it
-//! wrote them. Under a size budget the writer reuses the oldest droppable blocks: a reused block
+//! `seq` is the global order in which blocks were taken (or reused); a thread writes up to three
+//! streams, its never-dropped blocks (flags 0), its droppable tensor-level blocks
+//! ([`BLOCK_DROPPABLE`]) and its signal handler's ([`BLOCK_SIGNAL`]), and each stream's blocks
+//! in `seq` order are its records in the order it wrote them. Under a size budget the writer reuses the oldest droppable blocks: a reused block
 //! gets a new header (a later `seq`), and a DROPPED record says what it held.
 //!
 //! Record: `[tag u8][payload length, LEB128][payload]`. The tag is the record's kind
@@ -40,6 +40,10 @@ pub const MAX_EVENT_RECORD_LEN: usize = 112;
 /// [`BlockHeader::flags`]: the block holds tensor-level records only, and may be reused under a
 /// size budget (its thread's droppable stream).
 pub const BLOCK_DROPPABLE: u32 = 1;
+/// [`BlockHeader::flags`]: the block holds what a signal handler wrote on that thread (a flight
+/// record on `SIGUSR2`), a stream of its own so that it never interleaves with the records the
+/// interrupted code was writing.
+pub const BLOCK_SIGNAL: u32 = 2;
 
 /// The header of one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -50,7 +54,7 @@ pub struct BlockHeader {
     pub seq: u64,
     /// A time no later than any time in the block; events' times are deltas starting here.
     pub base_t_ns: u64,
-    /// [`BLOCK_DROPPABLE`] or 0 (written before flags existed: 0).
+    /// [`BLOCK_DROPPABLE`], [`BLOCK_SIGNAL`] or 0 (written before flags existed: 0).
     pub flags: u32,
 }
 
@@ -77,10 +81,11 @@ impl BlockHeader {
         b
     }
 
-    /// The stream the block belongs to: its thread, and whether it is the droppable one. Each
-    /// stream's blocks in `seq` order are in time order.
-    pub fn stream(&self) -> (u32, bool) {
-        (self.tid, self.flags & BLOCK_DROPPABLE != 0)
+    /// The stream the block belongs to: its thread, and which of the thread's streams (its
+    /// never-dropped records, its droppable ones, its signal handler's). Each stream's blocks in
+    /// `seq` order are in time order.
+    pub fn stream(&self) -> (u32, u32) {
+        (self.tid, self.flags & (BLOCK_DROPPABLE | BLOCK_SIGNAL))
     }
 
     /// `Ok(None)` for a block nobody wrote (zero magic).

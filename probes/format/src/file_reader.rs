@@ -481,7 +481,7 @@ impl Merge {
         let mut problems = Vec::new();
         // One pass over the block headers finds each stream's chain (a thread's never-dropped
         // blocks, and its droppable ones).
-        let mut by_tid: HashMap<(u32, bool), Vec<(u64, BlockHeader)>> = HashMap::new();
+        let mut by_tid: HashMap<(u32, u32), Vec<(u64, BlockHeader)>> = HashMap::new();
         let mut buf = Vec::with_capacity(BLOCK_HEADER_LEN);
         let mut offset = data_offset;
         while offset < len {

@@ -49,7 +49,7 @@ mod record;
 
 pub use api::{API_NAMES, Api};
 pub use block::{
-    BLOCK_DROPPABLE, BLOCK_HEADER_LEN, BLOCK_MAGIC, BlockFileWriter, BlockHeader,
+    BLOCK_DROPPABLE, BLOCK_HEADER_LEN, BLOCK_MAGIC, BLOCK_SIGNAL, BlockFileWriter, BlockHeader,
     DEFAULT_BLOCK_SIZE, Deltas, MAX_EVENT_RECORD_LEN, encode_event, frame_record, payload_time,
 };
 pub use crc::{Crc32, crc32};

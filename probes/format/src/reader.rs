@@ -327,7 +327,7 @@ fn decode_blocks(
 ) -> (Vec<(u64, Record)>, Vec<Problem>) {
     let mut keyed = Vec::new();
     let mut problems = Vec::new();
-    let mut last_t: HashMap<(u32, bool), u64> = HashMap::new();
+    let mut last_t: HashMap<(u32, u32), u64> = HashMap::new();
     let mut offset = data_offset;
     while offset < bytes.len() as u64 {
         let end = (offset + block_size as u64).min(bytes.len() as u64);
@@ -423,7 +423,7 @@ struct BlockFollower {
     scanned: u64,
     /// Each stream's newest block (a thread's never-dropped and droppable blocks): its index
     /// and sequence number.
-    newest: HashMap<(u32, bool), (u64, u64)>,
+    newest: HashMap<(u32, u32), (u64, u64)>,
     /// The sequence number each block had when last started, so that a block reopened after
     /// a DROPPED record is read again only if it was reused since.
     seen: HashMap<u64, u64>,

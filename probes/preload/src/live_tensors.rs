@@ -17,8 +17,10 @@
 //! Allocation-free: the table is one anonymous mapping made on first use (1 Mi entries and a
 //! hash index of twice that, touched only as far as used). One spin lock guards it; the only
 //! writers are the tensor reports, which PyTorch's allocator makes under its own lock anyway.
-//! The `SIGUSR2` handler writes only when the thread it interrupted is outside the sink and the
-//! lock is free; otherwise the snapshot waits for the next tensor report.
+//! The `SIGUSR2` handler writes into a block of its own on the interrupted thread (a stream
+//! flagged `BLOCK_SIGNAL`, so that nothing the interrupted code was writing is disturbed and no
+//! hook pays for a check), when the table's lock is free and the thread is not growing the file;
+//! otherwise the snapshot waits for the next tensor report.
 
 use core::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -393,17 +395,20 @@ fn install_sigusr2() {
     }
 }
 
-/// `SIGUSR2`: a flight record now if the interrupted thread is outside the sink and the table
-/// is free, else at the next tensor report.
+/// `SIGUSR2`: a flight record now, into the thread's signal stream, if the table is free and
+/// the thread is not growing the file; else at the next tensor report.
 extern "C" fn on_sigusr2(_: libc::c_int) {
     PENDING.store(true, Ordering::Relaxed);
-    if crate::sink::busy() {
+    if !crate::sink::signal_may_write() {
         return;
     }
-    crate::sink::as_busy(|| {
-        crate::sink::with_file(|file| {
-            flight_record(file, b"SIGUSR2 (vramtrace snapshot)", false, mono_ns())
-        })
+    crate::sink::with_file(|file| {
+        flight_record(
+            file.for_signal(),
+            b"SIGUSR2 (vramtrace snapshot)",
+            false,
+            mono_ns(),
+        )
     });
 }
 

@@ -47,9 +47,9 @@ use std::sync::atomic::{
 };
 
 use vramtrace_format::{
-    BLOCK_DROPPABLE, BLOCK_HEADER_LEN, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas, Encoder, Event,
-    FRAME_HEADER_LEN, Header, MAX_EVENT_RECORD_LEN, encode_event, kind, payload_time,
-    trace_file_name,
+    BLOCK_DROPPABLE, BLOCK_HEADER_LEN, BLOCK_SIGNAL, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas,
+    Encoder, Event, FRAME_HEADER_LEN, Header, MAX_EVENT_RECORD_LEN, encode_event, kind,
+    payload_time, trace_file_name,
 };
 
 use crate::fork::ForkHandler;
@@ -98,10 +98,6 @@ struct Cursor {
     /// Next free byte inside the block.
     pos: usize,
     deltas: Deltas,
-    /// The block's index in the file.
-    index: u64,
-    /// The time of the block's last record (its base time before the first).
-    last_t: u64,
 }
 
 const NO_CURSOR: Cursor = Cursor {
@@ -109,8 +105,6 @@ const NO_CURSOR: Cursor = Cursor {
     block: core::ptr::null_mut(),
     pos: BLOCK_SIZE,
     deltas: Deltas { t_ns: 0, ptr: 0 },
-    index: 0,
-    last_t: 0,
 };
 
 thread_local! {
@@ -118,8 +112,14 @@ thread_local! {
     static CURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
     /// The thread's droppable block: tensor-level records, in the ring under a size budget.
     static DCURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
-    /// Inside [`append`] (or a flight record) on this thread: a signal handler must not write.
-    static BUSY: Cell<bool> = const { Cell::new(false) };
+    /// The droppable block's index in the file and the time of its last record (kept apart from
+    /// the cursor, so that the hot path's cursor stays as small as it was).
+    static DMETA: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// The block a signal handler writes into on this thread ([`File::for_signal`]): never the
+    /// interrupted code's own, which may be half-way through a record.
+    static SCURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
+    /// Inside [`grow`] on this thread (holding its lock): a signal handler must not write.
+    static IN_GROW: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The open trace file, as [`with_file`] and [`file()`] hand it out: the only way to write.
@@ -128,13 +128,24 @@ pub(crate) struct File {
     /// In unit tests: frames go to this descriptor with `write(2)` instead.
     #[cfg(test)]
     raw_fd: Option<c_int>,
+    /// Written from a signal handler: into the thread's signal stream ([`SCURSOR`]).
+    signal: bool,
 }
 
 impl File {
     const MAPPED: File = File {
         #[cfg(test)]
         raw_fd: None,
+        signal: false,
     };
+
+    /// The same file, for a signal handler: its records go to a block of their own on this
+    /// thread (a stream flagged `BLOCK_SIGNAL`), so that they never mix with a record the
+    /// interrupted code was writing. Nothing on the hot path checks for a signal.
+    pub(crate) fn for_signal(mut self) -> File {
+        self.signal = true;
+        self
+    }
 
     /// Appends one encoded record (a frame from `vramtrace_format::Encoder`): its kind and
     /// payload go into this thread's block.
@@ -158,7 +169,9 @@ impl File {
         // stack) is often written between reading the clock for an event and writing the
         // event, so it takes the thread's last clock reading, not a fresh one.
         let t = payload_time(tag, payload).unwrap_or_else(crate::clock::last_ns);
-        append(total, t, |dst, _| {
+        let which = if self.signal { &SCURSOR } else { &CURSOR };
+        let flags = if self.signal { BLOCK_SIGNAL } else { 0 };
+        append_in(which, None, flags, total, t, |dst, _| {
             // Safety: `append` hands out `total` writable bytes of this thread's block.
             unsafe {
                 core::ptr::copy_nonoverlapping(len.as_ptr(), dst.add(1), n);
@@ -191,14 +204,21 @@ impl File {
         }
         let t = payload_time(tag, payload).unwrap_or_else(crate::clock::last_ns);
         let mut reused = None;
-        let index = append_in(&DCURSOR, Some(&mut reused), total, t, |dst, _| {
-            // Safety: `append_in` hands out `total` writable bytes of this thread's block.
-            unsafe {
-                core::ptr::copy_nonoverlapping(len.as_ptr(), dst.add(1), n);
-                core::ptr::copy_nonoverlapping(payload.as_ptr(), dst.add(1 + n), payload.len());
-            }
-            tag
-        })?;
+        let index = append_in(
+            &DCURSOR,
+            Some(&mut reused),
+            BLOCK_DROPPABLE,
+            total,
+            t,
+            |dst, _| {
+                // Safety: `append_in` hands out `total` writable bytes of this thread's block.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(len.as_ptr(), dst.add(1), n);
+                    core::ptr::copy_nonoverlapping(payload.as_ptr(), dst.add(1 + n), payload.len());
+                }
+                tag
+            },
+        )?;
         Some((index, reused))
     }
 
@@ -235,7 +255,10 @@ impl File {
     /// A file on a descriptor the test opened itself (version 1 frames, one `write(2)` each).
     #[cfg(test)]
     pub(crate) fn from_raw_fd(fd: c_int) -> File {
-        File { raw_fd: Some(fd) }
+        File {
+            raw_fd: Some(fd),
+            signal: false,
+        }
     }
 }
 
@@ -257,39 +280,36 @@ impl Written for (u8, usize) {
 /// Appends one record of at most `room` bytes to this thread's block (taking a new block,
 /// based at `t_ns`, when it has not that much room left): `fill` writes every byte but the
 /// first (the tag) and returns the tag; the tag is stored last, with release ordering.
-#[inline]
+#[inline(always)]
 fn append<W: Written>(room: usize, t_ns: u64, fill: impl FnOnce(*mut u8, &mut Deltas) -> W) {
-    append_in(&CURSOR, None, room, t_ns, fill);
+    append_in(&CURSOR, None, 0, room, t_ns, fill);
 }
 
-/// [`append`] into the block of `which` cursor: [`CURSOR`], or [`DCURSOR`] with `reused`
-/// (which then receives the index of a block reused to make room). Returns the block's index.
-#[inline]
+/// [`append`] into the block of `which` cursor: [`CURSOR`], [`SCURSOR`] (flags `BLOCK_SIGNAL`),
+/// or [`DCURSOR`] with `reused` (which then receives the index of a block reused to make room).
+/// Returns the block's index.
+#[inline(always)]
 fn append_in<W: Written>(
     which: &'static std::thread::LocalKey<Cell<Cursor>>,
     reused: Option<&mut Option<u64>>,
+    flags: u32,
     room: usize,
     t_ns: u64,
     fill: impl FnOnce(*mut u8, &mut Deltas) -> W,
 ) -> Option<u64> {
     let epoch = EPOCH.load(Ordering::Acquire);
     let mut cur = which.try_with(Cell::get).ok()?; // none at thread exit
-    let was_busy = BUSY.try_with(|b| b.replace(true)).unwrap_or(true);
+    let droppable = reused.is_some();
     if cur.epoch != epoch || cur.pos + room > BLOCK_SIZE {
-        let taken = match reused {
-            Some(reused) => take_droppable(epoch, t_ns, cur).map(|(c, r)| {
+        cur = match reused {
+            Some(reused) => {
+                let (c, index, r) = take_droppable(epoch, t_ns, cur)?;
                 *reused = r;
+                let _ = DMETA.try_with(|m| m.set((index, t_ns)));
                 c
-            }),
-            None => take_block(epoch, t_ns, 0),
-        };
-        match taken {
-            Some(c) => cur = c,
-            None => {
-                let _ = BUSY.try_with(|b| b.set(was_busy));
-                return None;
             }
-        }
+            None => take_block(epoch, t_ns, flags)?.0,
+        };
     }
     // Safety: the cursor's block is this thread's alone, mapped and reserved, and
     // `pos + room <= BLOCK_SIZE`.
@@ -298,27 +318,28 @@ fn append_in<W: Written>(
     // Safety: `dst` is in the mapping and suitably aligned for a byte; nobody else stores here.
     unsafe { AtomicU8::from_ptr(dst) }.store(tag, Ordering::Release);
     cur.pos += len;
-    cur.last_t = cur.last_t.max(t_ns);
     let _ = which.try_with(|c| c.set(cur));
-    let _ = BUSY.try_with(|b| b.set(was_busy));
-    Some(cur.index)
+    if droppable {
+        return DMETA
+            .try_with(|m| {
+                let (index, last) = m.get();
+                m.set((index, last.max(t_ns)));
+                index
+            })
+            .ok();
+    }
+    Some(0)
 }
 
-/// Whether this thread is inside the sink (a signal handler on it must not write).
-pub(crate) fn busy() -> bool {
-    BUSY.try_with(Cell::get).unwrap_or(true)
-}
-
-/// Runs `f` with this thread marked busy (see [`busy`]).
-pub(crate) fn as_busy(f: impl FnOnce()) {
-    let was = BUSY.try_with(|b| b.replace(true)).unwrap_or(true);
-    f();
-    let _ = BUSY.try_with(|b| b.set(was));
+/// Whether a signal handler on this thread may write (through [`File::for_signal`]): not while
+/// the interrupted code holds the lock that grows the file.
+pub(crate) fn signal_may_write() -> bool {
+    !IN_GROW.try_with(Cell::get).unwrap_or(true)
 }
 
 /// Hands this thread a fresh block, its header written. `None` when recording stops.
 #[cold]
-fn take_block(epoch: u32, t_ns: u64, flags: u32) -> Option<Cursor> {
+fn take_block(epoch: u32, t_ns: u64, flags: u32) -> Option<(Cursor, u64)> {
     if STATE.load(Ordering::Acquire) != RECORDING {
         return None;
     }
@@ -338,7 +359,7 @@ fn take_block(epoch: u32, t_ns: u64, flags: u32) -> Option<Cursor> {
         return None;
     }
     let block = block_at(index);
-    Some(start_block(epoch, block, index, seq, t_ns, flags))
+    Some((start_block(epoch, block, seq, t_ns, flags), index))
 }
 
 /// The mapped address of block `index` (its chunk mapped).
@@ -349,7 +370,7 @@ fn block_at(index: u64) -> *mut u8 {
 }
 
 /// Writes the header of the (zeroed) block at `block` and returns this thread's cursor in it.
-fn start_block(epoch: u32, block: *mut u8, index: u64, seq: u64, t_ns: u64, flags: u32) -> Cursor {
+fn start_block(epoch: u32, block: *mut u8, seq: u64, t_ns: u64, flags: u32) -> Cursor {
     let header = BlockHeader {
         tid: tid(),
         seq,
@@ -371,8 +392,6 @@ fn start_block(epoch: u32, block: *mut u8, index: u64, seq: u64, t_ns: u64, flag
         block,
         pos: BLOCK_HEADER_LEN,
         deltas: Deltas::at_block_start(&header),
-        index,
-        last_t: t_ns,
     }
 }
 
@@ -476,15 +495,16 @@ pub(crate) fn budget_blocks() -> u64 {
 /// which time range of whose they covered, and its index is returned beside the cursor so that
 /// the caller can restate what they held that still matters (the live tensors).
 #[cold]
-fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<u64>)> {
+fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, u64, Option<u64>)> {
     let budget = BUDGET_BLOCKS.load(Ordering::Relaxed);
     if old.epoch == epoch && !old.block.is_null() && budget > 0 {
+        let (old_index, old_last) = DMETA.try_with(Cell::get).unwrap_or((0, 0));
         let entry = RingEntry {
-            index: old.index,
+            index: old_index,
             tid: tid(),
             // Safety: the old block is mapped; its base time is bytes 16..24 of its header.
             from_t: u64::from_le_bytes(unsafe { *(old.block.add(16) as *const [u8; 8]) }),
-            to_t: old.last_t,
+            to_t: old_last,
         };
         with_ring(|r| {
             if r.len < MAX_RING && r.ready() {
@@ -495,7 +515,7 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
         });
     }
     if budget == 0 || NEXT_BLOCK.load(Ordering::Acquire) < budget {
-        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|c| (c, None));
+        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|(c, i)| (c, i, None));
     }
     let Some(Some(e)) = with_ring(|r| {
         (r.len > 0).then(|| {
@@ -507,7 +527,7 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
     }) else {
         // Nothing finished to reuse (every droppable block is some thread's current one):
         // the file grows past the budget rather than lose a record.
-        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|c| (c, None));
+        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|(c, i)| (c, i, None));
     };
     if EPOCH.load(Ordering::Acquire) != epoch || STATE.load(Ordering::Acquire) != RECORDING {
         return None;
@@ -520,7 +540,7 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
         core::ptr::write_bytes(block.add(4), 0, BLOCK_SIZE - 4);
     }
     let seq = NEXT_SEQ.fetch_add(1, Ordering::AcqRel);
-    let cursor = start_block(epoch, block, e.index, seq, t_ns, BLOCK_DROPPABLE);
+    let cursor = start_block(epoch, block, seq, t_ns, BLOCK_DROPPABLE);
     // After the new header: a follower that reads this record finds the block restarted.
     let mut buf = [0u8; FRAME_HEADER_LEN + 36];
     let mut enc = Encoder::new(&mut buf);
@@ -530,7 +550,7 @@ fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, Option<
         .u64(e.to_t)
         .u64(e.index);
     File::MAPPED.write(enc.finish(kind::DROPPED));
-    Some((cursor, Some(e.index)))
+    Some((cursor, e.index, Some(e.index)))
 }
 
 /// The slow path: reserves space up to block `index` and maps its chunk. `None` (recording
@@ -549,8 +569,10 @@ fn grow(index: u64) -> Option<()> {
         // Safety: sched_yield has no preconditions.
         unsafe { libc::sched_yield() };
     }
+    let _ = IN_GROW.try_with(|g| g.set(true));
     let result = grow_locked(index);
     GROW.store(false, Ordering::Release);
+    let _ = IN_GROW.try_with(|g| g.set(false));
     if let Err(why) = &result {
         stop_with_note(why);
     }
@@ -1050,5 +1072,7 @@ extern "C" fn after_fork_child() {
     let _ = TID.try_with(|c| c.set(0));
     let _ = CURSOR.try_with(|c| c.set(NO_CURSOR));
     let _ = DCURSOR.try_with(|c| c.set(NO_CURSOR));
-    let _ = BUSY.try_with(|b| b.set(false));
+    let _ = DMETA.try_with(|m| m.set((0, 0)));
+    let _ = SCURSOR.try_with(|c| c.set(NO_CURSOR));
+    let _ = IN_GROW.try_with(|g| g.set(false));
 }
