@@ -454,3 +454,70 @@ fn a_follower_keeps_up_with_reused_blocks() {
         .count();
     assert_eq!(missed, 0, "tensor records never followed ({polls} polls)");
 }
+
+/// An operator's output description (`--torch-shapes`' `vramtrace_annotate_op`) is tensor-level
+/// detail: it goes with the tensor records, after the allocation it describes (the timed reader
+/// gives it in order), and under a budget it is dropped with them, not kept for good.
+#[test]
+fn operator_outputs_are_droppable_tensor_detail() {
+    let prog = "import ctypes, torch\n\
+                lib = ctypes.CDLL(None)\n\
+                lib.vramtrace_annotate_op.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32]\n\
+                shape = (ctypes.c_int64 * 2)(4, 1024)\n\
+                first = None\n\
+                for i in range(int(__import__('sys').argv[1])):\n\
+                \x20   p = torch.cuda.fake_alloc(8192)\n\
+                \x20   lib.vramtrace_annotate_op(p, b'empty_like', b'bfloat16', shape, 2)\n\
+                \x20   first = first or p\n\
+                \x20   torch.cuda.fake_free(p, 8192)\n\
+                print(first)\n";
+    let go = |name: &str, n: &str, max: &str| {
+        let out = scratch(name).join("trace");
+        let o = Command::new(vramtrace())
+            .args(["run", "-q", "--max-size", max, "--out"])
+            .arg(&out)
+            .args(["--", "python3", "-c", prog, n])
+            .env("PYTHONPATH", python_dir().join("fake_torch"))
+            .env("LD_LIBRARY_PATH", fake_driver_dir())
+            .env_remove("LD_PRELOAD")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        let first: u64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+        (out, first)
+    };
+    // Unbounded: each description right after its allocation, in time order.
+    let (out, first) = go("ring-op-outputs", "3", "0");
+    let t = TraceFile::read(&trace_file(&out)).unwrap();
+    let order: Vec<(&str, u64)> = t
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Tensor(e) if e.action == TensorAction::Alloc => Some(("alloc", e.ptr)),
+            Record::Tensor(e) if e.action == TensorAction::Free => Some(("free", e.ptr)),
+            Record::Annotate(a) if a.op => Some(("op", a.ptr)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        &order[..3],
+        &[("alloc", first), ("op", first), ("free", first)]
+    );
+    assert_eq!(order.len(), 9);
+    // Under a 512 KiB budget, 20,000 of them: the first ones are dropped with their tensors.
+    let (out, first) = go("ring-op-outputs-budget", "20000", "512KiB");
+    let t = TraceFile::read(&trace_file(&out)).unwrap();
+    let ops = t
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Annotate(a) if a.op))
+        .count();
+    assert!(ops > 0 && ops < 20_000, "{ops} descriptions kept");
+    assert!(
+        !t.records
+            .iter()
+            .any(|r| matches!(r, Record::Annotate(a) if a.op && a.ptr == first)),
+        "the first description must have been dropped"
+    );
+    assert!(std::fs::metadata(trace_file(&out)).unwrap().len() <= 512 << 10);
+}

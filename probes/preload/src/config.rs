@@ -14,8 +14,8 @@
 //!
 //! - `VRAMTRACE_MAX_SIZE`: a size budget for the trace file, in bytes (a plain number; `vramtrace
 //!   run --max-size` passes one). Tensor-level records are then kept in a ring of blocks whose
-//!   oldest are reused once the file would pass the budget (`src/sink.rs`); unset, empty or `0`:
-//!   no budget. Anything else is one line on stderr and no budget.
+//!   oldest are reused once the file would pass the budget (`src/sink.rs`; at least four blocks
+//!   of 64 KiB beside the header); unset, empty or `0`: no budget. Anything else is one line on stderr and no budget.
 //!
 //! Any other value of a switch is one line on stderr ("vramtrace: ignoring VRAMTRACE_STACKS=…")
 //! and its default; the value itself is not echoed past 64 bytes.

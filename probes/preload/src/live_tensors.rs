@@ -307,6 +307,12 @@ pub(crate) fn on_report(file: File, t: &TensorEvent, block: u64, reused: Option<
     serve_pending(file);
 }
 
+/// Restates what block `reused` held, after a write that reused it (an operator's output
+/// description, which changes nothing in the table).
+pub(crate) fn restate_reused(file: File, reused: u64) {
+    with_table(true, |table| restate(table, file, reused));
+}
+
 /// Writes the flight record a `SIGUSR2` asked for, if one is waiting.
 pub(crate) fn serve_pending(file: File) {
     if PENDING.load(Ordering::Relaxed) {
