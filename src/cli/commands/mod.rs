@@ -12,4 +12,5 @@ pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod snapshot;
 pub mod summary;
