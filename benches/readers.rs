@@ -118,6 +118,7 @@ impl BlockWriter {
                 tid,
                 seq: self.next_block,
                 base_t_ns: now,
+                flags: 0,
             };
             let mut block = vec![0u8; DEFAULT_BLOCK_SIZE as usize];
             block[..BLOCK_HEADER_LEN].copy_from_slice(&h.encode());

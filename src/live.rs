@@ -300,6 +300,31 @@ impl DirSource {
                         process.stacks.insert(id, frames);
                     }
                     Record::Module(m) => process.modules.push(m),
+                    Record::Dropped { .. } => {
+                        // The first drop only: the ring drops a block every 64 KiB from then on.
+                        if process.dropped.is_empty() {
+                            out.push(Update::Notice(format!(
+                                "{}: tensor events are being dropped to keep the trace within its size budget (driver events, failures and the live tensors are kept)",
+                                lp.follower.path().display()
+                            )));
+                        }
+                        if let Record::Dropped {
+                            tid,
+                            from_t_ns,
+                            to_t_ns,
+                            ..
+                        } = r
+                        {
+                            process.dropped.push((tid, from_t_ns, to_t_ns));
+                        }
+                    }
+                    Record::Note { t_ns, text } => {
+                        out.push(Update::Notice(format!(
+                            "{}: {text}",
+                            lp.follower.path().display()
+                        )));
+                        process.notes.push((t_ns, text));
+                    }
                     Record::Driver { version } => process.driver_version = Some(version),
                     Record::Device(d) => {
                         if d.ordinal >= 0

@@ -641,7 +641,7 @@ fn observe_tensors(
                                     open.remove(&t.ptr);
                                 }
                                 TensorAction::AllocFailed if inside => made.push(Err(t)),
-                                TensorAction::AllocFailed => {}
+                                TensorAction::AllocFailed | TensorAction::Live => {}
                             }
                         }
                         Item::Annotate(a) => {

@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::ControlFlow;
+use std::path::Path;
 
 use serde::Serialize;
 use vramtrace_format::{Event, EventKind};
@@ -211,6 +212,117 @@ pub struct ProcessSummary {
     pub devices: Vec<DeviceSummary>,
     /// What the reader stepped over (torn tail after a crash).
     pub problems: Vec<String>,
+    /// The recorder's and the probes' notes, in record order (NOTE records).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// Whether PyTorch's tensors were recorded in this process, and if not, why. Absent for a
+    /// process that shows no sign of torch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor_capture: Option<TensorCapture>,
+    /// Time ranges whose tensor-level records were dropped to keep the trace within its size
+    /// budget (`vramtrace run --max-size`), merged; driver events, failures and the live set
+    /// were kept.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tensor_detail_lost: Vec<LostRange>,
+}
+
+/// A time range whose tensor-level records the recorder dropped ([`ProcessSummary`]).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LostRange {
+    /// Start, seconds since the trace began.
+    pub from_s: f64,
+    /// End, seconds since the trace began.
+    pub to_s: f64,
+    /// Blocks of records dropped in it.
+    pub blocks: u64,
+}
+
+/// The dropped blocks' time ranges as [`LostRange`]s: one thread's dropped blocks are the
+/// start of its chain (the ring drops in the order blocks were taken), so they make one range
+/// per thread; ranges of different threads are merged where they overlap.
+fn lost_ranges(dropped: &[(u32, u64, u64)], t0: u64) -> Vec<LostRange> {
+    let mut per_thread: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    for &(tid, from, to) in dropped {
+        let r = per_thread.entry(tid).or_insert((from, to, 0));
+        r.0 = r.0.min(from);
+        r.1 = r.1.max(to);
+        r.2 += 1;
+    }
+    let mut d: Vec<(u64, u64, u64)> = per_thread.into_values().collect();
+    d.sort_unstable();
+    let mut merged: Vec<(u64, u64, u64)> = Vec::new();
+    for (from, to, blocks) in d {
+        match merged.last_mut() {
+            Some(m) if from <= m.1 => {
+                m.1 = m.1.max(to);
+                m.2 += blocks;
+            }
+            _ => merged.push((from, to, blocks)),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(from, to, blocks)| LostRange {
+            from_s: rel(from, t0),
+            to_s: rel(to, t0),
+            blocks,
+        })
+        .collect()
+}
+
+/// Whether a process's tensors were recorded ([`ProcessSummary::tensor_capture`]).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TensorCapture {
+    /// Tensor records of the process: blocks handed out, taken back, requests refused.
+    pub events: u64,
+    /// What the PyTorch probe said of itself in this process: `Some(true)` started,
+    /// `Some(false)` could not start (the reason is in `status`), `None` said nothing.
+    pub probe_started: Option<bool>,
+    /// One sentence: what was recorded, or why nothing was.
+    pub status: String,
+}
+
+/// The prefix of the PyTorch probe's notes (probes/python/vramtrace_torch.py).
+const PROBE_NOTE: &str = "torch probe: ";
+
+/// Libraries that only a process running PyTorch with CUDA loads.
+const TORCH_LIBRARIES: [&str; 2] = ["libc10_cuda.so", "libtorch_cuda.so"];
+
+/// Whether `p`'s tensors were recorded, from its tensor records, the probe's note and the
+/// modules it had loaded; `None` when nothing says the process ran torch.
+pub fn tensor_capture(p: &crate::trace::Process, events: u64) -> Option<TensorCapture> {
+    let probe = p
+        .notes
+        .iter()
+        .rev()
+        .find_map(|(_, text)| text.strip_prefix(PROBE_NOTE));
+    let started = probe.map(|t| t.starts_with("active"));
+    let torch_library = p.modules.iter().find_map(|m| {
+        let name = Path::new(&m.path).file_name()?.to_str()?;
+        TORCH_LIBRARIES
+            .iter()
+            .any(|l| name.starts_with(l))
+            .then(|| name.to_string())
+    });
+    let status = match (events, probe, torch_library) {
+        (1.., _, _) => format!("recorded: {events} tensor events"),
+        (0, Some(text), _) if started == Some(false) => format!("not recorded: {text}"),
+        (0, Some(_), _) => "none: Python with torch and the probe started, but no tensor events \
+             (PyTorch's caching allocator handed out no block while recording; with \
+             PYTORCH_NO_CUDA_MEMORY_CACHING=1 each tensor is a driver allocation above)"
+            .to_string(),
+        (0, None, Some(lib)) => format!(
+            "not recorded: torch is loaded ({lib}) but the PyTorch probe never started in \
+             this process (run without --no-torch-probe, and keep the PYTHONPATH entry that \
+             vramtrace run adds in the environment of the processes it starts)"
+        ),
+        (0, None, None) => return None,
+    };
+    Some(TensorCapture {
+        events,
+        probe_started: started,
+        status,
+    })
 }
 
 /// The summary of a whole trace.
@@ -317,10 +429,12 @@ struct Pass {
     tpeaks: FastMap<(usize, i32), TensorPeak>,
     names: Names,
     seq: usize,
+    /// Tensor records per process.
+    tensor_events: Vec<u64>,
 }
 
 impl Pass {
-    fn new(top: usize) -> Pass {
+    fn new(top: usize, processes: usize) -> Pass {
         Pass {
             top,
             acc: FastMap::default(),
@@ -332,6 +446,7 @@ impl Pass {
             tpeaks: FastMap::default(),
             names: Names::default(),
             seq: 0,
+            tensor_events: vec![0; processes],
         }
     }
 
@@ -355,6 +470,9 @@ impl Pass {
 
     /// A PyTorch tensor record: the tensor peaks and the allocator's refusals.
     fn tensor(&mut self, pi: usize, t: &TensorEvent) {
+        if let Some(n) = self.tensor_events.get_mut(pi) {
+            *n += 1;
+        }
         if let Some(dev) = self.tensors.would_remove(pi, t)
             && let Some(p) = self.tpeaks.get_mut(&(pi, dev))
             && matches!(p, TensorPeak::Now)
@@ -372,7 +490,7 @@ impl Pass {
         }
         let a = self.acc.entry((pi, t.device)).or_default();
         match self.tensors.apply(pi, self.seq, t) {
-            TensorStep::Allocated => {
+            TensorStep::Allocated | TensorStep::Restated(true) => {
                 if self.tensors.level(pi, t.device).peak_seq == self.seq {
                     self.tpeaks.insert((pi, t.device), TensorPeak::Now);
                 }
@@ -405,7 +523,7 @@ impl Pass {
                     });
                 }
             }
-            TensorStep::Released(_) => {}
+            TensorStep::Released(_) | TensorStep::Restated(false) => {}
         }
     }
 
@@ -676,7 +794,7 @@ impl<'t> Shown<'t> {
 /// costly to copy in the first).
 pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> {
     let t0 = trace.start_ns();
-    let mut pass = Pass::new(opts.top);
+    let mut pass = Pass::new(opts.top, trace.processes.len());
     trace.for_each_item(|pi, it| {
         pass.item(trace, pi, it);
         ControlFlow::Continue(())
@@ -690,6 +808,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
         replay,
         tensors,
         names,
+        tensor_events,
         ..
     } = pass;
     let shown = Shown::new(trace, opts, &names);
@@ -785,6 +904,9 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             driver_version: p.driver_version,
             devices,
             problems: p.problems.iter().map(|x| x.to_string()).collect(),
+            notes: p.notes.iter().map(|(_, text)| text.clone()).collect(),
+            tensor_capture: tensor_capture(p, tensor_events.get(pi).copied().unwrap_or(0)),
+            tensor_detail_lost: lost_ranges(&p.dropped, t0),
         });
     }
     Ok(Summary {
@@ -824,6 +946,22 @@ pub fn render(s: &Summary, detail: bool) -> String {
         );
         for prob in &p.problems {
             let _ = writeln!(out, "  warning: {prob}");
+        }
+        for note in &p.notes {
+            let _ = writeln!(out, "  note: {note}");
+        }
+        if let Some(c) = &p.tensor_capture {
+            let _ = writeln!(out, "  tensors: {}", c.status);
+        }
+        for l in &p.tensor_detail_lost {
+            let _ = writeln!(
+                out,
+                "  tensor detail lost to the size budget from {} to {} ({} blocks dropped; \
+                 driver events, failures and the live set kept)",
+                fmt_secs(l.from_s),
+                fmt_secs(l.to_s),
+                l.blocks
+            );
         }
         if p.devices.is_empty() {
             let _ = writeln!(out, "  no device memory activity recorded");
@@ -1107,5 +1245,116 @@ fn shorten(s: &str, n: usize) -> String {
         let mut t: String = s.chars().take(n.saturating_sub(3)).collect();
         t.push_str("...");
         t
+    }
+}
+
+#[cfg(test)]
+mod capture_tests {
+    use super::*;
+    use vramtrace_format::{ModuleInfo, Record, TraceFile};
+
+    fn process(records: Vec<Record>) -> crate::trace::Process {
+        crate::trace::Process::from_file(TraceFile {
+            path: "1.vtr".into(),
+            header: Default::default(),
+            driver_version: None,
+            devices: Vec::new(),
+            records,
+            problems: Vec::new(),
+        })
+    }
+
+    fn module(path: &str) -> Record {
+        Record::Module(ModuleInfo {
+            start: 0x1000,
+            end: 0x2000,
+            bias: 0,
+            path: path.into(),
+            build_id: Vec::new(),
+        })
+    }
+
+    fn note(text: &str) -> Record {
+        Record::Note {
+            t_ns: 5,
+            text: text.into(),
+        }
+    }
+
+    /// Whether tensors were recorded, from the tensor count, the probe's own note, and the
+    /// libraries loaded: every case says one sentence, and a process with no sign of torch
+    /// says nothing.
+    #[test]
+    fn each_process_says_whether_its_tensors_were_recorded() {
+        let status = |records, events| tensor_capture(&process(records), events).map(|c| c.status);
+        assert_eq!(
+            status(
+                vec![note(
+                    "torch probe: active (torch 2.11.0, caching allocator)"
+                )],
+                4
+            ),
+            Some("recorded: 4 tensor events".into())
+        );
+        assert_eq!(
+            status(
+                vec![note(
+                    "torch probe: not active: this torch (2.11.0+cpu) is built without CUDA; tensors are not recorded"
+                )],
+                0
+            ),
+            Some("not recorded: not active: this torch (2.11.0+cpu) is built without CUDA; tensors are not recorded".into())
+        );
+        assert!(
+            status(
+                vec![note(
+                    "torch probe: active (torch 2.11.0, caching allocator)"
+                )],
+                0
+            )
+            .unwrap()
+            .starts_with("none: Python with torch and the probe started, but no tensor events")
+        );
+        assert_eq!(
+            status(
+                vec![module("/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so")],
+                0
+            ),
+            Some("not recorded: torch is loaded (libc10_cuda.so) but the PyTorch probe never started in this process (run without --no-torch-probe, and keep the PYTHONPATH entry that vramtrace run adds in the environment of the processes it starts)".into())
+        );
+        assert_eq!(status(vec![module("/usr/lib/libcudart.so.12")], 0), None);
+        assert_eq!(status(vec![], 0), None);
+        let c = tensor_capture(&process(vec![note("torch probe: active (x)")]), 0).unwrap();
+        assert_eq!((c.events, c.probe_started), (0, Some(true)));
+    }
+
+    /// One thread's dropped blocks make one range; another thread's overlapping range merges,
+    /// a later one stays apart.
+    #[test]
+    fn lost_ranges_merge_per_thread_then_by_overlap() {
+        let r = lost_ranges(
+            &[
+                (7, 1_000_000_000, 1_500_000_000),
+                (7, 1_500_000_100, 2_000_000_000),
+                (8, 1_900_000_000, 2_500_000_000),
+                (9, 4_000_000_000, 4_500_000_000),
+            ],
+            0,
+        );
+        assert_eq!(
+            r,
+            vec![
+                LostRange {
+                    from_s: 1.0,
+                    to_s: 2.5,
+                    blocks: 3
+                },
+                LostRange {
+                    from_s: 4.0,
+                    to_s: 4.5,
+                    blocks: 1
+                }
+            ]
+        );
     }
 }

@@ -148,6 +148,9 @@ pub enum TensorStep {
     Released(Option<LiveTensor>),
     /// The allocator refused a request (an allocator-raised out-of-memory).
     Refused,
+    /// A block stated live (a restatement after the ring dropped its allocation, or a flight
+    /// record): `true` when it was not live here yet and now is.
+    Restated(bool),
 }
 
 /// The tensor-level live set of every process and device.
@@ -199,6 +202,25 @@ impl TensorReplay {
             TensorAction::AllocFailed => {
                 self.levels.entry((process, t.device)).or_default().refused += 1;
                 TensorStep::Refused
+            }
+            TensorAction::Live => {
+                if self.live.contains_key(&(process, t.ptr)) {
+                    return TensorStep::Restated(false);
+                }
+                // Its allocation was dropped: live from here on, as allocated (not counted
+                // among the allocations, which the reader never saw).
+                let mut alloc = t.clone();
+                alloc.action = TensorAction::Alloc;
+                self.live.insert((process, t.ptr), (seq, alloc));
+                let l = self.levels.entry((process, t.device)).or_default();
+                l.live = l.live.saturating_add(t.size);
+                l.count += 1;
+                if l.live > l.peak {
+                    l.peak = l.live;
+                    l.peak_seq = seq;
+                    l.peak_t_ns = t.t_ns;
+                }
+                TensorStep::Restated(true)
             }
         }
     }

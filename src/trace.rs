@@ -183,6 +183,12 @@ pub struct Process {
     pub modules: Vec<ModuleInfo>,
     /// What the reader had to step over (a torn tail after a crash).
     pub problems: Vec<Problem>,
+    /// The recorder's and the probes' NOTE records (time, text), in record order: why
+    /// something was not recorded, whether the PyTorch probe started.
+    pub notes: Vec<(u64, String)>,
+    /// The tensor-level blocks the recorder dropped to stay within its size budget (DROPPED
+    /// records): the writing thread, and the first and last times they covered.
+    pub dropped: Vec<(u32, u64, u64)>,
     source: Arc<dyn Source>,
 }
 
@@ -203,6 +209,8 @@ impl Process {
             py_stacks: HashMap::new(),
             modules: Vec::new(),
             problems: Vec::new(),
+            notes: Vec::new(),
+            dropped: Vec::new(),
             source: source.clone(),
         };
         p.problems = source.for_each_record(&mut |r| p.note(r))?;
@@ -230,6 +238,8 @@ impl Process {
             py_stacks: HashMap::new(),
             modules: Vec::new(),
             problems: source.problems.clone(),
+            notes: Vec::new(),
+            dropped: Vec::new(),
             source: Arc::new(MemorySource::default()),
         };
         for r in &source.records {
@@ -265,6 +275,13 @@ impl Process {
                 self.py_stacks.insert(stack, frames);
             }
             Record::Module(m) => self.modules.push(m),
+            Record::Note { t_ns, text } => self.notes.push((t_ns, text)),
+            Record::Dropped {
+                tid,
+                from_t_ns,
+                to_t_ns,
+                ..
+            } => self.dropped.push((tid, from_t_ns, to_t_ns)),
             _ => {}
         }
     }
@@ -352,6 +369,26 @@ pub fn warn_unreadable(trace: &Trace) {
             u.file.display(),
             u.reason
         );
+    }
+    warn_dropped(trace);
+}
+
+/// Says on stderr, per process, which time range lost tensor events to the recorder's size
+/// budget (DROPPED records): every command that reads a trace says it.
+pub fn warn_dropped(trace: &Trace) {
+    let t0 = trace.start_ns();
+    for p in &trace.processes {
+        let from = p.dropped.iter().map(|d| d.1).min();
+        let to = p.dropped.iter().map(|d| d.2).max();
+        if let (Some(from), Some(to)) = (from, to) {
+            eprintln!(
+                "vramtrace: {}: tensor events from {:.3} s to {:.3} s were dropped to keep the trace within its size budget ({} blocks; driver events, failures and the live tensors were kept)",
+                p.path.display(),
+                from.saturating_sub(t0) as f64 / 1e9,
+                to.saturating_sub(t0) as f64 / 1e9,
+                p.dropped.len()
+            );
+        }
     }
 }
 

@@ -644,3 +644,229 @@ fn sizes_come_from_the_allocators_own_statistics_once_checked() {
         assert_eq!(allocs, want, "skew {skew}");
     }
 }
+
+/// Runs probes/python/tests/activation_prog.py MODE under `vramtrace run` with the stand-in
+/// torch; returns the trace directory, stdout and stderr.
+fn run_activation(name: &str, mode: &str, env: &[(&str, &str)]) -> (PathBuf, String, String) {
+    let out = scratch(name).join("trace");
+    let mut cmd = Command::new(vramtrace());
+    cmd.args(["run", "-q", "--out"])
+        .arg(&out)
+        .arg("--")
+        .arg("python3")
+        .arg(python_dir().join("activation_prog.py"))
+        .arg(mode)
+        .env("PYTHONPATH", python_dir().join("fake_torch"))
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .env_remove("LD_PRELOAD")
+        .env_remove("FAKE_TORCH_NO_CUDA");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{mode}: {}", describe(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        !stderr.contains("Error in sitecustomize") && !stderr.contains("Traceback"),
+        "{mode}: {stderr}"
+    );
+    (out, String::from_utf8(o.stdout).unwrap(), stderr)
+}
+
+/// Every trace file of a directory by the pid in its header.
+fn traces_by_pid(out: &Path) -> HashMap<u32, TraceFile> {
+    std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "vtr"))
+        .map(|p| {
+            let t = TraceFile::read(&p).unwrap();
+            (t.header.pid, t)
+        })
+        .collect()
+}
+
+/// The blocks each process printed (`tensor PID PTR SIZE`) are exactly the TENSOR allocations in
+/// that process's trace file, with their sizes; returns the pids that allocated.
+fn assert_every_block_recorded(mode: &str, out: &Path, stdout: &str) -> Vec<u32> {
+    let mut printed: HashMap<u32, Vec<(u64, u64, u64)>> = HashMap::new();
+    for l in stdout.lines().filter_map(|l| l.strip_prefix("tensor ")) {
+        let w: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+        printed
+            .entry(w[0] as u32)
+            .or_default()
+            .push((w[1], w[2], w[2]));
+    }
+    assert!(!printed.is_empty(), "{mode}: no block allocated: {stdout}");
+    let traces = traces_by_pid(out);
+    for (pid, want) in &printed {
+        let t = traces
+            .get(pid)
+            .unwrap_or_else(|| panic!("{mode}: no trace file for process {pid}"));
+        let got: Vec<(u64, u64, u64)> = tensors(t)
+            .into_iter()
+            .filter(|e| e.action == TensorAction::Alloc)
+            .map(|e| (e.ptr, e.size, e.requested))
+            .collect();
+        assert_eq!(&got, want, "{mode}: process {pid}");
+    }
+    let mut pids: Vec<u32> = printed.into_keys().collect();
+    pids.sort();
+    pids
+}
+
+/// `vramtrace summary --json` of a trace: per pid, its `tensor_capture` status.
+fn capture_status(out: &Path) -> HashMap<u64, String> {
+    let o = Command::new(vramtrace())
+        .args(["summary", "--json"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["pid"].as_u64().unwrap(),
+                p["tensor_capture"]["status"]
+                    .as_str()
+                    .unwrap_or("(none)")
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The probe starts however the program comes to torch: after `find_spec("torch")` (the spec
+/// it returned used to be thrown away with the probe's only hook), after a transformers-like
+/// package that checks with `find_spec` and imports torch later, with the blocks allocated on a
+/// second thread, in a multiprocessing spawn worker and a fork worker, and in the children of a
+/// torchrun-like launcher. Each process that allocated has every block, and `summary` says per
+/// process that its tensors were recorded.
+#[test]
+fn the_probe_starts_however_torch_is_reached() {
+    for (mode, processes) in [
+        ("find_spec", 1),
+        ("transformers", 1),
+        ("thread", 1),
+        ("spawn", 1),
+        ("fork", 2),
+        ("torchrun", 2),
+    ] {
+        let (out, stdout, _) = run_activation(&format!("torch-probe-activation-{mode}"), mode, &[]);
+        let pids = assert_every_block_recorded(mode, &out, &stdout);
+        assert_eq!(pids.len(), processes, "{mode}: {stdout}");
+        let status = capture_status(&out);
+        for pid in pids {
+            let blocks = stdout
+                .lines()
+                .filter(|l| l.starts_with(&format!("tensor {pid} ")))
+                .count();
+            assert_eq!(
+                status[&(pid as u64)],
+                format!("recorded: {blocks} tensor events"),
+                "{mode}: process {pid}"
+            );
+        }
+    }
+}
+
+/// The probe starts when torch was imported before vramtrace's sitecustomize ran (a `.pth`
+/// file of the user site directory imports it), and when a finder the program put ahead of
+/// the probe's found torch (the next module imported starts it).
+#[test]
+fn the_probe_starts_when_torch_came_before_it_or_past_it() {
+    let base = scratch("torch-probe-user-base");
+    let site = Command::new("python3")
+        .args(["-c", "import site; print(site.getusersitepackages())"])
+        .env("PYTHONUSERBASE", &base)
+        .output()
+        .unwrap();
+    let site = PathBuf::from(String::from_utf8(site.stdout).unwrap().trim());
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("vramtrace_test_torch.pth"), "import torch\n").unwrap();
+    for (mode, env) in [
+        ("pth", vec![("PYTHONUSERBASE", base.to_str().unwrap())]),
+        ("finder_ahead", vec![]),
+    ] {
+        let (out, stdout, _) =
+            run_activation(&format!("torch-probe-activation-{mode}"), mode, &env);
+        let pids = assert_every_block_recorded(mode, &out, &stdout);
+        assert_eq!(pids.len(), 1, "{mode}");
+        assert_eq!(
+            capture_status(&out)[&(pids[0] as u64)],
+            "recorded: 5 tensor events",
+            "{mode}"
+        );
+    }
+}
+
+/// A process that imports torch and never allocates a block has its trace say so; one whose
+/// torch has no CUDA says why nothing is recorded, once on stderr and in the trace.
+#[test]
+fn summary_says_why_a_process_has_no_tensors() {
+    let (out, _, stderr) = run_activation("torch-probe-activation-none", "none", &[]);
+    assert!(!stderr.contains("torch probe"), "{stderr}");
+    let status: Vec<String> = capture_status(&out).into_values().collect();
+    assert_eq!(status.len(), 1);
+    assert!(
+        status[0]
+            .starts_with("none: Python with torch and the probe started, but no tensor events"),
+        "{status:?}"
+    );
+
+    let (out, _, stderr) = run_activation(
+        "torch-probe-activation-no-cuda",
+        "none",
+        &[("FAKE_TORCH_NO_CUDA", "1")],
+    );
+    let why =
+        "not active: this torch (0.0+stand-in) is built without CUDA; tensors are not recorded";
+    assert_eq!(
+        stderr
+            .matches(&format!("vramtrace: torch probe: {why}\n"))
+            .count(),
+        1,
+        "{stderr}"
+    );
+    let status: Vec<String> = capture_status(&out).into_values().collect();
+    assert_eq!(status, vec![format!("not recorded: {why}")]);
+
+    // A process that kept vramtrace's PYTHONPATH but lost the preload (LD_PRELOAD cleared):
+    // there is no trace to write to, so stderr says it, once.
+    let path = std::env::join_paths([
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/autostart"),
+        python_dir().join("fake_torch"),
+    ])
+    .unwrap();
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import torch, importlib.util; importlib.util.find_spec('torch')",
+        ])
+        .env("PYTHONPATH", path)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "vramtrace: torch probe: not active: the vramtrace preload is not loaded in this process \
+         (LD_PRELOAD lost its libvramtrace_preload.so, or the process was started without it); \
+         tensors are not recorded\n"
+    );
+    let o = Command::new(vramtrace())
+        .arg("summary")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!("  note: torch probe: {why}\n"))
+            && text.contains(&format!("  tensors: not recorded: {why}\n")),
+        "{text}"
+    );
+}

@@ -1,8 +1,10 @@
 """PyTorch's caching allocator, tensor by tensor, into the vramtrace trace while the program runs.
 
 `vramtrace run` activates this for Python programs (probes/python/autostart/sitecustomize.py
-calls `activate()` right after `import torch` finishes; `--no-torch-probe` turns it off). Nothing
-is imported into a program that never imports torch.
+calls `activate()` right after torch's module has executed, however it was reached;
+`--no-torch-probe` turns it off). Nothing is imported into a program that never imports torch.
+Whether it started, and why not, goes into the trace as a standing note (`vramtrace_note`) and,
+when it could not, once on stderr (docs/architecture.md, "How the PyTorch probe starts").
 
 Two ways to record each block (same trace, same clock):
 - **Native capture** (the section at the end of this file; chosen when it checks out): the
@@ -85,6 +87,16 @@ try:
 except AttributeError:
     _annotate_op = None
 
+try:
+    # A NOTE record in the trace (flag 1: a standing note, written into the file whenever the
+    # process has one, and into a fork child's): whether the probe started here, and why not.
+    _note_c = _lib.vramtrace_note
+    _note_c.argtypes = [ctypes.c_char_p, ctypes.c_uint32]
+    _note_c.restype = None
+except AttributeError:  # not under the preload, or one older than this probe
+    _note_c = None
+_STANDING = 1
+
 ALLOC, FREE, REFUSED = 1, 2, 3
 _state = {"active": False}
 # What was reported, for VRAMTRACE_TORCH_PROBE_STATS=1 (a line on stderr at exit).
@@ -97,16 +109,49 @@ def _note(text):
     sys.stderr.write(f"vramtrace: torch probe: {text}\n")
 
 
+def _trace_note(text):
+    """`text` as this process's standing NOTE in the trace (what `vramtrace summary` shows)."""
+    if _note_c is not None:
+        _note_c(text.encode("utf-8", "replace")[:256], _STANDING)
+
+
+def not_active(reason):
+    """Says once, on stderr and in the trace, that the probe did not start and why."""
+    if _state.get("said"):
+        return
+    _state["said"] = True
+    text = f"not active: {reason}; tensors are not recorded"
+    _note(text)
+    _trace_note("torch probe: " + text)
+
+
+def _cuda_built(torch):
+    """Whether this torch has CUDA, asked without initialising CUDA: `is_available()` would
+    (PyTorch's docs: it poisons fork), and a program that imports torch, forks and uses CUDA in
+    the child must work as it does without us."""
+    built = getattr(torch.cuda, "_is_compiled", None)
+    if built is not None:
+        return built()
+    return torch.backends.cuda.is_built()
+
+
 def activate(shapes=None):
-    """Start recording tensor events; a no-op without the preload, CUDA, or on a second call."""
-    if _state["active"] or _tensor is None:
+    """Start recording tensor events; a no-op on a second call. Returns whether it started;
+    when it cannot (no preload, a torch without CUDA, a preload older than this probe), it says
+    why, once, on stderr and in the trace."""
+    if _state["active"]:
+        return True
+    if _tensor is None:
+        not_active("the vramtrace preload is not loaded in this process (LD_PRELOAD lost its "
+                   "libvramtrace_preload.so, or the process was started without it)")
         return False
     import torch
 
-    if not torch.cuda.is_available():
+    if not _cuda_built(torch):
+        not_active(f"this torch ({getattr(torch, '__version__', '?')}) is built without CUDA")
         return False
     if _block is None:
-        _note("the preload is older than this probe (no vramtrace_tensor_block): tensors are not recorded")
+        not_active("the preload is older than this probe (no vramtrace_tensor_block)")
         return False
     if shapes is None:
         shapes = os.environ.get("VRAMTRACE_TORCH_SHAPES") == "1"
@@ -205,7 +250,18 @@ def activate(shapes=None):
             " ".join(f"{k}={v}" for k, v in counts.items()) + f" sizes={native.source}"
             + f" capture={capture['how']}"))
     _state["active"] = True
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_child)
+    mode = "caching allocator off: tensors are driver allocations" if uncached else "caching allocator"
+    _trace_note(f"torch probe: active (torch {getattr(torch, '__version__', '?')}, {mode})")
     return True
+
+
+def _after_fork_child():
+    """A fork child keeps the callbacks (they are the parent's Python objects) and records into
+    its own trace file; a lock another thread held at the fork is not held in the child."""
+    global _lock
+    _lock = threading.Lock()
 
 
 class _NativeCounters:

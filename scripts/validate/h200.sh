@@ -547,4 +547,4 @@ write_empty_del
 for s in $STEPS; do run_step "$s" "$s"; done
 step "pack"
 first=${STEPS%% *}
-tar -C "$(dirname "$W")" -czf "$OUT/results-$first.tar.gz" "$(basename "$W")" && ls -la "$OUT/results-$first.tar.gz"
+tar -C "$(dirname "$W")" -czf "$OUT/results-$first.tar.gz" --exclude=models "$(basename "$W")" && ls -la "$OUT/results-$first.tar.gz"

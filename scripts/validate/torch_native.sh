@@ -63,7 +63,7 @@ decode() {
   [ -n "${DECODE_CONFIG:-}" ] && cfg=(--config "$DECODE_CONFIG")
   : > "$W/decode.txt"
   for r in $(seq "$ROUNDS"); do
-    for m in bare history vramtrace callbacks no_torch_probe; do
+    for m in ${DECODE_MODES:-bare history vramtrace callbacks no_torch_probe}; do
       case $m in
         bare) t=$(python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
         history) t=$(python3 "$VAL/decode_bench.py" --history "${cfg[@]}") ;;

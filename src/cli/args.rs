@@ -46,6 +46,8 @@ pub enum Command {
     Diff(commands::diff::DiffArgs),
     /// Turn a PyTorch memory snapshot pickle into a trace directory.
     Import(commands::import::ImportArgs),
+    /// Ask a traced process to write its live tensors, with their stacks, into its trace now.
+    Snapshot(commands::snapshot::SnapshotArgs),
 }
 
 /// Runs the chosen subcommand and returns the process exit code.
@@ -64,5 +66,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Report(a) => commands::report::run(a),
         Command::Import(a) => commands::import::run(a),
         Command::Diff(a) => commands::diff::run(a),
+        Command::Snapshot(a) => commands::snapshot::run(a),
     }
 }

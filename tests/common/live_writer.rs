@@ -49,6 +49,7 @@ impl LiveWriter {
             tid: self.tid,
             seq: self.next_block,
             base_t_ns: t_ns,
+            flags: 0,
         };
         let b = h.encode();
         self.file.write_all_at(&b[4..], start + 4)?;

@@ -6,10 +6,13 @@
 //! The writer reserves the file's space before handing blocks out, so a fresh block reads as
 //! zeros.
 //!
-//! Block: `[magic u32][tid u32][seq u64][base_t_ns u64][crc32 of bytes 4..24 u32][0 u32]`, then
-//! records. The writer stores the magic last, so a block whose magic is zero holds nothing. `seq`
-//! is the global order in which blocks were taken; one thread's blocks in `seq` order are its
-//! records in the order it wrote them.
+//! Block: `[magic u32][tid u32][seq u64][base_t_ns u64][crc32 of bytes 4..24 u32][flags u32]`,
+//! then records. The writer stores the magic last, so a block whose magic is zero holds nothing.
+//! `seq` is the global order in which blocks were taken (or reused); a thread writes up to three
+//! streams, its never-dropped blocks (flags 0), its droppable tensor-level blocks
+//! ([`BLOCK_DROPPABLE`]) and its signal handler's ([`BLOCK_SIGNAL`]), and each stream's blocks
+//! in `seq` order are its records in the order it wrote them. Under a size budget the writer reuses the oldest droppable blocks: a reused block
+//! gets a new header (a later `seq`), and a DROPPED record says what it held.
 //!
 //! Record: `[tag u8][payload length, LEB128][payload]`. The tag is the record's kind
 //! ([`crate::kind`], never zero). The writer writes length and payload first and stores the
@@ -34,6 +37,14 @@ pub const DEFAULT_BLOCK_SIZE: u32 = 64 << 10;
 /// Room an encoded event record needs at most (tag, length and payload).
 pub const MAX_EVENT_RECORD_LEN: usize = 112;
 
+/// [`BlockHeader::flags`]: the block holds tensor-level records only, and may be reused under a
+/// size budget (its thread's droppable stream).
+pub const BLOCK_DROPPABLE: u32 = 1;
+/// [`BlockHeader::flags`]: the block holds what a signal handler wrote on that thread (a flight
+/// record on `SIGUSR2`), a stream of its own so that it never interleaves with the records the
+/// interrupted code was writing.
+pub const BLOCK_SIGNAL: u32 = 2;
+
 /// The header of one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BlockHeader {
@@ -43,6 +54,8 @@ pub struct BlockHeader {
     pub seq: u64,
     /// A time no later than any time in the block; events' times are deltas starting here.
     pub base_t_ns: u64,
+    /// [`BLOCK_DROPPABLE`], [`BLOCK_SIGNAL`] or 0 (written before flags existed: 0).
+    pub flags: u32,
 }
 
 /// Why a block header is not usable.
@@ -64,7 +77,15 @@ impl BlockHeader {
         b[16..24].copy_from_slice(&self.base_t_ns.to_le_bytes());
         let crc = crc32(&b[4..24]);
         b[24..28].copy_from_slice(&crc.to_le_bytes());
+        b[28..32].copy_from_slice(&self.flags.to_le_bytes());
         b
+    }
+
+    /// The stream the block belongs to: its thread, and which of the thread's streams (its
+    /// never-dropped records, its droppable ones, its signal handler's). Each stream's blocks in
+    /// `seq` order are in time order.
+    pub fn stream(&self) -> (u32, u32) {
+        (self.tid, self.flags & (BLOCK_DROPPABLE | BLOCK_SIGNAL))
     }
 
     /// `Ok(None)` for a block nobody wrote (zero magic).
@@ -93,6 +114,7 @@ impl BlockHeader {
             tid: u32::from_le_bytes(b[4..8].try_into().unwrap()),
             seq: u64::from_le_bytes(b[8..16].try_into().unwrap()),
             base_t_ns: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            flags: u32::from_le_bytes(b[28..32].try_into().unwrap()),
         }))
     }
 }
@@ -245,6 +267,8 @@ pub fn payload_time(kind_byte: u8, payload: &[u8]) -> Option<u64> {
         | kind::RANGE_POP
         | kind::MARK
         | kind::NOTE
+        | kind::DROPPED
+        | kind::TENSOR_COMPACT
         | kind::TENSOR => Some(u64::from_le_bytes(payload.get(..8)?.try_into().ok()?)),
         _ => None,
     }
@@ -586,6 +610,7 @@ impl BlockFileWriter {
                 tid,
                 seq: self.next_seq,
                 base_t_ns: t.unwrap_or(self.threads[slot].3.t_ns),
+                flags: 0,
             };
             self.next_seq += 1;
             self.bytes.resize(start + self.block_size, 0);

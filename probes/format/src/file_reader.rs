@@ -479,15 +479,16 @@ impl Merge {
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let mut problems = Vec::new();
-        // One pass over the block headers finds each thread's chain.
-        let mut by_tid: HashMap<u32, Vec<(u64, BlockHeader)>> = HashMap::new();
+        // One pass over the block headers finds each stream's chain (a thread's never-dropped
+        // blocks, and its droppable ones).
+        let mut by_tid: HashMap<(u32, u32), Vec<(u64, BlockHeader)>> = HashMap::new();
         let mut buf = Vec::with_capacity(BLOCK_HEADER_LEN);
         let mut offset = data_offset;
         while offset < len {
             let want = (len - offset).min(BLOCK_HEADER_LEN as u64) as usize;
             read_block(&file, offset, want, &mut buf).map_err(io)?;
             if let Some(h) = block_header(&buf, offset, block_size, true, &mut problems) {
-                by_tid.entry(h.tid).or_default().push((offset, h));
+                by_tid.entry(h.stream()).or_default().push((offset, h));
             }
             offset += block_size as u64;
         }

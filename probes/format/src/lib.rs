@@ -49,8 +49,8 @@ mod record;
 
 pub use api::{API_NAMES, Api};
 pub use block::{
-    BLOCK_HEADER_LEN, BLOCK_MAGIC, BlockFileWriter, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas,
-    MAX_EVENT_RECORD_LEN, encode_event, frame_record, payload_time,
+    BLOCK_DROPPABLE, BLOCK_HEADER_LEN, BLOCK_MAGIC, BLOCK_SIGNAL, BlockFileWriter, BlockHeader,
+    DEFAULT_BLOCK_SIZE, Deltas, MAX_EVENT_RECORD_LEN, encode_event, frame_record, payload_time,
 };
 pub use crc::{Crc32, crc32};
 pub use file_reader::{FileReader, Records, Timed, time_of};
@@ -62,7 +62,8 @@ pub use reader::{Follower, Problem, ReadError, Scan, TraceFile, scan_records};
 pub use record::{
     Annotation, DeviceInfo, EVENT_PAYLOAD_LEN, EVENT_RECORD_LEN, Encoder, Event, EventKind,
     FRAME_HEADER_LEN, FRAME_MAGIC, MAX_PAYLOAD, MAX_TENSOR_RANK, MemKind, ModuleInfo, PY_FRAME_LEN,
-    PyFrame, Record, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent, kind,
+    PyFrame, Record, TENSOR_COMPACT_MAX_LEN, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent,
+    kind,
 };
 
 /// File name of the trace of process `pid`; `attempt` > 0 when that name was already taken.

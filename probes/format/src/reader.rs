@@ -327,13 +327,13 @@ fn decode_blocks(
 ) -> (Vec<(u64, Record)>, Vec<Problem>) {
     let mut keyed = Vec::new();
     let mut problems = Vec::new();
-    let mut last_t: HashMap<u32, u64> = HashMap::new();
+    let mut last_t: HashMap<(u32, u32), u64> = HashMap::new();
     let mut offset = data_offset;
     while offset < bytes.len() as u64 {
         let end = (offset + block_size as u64).min(bytes.len() as u64);
         let block = &bytes[offset as usize..end as usize];
         if let Some(h) = block_header(block, offset, block_size, true, &mut problems) {
-            let t = last_t.entry(h.tid).or_insert(0);
+            let t = last_t.entry(h.stream()).or_insert(0);
             *t = (*t).max(h.base_t_ns);
             let mut cur = BlockCursor::new(offset, h, block_size);
             loop {
@@ -421,8 +421,12 @@ struct BlockFollower {
     open: BTreeMap<u64, (Option<BlockCursor>, Vec<u8>)>,
     /// Every block below this index is open or closed for good.
     scanned: u64,
-    /// Each thread's newest block.
-    newest: HashMap<u32, u64>,
+    /// Each stream's newest block (a thread's never-dropped and droppable blocks): its index
+    /// and sequence number.
+    newest: HashMap<(u32, u32), (u64, u64)>,
+    /// The sequence number each block had when last started, so that a block reopened after
+    /// a DROPPED record is read again only if it was reused since.
+    seen: HashMap<u64, u64>,
 }
 
 impl BlockFollower {
@@ -430,7 +434,7 @@ impl BlockFollower {
         let bs = self.block_size as u64;
         let blocks_in_file = len.saturating_sub(self.data_offset).div_ceil(bs);
         // Look at new blocks as far as the lookahead past the newest started block allows.
-        let newest_started = self.newest.values().copied().max().map_or(0, |i| i + 1);
+        let newest_started = self.newest.values().map(|n| n.0).max().map_or(0, |i| i + 1);
         let horizon = blocks_in_file.min(newest_started.max(self.scanned) + LOOKAHEAD_BLOCKS);
         while self.scanned < horizon {
             self.open.insert(self.scanned, (None, Vec::new()));
@@ -439,23 +443,52 @@ impl BlockFollower {
         let mut records = Vec::new();
         let mut problems = Vec::new();
         let mut closed = Vec::new();
+        // Blocks reused under a size budget (DROPPED records): read again from their new start.
+        let mut reopen = Vec::new();
         let indices: Vec<u64> = self.open.keys().copied().collect();
         for index in indices {
             let offset = self.data_offset + index * bs;
             let (cur, buf) = self.open.get_mut(&index).expect("listed above");
+            if let Some(c) = cur {
+                // A droppable block may have been reused since (a size budget): a new header
+                // means new records from its start; a zero magic, one being reset.
+                let mut h = Vec::new();
+                reread(
+                    file,
+                    &mut h,
+                    offset,
+                    0,
+                    BLOCK_HEADER_LEN.min(bs as usize),
+                    len,
+                )?;
+                let now = crate::block::BlockHeader::decode(&h).ok().flatten();
+                if now.map(|h| h.seq) != Some(c.header.seq) {
+                    *cur = None;
+                    buf.clear();
+                }
+            }
             if cur.is_none() {
                 // Not started when last looked at: its header first, then its records.
                 reread(file, buf, offset, 0, BLOCK_HEADER_LEN.min(bs as usize), len)?;
                 match block_header(buf, offset, self.block_size, false, &mut problems) {
+                    Some(h) if self.seen.get(&index).is_some_and(|&s| s >= h.seq) => {
+                        // Read already under this header (reopened after a DROPPED record that
+                        // this poll had read past).
+                        self.open.remove(&index);
+                        continue;
+                    }
                     Some(h) => {
+                        self.seen.insert(index, h.seq);
                         *cur = Some(BlockCursor::new(offset, h, self.block_size));
-                        if let Some(old) = self.newest.insert(h.tid, index) {
+                        if let Some(old) = self.newest.insert(h.stream(), (index, h.seq)) {
                             // The thread moved on: its older block is complete (read it once
                             // more below, then close it).
-                            if old < index {
-                                closed.push(old);
+                            if old.1 < h.seq {
+                                if old.0 != index {
+                                    closed.push(old.0);
+                                }
                             } else {
-                                self.newest.insert(h.tid, old);
+                                self.newest.insert(h.stream(), old);
                             }
                         }
                     }
@@ -472,7 +505,12 @@ impl BlockFollower {
             reread(file, buf, offset, c.pos(), bs as usize, len)?;
             loop {
                 match c.step(buf, false, &mut problems) {
-                    Step::Record(_, r) => records.push(r),
+                    Step::Record(_, r) => {
+                        if let Record::Dropped { index: reused, .. } = r {
+                            reopen.push(reused);
+                        }
+                        records.push(r)
+                    }
                     Step::Malformed(offset, kind) => {
                         problems.push(Problem::Malformed { offset, kind })
                     }
@@ -491,7 +529,12 @@ impl BlockFollower {
                 reread(file, buf, offset, c.pos(), bs as usize, len)?;
                 loop {
                     match c.step(buf, false, &mut problems) {
-                        Step::Record(_, r) => records.push(r),
+                        Step::Record(_, r) => {
+                            if let Record::Dropped { index: reused, .. } = r {
+                                reopen.push(reused);
+                            }
+                            records.push(r)
+                        }
                         Step::Malformed(offset, kind) => {
                             problems.push(Problem::Malformed { offset, kind })
                         }
@@ -500,6 +543,11 @@ impl BlockFollower {
                 }
             }
             self.open.remove(&index);
+        }
+        for index in reopen {
+            if index < self.scanned && !self.open.contains_key(&index) {
+                self.open.insert(index, (None, Vec::new()));
+            }
         }
         Ok((records, problems))
     }
@@ -579,6 +627,7 @@ impl Follower {
                                 open: BTreeMap::new(),
                                 scanned: 0,
                                 newest: HashMap::new(),
+                                seen: HashMap::new(),
                             });
                             let (records, mut problems) = self.poll()?;
                             problems.splice(0..0, damage);

@@ -50,6 +50,16 @@ pub mod kind {
     /// dtype and shape, with the same payload as [`ANNOTATE`]. Not a name someone gave the
     /// allocation, so attribution matches it by size and weighs its shape as evidence.
     pub const OP_OUTPUT: u8 = 14;
+    /// Tensor-level records of one block the writer dropped to stay within its size budget
+    /// (`vramtrace run --max-size`): whose thread, and the time range they covered
+    /// ([`crate::Record::Dropped`]). Never itself dropped.
+    pub const DROPPED: u8 = 15;
+    /// A tensor event without operator, dtype, shape or PyTorch's failure numbers, in about a
+    /// third of a [`TENSOR`]'s bytes: the time as 8 bytes, then LEB128 varints for the thread,
+    /// the device + 1, the action, pointer, size, requested bytes, stack id and segment. Read
+    /// as a [`crate::Record::Tensor`] with those fields zero. Blocks handed out and taken back,
+    /// and the restated live tensors, are written this way.
+    pub const TENSOR_COMPACT: u8 = 16;
 }
 
 /// What an event did.
@@ -261,6 +271,18 @@ impl<'a> Encoder<'a> {
     pub fn i64(&mut self, v: i64) -> &mut Self {
         self.bytes(&v.to_le_bytes())
     }
+    /// Appends an unsigned LEB128 varint.
+    pub fn varint(&mut self, mut v: u64) -> &mut Self {
+        let mut b = [0u8; 10];
+        let mut n = 0;
+        while v >= 0x80 {
+            b[n] = v as u8 | 0x80;
+            v >>= 7;
+            n += 1;
+        }
+        b[n] = v as u8;
+        self.bytes(&b[..=n])
+    }
     /// Appends a string with a u16 length prefix, cut to what fits (on a char boundary).
     pub fn str(&mut self, s: &str) -> &mut Self {
         let room = self.remaining().saturating_sub(2).min(u16::MAX as usize);
@@ -343,7 +365,40 @@ pub const MAX_TENSOR_RANK: usize = 16;
 pub const TENSOR_RECORD_MAX_LEN: usize =
     FRAME_HEADER_LEN + 8 + 4 + 4 + 1 + 8 * 7 + 4 * 3 + 2 + 8 * MAX_TENSOR_RANK + 8 + 8;
 
+/// Largest TENSOR_COMPACT record, frame included.
+pub const TENSOR_COMPACT_MAX_LEN: usize = FRAME_HEADER_LEN + 8 + 10 * 9;
+
 impl TensorEvent {
+    /// Whether the event fits a TENSOR_COMPACT record (no operator, dtype, shape or failure
+    /// numbers).
+    pub fn is_compact(&self) -> bool {
+        self.op == 0
+            && self.dtype == 0
+            && self.shape.is_empty()
+            && self.allocated == 0
+            && self.reserved == 0
+            && self.limit == 0
+            && self.free == 0
+    }
+
+    /// Appends the TENSOR_COMPACT payload (see [`kind::TENSOR_COMPACT`]); only what
+    /// [`TensorEvent::is_compact`] allows is kept.
+    pub fn encode_compact_payload(&self, e: &mut Encoder<'_>) {
+        e.u64(self.t_ns)
+            .varint(self.tid as u64)
+            .varint((self.device as i64 + 1) as u64)
+            .varint(self.action as u64)
+            .varint(self.ptr)
+            .varint(self.size)
+            .varint(self.requested)
+            .varint(self.stack as u64)
+            .varint(self.segment);
+        // The stream last, and only when known: a record without it reads as stream 0.
+        if self.stream != 0 {
+            e.varint(self.stream);
+        }
+    }
+
     /// Appends the payload (without allocating; the shape is cut to [`MAX_TENSOR_RANK`]).
     pub fn encode_payload(&self, e: &mut Encoder<'_>) {
         self.encode_payload_with_shape(e, &self.shape);
@@ -470,6 +525,12 @@ pub enum TensorAction {
     Free = 2,
     /// The allocator raised an out-of-memory error for a request of `size` bytes.
     AllocFailed = 3,
+    /// The block at `ptr` is live at `t_ns`: a restatement, written when the record of its
+    /// allocation was dropped to stay within the size budget, or one entry of a flight record
+    /// (the whole live set, at a failure or on request). `stack` is the allocation's. A reader
+    /// that has the block live already ignores it; one that does not takes it as allocated
+    /// then. Readers older than this action skip it.
+    Live = 4,
 }
 
 impl TensorAction {
@@ -479,6 +540,7 @@ impl TensorAction {
             1 => Self::Alloc,
             2 => Self::Free,
             3 => Self::AllocFailed,
+            4 => Self::Live,
             _ => return None,
         })
     }
@@ -489,6 +551,7 @@ impl TensorAction {
             Self::Alloc => "tensor_alloc",
             Self::Free => "tensor_free",
             Self::AllocFailed => "tensor_alloc_failed",
+            Self::Live => "tensor_live",
         }
     }
 }
@@ -612,6 +675,20 @@ pub enum Record {
     },
     /// A tensor allocated, freed or refused inside PyTorch's caching allocator.
     Tensor(TensorEvent),
+    /// Tensor-level records dropped by the writer to stay within its size budget: one block of
+    /// thread `tid`'s, covering `from_t_ns..=to_t_ns`, dropped at `t_ns`.
+    Dropped {
+        /// When the block was dropped.
+        t_ns: u64,
+        /// The thread that had written it.
+        tid: u32,
+        /// Base time of the block (no record in it is earlier).
+        from_t_ns: u64,
+        /// Time of its last record.
+        to_t_ns: u64,
+        /// The block's index in the file (reused at once: a follower reads it again).
+        index: u64,
+    },
     /// A record of a kind this reader does not know; skipped.
     Unknown {
         /// Its kind byte.
@@ -666,6 +743,17 @@ impl<'a> Cursor<'a> {
     }
     pub(crate) fn i64(&mut self) -> Result<i64, Short> {
         Ok(i64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    pub(crate) fn varint(&mut self) -> Result<u64, Short> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(Short)
     }
     pub(crate) fn str16(&mut self) -> Result<String, Short> {
         let n = self.u16()? as usize;
@@ -784,6 +872,37 @@ impl Record {
                 t_ns: c.u64()?,
                 tid: c.u32()?,
                 name: c.u32()?,
+            },
+            kind::TENSOR_COMPACT => {
+                let t_ns = c.u64()?;
+                let tid = c.varint()? as u32;
+                let device = (c.varint()? as i64 - 1) as i32;
+                let Some(action) = u8::try_from(c.varint()?)
+                    .ok()
+                    .and_then(TensorAction::from_u8)
+                else {
+                    return Ok(Record::Unknown { kind: kind_byte });
+                };
+                Record::Tensor(TensorEvent {
+                    t_ns,
+                    tid,
+                    device,
+                    action,
+                    ptr: c.varint()?,
+                    size: c.varint()?,
+                    requested: c.varint()?,
+                    stack: c.varint()? as u32,
+                    segment: c.varint()?,
+                    stream: if c.remaining() > 0 { c.varint()? } else { 0 },
+                    ..TensorEvent::default()
+                })
+            }
+            kind::DROPPED => Record::Dropped {
+                t_ns: c.u64()?,
+                tid: c.u32()?,
+                from_t_ns: c.u64()?,
+                to_t_ns: c.u64()?,
+                index: c.u64()?,
             },
             kind::NOTE => Record::Note {
                 t_ns: c.u64()?,
@@ -907,6 +1026,20 @@ impl Record {
                 e.u64(*t_ns).bytes(text.as_bytes());
                 kind::NOTE
             }
+            Record::Dropped {
+                t_ns,
+                tid,
+                from_t_ns,
+                to_t_ns,
+                index,
+            } => {
+                e.u64(*t_ns)
+                    .u32(*tid)
+                    .u64(*from_t_ns)
+                    .u64(*to_t_ns)
+                    .u64(*index);
+                kind::DROPPED
+            }
             Record::PyStack { stack, frames } => {
                 e.u32(*stack);
                 for f in frames {
@@ -946,6 +1079,68 @@ mod tests {
                 },
             ],
         }
+    }
+
+    #[test]
+    fn a_compact_tensor_keeps_its_stream() {
+        let t = TensorEvent {
+            t_ns: 5,
+            tid: 1,
+            action: TensorAction::Alloc,
+            ptr: 0x7f00_0000_0000,
+            size: 512,
+            requested: 500,
+            stream: 0x5555_0000_1230,
+            ..TensorEvent::default()
+        };
+        assert!(t.is_compact());
+        let mut buf = [0u8; TENSOR_COMPACT_MAX_LEN];
+        let mut e = Encoder::new(&mut buf);
+        t.encode_compact_payload(&mut e);
+        let frame = e.finish(kind::TENSOR_COMPACT).to_vec();
+        assert_eq!(
+            Record::decode(kind::TENSOR_COMPACT, &frame[FRAME_HEADER_LEN..]),
+            Some(Record::Tensor(t))
+        );
+    }
+
+    #[test]
+    fn a_compact_tensor_reads_back_as_the_same_event_in_a_third_of_the_bytes() {
+        for (device, action) in [(0, TensorAction::Alloc), (-1, TensorAction::Live)] {
+            let t = TensorEvent {
+                t_ns: 1_234_567_890_123,
+                tid: 4242,
+                device,
+                action,
+                ptr: 0x7f00_1234_5600,
+                size: 3 << 20,
+                requested: (3 << 20) - 7,
+                stack: 77,
+                ..TensorEvent::default()
+            };
+            assert!(t.is_compact());
+            let mut buf = [0u8; TENSOR_COMPACT_MAX_LEN];
+            let mut e = Encoder::new(&mut buf);
+            t.encode_compact_payload(&mut e);
+            let frame = e.finish(kind::TENSOR_COMPACT).to_vec();
+            assert_eq!(
+                frame.len() - FRAME_HEADER_LEN,
+                8 + 2 + 1 + 1 + 7 + 4 + 4 + 1 + 1
+            );
+            assert_eq!(
+                Record::decode(kind::TENSOR_COMPACT, &frame[FRAME_HEADER_LEN..]),
+                Some(Record::Tensor(t))
+            );
+        }
+        let refused = TensorEvent {
+            action: TensorAction::AllocFailed,
+            allocated: 1,
+            ..TensorEvent::default()
+        };
+        assert!(
+            !refused.is_compact(),
+            "PyTorch's numbers need the full record"
+        );
     }
 
     fn tensor() -> Record {

@@ -94,6 +94,13 @@ fn sample_records() -> Vec<Record> {
             t_ns: 9,
             text: "recording stopped: disk full".into(),
         },
+        Record::Dropped {
+            t_ns: 10,
+            tid: 9,
+            from_t_ns: 2,
+            to_t_ns: 8,
+            index: 3,
+        },
     ]
 }
 

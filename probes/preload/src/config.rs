@@ -12,6 +12,11 @@
 //! - `VRAMTRACE_PYTHON`: `0`, `off`, `false` or `no` records no Python frames; `1`, `on`, `true`
 //!   or `yes` (the default) records them.
 //!
+//! - `VRAMTRACE_MAX_SIZE`: a size budget for the trace file, in bytes (a plain number; `vramtrace
+//!   run --max-size` passes one). Tensor-level records are then kept in a ring of blocks whose
+//!   oldest are reused once the file would pass the budget (`src/sink.rs`; at least four blocks
+//!   of 64 KiB beside the header); unset, empty or `0`: no budget. Anything else is one line on stderr and no budget.
+//!
 //! Any other value of a switch is one line on stderr ("vramtrace: ignoring VRAMTRACE_STACKS=…")
 //! and its default; the value itself is not echoed past 64 bytes.
 //!
@@ -23,7 +28,7 @@
 //! linker is still setting the process up.
 
 use core::ffi::{CStr, c_char, c_int};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 const UNREAD: u8 = 0;
 const OFF: u8 = 1;
@@ -119,6 +124,53 @@ pub(crate) fn free_stacks() -> bool {
 #[inline]
 pub(crate) fn python() -> bool {
     switch(&PYTHON, c"VRAMTRACE_PYTHON", true)
+}
+
+/// `VRAMTRACE_MAX_SIZE` read (`u64::MAX`: not read yet; 0: no budget).
+static MAX_SIZE: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The trace file's size budget in bytes (`VRAMTRACE_MAX_SIZE`); 0 for none.
+pub(crate) fn max_size() -> u64 {
+    let v = MAX_SIZE.load(Ordering::Relaxed);
+    if v != u64::MAX {
+        return v;
+    }
+    let v = match env(c"VRAMTRACE_MAX_SIZE") {
+        None | Some(b"") => 0,
+        Some(s) => match parse_decimal(s) {
+            Some(v) if v != u64::MAX => v,
+            _ => {
+                let shown = &s[..s.len().min(64)];
+                let mut line = [0u8; 160];
+                let mut n = 0;
+                for part in [
+                    &b"vramtrace: ignoring VRAMTRACE_MAX_SIZE="[..],
+                    shown,
+                    b" (a number of bytes): no size budget\n",
+                ] {
+                    line[n..n + part.len()].copy_from_slice(part);
+                    n += part.len();
+                }
+                // Safety: writing a valid buffer to stderr; the result is ignored.
+                unsafe { libc::write(2, line.as_ptr() as *const libc::c_void, n) };
+                0
+            }
+        },
+    };
+    MAX_SIZE.store(v, Ordering::Relaxed);
+    v
+}
+
+/// A plain decimal number, `None` for anything else or an overflow.
+fn parse_decimal(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    s.iter().try_fold(0u64, |acc, &c| {
+        c.is_ascii_digit()
+            .then(|| acc.checked_mul(10)?.checked_add((c - b'0') as u64))
+            .flatten()
+    })
 }
 
 /// The trace directory (without its NUL), if recording is on.

@@ -176,7 +176,14 @@ pub(crate) fn annotate(ptr: u64, name: &[u8], dtype: Option<&[u8]>, shape: &[i64
         for &d in shape {
             e.i64(d);
         }
-        file.write(e.finish(if op { kind::OP_OUTPUT } else { kind::ANNOTATE }));
+        if op {
+            // An operator's output is tensor-level detail: droppable under a size budget.
+            if let Some((_, Some(reused))) = file.write_droppable(e.finish(kind::OP_OUTPUT)) {
+                crate::live_tensors::restate_reused(file, reused);
+            }
+        } else {
+            file.write(e.finish(kind::ANNOTATE));
+        }
     });
 }
 

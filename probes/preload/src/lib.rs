@@ -51,6 +51,9 @@
 //!   `vramtrace_torch_native_enable`) and the allocator's own call to libc10's exported
 //!   `c10::reportMemoryUsageToProfiler`, which the preload also exports and passes on: each
 //!   block a TENSOR record, with no Python callback.
+//! - `vramtrace_note` (`src/notes.rs`): a NOTE record from a probe; the PyTorch probe says with
+//!   it whether it started in the process and why not (a standing note, written into the file
+//!   when the process records anything, and into a fork child's file).
 //! - NVTX: with `NVTX_INJECTION64_PATH` set to this library, `InitializeInjectionNvtx2` accepts
 //!   NVTX's injection and turns range pushes/pops and marks into the same ranges
 //!   (`src/nvtx.rs`).
@@ -63,6 +66,11 @@
 //! - `VRAMTRACE_FREE_STACKS`: `1` (or `on`, `true`, `yes`) also records the native stacks of
 //!   successful releases (off by default: allocations, mappings and failures get theirs).
 //! - `VRAMTRACE_PYTHON`: `0` (or `off`, `false`, `no`) records no Python frames.
+//! - `VRAMTRACE_MAX_SIZE`: a size budget in bytes: tensor-level records go into droppable
+//!   blocks, the oldest reused once the file would pass it (`src/sink.rs`); the live tensors
+//!   are kept in a table and restated, and written whole at failures and on `SIGUSR2` (a
+//!   flight record, `src/live_tensors.rs`; the handler is installed only where the program has
+//!   none).
 //!
 //! Each process writes `<dir>/<pid>.vtr` (`<pid>-<n>.vtr` if the name is taken), created
 //! exclusively on its first recorded event (or its first range, mark or annotation): a program
@@ -79,7 +87,9 @@
 //!   makes no system call: a record is encoded on the stack and stored into the thread's block
 //!   of a shared file mapping (format version 2), so every record stored before a `SIGKILL` is
 //!   in the page cache. The locks are the stack unwinder's spin lock and the sink's, taken
-//!   only to reserve and map more of the file; neither is held while the driver runs.
+//!   only to reserve and map more of the file, and under a size budget the ring's (once per
+//!   64 KiB block) and the live-tensor table's (once per tensor report); none is held while
+//!   the driver runs.
 //! - **Lazy and fork-aware.** Nothing happens in constructors (they run while the dynamic linker
 //!   sets the process up); the environment is read and the file created on first use. A fork
 //!   child forgets the parent's file, strings and stacks and creates its own file, with its own
@@ -95,7 +105,7 @@
 //! module that keeps per-process state registers its own fork child handler) and `real_dlsym`
 //! (glibc's `dlsym` and `dlvsym`, read from glibc's symbol table by `elf_lookup`); `driver`, the table of the driver's real entry points; `sink`, the trace
 //! file (per-thread blocks in a shared mapping, the clock, the thread id, the file's fork
-//! handling); `intern`, `modules`, `stacks`, `labels` and `nvtx`, which
+//! handling); `intern`, `modules`, `stacks`, `labels`, `notes`, `live_tensors` and `nvtx`, which
 //! need only the sink (`stacks` asks `python`, which reads the interpreter's frames and interns
 //! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label; `tensors` (the tensor ABI) and
 //! `torch_tracker` (native capture, which writes through `tensors` and notes through `recorder`);
@@ -113,7 +123,9 @@ mod guard;
 mod hooks;
 mod intern;
 mod labels;
+mod live_tensors;
 mod modules;
+mod notes;
 mod nvtx;
 mod python;
 mod real_dlsym;
@@ -130,6 +142,7 @@ pub use labels::{
     VRAMTRACE_ABI_VERSION, vramtrace_abi_version, vramtrace_annotate, vramtrace_annotate_op,
     vramtrace_mark, vramtrace_range_pop, vramtrace_range_push,
 };
+pub use notes::{NOTE_STANDING, vramtrace_note};
 pub use nvtx::InitializeInjectionNvtx2;
 pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};
 pub use tensors::{vramtrace_tensor, vramtrace_tensor_block};

@@ -110,6 +110,16 @@ impl Call {
                 emit(kind, result, op, 0, 0, true)
             } else {
                 let (free, total) = mem_info();
+                // Under a size budget, the tensors live at the failure whatever was dropped,
+                // just before it (a reader has them when it meets the failure).
+                if let Some(file) = crate::sink::file() {
+                    crate::live_tensors::flight_record(
+                        file,
+                        b"a failed driver allocation",
+                        true,
+                        mono_ns(),
+                    );
+                }
                 emit(EventKind::AllocFailed, result, op, free, total, true)
             }
         });

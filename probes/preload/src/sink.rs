@@ -36,6 +36,9 @@
 //! inherited descriptor, bumps [`EPOCH`] (so the forking thread's cursor, copied into the child,
 //! is stale and never used) and goes back to `IDLE`: the child creates its own file, with its
 //! own pid and ppid, on its first record, and never stores into the parent's.
+//!
+//! A standing note ([`set_standing_note`], from `vramtrace_note`) is written into each file
+//! right after its header records, the parent's and every fork child's.
 
 use core::cell::Cell;
 use core::ffi::{c_char, c_int};
@@ -44,8 +47,9 @@ use std::sync::atomic::{
 };
 
 use vramtrace_format::{
-    BLOCK_HEADER_LEN, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas, Encoder, Event, FRAME_HEADER_LEN,
-    Header, MAX_EVENT_RECORD_LEN, encode_event, kind, payload_time, trace_file_name,
+    BLOCK_DROPPABLE, BLOCK_HEADER_LEN, BLOCK_SIGNAL, BlockHeader, DEFAULT_BLOCK_SIZE, Deltas,
+    Encoder, Event, FRAME_HEADER_LEN, Header, MAX_EVENT_RECORD_LEN, encode_event, kind,
+    payload_time, trace_file_name,
 };
 
 use crate::fork::ForkHandler;
@@ -106,6 +110,16 @@ const NO_CURSOR: Cursor = Cursor {
 thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
     static CURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
+    /// The thread's droppable block: tensor-level records, in the ring under a size budget.
+    static DCURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
+    /// The droppable block's index in the file and the time of its last record (kept apart from
+    /// the cursor, so that the hot path's cursor stays as small as it was).
+    static DMETA: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// The block a signal handler writes into on this thread ([`File::for_signal`]): never the
+    /// interrupted code's own, which may be half-way through a record.
+    static SCURSOR: Cell<Cursor> = const { Cell::new(NO_CURSOR) };
+    /// Inside [`grow`] on this thread (holding its lock): a signal handler must not write.
+    static IN_GROW: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The open trace file, as [`with_file`] and [`file()`] hand it out: the only way to write.
@@ -114,13 +128,24 @@ pub(crate) struct File {
     /// In unit tests: frames go to this descriptor with `write(2)` instead.
     #[cfg(test)]
     raw_fd: Option<c_int>,
+    /// Written from a signal handler: into the thread's signal stream ([`SCURSOR`]).
+    signal: bool,
 }
 
 impl File {
     const MAPPED: File = File {
         #[cfg(test)]
         raw_fd: None,
+        signal: false,
     };
+
+    /// The same file, for a signal handler: its records go to a block of their own on this
+    /// thread (a stream flagged `BLOCK_SIGNAL`), so that they never mix with a record the
+    /// interrupted code was writing. Nothing on the hot path checks for a signal.
+    pub(crate) fn for_signal(mut self) -> File {
+        self.signal = true;
+        self
+    }
 
     /// Appends one encoded record (a frame from `vramtrace_format::Encoder`): its kind and
     /// payload go into this thread's block.
@@ -144,7 +169,9 @@ impl File {
         // stack) is often written between reading the clock for an event and writing the
         // event, so it takes the thread's last clock reading, not a fresh one.
         let t = payload_time(tag, payload).unwrap_or_else(crate::clock::last_ns);
-        append(total, t, |dst, _| {
+        let which = if self.signal { &SCURSOR } else { &CURSOR };
+        let flags = if self.signal { BLOCK_SIGNAL } else { 0 };
+        append_in(which, None, flags, total, t, |dst, _| {
             // Safety: `append` hands out `total` writable bytes of this thread's block.
             unsafe {
                 core::ptr::copy_nonoverlapping(len.as_ptr(), dst.add(1), n);
@@ -154,15 +181,56 @@ impl File {
         });
     }
 
-    /// [`File::write`] of the record `e` holds, as `kind`, without computing the frame
-    /// checksum that [`File::write`] drops (a version 2 block keeps kind and payload only).
-    pub(crate) fn write_encoded(self, e: &mut vramtrace_format::Encoder<'_>, kind: u8) {
+    /// The finished frame of the record `e` holds, as `kind`, for [`File::write`] or
+    /// [`File::write_droppable`]: without the frame checksum, which a version 2 block drops
+    /// (computing it was 15% of a native capture's samples, docs/performance.md).
+    pub(crate) fn frame<'a>(self, e: &'a mut vramtrace_format::Encoder<'_>, kind: u8) -> &'a [u8] {
         #[cfg(test)]
         if self.raw_fd.is_some() {
-            self.write(e.finish(kind));
-            return;
+            return e.finish(kind);
         }
-        self.write(e.finish_without_checksum(kind));
+        e.finish_without_checksum(kind)
+    }
+
+    /// Appends one tensor-level record (a frame, as [`File::write`]) to this thread's
+    /// droppable block: under a size budget, the oldest droppable blocks are reused once the
+    /// file would pass it ([`take_droppable`]). Returns the block's index in the file, and the
+    /// index of a block reused to make room (its records gone, a DROPPED record written), if
+    /// one was; `None` when nothing was written.
+    pub(crate) fn write_droppable(self, frame: &[u8]) -> Option<(u64, Option<u64>)> {
+        #[cfg(test)]
+        if self.raw_fd.is_some() {
+            self.write(frame);
+            return Some((0, None));
+        }
+        if frame.len() < FRAME_HEADER_LEN {
+            return None;
+        }
+        let (tag, payload) = (frame[1], &frame[FRAME_HEADER_LEN..]);
+        let mut len = [0u8; 10];
+        let n = put_varint(&mut len, payload.len() as u64);
+        let total = 1 + n + payload.len();
+        if tag == 0 || total > BLOCK_SIZE - BLOCK_HEADER_LEN {
+            return None;
+        }
+        let t = payload_time(tag, payload).unwrap_or_else(crate::clock::last_ns);
+        let mut reused = None;
+        let index = append_in(
+            &DCURSOR,
+            Some(&mut reused),
+            BLOCK_DROPPABLE,
+            total,
+            t,
+            |dst, _| {
+                // Safety: `append_in` hands out `total` writable bytes of this thread's block.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(len.as_ptr(), dst.add(1), n);
+                    core::ptr::copy_nonoverlapping(payload.as_ptr(), dst.add(1 + n), payload.len());
+                }
+                tag
+            },
+        )?;
+        Some((index, reused))
     }
 
     /// Appends one event (its thread is the block's; its time and pointer are encoded as
@@ -198,7 +266,10 @@ impl File {
     /// A file on a descriptor the test opened itself (version 1 frames, one `write(2)` each).
     #[cfg(test)]
     pub(crate) fn from_raw_fd(fd: c_int) -> File {
-        File { raw_fd: Some(fd) }
+        File {
+            raw_fd: Some(fd),
+            signal: false,
+        }
     }
 }
 
@@ -220,17 +291,36 @@ impl Written for (u8, usize) {
 /// Appends one record of at most `room` bytes to this thread's block (taking a new block,
 /// based at `t_ns`, when it has not that much room left): `fill` writes every byte but the
 /// first (the tag) and returns the tag; the tag is stored last, with release ordering.
-#[inline]
+#[inline(always)]
 fn append<W: Written>(room: usize, t_ns: u64, fill: impl FnOnce(*mut u8, &mut Deltas) -> W) {
+    append_in(&CURSOR, None, 0, room, t_ns, fill);
+}
+
+/// [`append`] into the block of `which` cursor: [`CURSOR`], [`SCURSOR`] (flags `BLOCK_SIGNAL`),
+/// or [`DCURSOR`] with `reused` (which then receives the index of a block reused to make room).
+/// Returns the block's index.
+#[inline(always)]
+fn append_in<W: Written>(
+    which: &'static std::thread::LocalKey<Cell<Cursor>>,
+    reused: Option<&mut Option<u64>>,
+    flags: u32,
+    room: usize,
+    t_ns: u64,
+    fill: impl FnOnce(*mut u8, &mut Deltas) -> W,
+) -> Option<u64> {
     let epoch = EPOCH.load(Ordering::Acquire);
-    let Ok(mut cur) = CURSOR.try_with(Cell::get) else {
-        return; // thread-local storage already torn down (thread exit)
-    };
+    let mut cur = which.try_with(Cell::get).ok()?; // none at thread exit
+    let droppable = reused.is_some();
     if cur.epoch != epoch || cur.pos + room > BLOCK_SIZE {
-        match take_block(epoch, t_ns) {
-            Some(c) => cur = c,
-            None => return,
-        }
+        cur = match reused {
+            Some(reused) => {
+                let (c, index, r) = take_droppable(epoch, t_ns, cur)?;
+                *reused = r;
+                let _ = DMETA.try_with(|m| m.set((index, t_ns)));
+                c
+            }
+            None => take_block(epoch, t_ns, flags)?.0,
+        };
     }
     // Safety: the cursor's block is this thread's alone, mapped and reserved, and
     // `pos + room <= BLOCK_SIZE`.
@@ -239,16 +329,33 @@ fn append<W: Written>(room: usize, t_ns: u64, fill: impl FnOnce(*mut u8, &mut De
     // Safety: `dst` is in the mapping and suitably aligned for a byte; nobody else stores here.
     unsafe { AtomicU8::from_ptr(dst) }.store(tag, Ordering::Release);
     cur.pos += len;
-    let _ = CURSOR.try_with(|c| c.set(cur));
+    let _ = which.try_with(|c| c.set(cur));
+    if droppable {
+        return DMETA
+            .try_with(|m| {
+                let (index, last) = m.get();
+                m.set((index, last.max(t_ns)));
+                index
+            })
+            .ok();
+    }
+    Some(0)
+}
+
+/// Whether a signal handler on this thread may write (through [`File::for_signal`]): not while
+/// the interrupted code holds the lock that grows the file.
+pub(crate) fn signal_may_write() -> bool {
+    !IN_GROW.try_with(Cell::get).unwrap_or(true)
 }
 
 /// Hands this thread a fresh block, its header written. `None` when recording stops.
 #[cold]
-fn take_block(epoch: u32, t_ns: u64) -> Option<Cursor> {
+fn take_block(epoch: u32, t_ns: u64, flags: u32) -> Option<(Cursor, u64)> {
     if STATE.load(Ordering::Acquire) != RECORDING {
         return None;
     }
     let index = NEXT_BLOCK.fetch_add(1, Ordering::AcqRel);
+    let seq = NEXT_SEQ.fetch_add(1, Ordering::AcqRel);
     let chunk = (index / BLOCKS_PER_CHUNK) as usize;
     if chunk >= MAX_CHUNKS {
         disable("the trace file reached its size limit (64 GiB)");
@@ -262,13 +369,24 @@ fn take_block(epoch: u32, t_ns: u64) -> Option<Cursor> {
     if EPOCH.load(Ordering::Acquire) != epoch || STATE.load(Ordering::Acquire) != RECORDING {
         return None;
     }
-    let base = CHUNKS[chunk].load(Ordering::Acquire);
+    let block = block_at(index);
+    Some((start_block(epoch, block, seq, t_ns, flags), index))
+}
+
+/// The mapped address of block `index` (its chunk mapped).
+fn block_at(index: u64) -> *mut u8 {
+    let base = CHUNKS[(index / BLOCKS_PER_CHUNK) as usize].load(Ordering::Acquire);
     // Safety: the chunk is mapped and CHUNK_BYTES long; the block lies inside it.
-    let block = unsafe { base.add((index % BLOCKS_PER_CHUNK) as usize * BLOCK_SIZE) };
+    unsafe { base.add((index % BLOCKS_PER_CHUNK) as usize * BLOCK_SIZE) }
+}
+
+/// Writes the header of the (zeroed) block at `block` and returns this thread's cursor in it.
+fn start_block(epoch: u32, block: *mut u8, seq: u64, t_ns: u64, flags: u32) -> Cursor {
     let header = BlockHeader {
         tid: tid(),
-        seq: index,
+        seq,
         base_t_ns: t_ns,
+        flags,
     };
     let bytes = header.encode();
     // Safety: the block is this thread's alone and reserved; the magic (bytes 0..4, aligned:
@@ -280,12 +398,170 @@ fn take_block(epoch: u32, t_ns: u64) -> Option<Cursor> {
             Ordering::Release,
         );
     }
-    Some(Cursor {
+    Cursor {
         epoch,
         block,
         pos: BLOCK_HEADER_LEN,
         deltas: Deltas::at_block_start(&header),
-    })
+    }
+}
+
+// ---- the ring: tensor-level blocks under a size budget ---------------------------------------
+
+/// Most finished droppable blocks the ring keeps track of: 64 GiB of them, the most a trace
+/// file can hold. The queue is one anonymous mapping (32 MiB of address space, made when the
+/// first block is queued, touched only as far as blocks are).
+const MAX_RING: usize = MAX_CHUNKS * BLOCKS_PER_CHUNK as usize;
+
+/// A finished droppable block: where it is, whose it was and the times it covers.
+#[derive(Clone, Copy)]
+struct RingEntry {
+    index: u64,
+    tid: u32,
+    from_t: u64,
+    to_t: u64,
+}
+
+/// The queue of finished droppable blocks, oldest first; guarded by [`RING_LOCK`].
+struct Ring {
+    /// `MAX_RING` entries once mapped; null before (and if the mapping failed: nothing is
+    /// queued, so nothing is reused and the file grows past its budget).
+    entries: *mut RingEntry,
+    head: usize,
+    len: usize,
+}
+
+impl Ring {
+    fn entry(&mut self, i: usize) -> &mut RingEntry {
+        // Safety: `entries` maps MAX_RING entries and callers pass `i < MAX_RING`.
+        unsafe { &mut *self.entries.add(i) }
+    }
+
+    /// Maps the queue on first use; false if it cannot be.
+    fn ready(&mut self) -> bool {
+        if self.entries.is_null() {
+            // Safety: an anonymous private mapping, committed only where touched.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    MAX_RING * core::mem::size_of::<RingEntry>(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                self.entries = p as *mut RingEntry;
+            }
+        }
+        !self.entries.is_null()
+    }
+}
+
+struct RingCell(core::cell::UnsafeCell<Ring>);
+// Safety: only reached under RING_LOCK.
+unsafe impl Sync for RingCell {}
+
+static RING: RingCell = RingCell(core::cell::UnsafeCell::new(Ring {
+    entries: core::ptr::null_mut(),
+    head: 0,
+    len: 0,
+}));
+static RING_LOCK: AtomicBool = AtomicBool::new(false);
+/// The budget in blocks (0: none), set when the file is created.
+static BUDGET_BLOCKS: AtomicU64 = AtomicU64::new(0);
+/// The sequence number of the next block taken or reused.
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `f` on the ring under its lock; `None` if the lock stays taken (a thread stopped
+/// inside it, which only a fork at that moment can do).
+fn with_ring<R>(f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
+    let mut spins = 0u32;
+    while RING_LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins > 1_000_000 {
+            return None;
+        }
+        // Safety: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+    // Safety: RING is only reached here, under RING_LOCK.
+    let r = f(unsafe { &mut *RING.0.get() });
+    RING_LOCK.store(false, Ordering::Release);
+    Some(r)
+}
+
+/// The size budget in blocks (0: none).
+pub(crate) fn budget_blocks() -> u64 {
+    BUDGET_BLOCKS.load(Ordering::Relaxed)
+}
+
+/// Hands this thread a droppable block, `old` being its previous one (which joins the ring's
+/// queue): a fresh block while the file is within its budget (or there is none), else the
+/// oldest finished droppable block, reused: its records are dropped, a DROPPED record says
+/// which time range of whose they covered, and its index is returned beside the cursor so that
+/// the caller can restate what they held that still matters (the live tensors).
+#[cold]
+fn take_droppable(epoch: u32, t_ns: u64, old: Cursor) -> Option<(Cursor, u64, Option<u64>)> {
+    let budget = BUDGET_BLOCKS.load(Ordering::Relaxed);
+    if old.epoch == epoch && !old.block.is_null() && budget > 0 {
+        let (old_index, old_last) = DMETA.try_with(Cell::get).unwrap_or((0, 0));
+        let entry = RingEntry {
+            index: old_index,
+            tid: tid(),
+            // Safety: the old block is mapped; its base time is bytes 16..24 of its header.
+            from_t: u64::from_le_bytes(unsafe { *(old.block.add(16) as *const [u8; 8]) }),
+            to_t: old_last,
+        };
+        with_ring(|r| {
+            if r.len < MAX_RING && r.ready() {
+                let at = (r.head + r.len) % MAX_RING;
+                *r.entry(at) = entry;
+                r.len += 1;
+            }
+        });
+    }
+    if budget == 0 || NEXT_BLOCK.load(Ordering::Acquire) < budget {
+        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|(c, i)| (c, i, None));
+    }
+    let Some(Some(e)) = with_ring(|r| {
+        (r.len > 0).then(|| {
+            let e = *r.entry(r.head);
+            r.head = (r.head + 1) % MAX_RING;
+            r.len -= 1;
+            e
+        })
+    }) else {
+        // Nothing finished to reuse (every droppable block is some thread's current one):
+        // the file grows past the budget rather than lose a record.
+        return take_block(epoch, t_ns, BLOCK_DROPPABLE).map(|(c, i)| (c, i, None));
+    };
+    if EPOCH.load(Ordering::Acquire) != epoch || STATE.load(Ordering::Acquire) != RECORDING {
+        return None;
+    }
+    let block = block_at(e.index);
+    // Safety: a finished block of this file, mapped; no thread owns it any more (it left the
+    // queue under the lock). Its magic goes first, so a reader sees no half-cleared block.
+    unsafe {
+        AtomicU32::from_ptr(block as *mut u32).store(0, Ordering::Release);
+        core::ptr::write_bytes(block.add(4), 0, BLOCK_SIZE - 4);
+    }
+    let seq = NEXT_SEQ.fetch_add(1, Ordering::AcqRel);
+    let cursor = start_block(epoch, block, seq, t_ns, BLOCK_DROPPABLE);
+    // After the new header: a follower that reads this record finds the block restarted.
+    let mut buf = [0u8; FRAME_HEADER_LEN + 36];
+    let mut enc = Encoder::new(&mut buf);
+    enc.u64(t_ns)
+        .u32(e.tid)
+        .u64(e.from_t)
+        .u64(e.to_t)
+        .u64(e.index);
+    File::MAPPED.write(enc.finish(kind::DROPPED));
+    Some((cursor, e.index, Some(e.index)))
 }
 
 /// The slow path: reserves space up to block `index` and maps its chunk. `None` (recording
@@ -304,8 +580,10 @@ fn grow(index: u64) -> Option<()> {
         // Safety: sched_yield has no preconditions.
         unsafe { libc::sched_yield() };
     }
+    let _ = IN_GROW.try_with(|g| g.set(true));
     let result = grow_locked(index);
     GROW.store(false, Ordering::Release);
+    let _ = IN_GROW.try_with(|g| g.set(false));
     if let Err(why) = &result {
         stop_with_note(why);
     }
@@ -318,7 +596,12 @@ fn grow_locked(index: u64) -> Result<(), String> {
     let reserved = RESERVED.load(Ordering::Acquire);
     if reserved <= index {
         let step = reserved.clamp(FIRST_RESERVE_BLOCKS, MAX_RESERVE_STEP_BLOCKS);
-        let upto = (index + 1).max(reserved + step);
+        let mut upto = (index + 1).max(reserved + step);
+        let budget = BUDGET_BLOCKS.load(Ordering::Relaxed);
+        if budget > 0 {
+            // Under a budget the reservation stops at it (the file is as long as it reserves).
+            upto = upto.min(budget.max(index + 1));
+        }
         let from = data + reserved * BLOCK_SIZE as u64;
         let len = (upto - reserved) * BLOCK_SIZE as u64;
         // Safety: an open descriptor and a range; posix_fallocate returns an error number.
@@ -373,6 +656,69 @@ fn stop_with_note(why: &str) {
         File::MAPPED.write(frame);
     }
     disable(why);
+}
+
+/// Longest standing note kept, in bytes.
+const MAX_STANDING: usize = 256;
+/// The standing note ([`set_standing_note`]): its bytes, its length (0: none) and the spin lock
+/// that guards both.
+static STANDING: [AtomicU8; MAX_STANDING] = [const { AtomicU8::new(0) }; MAX_STANDING];
+static STANDING_LEN: AtomicU32 = AtomicU32::new(0);
+static STANDING_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// Keeps `text` as this process's standing note: a NOTE written into every trace file the
+/// process creates from now on (its own, created on its first record, and a fork child's),
+/// and into the open file at once if there is one. A process that never records anything
+/// still writes no file. The PyTorch probe says with it whether it started, so that a reader
+/// can tell "no tensor recorded" from "no tensor made".
+pub(crate) fn set_standing_note(text: &[u8]) {
+    let text = &text[..text.len().min(MAX_STANDING)];
+    if !lock_standing() {
+        return;
+    }
+    for (slot, &b) in STANDING.iter().zip(text) {
+        slot.store(b, Ordering::Relaxed);
+    }
+    STANDING_LEN.store(text.len() as u32, Ordering::Relaxed);
+    STANDING_LOCK.store(false, Ordering::Release);
+    // Against the opener's read in `file()`: at worst both write it (two equal notes).
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if STATE.load(Ordering::Acquire) == RECORDING {
+        with_file(write_standing_note);
+    }
+}
+
+/// Takes the standing note's lock; false if it stays taken (a thread stopped inside it, which
+/// only a bug or a fork at that moment can do): the note is then left out, never waited for.
+fn lock_standing() -> bool {
+    for _ in 0..100_000 {
+        if STANDING_LOCK
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        core::hint::spin_loop();
+    }
+    false
+}
+
+/// Writes the standing note, if there is one, into `file`.
+fn write_standing_note(file: File) {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if STANDING_LEN.load(Ordering::Relaxed) == 0 || !lock_standing() {
+        return;
+    }
+    let mut text = [0u8; MAX_STANDING];
+    let len = (STANDING_LEN.load(Ordering::Relaxed) as usize).min(MAX_STANDING);
+    for (b, slot) in text.iter_mut().zip(&STANDING).take(len) {
+        *b = slot.load(Ordering::Relaxed);
+    }
+    STANDING_LOCK.store(false, Ordering::Release);
+    let mut buf = [0u8; FRAME_HEADER_LEN + 8 + MAX_STANDING];
+    let mut e = Encoder::new(&mut buf);
+    e.u64(mono_ns()).bytes(&text[..len]);
+    file.write(e.finish(kind::NOTE));
 }
 
 /// Writes LEB128 `v` into `out`; returns its length.
@@ -479,6 +825,7 @@ pub(crate) fn file() -> Option<File> {
                                 e.i32(v);
                                 File::MAPPED.write(e.finish(kind::DRIVER));
                             }
+                            write_standing_note(File::MAPPED);
                             Some(File::MAPPED)
                         }
                         Err(why) => {
@@ -582,6 +929,17 @@ fn open_trace() -> Result<c_int, String> {
     }
     DATA_OFFSET.store(data_offset, Ordering::Release);
     NEXT_BLOCK.store(0, Ordering::Release);
+    NEXT_SEQ.store(0, Ordering::Release);
+    let budget = crate::config::max_size();
+    BUDGET_BLOCKS.store(
+        if budget == 0 {
+            0
+        } else {
+            // At least a few blocks: the ring needs room beside the driver's own blocks.
+            (budget.saturating_sub(data_offset) / BLOCK_SIZE as u64).max(4)
+        },
+        Ordering::Relaxed,
+    );
     RESERVED.store(0, Ordering::Release);
     Ok(fd)
 }
@@ -707,6 +1065,13 @@ extern "C" fn after_fork_child() {
     NEXT_BLOCK.store(0, Ordering::Release);
     RESERVED.store(0, Ordering::Release);
     GROW.store(false, Ordering::Release);
+    STANDING_LOCK.store(false, Ordering::Release);
+    RING_LOCK.store(false, Ordering::Release);
+    // Safety: the child has one thread, and the lock is free.
+    unsafe {
+        (*RING.0.get()).len = 0;
+        (*RING.0.get()).head = 0;
+    }
     if state == RECORDING || state == OPENING {
         if fd >= 0 {
             // Safety: the child's copy of the parent's descriptor; the child is single-threaded
@@ -717,4 +1082,8 @@ extern "C" fn after_fork_child() {
     }
     let _ = TID.try_with(|c| c.set(0));
     let _ = CURSOR.try_with(|c| c.set(NO_CURSOR));
+    let _ = DCURSOR.try_with(|c| c.set(NO_CURSOR));
+    let _ = DMETA.try_with(|m| m.set((0, 0)));
+    let _ = SCURSOR.try_with(|c| c.set(NO_CURSOR));
+    let _ = IN_GROW.try_with(|g| g.set(false));
 }

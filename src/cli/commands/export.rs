@@ -106,6 +106,7 @@ const PARQUET_FILES: [&str; 4] = [
 /// Runs `vramtrace export`.
 pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let trace = Trace::open(&args.trace)?;
+    vramtrace::trace::warn_dropped(&trace);
     for p in &trace.processes {
         for prob in &p.problems {
             eprintln!("vramtrace: warning: {}: {prob}", p.path.display());

@@ -13,5 +13,6 @@ pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod snapshot;
 pub mod summary;
 pub mod versions;

@@ -49,6 +49,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<i32> {
         );
     }
     let trace = Trace::open(&args.trace)?;
+    vramtrace::trace::warn_dropped(&trace);
     let w = what_if(
         &trace,
         WhatIfOptions {

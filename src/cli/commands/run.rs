@@ -32,7 +32,10 @@ pub struct RunArgs {
     /// Do not start the PyTorch probe. By default a Python program that imports torch records
     /// each tensor the caching allocator hands out and takes back, with its Python line, and
     /// the allocator's own out-of-memory errors (probes/python/vramtrace_torch.py, put on
-    /// PYTHONPATH; nothing changes in a program that never imports torch).
+    /// PYTHONPATH; nothing changes in a program that never imports torch). It starts in every
+    /// Python process of the run once torch has been imported, whatever looked for torch
+    /// first and whichever thread allocates, in multiprocessing and torchrun workers too; where
+    /// it cannot, it says why on stderr and `summary` says so per process.
     #[arg(long)]
     pub no_torch_probe: bool,
     /// Also describe each PyTorch operator's output tensors by the operator, shape and dtype
@@ -41,6 +44,19 @@ pub struct RunArgs {
     /// (a `torch.empty` + `del` took 26 µs on an H200 with it, 13 µs without, 2–4 µs untraced).
     #[arg(long, conflicts_with = "no_torch_probe")]
     pub torch_shapes: bool,
+    /// Keep each process's trace file within BYTES (`0`: no limit). Tensor-level records
+    /// (PyTorch's blocks handed out and taken back) go into a ring: once the file would pass
+    /// the budget, the oldest of them are dropped, 64 KiB at a time, and `summary` says which
+    /// time range lost them. Driver events, failures, notes and the live tensors are never
+    /// dropped (a tensor still live when its record goes is restated), and at every failed
+    /// allocation, every refusal of PyTorch's allocator, and on `vramtrace snapshot PID`, the
+    /// whole live tensor set with its stacks is written beside the ring. A tensor event takes
+    /// 27 bytes (measured on the stand-in; docs/performance.md), so the default of 4GiB holds
+    /// some 150 million: at about 0.14 MB per decode step of an 8-layer model (an estimate:
+    /// the H200 run of issue 19 wrote 0.5 MB per step in 97-byte records), a day of decoding
+    /// at 5 steps a second would write 60 GB; the ring keeps the last 30,000 steps of it.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
+    pub max_size: u64,
     /// Run the program against vramtrace's stand-in driver instead of a GPU: a `libcuda.so.1`
     /// that keeps host-side books and fails with real out-of-memory errors. No GPU needed.
     #[arg(long)]
@@ -76,6 +92,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         Vec::new()
     };
     env.extend(torch_probe_env(&preload, &args)?);
+    env.push((
+        "VRAMTRACE_MAX_SIZE".into(),
+        args.max_size.to_string().into(),
+    ));
     check_writable(&out)?;
     crate::commands::versions::write(&out, &args.command, &env);
     let pipe = StatusPipe::new()?;

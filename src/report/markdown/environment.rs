@@ -113,6 +113,37 @@ pub(super) fn environment(out: &mut String, r: &Report) {
         }
         let _ = writeln!(out);
     }
+    tensor_capture_lines(out, procs);
+}
+
+/// Per process: whether PyTorch's tensors were recorded, the recorder's notes, and the time
+/// ranges whose tensor detail the size budget dropped.
+fn tensor_capture_lines(out: &mut String, procs: &[crate::summary::ProcessSummary]) {
+    let mut lines = Vec::new();
+    for p in procs {
+        if let Some(c) = &p.tensor_capture {
+            lines.push(format!("- pid {}: tensors {}", p.pid, c.status));
+        }
+        for l in &p.tensor_detail_lost {
+            lines.push(format!(
+                "- pid {}: tensor detail lost to the size budget from {} to {} ({} blocks dropped; driver events, failures and the live set kept)",
+                p.pid,
+                fmt_secs(l.from_s),
+                fmt_secs(l.to_s),
+                l.blocks
+            ));
+        }
+        for n in &p.notes {
+            lines.push(format!("- pid {}: note: {}", p.pid, n));
+        }
+    }
+    if !lines.is_empty() {
+        let _ = writeln!(out, "Tensor capture and the recorder's notes:\n");
+        for l in lines {
+            let _ = writeln!(out, "{l}");
+        }
+        let _ = writeln!(out);
+    }
 }
 
 pub(super) fn how_to_read(out: &mut String, r: &Report) {

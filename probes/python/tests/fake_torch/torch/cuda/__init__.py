@@ -43,8 +43,15 @@ def get_allocator_backend():
     return "native"
 
 
+def _is_compiled():
+    """FAKE_TORCH_NO_CUDA=1: a torch built without CUDA."""
+    import os
+
+    return os.environ.get("FAKE_TORCH_NO_CUDA") != "1"
+
+
 def is_available():
-    return True
+    return _is_compiled()
 
 
 _init = {"done": False, "queued": []}

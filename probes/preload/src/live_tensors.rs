@@ -1,0 +1,439 @@
+//! The live tensors under a size budget, and the flight recorder.
+//!
+//! Under a size budget (`VRAMTRACE_MAX_SIZE`, `src/sink.rs`) tensor-level records go to
+//! droppable blocks, the oldest of which are reused once the file would pass the budget. A
+//! reader that lost a tensor's allocation record would lose the tensor from the live set, so
+//! this table keeps every live tensor (pointer, sizes, stack id, device, thread) with the block
+//! its last statement is in. When a block is reused, each tensor still live whose statement
+//! was in it is restated (a tensor record with action `Live`, into the thread's never-dropped
+//! blocks, once per tensor): the live set a reader replays stays whole outside the dropped time
+//! range.
+//!
+//! The flight recorder writes the whole table, as `Live` records after a NOTE that says why,
+//! into never-dropped blocks: at every refusal of PyTorch's allocator and every failed driver
+//! allocation, and on `SIGUSR2` (`vramtrace snapshot PID`), so the evidence of an OOM survives
+//! any budget.
+//!
+//! Allocation-free: the table is one anonymous mapping made on first use (1 Mi entries and a
+//! hash index of twice that, touched only as far as used). One spin lock guards it; the only
+//! writers are the tensor reports, which PyTorch's allocator makes under its own lock anyway.
+//! The `SIGUSR2` handler writes into a block of its own on the interrupted thread (a stream
+//! flagged `BLOCK_SIGNAL`, so that nothing the interrupted code was writing is disturbed and no
+//! hook pays for a check), when the table's lock is free and the thread is not growing the file;
+//! otherwise the snapshot waits for the next tensor report.
+
+use core::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use vramtrace_format::{
+    Encoder, FRAME_HEADER_LEN, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent, kind,
+};
+
+use crate::sink::{File, mono_ns};
+
+/// Most live tensors tracked; past that, the table stops and says so in the trace.
+const CAPACITY: usize = 1 << 20;
+/// Slots of the hash index (a power of two, twice the capacity).
+const SLOTS: usize = CAPACITY * 2;
+
+/// One live tensor.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Entry {
+    ptr: u64,
+    size: u64,
+    requested: u64,
+    stack: u32,
+    device: i32,
+    tid: u32,
+    /// Index of the droppable block holding its last statement.
+    block: u32,
+}
+
+struct Table {
+    /// `CAPACITY` entries, the first `len` live.
+    dense: *mut Entry,
+    /// `SLOTS` slots: 0 empty, else a dense index + 1. Linear probing.
+    index: *mut u32,
+    len: usize,
+    /// The table overflowed once: restatement and flight records are incomplete from then on.
+    full: bool,
+}
+
+struct TableCell(UnsafeCell<Table>);
+// Safety: only reached under LOCK.
+unsafe impl Sync for TableCell {}
+
+static TABLE: TableCell = TableCell(UnsafeCell::new(Table {
+    dense: core::ptr::null_mut(),
+    index: core::ptr::null_mut(),
+    len: 0,
+    full: false,
+}));
+static LOCK: AtomicBool = AtomicBool::new(false);
+/// 0: not mapped yet, 1: mapped, 2: mapping failed (the table is off).
+static MAPPED: AtomicU8 = AtomicU8::new(0);
+/// A snapshot was asked for (SIGUSR2) and not written yet.
+static PENDING: AtomicBool = AtomicBool::new(false);
+static FORK: crate::fork::ForkHandler = crate::fork::ForkHandler::new(after_fork_child);
+
+fn slot_of(ptr: u64) -> usize {
+    ((ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros())) as usize
+}
+
+impl Table {
+    fn entries(&mut self) -> &mut [Entry] {
+        // Safety: `dense` is a mapping of CAPACITY entries, the first `len` written.
+        unsafe { core::slice::from_raw_parts_mut(self.dense, self.len) }
+    }
+
+    fn slot(&self, i: usize) -> u32 {
+        // Safety: `i < SLOTS`, inside the index mapping.
+        unsafe { *self.index.add(i) }
+    }
+
+    fn set_slot(&mut self, i: usize, v: u32) {
+        // Safety: as above.
+        unsafe { *self.index.add(i) = v }
+    }
+
+    /// The index slot holding `ptr`, or the empty slot where it would go.
+    fn find(&self, ptr: u64) -> (usize, bool) {
+        let mut i = slot_of(ptr);
+        loop {
+            let v = self.slot(i);
+            if v == 0 {
+                return (i, false);
+            }
+            // Safety: v - 1 < len.
+            if unsafe { (*self.dense.add(v as usize - 1)).ptr } == ptr {
+                return (i, true);
+            }
+            i = (i + 1) & (SLOTS - 1);
+        }
+    }
+
+    fn insert(&mut self, e: Entry) {
+        let (i, found) = self.find(e.ptr);
+        if found {
+            let at = self.slot(i) as usize - 1;
+            self.entries()[at] = e;
+            return;
+        }
+        if self.len >= CAPACITY {
+            self.full = true;
+            return;
+        }
+        // Safety: len < CAPACITY.
+        unsafe { self.dense.add(self.len).write(e) };
+        self.len += 1;
+        self.set_slot(i, self.len as u32);
+    }
+
+    fn remove(&mut self, ptr: u64) {
+        let (mut hole, found) = self.find(ptr);
+        if !found {
+            return;
+        }
+        let at = self.slot(hole) as usize - 1;
+        // The last entry moves into the freed place; its slot follows it.
+        let last = self.len - 1;
+        if at != last {
+            let moved = self.entries()[last];
+            self.entries()[at] = moved;
+            let (j, _) = self.find(moved.ptr);
+            self.set_slot(j, at as u32 + 1);
+        }
+        self.len -= 1;
+        // Backward-shift deletion keeps every probe chain unbroken.
+        self.set_slot(hole, 0);
+        let mut i = (hole + 1) & (SLOTS - 1);
+        loop {
+            let v = self.slot(i);
+            if v == 0 {
+                break;
+            }
+            // Safety: v - 1 < len.
+            let home = slot_of(unsafe { (*self.dense.add(v as usize - 1)).ptr });
+            // Moves back when its home is not in (hole, i] (cyclically).
+            let dist_i = (i.wrapping_sub(home)) & (SLOTS - 1);
+            let dist_hole = (hole.wrapping_sub(home)) & (SLOTS - 1);
+            if dist_hole < dist_i {
+                self.set_slot(hole, v);
+                self.set_slot(i, 0);
+                hole = i;
+            }
+            i = (i + 1) & (SLOTS - 1);
+        }
+    }
+}
+
+/// Runs `f` on the table under its lock, mapping it on first use; `None` when there is no
+/// budget (the trace then keeps every record and needs no table), the mapping failed, or the
+/// lock stays taken. `wait`: spin for the lock (tensor reports) or give up at once (a signal
+/// handler).
+fn with_table<R>(wait: bool, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
+    if crate::sink::budget_blocks() == 0 || MAPPED.load(Ordering::Acquire) == 2 {
+        return None;
+    }
+    let mut spins = 0u32;
+    while LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if !wait || spins > 1_000_000 {
+            return None;
+        }
+        core::hint::spin_loop();
+        if spins.is_multiple_of(64) {
+            // Safety: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
+    // Safety: TABLE is only reached here, under LOCK.
+    let t = unsafe { &mut *TABLE.0.get() };
+    let r = if MAPPED.load(Ordering::Acquire) == 1 || map(t) {
+        Some(f(t))
+    } else {
+        None
+    };
+    LOCK.store(false, Ordering::Release);
+    r
+}
+
+#[cold]
+fn map(t: &mut Table) -> bool {
+    FORK.register();
+    let bytes = CAPACITY * core::mem::size_of::<Entry>() + SLOTS * 4;
+    // Safety: an anonymous private mapping; pages are committed only when touched.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        MAPPED.store(2, Ordering::Release);
+        note(b"the live-tensor table could not be mapped: under the size budget, tensors whose allocation is dropped are not restated");
+        return false;
+    }
+    t.dense = p as *mut Entry;
+    // Safety: the index follows the entries inside the mapping.
+    t.index = unsafe { (p as *mut u8).add(CAPACITY * core::mem::size_of::<Entry>()) } as *mut u32;
+    t.len = 0;
+    MAPPED.store(1, Ordering::Release);
+    install_sigusr2();
+    true
+}
+
+/// Encodes `e` as a TENSOR record with action `Live` at `t_ns`.
+fn live_record<'a>(buf: &'a mut [u8; TENSOR_RECORD_MAX_LEN], e: &Entry, t_ns: u64) -> &'a [u8] {
+    let t = TensorEvent {
+        t_ns,
+        tid: e.tid,
+        device: e.device,
+        action: TensorAction::Live,
+        ptr: e.ptr,
+        size: e.size,
+        requested: e.requested,
+        stack: e.stack,
+        ..TensorEvent::default()
+    };
+    let mut enc = Encoder::new(&mut buf[..]);
+    t.encode_compact_payload(&mut enc);
+    let len = enc.finish(kind::TENSOR_COMPACT).len();
+    &buf[..len]
+}
+
+/// The `block` of an entry restated into a never-dropped block: it matches no droppable one.
+const KEPT: u32 = u32::MAX;
+
+/// Restates every live tensor whose statement was in block `reused` (just reused, its records
+/// gone) into this thread's never-dropped blocks, once: a tensor that outlives one turn of the
+/// ring is likely to live long (weights, caches), and is never restated again. The file may
+/// pass its budget by these statements (about 30 bytes per such tensor), never by a cascade:
+/// a never-dropped write reuses no block.
+fn restate(t: &mut Table, file: File, reused: u64) {
+    let now = mono_ns();
+    let block = reused as u32;
+    let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
+    for e in t.entries().iter_mut().filter(|e| e.block == block) {
+        file.write(live_record(&mut buf, e, now));
+        e.block = KEPT;
+    }
+}
+
+/// Takes a released tensor out of the table before its release is written; true when its
+/// statement is in a never-dropped block (it was restated), so that its release must go there
+/// too: a dropped release would leave it live for a reader for good.
+pub(crate) fn on_release(ptr: u64) -> bool {
+    with_table(true, |table| {
+        let (i, found) = table.find(ptr);
+        let kept = found && {
+            let at = table.slot(i) as usize - 1;
+            table.entries()[at].block == KEPT
+        };
+        table.remove(ptr);
+        kept
+    })
+    .unwrap_or(false)
+}
+
+/// Keeps the table in step with one tensor report written into droppable block `block` (an
+/// allocation is added; a release was taken out by [`on_release`]), and restates what block
+/// `reused` held, if the write reused one.
+pub(crate) fn on_report(file: File, t: &TensorEvent, block: u64, reused: Option<u64>) {
+    with_table(true, |table| {
+        if t.action == TensorAction::Alloc {
+            table.insert(Entry {
+                ptr: t.ptr,
+                size: t.size,
+                requested: t.requested,
+                stack: t.stack,
+                device: t.device,
+                tid: t.tid,
+                block: block as u32,
+            });
+        }
+        if let Some(r) = reused {
+            restate(table, file, r);
+        }
+    });
+    serve_pending(file);
+}
+
+/// Restates what block `reused` held, after a write that reused it (an operator's output
+/// description, which changes nothing in the table).
+pub(crate) fn restate_reused(file: File, reused: u64) {
+    with_table(true, |table| restate(table, file, reused));
+}
+
+/// Writes the flight record a `SIGUSR2` asked for, if one is waiting.
+pub(crate) fn serve_pending(file: File) {
+    if PENDING.load(Ordering::Relaxed) {
+        flight_record(file, b"SIGUSR2 (vramtrace snapshot)", true, mono_ns());
+    }
+}
+
+/// Writes the whole live set as a flight record into never-dropped blocks: a NOTE `flight
+/// record: <why>: N live tensors, B bytes`, then one `Live` record per tensor, all at `now`
+/// (a failure's own time, the failure's record written after them: a reader has the live set
+/// when it meets the failure). `wait`: whether to wait for the table's lock (a signal handler
+/// does not).
+pub(crate) fn flight_record(file: File, why: &[u8], wait: bool, now: u64) {
+    with_table(wait, |t| {
+        PENDING.store(false, Ordering::Relaxed);
+        let bytes: u64 = t.entries().iter().map(|e| e.size).sum();
+        let mut text = [0u8; 200];
+        let mut n = 0;
+        let mut put = |b: &[u8]| {
+            let k = b.len().min(text.len() - n);
+            text[n..n + k].copy_from_slice(&b[..k]);
+            n += k;
+        };
+        let mut num = [0u8; 20];
+        put(b"flight record: ");
+        put(why);
+        put(b": ");
+        put(decimal(&mut num, t.len as u64));
+        put(b" live tensors, ");
+        put(decimal(&mut num, bytes));
+        put(if t.full {
+            b" bytes (table full: incomplete)"
+        } else {
+            b" bytes"
+        });
+        let mut buf = [0u8; FRAME_HEADER_LEN + 8 + 200];
+        let mut enc = Encoder::new(&mut buf);
+        enc.u64(now).bytes(&text[..n]);
+        file.write(enc.finish(kind::NOTE));
+        let mut rec = [0u8; TENSOR_RECORD_MAX_LEN];
+        for e in t.entries().iter() {
+            file.write(live_record(&mut rec, e, now));
+        }
+    });
+}
+
+/// A NOTE record with `text`.
+fn note(text: &[u8]) {
+    crate::sink::with_file(|file| {
+        let mut buf = [0u8; FRAME_HEADER_LEN + 8 + 160];
+        let mut enc = Encoder::new(&mut buf);
+        enc.u64(mono_ns()).bytes(&text[..text.len().min(160)]);
+        file.write(enc.finish(kind::NOTE));
+    });
+}
+
+fn decimal(out: &mut [u8; 20], mut v: u64) -> &[u8] {
+    let mut i = out.len();
+    loop {
+        i -= 1;
+        out[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &out[i..]
+}
+
+/// Installs the `SIGUSR2` handler unless the program has one (or ignores the signal).
+fn install_sigusr2() {
+    // Safety: reading and setting a signal disposition with valid structures.
+    unsafe {
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if libc::sigaction(libc::SIGUSR2, core::ptr::null(), &mut old) != 0
+            || old.sa_sigaction != libc::SIG_DFL
+        {
+            note(b"SIGUSR2 is the program's own: vramtrace snapshot cannot ask this process for a flight record");
+            return;
+        }
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = on_sigusr2 as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGUSR2, &sa, core::ptr::null_mut());
+    }
+}
+
+/// `SIGUSR2`: a flight record now, into the thread's signal stream, if the table is free and
+/// the thread is not growing the file; else at the next tensor report.
+extern "C" fn on_sigusr2(_: libc::c_int) {
+    PENDING.store(true, Ordering::Relaxed);
+    if !crate::sink::signal_may_write() {
+        return;
+    }
+    crate::sink::with_file(|file| {
+        flight_record(
+            file.for_signal(),
+            b"SIGUSR2 (vramtrace snapshot)",
+            false,
+            mono_ns(),
+        )
+    });
+}
+
+/// In a fork child: the parent's tensors are not the child's. The table is unmapped and made
+/// afresh on first use.
+extern "C" fn after_fork_child() {
+    LOCK.store(false, Ordering::Release);
+    PENDING.store(false, Ordering::Release);
+    // Safety: the child has one thread and the lock is free; the mapping is ours.
+    unsafe {
+        let t = &mut *TABLE.0.get();
+        if !t.dense.is_null() {
+            let bytes = CAPACITY * core::mem::size_of::<Entry>() + SLOTS * 4;
+            libc::munmap(t.dense as *mut libc::c_void, bytes);
+        }
+        t.dense = core::ptr::null_mut();
+        t.index = core::ptr::null_mut();
+        t.len = 0;
+        t.full = false;
+    }
+    MAPPED.store(0, Ordering::Release);
+}

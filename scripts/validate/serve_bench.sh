@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The cost of recording a real server (issue 19, item 3): `transformers serve --continuous-batching`
+# with a random-weight dense Qwen3 (scripts/validate/hf_models.py), one batch of 16 concurrent
+# chat completions of 1,500 prompt tokens and 96 new tokens, timed by serve_load.py after a
+# warm-up batch. Modes, alternated within each round, each a fresh server:
+#   bare       no recorder
+#   recorder   PyTorch's torch.cuda.memory._record_memory_history(stacks="python"), switched on
+#              by a sitecustomize after `import torch` (as a user would, in-process)
+#   vramtrace  `vramtrace run` (native tensor capture with Python lines)
+#   noprobe    `vramtrace run --no-torch-probe` (driver level only)
+# Usage (on the GPU machine, after scripts/validate/prepare.sh here):
+#   bash scripts/validate/serve_bench.sh [ROUNDS]       (default 3; WORK= as h200.sh)
+# Prints one line per server and a table; keeps the last vramtrace trace in $W/serve-bench-vt.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+VT=$ROOT/.device/bin/vramtrace
+VAL=$ROOT/scripts/validate
+W=${WORK:-/tmp/vramtrace-validation/w}
+ROUNDS=${1:-3}
+PORT=${SERVE_PORT:-8771}
+export PYTHONUNBUFFERED=1
+mkdir -p "$W" "${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}"
+[ -f "$W/models/dense/config.json" ] || python3 "$VAL/hf_models.py" "$W/models" dense || exit 1
+M=$W/models/dense
+TF=$(command -v transformers 2>/dev/null || echo "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/transformers")
+# The recorder's switch: a sitecustomize that turns PyTorch's history on once torch is imported.
+REC=$W/recorder-site
+mkdir -p "$REC"
+cat > "$REC/sitecustomize.py" <<'PY'
+import torch
+torch.cuda.memory._record_memory_history(stacks="python")
+PY
+
+one() { # MODE ROUND
+  local mode=$1 r=$2 d=$W/serve-bench-$1 log=$W/serve-bench-$1-$2.log
+  local -a pre=()
+  rm -rf "$d"
+  case $mode in
+    bare) ;;
+    recorder) export PYTHONPATH_SAVE=${PYTHONPATH:-}; export PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH} ;;
+    vramtrace) pre=("$VT" run --quiet --out "$d" --) ;;
+    noprobe) pre=("$VT" run --quiet --no-torch-probe --out "$d" --) ;;
+  esac
+  "${pre[@]}" "$TF" serve "$M" --port "$PORT" --continuous-batching > "$log" 2>&1 &
+  local pid=$!
+  [ "$mode" = recorder ] && export PYTHONPATH=$PYTHONPATH_SAVE
+  python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 --wait 240 > /dev/null
+  local line
+  line=$(python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 --wait 10 | grep round)
+  echo "$mode round $r: $line"
+  echo "$mode $r $(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')" >> "$W/serve-bench.tsv"
+  pkill -INT -f "transformers serve"; sleep 3; pkill -KILL -f "transformers serve"
+  wait $pid 2>/dev/null
+  sleep 1
+}
+
+rm -f "$W/serve-bench.tsv"
+for r in $(seq 1 "$ROUNDS"); do
+  for mode in bare recorder vramtrace noprobe; do one $mode $r; done
+done
+python3 - "$W/serve-bench.tsv" <<'PY'
+import sys, collections
+t = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    m, r, s = (line.split() + ["", "", ""])[:3]
+    if s:
+        t[m].append(float(s))
+bare = min(t["bare"]) if t["bare"] else None
+print("mode       rounds (s)                      best   vs bare")
+for m in ("bare", "recorder", "vramtrace", "noprobe"):
+    v = t[m]
+    if not v:
+        print(f"{m:10} no result"); continue
+    rel = f"{(min(v) / bare - 1) * 100:+.1f}%" if bare else "?"
+    print(f"{m:10} {' '.join(f'{x:.3f}' for x in v):30}  {min(v):.3f}  {rel}")
+PY
+[ -d "$W/serve-bench-vramtrace" ] && cp -r "$W/serve-bench-vramtrace" "$W/serve-bench-vt"
