@@ -205,6 +205,8 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
     let mut r = Replayer::new();
     let mut t = TensorReplay::new();
     let mut tensor_steps = Steps::new();
+    // Tensors whose allocation this replay saw and that are not freed yet.
+    let mut followed: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut driver_steps = Steps::new();
     let mut ranges: HashMap<u32, Vec<u32>> = HashMap::new();
     let mut tensor_label: HashMap<u64, u32> = HashMap::new();
@@ -242,8 +244,17 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
             Item::Tensor(te) => {
                 t.apply(pi, i, te);
                 if ours && te.device == at.device {
-                    match te.action {
+                    // A restated live tensor (`Live`, written when a size budget may have
+                    // dropped its allocation) is an allocation only when its own was dropped,
+                    // as the tensor replay takes it.
+                    let action = match te.action {
+                        TensorAction::Live if !followed.contains(&te.ptr) => TensorAction::Alloc,
+                        a => a,
+                    };
+                    match action {
+                        TensorAction::Live => {}
                         TensorAction::Alloc => {
+                            followed.insert(te.ptr);
                             tensor_steps
                                 .alloc_keyed(te.ptr, te.stack.into(), || py_frames(p, te.stack));
                             match ranges.get(&te.tid).and_then(|s| s.last()) {
@@ -252,7 +263,10 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
                             };
                             names.remove(&te.ptr);
                         }
-                        TensorAction::Free => tensor_steps.free(te.ptr),
+                        TensorAction::Free => {
+                            followed.remove(&te.ptr);
+                            tensor_steps.free(te.ptr)
+                        }
                         TensorAction::AllocFailed if i == at.seq => {
                             if let Some(total) = total_of(te.device) {
                                 failure = Some(DeviceMemory {
