@@ -17,7 +17,7 @@ one() { # OUT TRACE ARGS...
 
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
-"$VT" demo --simulate --out "$D/demo" >/dev/null
+"$VT" demo --simulate --out "$D/demo" >/dev/null 2>&1
 one samples/demo-report "$D/demo"
 one samples/h200/torch-oom/report samples/h200/torch-oom --layers 16
 one samples/h200/prefill-18gib/report samples/h200/prefill-18gib --capacity 18GiB --hide other
