@@ -241,6 +241,10 @@ fn prefill_18gib_is_kv_growth_and_the_failing_step_does_not_fit() {
         assert!(p["residual"].is_i64(), "{p}");
         assert!(!p["likely_cause"].as_str().unwrap().is_empty(), "{p}");
     }
+    // Without --capacity the ballast is memory another tenant holds on the card.
+    let card = json(&sample, &[]);
+    assert_eq!(card["verdict"]["class"], "other_process");
+    assert_eq!(card["inside_limit"]["other_process"], 130_230_124_544u64);
     // A driver-level failure of a program that is not PyTorch: no PyTorch message.
     let md = run(&sample, &with_model(&["--capacity", "18GiB"], cfg));
     assert!(!md.contains("PyTorch says"), "{md}");
