@@ -1042,6 +1042,9 @@ fn levers(
     };
     let chunk = m.shape.chunk_tokens;
     let context = m.shape.context_tokens;
+    // vLLM's flags for the programs that take them (the workload stands in for vLLM's
+    // chunked prefill); plain words for the others.
+    let vllm_flags = matches!(m.runtime, Runtime::Vllm | Runtime::Workload);
     if frag {
         let known = KnownParts {
             allocator_reserve: None,
@@ -1081,7 +1084,11 @@ fn levers(
     let f = &m.chunk_frontier;
     out.push(match f.largest_chunk {
         Some(c) => Lever {
-            change: format!("--max-num-batched-tokens {c}"),
+            change: if vllm_flags {
+                format!("--max-num-batched-tokens {c}")
+            } else {
+                format!("a prefill chunk of {c} tokens")
+            },
             fits: Some(c >= 1),
             ceiling: format!(
                 "the largest chunk that fits at this context ({context} tokens) is {c}{}",
@@ -1094,7 +1101,11 @@ fn levers(
             feasible: true,
         },
         None => Lever {
-            change: "--max-num-batched-tokens (smaller chunk)".into(),
+            change: if vllm_flags {
+                "--max-num-batched-tokens (smaller chunk)".into()
+            } else {
+                "a smaller prefill chunk".into()
+            },
             fits: Some(false),
             ceiling: format!(
                 "no chunk fits at this context ({context} tokens): even the floor of {} tokens counts {} against {}",
@@ -1108,8 +1119,10 @@ fn levers(
     let cf = &m.context_frontier;
     out.push(Lever {
         change: match cf.largest_context {
-            Some(l) => format!("--max-model-len {l}"),
-            None => "--max-model-len".into(),
+            Some(l) if vllm_flags => format!("--max-model-len {l}"),
+            Some(l) => format!("contexts of at most {l} tokens"),
+            None if vllm_flags => "--max-model-len".into(),
+            None => "a shorter context".into(),
         },
         // It refuses this request's context up front instead of fitting it.
         fits: cf.largest_context.filter(|&l| l >= context).map(|_| true),
@@ -1176,7 +1189,11 @@ fn levers(
     tp2.tp = m.shape.tp * 2;
     if let Some((fits, ctx)) = what_if(opts, m, m.known.clone(), &tp2, limit) {
         out.push(Lever {
-            change: format!("--tensor-parallel-size {}", tp2.tp),
+            change: if vllm_flags {
+                format!("--tensor-parallel-size {}", tp2.tp)
+            } else {
+                format!("a tensor-parallel degree of {}", tp2.tp)
+            },
             fits: Some(fits),
             ceiling: format!("{} per rank", ceiling(ctx, chunk)),
             feasible: true,

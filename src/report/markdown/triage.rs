@@ -217,7 +217,7 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
             let _ = writeln!(
                 out,
                 "| {}{} | {} | {} |",
-                if l.change.starts_with("a ") {
+                if l.change.starts_with("a ") || l.change.starts_with("contexts ") {
                     cell(&l.change)
                 } else {
                     code(&cell(&l.change))
