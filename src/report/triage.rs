@@ -897,7 +897,7 @@ fn whole_step(
     context_in: u64,
 ) -> Result<ModelView, String> {
     let runtime = opts.runtime.or_else(|| detect_runtime(trace)).ok_or(
-        "the trace does not say which program ran the step; pass --runtime (workload, torch_prefill_script, vllm, transformers)",
+        "the trace does not say which program ran the step; pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
     )?;
     let step = t.step.as_ref().ok_or(
         "the trace does not say which chunk failed (no chunk label, no step loop in the tensors' lines)",

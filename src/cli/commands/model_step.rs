@@ -20,7 +20,7 @@ pub struct StepArgs {
     /// model, with `--tokens` as the chunk.
     #[arg(long, value_name = "TOKENS")]
     pub context: Option<u64>,
-    /// The program that runs the step: workload, torch_prefill_script, vllm or transformers.
+    /// The program that runs the step: workload, torch-prefill-script, vllm-0.20.1 or transformers.
     #[arg(
         long,
         value_name = "RUNTIME",

@@ -46,7 +46,7 @@ pub struct ReportArgs {
     #[arg(long, value_name = "CATEGORY")]
     pub hide: Vec<String>,
     /// The program that ran the step, for the whole-step model: workload,
-    /// torch_prefill_script, vllm or transformers (default: read from the trace's labels and
+    /// torch-prefill-script, vllm-0.20.1 or transformers (default: read from the trace's labels and
     /// Python frames).
     #[arg(long, value_name = "RUNTIME", value_parser = parse_runtime)]
     pub runtime: Option<vramtrace_models::Runtime>,
