@@ -396,3 +396,65 @@ fn synthetic_report_matches_its_snapshot() {
         "the Markdown changed; look at it, then UPDATE_SNAPSHOTS=1"
     );
 }
+
+/// A card most of which the context, modules and libraries hold (the trace sees 100 MiB of
+/// weights, the driver says 10 MiB free of 1 GiB): the verdict is the context, with its bytes.
+#[test]
+fn an_untraced_context_that_fills_the_card_is_the_context_verdict() {
+    const MIB: u64 = 1 << 20;
+    let s = |id, text: &str| Record::String {
+        id,
+        text: text.into(),
+    };
+    let mut oom = ev(900, EventKind::AllocFailed, "cuMemAlloc_v2", 0, 96 * MIB, 2);
+    oom.result = 2;
+    oom.free_bytes = 10 * MIB;
+    oom.total_bytes = 1 << 30;
+    let trace = Trace::from_files(vec![TraceFile {
+        path: "7.vtr".into(),
+        header: Header {
+            pid: 7,
+            ppid: 1,
+            cmdline: vec!["server".into()],
+            ..Header::default()
+        },
+        driver_version: Some(12040),
+        devices: vec![DeviceInfo {
+            ordinal: 0,
+            total_bytes: 1 << 30,
+            name: "card".into(),
+        }],
+        records: vec![
+            s(1, "model/layers.0.weight"),
+            s(2, "forward/layer.0/mlp"),
+            Record::Event(ev(
+                100,
+                EventKind::Alloc,
+                "cuMemAlloc_v2",
+                0x1000,
+                100 * MIB,
+                1,
+            )),
+            Record::Event(oom),
+        ],
+        problems: vec![],
+    }]);
+    let r = build(
+        &trace,
+        &ReportOptions {
+            title: "context".into(),
+            ..ReportOptions::default()
+        },
+    )
+    .unwrap();
+    let t = r.triage.as_ref().unwrap();
+    assert_eq!(t.verdict.class.key(), "context");
+    assert_eq!(t.shortfall, Some(86 * MIB));
+    assert_eq!(
+        t.verdict.evidence[0],
+        "the context, modules and libraries' workspaces took 914.00 MiB of the 1.00 GiB limit"
+    );
+    let j = vramtrace::report::json::render(&r);
+    assert_eq!(j["verdict"]["class"], "context");
+    assert!(j.get("model").is_none());
+}
