@@ -304,4 +304,19 @@ fn the_report_explains_pytorchs_message_from_the_tensors() {
     assert!(section.contains("`chunk_delta_h.py:722 chunk_fwd_h`"));
     assert!(section.contains("= PyTorch's reserved 1.00 GiB − allocated 318.94 MiB"));
     assert!(section.contains("refused before asking the driver"));
+    // The free block would have held the request: not fragmentation, PyTorch's limit refused
+    // it with 20 GiB free on the card.
+    let o = Command::new(vramtrace())
+        .arg("report")
+        .arg(&dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["verdict"]["class"], "limit", "{j}");
+    assert_eq!(j["limit"]["bytes"], 344_922_112);
+    // reserved 1 GiB + the segment the 48.38 MiB request asks for (rounded up to 2 MiB:
+    // 50 MiB) − the limit.
+    assert_eq!(j["shortfall"], (1u64 << 30) + 50 * (1 << 20) - 344_922_112);
 }

@@ -735,6 +735,18 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         );
         sm.check(&m.shape, &limit).ok()?.fits()
     };
+    // Only what the limit counts can have made the request not fit under it (PyTorch's
+    // per-process limit counts its own segments, not the context or other processes).
+    let other_in = if limit.counts(vramtrace_models::Category::OtherProcess) {
+        other_in
+    } else {
+        0
+    };
+    let context_in = if limit.counts(vramtrace_models::Category::Context) {
+        context_in
+    } else {
+        0
+    };
     let class = if other_in > 0
         && (without_fits(KnownParts {
             other_process: None,
