@@ -1050,6 +1050,46 @@ fn levers(
                 feasible: true,
             });
         }
+        // What the limit would have to be for this request, from the trace alone: everything
+        // the limit counted then, the request's share included.
+        if let (Some(limit_bytes), Some(short)) = (t.limit.as_ref().map(|l| l.bytes), t.shortfall) {
+            let needed = limit_bytes + short;
+            let (change, feasible) = match limit {
+                Limit::PerProcessFraction { capacity, .. } => {
+                    let f = needed as f64 / *capacity as f64;
+                    (
+                        format!(
+                            "set_per_process_memory_fraction({:.3})",
+                            (f * 1000.0).ceil() / 1000.0
+                        ),
+                        f <= 1.0,
+                    )
+                }
+                Limit::GpuMemoryUtilization { capacity, .. } => {
+                    let f = needed as f64 / *capacity as f64;
+                    (
+                        format!(
+                            "--gpu-memory-utilization {:.3}",
+                            (f * 1000.0).ceil() / 1000.0
+                        ),
+                        f <= 1.0,
+                    )
+                }
+                Limit::Card { .. } => (
+                    format!("a card (or a budget) of {} or more", gib(needed)),
+                    true,
+                ),
+            };
+            out.push(Lever {
+                change,
+                fits: None,
+                ceiling: format!(
+                    "this request fits with {} more; the rest of the step is not known without --model",
+                    gib(short)
+                ),
+                feasible,
+            });
+        }
         return out;
     };
     let chunk = m.shape.chunk_tokens;
