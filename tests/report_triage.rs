@@ -437,3 +437,25 @@ fn the_chunk_is_read_from_the_trace() {
     assert!(!md.contains("4128"), "no chunk of 4128 anywhere: {md}");
     let _ = std::fs::remove_dir_all(out.parent().unwrap());
 }
+
+/// An unreadable trace under `--json` is still one JSON object, with the error.
+#[test]
+fn an_unreadable_trace_is_a_json_error() {
+    let dir = scratch("empty-json");
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = Command::new(common::vramtrace())
+        .arg("report")
+        .arg(&dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let j: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert!(
+        j["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("the trace could not be read")),
+        "{j}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -175,7 +175,15 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             let md = format!(
                 "# Memory report: {title}\n\n**No report: the trace could not be read.** {e}\n"
             );
-            write_out(&args, &title, &md)?;
+            if args.json && args.output.is_none() {
+                // One JSON object on stdout, as a tool reading it expects.
+                println!(
+                    "{}",
+                    serde_json::json!({ "title": title, "error": format!("the trace could not be read: {e}") })
+                );
+            } else {
+                write_out(&args, &title, &md)?;
+            }
             eprintln!("vramtrace: error: {e}");
             return Ok(1);
         }
