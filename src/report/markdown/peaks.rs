@@ -94,13 +94,21 @@ pub(super) fn peak(out: &mut String, r: &Report, p: &PeakReport) {
             (None, Some(l)) => format!("[{}]", html_escape(l)),
             (None, None) => "(unnamed)".into(),
         };
+        let (skipped, frames) = crate::report::triage::user_stack(frames);
         stack_block(
             out,
             &format!(
-                "{} {what}, {} at {}",
+                "{} {what}, {} at {}{}",
                 fmt_bytes(a.size),
                 a.api,
-                fmt_secs(a.t_s)
+                fmt_secs(a.t_s),
+                if skipped > 0 {
+                    format!(
+                        " (from its first user or library frame; {skipped} frames of the allocation machinery left out)"
+                    )
+                } else {
+                    String::new()
+                }
             ),
             frames,
         );
