@@ -459,3 +459,31 @@ fn an_unreadable_trace_is_a_json_error() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// vLLM's `--gpu-memory-utilization` as the enforced limit: 0.9 of the 18 GiB card is 16.2 GiB,
+/// less than the int4 weights and the context already hold, so the verdict is the limit, the
+/// shortfall is against the budget (this process's bytes inside the card + the request − the
+/// budget), and the model fits no context under it.
+#[test]
+fn gpu_memory_utilization_is_the_enforced_limit() {
+    let cfg = config();
+    let j = json(
+        &root().join("samples/h200/prefill-18gib"),
+        &with_model(
+            &["--capacity", "18GiB", "--gpu-memory-utilization", "0.9"],
+            cfg.to_str().unwrap(),
+        ),
+    );
+    assert_eq!(j["verdict"]["class"], "limit");
+    assert_eq!(j["limit"]["limit"]["kind"], "gpu_memory_utilization");
+    assert_eq!(j["limit"]["bytes"], 17_394_617_549u64);
+    assert_eq!(
+        j["shortfall"],
+        19_327_352_832u64 - 76_677_120 + 102_236_160 - 17_394_617_549
+    );
+    assert_eq!(j["model"]["failure_fits"], false);
+    assert_eq!(
+        j["model"]["context_frontier"]["largest_context"],
+        Value::Null
+    );
+}

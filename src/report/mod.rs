@@ -76,6 +76,8 @@ pub struct ReportOptions {
     pub runtime: Option<vramtrace_models::Runtime>,
     /// vLLM's attention block in tokens (`--block-size`, the chunk floor in align mode).
     pub block_size: Option<u64>,
+    /// vLLM's `--gpu-memory-utilization` the run was given (the enforced budget).
+    pub gpu_memory_utilization: Option<f64>,
     /// What `vramtrace run` gathered at start (`versions.json` in the trace directory), as
     /// name and value.
     pub versions: Vec<(String, String)>,
@@ -460,6 +462,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
         runtime: opts.runtime,
         block_size: opts.block_size,
         capacity: opts.capacity,
+        gpu_memory_utilization: opts.gpu_memory_utilization,
     };
     match triage::triage(trace, &report, &topts) {
         Ok(t) => report.triage = Some(t),

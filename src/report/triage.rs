@@ -241,6 +241,9 @@ pub struct TriageOptions {
     pub block_size: Option<u64>,
     /// `--capacity`: a card of this size (a ballast leaves it).
     pub capacity: Option<u64>,
+    /// vLLM's `--gpu-memory-utilization` the run was given: the budget of this process, a
+    /// fraction of the card (`--capacity`, else the device's total).
+    pub gpu_memory_utilization: Option<f64>,
 }
 
 /// PyTorch's `format_size` (c10/cuda/CUDACachingAllocator.cpp): bytes, KiB, MiB or GiB with two
@@ -552,7 +555,9 @@ fn inside_limit(b: &Breakdown, device_total: u64, limit: &Limit) -> (u64, u64) {
     let other = b.bytes(Category::OtherProcess);
     let context = b.bytes(Category::Context);
     match limit {
-        Limit::Card { capacity } if *capacity < device_total => {
+        Limit::Card { capacity } | Limit::GpuMemoryUtilization { capacity, .. }
+            if *capacity < device_total =>
+        {
             let outside = device_total - capacity;
             let other_out = other.min(outside);
             let context_out = context.min(outside - other_out);
@@ -616,6 +621,17 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
 
     // The limit enforced, and the shortfall against it.
     let (limit, source) = match (torch.filter(|t| t.limit > 0), opts.capacity) {
+        (None, c) if opts.gpu_memory_utilization.is_some() => {
+            let fraction = opts.gpu_memory_utilization.unwrap_or(1.0);
+            let capacity = c.unwrap_or(total);
+            (
+                Limit::GpuMemoryUtilization { capacity, fraction },
+                format!(
+                    "vLLM's --gpu-memory-utilization {fraction} of {} (given): this process's budget, its context included",
+                    gib(capacity)
+                ),
+            )
+        }
         (Some(tl), _) => (
             Limit::PerProcessFraction {
                 capacity: total,
@@ -648,7 +664,23 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
             .unwrap_or(tl.requested)
             .saturating_sub(tl.free)
             .max(1),
-        None => fl.size.saturating_sub(fl.free_bytes).max(1),
+        None => match limit {
+            // The budget counts this process, its context included; other processes are
+            // outside it.
+            Limit::GpuMemoryUtilization { capacity, .. } => {
+                let (other_in, _) = inside_limit(&b, total, &limit);
+                let outside = total.saturating_sub(capacity);
+                let used = total
+                    .saturating_sub(fl.free_bytes)
+                    .saturating_sub(outside)
+                    .saturating_sub(other_in);
+                (used + fl.size)
+                    .saturating_sub(limit_bytes)
+                    .max(fl.size.saturating_sub(fl.free_bytes))
+                    .max(1)
+            }
+            _ => fl.size.saturating_sub(fl.free_bytes).max(1),
+        },
     };
     t.limit = Some(EnforcedLimit {
         limit,
@@ -686,7 +718,9 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         other_process: other_in,
         context: context_in,
         outside: match limit {
-            Limit::Card { capacity } => total.saturating_sub(capacity),
+            Limit::Card { capacity } | Limit::GpuMemoryUtilization { capacity, .. } => {
+                total.saturating_sub(capacity)
+            }
             _ => 0,
         },
     });
@@ -830,12 +864,20 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
             gib(limit_bytes)
         ));
         VerdictClass::Context
-    } else if limit_bytes < total && torch.is_some_and(|x| x.limit > 0) {
+    } else if limit_bytes < total && !matches!(limit, Limit::Card { .. }) {
         ev.push(format!(
-            "PyTorch's limit of {} refused it while the card had {} free",
-            gib(limit_bytes),
+            "the limit, {}, is below what the step needed; the card still had {} free",
+            t.limit.as_ref().map_or(String::new(), |l| l.source.clone()),
             gib(fl.free_bytes)
         ));
+        if let Some(m) = &model
+            && m.context_frontier.largest_context.is_none()
+        {
+            ev.push(format!(
+                "the whole-step model fits no context at a chunk of {} under it: what is resident (weights, state, the context) already takes it",
+                m.shape.chunk_tokens
+            ));
+        }
         VerdictClass::Limit
     } else {
         if fl.size > limit_bytes {

@@ -54,6 +54,10 @@ pub struct ReportArgs {
     /// `scripts/validate/torch_prefill.py --layers N` runs it).
     #[arg(long, value_name = "N")]
     pub layers: Option<usize>,
+    /// vLLM's `--gpu-memory-utilization` the run was given: the limit is then this process's
+    /// budget, that fraction of the card (`--capacity`, else the device's total).
+    #[arg(long, value_name = "F", value_parser = parse_fraction)]
+    pub gpu_memory_utilization: Option<f64>,
     /// vLLM's attention block in tokens: the chunk floor in mamba align mode (default: the
     /// failing step's chunk on a hybrid model).
     #[arg(long, value_name = "TOKENS")]
@@ -62,6 +66,15 @@ pub struct ReportArgs {
     /// whole-step model and the levers); with -o, write OUT/report.json beside report.md.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!(
+            "{s:?} is not a fraction above 0 and at most 1; give e.g. 0.9"
+        )),
+    }
 }
 
 fn parse_runtime(s: &str) -> Result<vramtrace_models::Runtime, String> {
@@ -197,6 +210,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             capacity: args.capacity,
             runtime: args.runtime,
             block_size: args.block_size,
+            gpu_memory_utilization: args.gpu_memory_utilization,
             versions: read_versions(&args.trace),
         },
     )?;
