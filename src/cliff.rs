@@ -4,6 +4,14 @@
 //!
 //! `compare`, `plot`, `model` and the report's levers all go through here, so the three of
 //! them choose the same variant and find the same cliff.
+//!
+//! This cliff is one kernel's: its peak against what is resident. A failure is judged by the
+//! whole step instead (weights, the KV cache at the context, state, the largest layer, the
+//! parts a trace gives): `vramtrace_models::StepModel`'s frontier (`largest_chunk_at`,
+//! `largest_context_at`), which the report's first screen, its cliff plot and
+//! `vramtrace model --context` use (`crate::report::triage`, `crate::report::figures`). The
+//! kernel cliff stays for `model --capacity --resident`, `plot --kind cliff` and a report
+//! without a failure.
 
 use vramtrace_models::{ModelConfig, Tensor, Variant, Workload, WorkloadOptions, peak};
 
