@@ -43,8 +43,17 @@ pub fn is_probe_frame(file: &str, function: &str) -> bool {
 /// `torch/nn` (whose modules' `forward` say what the program was doing). Operator calls and
 /// dispatch modes run through such frames (`torch/_ops.py` `__call__`, `torch/_compile.py`
 /// `inner` on the H200); they never say where the program allocated.
+///
+/// The package is the `torch` folder of an installation (`site-packages/torch/`,
+/// `dist-packages/torch/`), or of a source checkout when the path has no installation folder:
+/// a `torch` folder elsewhere in an installed path (the H200's venv is `/opt/torch/.venv`) holds
+/// the program's own libraries (transformers, fla, Triton), which do say where it allocated.
 pub fn is_torch_machinery(file: &str) -> bool {
-    file.contains("/torch/") && !file.contains("/torch/nn/")
+    let package = match file.rfind("-packages/") {
+        Some(i) => file[i..].strip_prefix("-packages/torch/"),
+        None => file.rfind("/torch/").map(|i| &file[i + "/torch/".len()..]),
+    };
+    package.is_some_and(|rest| !rest.starts_with("nn/"))
 }
 
 /// The Python frames of a stack id, innermost first, as `file.py:LINE function` (base name),
@@ -686,5 +695,17 @@ mod tests {
             "/usr/local/lib/python3.12/dist-packages/torch/nn/modules/linear.py"
         ));
         assert!(!is_torch_machinery("/work/fla/ops/common/chunk_o.py"));
+        // The H200's venv lives under /opt/torch: its other packages are the program's.
+        assert!(is_torch_machinery(
+            "/opt/torch/.venv/lib/python3.12/site-packages/torch/_ops.py"
+        ));
+        assert!(!is_torch_machinery(
+            "/opt/torch/.venv/lib/python3.12/site-packages/transformers/generation/continuous_batching/input_outputs.py"
+        ));
+        assert!(!is_torch_machinery(
+            "/opt/torch/.venv/lib/python3.12/site-packages/triton/runtime/driver.py"
+        ));
+        assert!(is_torch_machinery("/src/pytorch/torch/_ops.py"));
+        assert!(!is_torch_machinery("/src/pytorch/torch/nn/modules/linear.py"));
     }
 }

@@ -498,7 +498,9 @@ serve_cb() {
   timeout 400 python3 "$VAL/serve_load.py" "$port" "$m" --requests 16 --prompt-tokens 1500 \
     --max-tokens 96 --rounds ${SERVE_ROUNDS:-2} --wait 240
   echo "load exit $?"
-  pkill -INT -f "transformers serve" ; sleep 5; pkill -KILL -f "transformers serve"
+  pkill -INT -f "transformers serve"
+  for _ in $(seq 20); do pgrep -f "transformers serve" >/dev/null || break; sleep 1; done
+  pkill -KILL -f "transformers serve"
   wait $pid; echo "run exit $?"
   tail -30 "$d.stdout" | cut -c1-300
   $VT summary "$d" | head -80

@@ -3,7 +3,8 @@
 # (layout as scripts/validate/h200.sh: .device/bin from scripts/validate/prepare.sh).
 #   bash scripts/validate/torch_activation.sh
 # For each mode of torch_activation.py: the summary's per-process tensor line, and a check that
-# every process that printed `tensor PID` has `recorded: 5 tensor events`.
+# every process that printed `tensor PID` recorded its five tensors (allocations; their frees at
+# exit are recorded too).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VT=$ROOT/.device/bin/vramtrace
@@ -26,8 +27,15 @@ for mode in plain find_spec transformers thread spawn fork torchrun; do
   python3 - "$W/$mode.out" "$W/$mode.json" "$mode" <<'PY'
 import json, sys
 pids = {int(l.split()[1]) for l in open(sys.argv[1]) if l.startswith("tensor ")}
-s = {p["pid"]: (p.get("tensor_capture") or {}).get("status") for p in json.load(open(sys.argv[2]))["processes"]}
-bad = {p: s.get(p) for p in pids if s.get(p) != "recorded: 5 tensor events"}
-print(f"{sys.argv[3]}: {len(pids)} allocating process(es);", "OK" if pids and not bad else f"FAILED {bad}")
+procs = {p["pid"]: p for p in json.load(open(sys.argv[2]))["processes"]}
+def allocations(p):  # tensors handed out; their frees at exit are recorded too (native capture)
+    return sum((d.get("tensors") or {}).get("allocations", 0) for d in p.get("devices", []))
+def ok(pid):
+    p = procs.get(pid) or {}
+    status = (p.get("tensor_capture") or {}).get("status", "")
+    return status.startswith("recorded:") and allocations(p) == 5
+bad = {p: (procs.get(p) or {}).get("tensor_capture") for p in pids if not ok(p)}
+print(f"{sys.argv[3]}: {len(pids)} allocating process(es);",
+      "OK (5 tensors each)" if pids and not bad else f"FAILED {bad}")
 PY
 done
