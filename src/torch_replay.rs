@@ -706,6 +706,8 @@ mod tests {
             "/opt/torch/.venv/lib/python3.12/site-packages/triton/runtime/driver.py"
         ));
         assert!(is_torch_machinery("/src/pytorch/torch/_ops.py"));
-        assert!(!is_torch_machinery("/src/pytorch/torch/nn/modules/linear.py"));
+        assert!(!is_torch_machinery(
+            "/src/pytorch/torch/nn/modules/linear.py"
+        ));
     }
 }
