@@ -49,11 +49,15 @@ Formats, and what opens them:
               name, total_bytes). Integers are INT64/INT32, text UTF8, times INT64 nanoseconds
               (t_ns is CLOCK_MONOTONIC, like start_mono_ns). Opens in DuckDB, pyarrow, polars:
                 duckdb -c \"SELECT kind, count(*), sum(size) FROM 'OUT/events.parquet' GROUP BY kind\"
-  pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns: each driver
-              allocation is a segment with one block, failures are 'oom' entries. One process
-              per snapshot (--pid; default: the one with the highest device peak); each device
-              trace keeps its newest --max-entries entries (default 100000). Open it on
-              pytorch.org/memory_viz, or: python -m torch.cuda._memory_viz trace_plot OUT -o out.html
+  pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns. With PyTorch's
+              tensors recorded (the PyTorch probe, or an imported snapshot), segments are split
+              into the tensors' blocks and the free gaps, and the device trace has alloc,
+              free_requested, free_completed, segment_alloc, segment_free and oom entries with
+              the tensors' Python frames; otherwise each driver allocation is a segment with one
+              block. One process per snapshot (--pid; default: the one with the highest device
+              peak); the state at the end, or at --until SECONDS; each device trace keeps its
+              newest --max-entries entries (default 100000). Open it on pytorch.org/memory_viz,
+              or: python -m torch.cuda._memory_viz trace_plot OUT -o out.html
   perfetto    OUT is Chrome trace event JSON: a live-bytes counter per process and device, a
               slice per allocation lifetime (named by tensor, label or driver function), an
               instant per failed allocation, ranges and marks. Open it on ui.perfetto.dev or in
@@ -88,6 +92,11 @@ pub struct ExportArgs {
     /// does (0: keep all; each entry repeats its stack, so a long trace makes a large file).
     #[arg(long, value_name = "N", default_value_t = crate::export::pytorch::DEFAULT_MAX_ENTRIES)]
     pub max_entries: u64,
+    /// pytorch: the snapshot as of this moment (what `_snapshot()` taken then would show), not
+    /// the trace's end: SECONDS into the trace, or @TIME_US, microseconds since the Unix epoch
+    /// as a snapshot's `time_us` (the moment is included).
+    #[arg(long, value_name = "SECONDS|@TIME_US")]
+    pub until: Option<String>,
     /// flamegraph: how stacks are weighed.
     #[arg(long, value_enum, default_value = "peak")]
     pub weight: WeightArg,
@@ -167,9 +176,15 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
         Format::Parquet => unreachable!("handled above"),
         Format::Pytorch => {
             let progress = Progress::stderr("pytorch");
+            let until_ns = args
+                .until
+                .as_deref()
+                .map(|s| until_ns(&trace, s))
+                .transpose()?;
             let opts = SnapshotOptions {
                 pid: args.pid,
                 max_entries: (args.max_entries > 0).then_some(args.max_entries),
+                until_ns,
             };
             let n = export_pytorch(&trace, &opts, &mut w, &progress);
             progress.finish();
@@ -184,9 +199,15 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
                     others.join(", ")
                 );
             }
+            let level = if n.tensor_level {
+                "PyTorch's tensors"
+            } else {
+                "driver allocations (no PyTorch tensor recorded)"
+            };
             format!(
-                "process {}: {} segments live at the end, {} trace entries ({} oom)",
-                n.pid, n.segments, n.entries, n.ooms
+                "process {}, {level}: {} segments holding {} blocks, {} trace entries ({} alloc, \
+                 {} oom)",
+                n.pid, n.segments, n.blocks, n.entries, n.allocs, n.ooms
             )
         }
         Format::Perfetto => {
@@ -226,6 +247,32 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
         .with_context(|| format!("cannot write {}", out.display()))?;
     eprintln!("vramtrace: wrote {}: {what}", out.display());
     Ok(0)
+}
+
+/// `--until`: seconds into the trace, or `@TIME_US` (wall clock, µs since the Unix epoch, the
+/// clock of a snapshot's `time_us`; read through the first process's start times, the moment
+/// itself included), as the trace's `CLOCK_MONOTONIC` ns.
+fn until_ns(trace: &Trace, s: &str) -> anyhow::Result<u64> {
+    if let Some(us) = s.strip_prefix('@') {
+        let us: u64 = us.parse().with_context(|| {
+            format!("--until {s}: {us:?} is not a whole number of microseconds")
+        })?;
+        let Some(h) = trace.processes.first().map(|p| &p.header) else {
+            bail!("--until {s}: the trace has no process");
+        };
+        let wall_ns = (us as i128 + 1) * 1000 - 1;
+        let mono = wall_ns - h.start_unix_ns as i128 + h.start_mono_ns as i128;
+        return Ok(mono.clamp(0, u64::MAX as i128) as u64);
+    }
+    match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => {
+            Ok(trace.start_ns().saturating_add((secs * 1e9) as u64))
+        }
+        _ => bail!(
+            "--until {s}: give the seconds into the trace (0 or more, e.g. 29.5) or @TIME_US \
+             (microseconds since the Unix epoch, as a snapshot's time_us)"
+        ),
+    }
 }
 
 fn create(path: &Path) -> anyhow::Result<BufWriter<File>> {
