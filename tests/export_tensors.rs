@@ -1,0 +1,291 @@
+//! The exports at the tensor level, on the kept H200 caching-on samples that hold both our
+//! record of a run (the PyTorch probe's tensors) and PyTorch's own `_snapshot()` of its measured
+//! call (`samples/h200/pytorch-{gdn,fa}-cache/pytorch-snapshot.pickle`):
+//!
+//! - `export --format pytorch --until` the moment PyTorch took its snapshot shows the same
+//!   segments, blocks, sizes, requested sizes and frames, and PyTorch's device trace is one run
+//!   of ours (`scripts/validate/snapshot_equal.py`, standard library only; the same check the
+//!   lead runs on new H200 runs);
+//! - `import` of PyTorch's snapshot then `export` gives PyTorch's snapshot back (every tensor);
+//! - without Python: our export at that moment and the round trip of PyTorch's, read back
+//!   with serde-pickle, have the same segments and blocks, with the counts known.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use serde_pickle::{HashableValue as H, Value as V};
+
+fn sample(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("samples/h200")
+        .join(name)
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/validate/snapshot_equal.py")
+}
+
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(vramtrace()).args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = cli(args);
+    assert!(o.status.success(), "{args:?}: {}", describe(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn export(trace: &Path, out: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "export",
+        trace.to_str().unwrap(),
+        "--format",
+        "pytorch",
+        "--max-entries",
+        "0",
+        "--force",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ok(&args);
+}
+
+fn python_runs() -> bool {
+    Command::new("python3")
+        .args(["-c", "pass"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn equal(ours: &Path, theirs: &Path) -> String {
+    let o = Command::new("python3")
+        .arg(script())
+        .arg(ours)
+        .arg(theirs)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "our snapshot {} is not PyTorch's {}:\n{text}{}",
+        ours.display(),
+        theirs.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    text
+}
+
+fn get<'a>(d: &'a V, k: &str) -> &'a V {
+    let V::Dict(d) = d else {
+        panic!("not a dict: {d:?}")
+    };
+    d.get(&H::String(k.into()))
+        .unwrap_or_else(|| panic!("no {k}"))
+}
+
+fn list(v: &V) -> &[V] {
+    match v {
+        V::List(l) => l,
+        V::Tuple(l) => l,
+        _ => panic!("not a list: {v:?}"),
+    }
+}
+
+fn int(v: &V) -> i64 {
+    match v {
+        V::I64(i) => *i,
+        _ => panic!("not an int: {v:?}"),
+    }
+}
+
+fn text(v: &V) -> &str {
+    match v {
+        V::String(s) => s,
+        _ => panic!("not text: {v:?}"),
+    }
+}
+
+fn load(p: &Path) -> V {
+    serde_pickle::value_from_slice(&std::fs::read(p).unwrap(), Default::default()).unwrap()
+}
+
+/// Per segment: (address, total, allocated, requested, [(block address, size, state)]); and
+/// the device trace's (action, address, size) counted by action.
+type Picture = (
+    Vec<(i64, i64, i64, i64, Vec<(i64, i64, String)>)>,
+    BTreeMap<String, usize>,
+);
+
+fn picture(v: &V) -> Picture {
+    let segs = list(get(v, "segments"))
+        .iter()
+        .map(|s| {
+            let blocks = list(get(s, "blocks"))
+                .iter()
+                .map(|b| {
+                    (
+                        int(get(b, "address")),
+                        int(get(b, "size")),
+                        text(get(b, "state")).to_string(),
+                    )
+                })
+                .collect();
+            (
+                int(get(s, "address")),
+                int(get(s, "total_size")),
+                int(get(s, "allocated_size")),
+                int(get(s, "requested_size")),
+                blocks,
+            )
+        })
+        .collect();
+    let mut actions = BTreeMap::new();
+    for t in list(get(v, "device_traces")) {
+        for e in list(t) {
+            *actions
+                .entry(text(get(e, "action")).to_string())
+                .or_default() += 1;
+        }
+    }
+    (segs, actions)
+}
+
+/// The moment each sample's PyTorch snapshot was taken, as `--until` takes it: the wall-clock
+/// time of our entry that ends PyTorch's trace (found by `snapshot_equal.py --locate`, which
+/// the Python test below checks again).
+const GDN_AT: &str = "@1796078880693674";
+const FA_AT: &str = "@1796078885496373";
+
+/// PyTorch's snapshot imported, then exported: read back with serde-pickle (which cannot read
+/// PyTorch's own pickle: its memo shares objects), checked against PyTorch's own by the Python
+/// test below.
+fn round_trip(dir: &Path, name: &str) -> PathBuf {
+    let theirs = sample(name).join("pytorch-snapshot.pickle");
+    let imported = dir.join(name);
+    let _ = std::fs::remove_dir_all(&imported);
+    ok(&[
+        "import",
+        theirs.to_str().unwrap(),
+        "-o",
+        imported.to_str().unwrap(),
+    ]);
+    let back = dir.join(format!("{name}-back.pickle"));
+    export(&imported, &back, &[]);
+    back
+}
+
+#[test]
+fn our_snapshot_at_the_moment_pytorch_took_its_own_has_its_segments_and_blocks() {
+    let dir = scratch("export-tensors-counts");
+    for (name, at, segments, blocks, active, requested, allocs) in [
+        // fla GDN: 9 segments; the inputs q, k, v, g, beta, initial_state, and final_state and
+        // o allocated. PyTorch's history holds 8 allocations; 6 more were live before it.
+        ("pytorch-gdn-cache", GDN_AT, 9, 19, 8, 142_746_624, 14),
+        // FlashAttention: 4 segments, 8 allocated blocks, three of them 512-byte blocks for
+        // requests of 8, 16 and 8 bytes.
+        ("pytorch-fa-cache", FA_AT, 4, 12, 8, 118_754_336, 8),
+    ] {
+        let ours = dir.join(format!("{name}.pickle"));
+        export(&sample(name), &ours, &["--until", at]);
+        let (mine, _) = picture(&load(&ours));
+        let (theirs, actions) = picture(&load(&round_trip(&dir, name)));
+        assert_eq!(mine, theirs, "{name}: segments and blocks");
+        assert_eq!(mine.len(), segments);
+        let all: Vec<_> = mine.iter().flat_map(|s| &s.4).collect();
+        assert_eq!(all.len(), blocks);
+        assert_eq!(
+            all.iter().filter(|b| b.2 == "active_allocated").count(),
+            active
+        );
+        assert_eq!(mine.iter().map(|s| s.3).sum::<i64>(), requested);
+        // Every tensor of PyTorch's snapshot survives the round trip.
+        assert_eq!(actions.get("alloc"), Some(&allocs), "{name}");
+    }
+}
+
+#[test]
+fn the_whole_run_exports_every_tensor_and_segment() {
+    let dir = scratch("export-tensors-whole");
+    let ours = dir.join("gdn.pickle");
+    let o = cli(&[
+        "export",
+        sample("pytorch-gdn-cache").to_str().unwrap(),
+        "--format",
+        "pytorch",
+        "--max-entries",
+        "0",
+        "-o",
+        ours.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(
+            "process 636, PyTorch's tensors: 9 segments holding 0 blocks, 219 trace entries \
+             (70 alloc, 0 oom)"
+        ),
+        "{}",
+        describe(&o)
+    );
+    let (segs, actions) = picture(&load(&ours));
+    // Every tensor freed at the end: nine segments, each one free block.
+    assert_eq!(segs.len(), 9);
+    assert!(
+        segs.iter()
+            .all(|s| s.4.len() == 1 && s.4[0].2 == "inactive")
+    );
+    let want: BTreeMap<String, usize> = [
+        ("alloc", 70),
+        ("free_completed", 70),
+        ("free_requested", 70),
+        ("segment_alloc", 9),
+    ]
+    .into_iter()
+    .map(|(a, n)| (a.to_string(), n))
+    .collect();
+    assert_eq!(actions, want);
+}
+
+/// The full comparison (frames too), with the script the lead runs on new H200 runs. Needs
+/// python3 (standard library only; CI sets `VRAMTRACE_REQUIRE_PYTHON=1`).
+#[test]
+fn snapshot_equal_finds_the_same_picture_as_pytorchs_own() {
+    if !python_runs() {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "python3 does not run here");
+        return;
+    }
+    let dir = scratch("export-tensors-python");
+    for (name, at) in [("pytorch-gdn-cache", GDN_AT), ("pytorch-fa-cache", FA_AT)] {
+        let theirs = sample(name).join("pytorch-snapshot.pickle");
+        let whole = dir.join(format!("{name}-whole.pickle"));
+        export(&sample(name), &whole, &[]);
+        let o = Command::new("python3")
+            .arg(script())
+            .arg("--locate")
+            .arg(&whole)
+            .arg(&theirs)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", describe(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), at, "{name}");
+        // The whole run is not the moment of PyTorch's snapshot: the check says so.
+        let o = Command::new("python3")
+            .arg(script())
+            .arg(&whole)
+            .arg(&theirs)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+        let ours = dir.join(format!("{name}.pickle"));
+        export(&sample(name), &ours, &["--until", at]);
+        let out = equal(&ours, &theirs);
+        assert!(out.ends_with("same picture\n"), "{out}");
+        // And PyTorch's snapshot imported, then exported.
+        let out = equal(&round_trip(&dir, name), &theirs);
+        assert!(out.ends_with("same picture\n"), "{out}");
+    }
+}
