@@ -289,3 +289,126 @@ fn snapshot_equal_finds_the_same_picture_as_pytorchs_own() {
         assert!(out.ends_with("same picture\n"), "{out}");
     }
 }
+
+/// `tensors.parquet` of the fla run, read back with the parquet crate: every tensor event
+/// (70 allocations, 70 frees), each in one of the nine segments, and the run's bytes grouped
+/// by the Python line that allocated them.
+#[test]
+fn parquet_tensors_group_the_runs_bytes_by_python_line() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+    let out = scratch("export-tensors-parquet").join("tables");
+    let _ = std::fs::remove_dir_all(&out);
+    let o = cli(&[
+        "export",
+        sample("pytorch-gdn-cache").to_str().unwrap(),
+        "--format",
+        "parquet",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let r = SerializedFileReader::new(std::fs::File::open(out.join("tensors.parquet")).unwrap())
+        .unwrap();
+    let mut by_line: BTreeMap<String, (u64, i64)> = BTreeMap::new();
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    let mut segments = std::collections::BTreeSet::new();
+    let mut categories: BTreeMap<String, u64> = BTreeMap::new();
+    for row in r.get_row_iter(None).unwrap() {
+        let row = row.unwrap();
+        let f: BTreeMap<String, Field> = row
+            .get_column_iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let Field::Str(kind) = &f["kind"] else {
+            panic!("{f:?}")
+        };
+        *kinds.entry(kind.clone()).or_default() += 1;
+        let Field::Long(seg) = &f["segment"] else {
+            panic!("every tensor of this run is in a segment: {f:?}")
+        };
+        segments.insert(*seg);
+        if kind != "alloc" {
+            continue;
+        }
+        let Field::Str(cat) = &f["category"] else {
+            panic!("{f:?}")
+        };
+        *categories.entry(cat.clone()).or_default() += 1;
+        let (Field::Str(line), Field::Long(size)) = (&f["line"], &f["size"]) else {
+            panic!("{f:?}")
+        };
+        let e = by_line.entry(line.clone()).or_default();
+        e.0 += 1;
+        e.1 += size;
+    }
+    assert_eq!(kinds["alloc"], 70);
+    assert_eq!(kinds["free"], 70);
+    assert_eq!(segments.len(), 9);
+    // Three calls of fla's chunk_gated_delta_rule (warm-up and measured): fla's lines, each
+    // three times (fla 0.6.0: fla/ops/common/chunk_o.py:565, chunk_delta_h.py:722,
+    // gated_delta_rule/wy_fast.py:273).
+    for (line, n, bytes) in [
+        ("chunk_o.py:565 chunk_fwd_o", 3, 3 * 50_724_864),
+        (
+            "chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h",
+            3,
+            3 * 102_236_160,
+        ),
+        ("wy_fast.py:273 recompute_w_u_fwd", 3, 3 * 50_724_864),
+        ("model_vs_torch.py:137 gdn", 1, 3_145_728),
+    ] {
+        assert_eq!(by_line.get(line), Some(&(n, bytes)), "{line}: {by_line:?}");
+    }
+    assert_eq!(by_line.values().map(|v| v.0).sum::<u64>(), 70);
+    // The measured call ran inside a range (a label): its tensors are activations.
+    assert_eq!(categories["activations"], 14);
+    assert_eq!(categories["unnamed"], 56);
+}
+
+/// The README's query, run by DuckDB as a user would. Needs the `duckdb` Python package (CI
+/// installs it into `VRAMTRACE_TEST_PYTHONPATH` and sets `VRAMTRACE_REQUIRE_DUCKDB=1`).
+#[test]
+fn duckdb_groups_the_runs_bytes_by_python_line() {
+    let pythonpath = std::env::var_os("VRAMTRACE_TEST_PYTHONPATH").unwrap_or_default();
+    let has_duckdb = Command::new("python3")
+        .args(["-c", "import duckdb"])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_duckdb {
+        vramtrace_testkit::skip(
+            "VRAMTRACE_REQUIRE_DUCKDB",
+            "duckdb_groups_the_runs_bytes_by_python_line: the duckdb Python package is not \
+             installed (pip install duckdb)",
+        );
+        return;
+    }
+    let out = scratch("export-tensors-duckdb").join("tables");
+    let _ = std::fs::remove_dir_all(&out);
+    ok(&[
+        "export",
+        sample("pytorch-gdn-cache").to_str().unwrap(),
+        "--format",
+        "parquet",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let query = format!(
+        "import duckdb; print(duckdb.sql(\"SELECT line, count(*) AS tensors, sum(size) AS bytes \
+         FROM '{}' WHERE kind = 'alloc' GROUP BY line ORDER BY bytes DESC, line LIMIT 3\").fetchall())",
+        out.join("tensors.parquet").display()
+    );
+    let q = Command::new("python3")
+        .args(["-c", &query])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .unwrap();
+    assert!(q.status.success(), "{}", describe(&q));
+    assert_eq!(
+        String::from_utf8_lossy(&q.stdout).trim(),
+        "[('cache.py:378 run', 34, 9126805504), \
+         ('chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h', 3, 306708480), \
+         ('chunk_delta_h.py:725 chunk_gated_delta_rule_fwd_h', 3, 152174592)]"
+    );
+}

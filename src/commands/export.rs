@@ -40,15 +40,21 @@ pub enum WeightArg {
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Formats, and what opens them:
-  parquet     OUT is a directory (created if missing) that gets four files: events.parquet (one
-              row per event: pid, tid, t_ns, kind, api, mem, pool, device, ptr, size, result,
-              stream, aux, free_bytes, total_bytes, stack_id, label, name, dtype, unmatched),
-              stacks.parquet (pid, stack_id, frame 0 = innermost, address, module, symbol, file,
-              line), processes.parquet (pid, ppid, command_line, host, start_unix_ns,
-              start_mono_ns, driver_version, path, problems) and devices.parquet (pid, ordinal,
-              name, total_bytes). Integers are INT64/INT32, text UTF8, times INT64 nanoseconds
-              (t_ns is CLOCK_MONOTONIC, like start_mono_ns). Opens in DuckDB, pyarrow, polars:
+  parquet     OUT is a directory (created if missing) that gets five files: events.parquet (one
+              row per driver event: pid, tid, t_ns, kind, api, mem, pool, device, ptr, size,
+              result, stream, aux, free_bytes, total_bytes, stack_id, label, name, dtype,
+              unmatched), tensors.parquet (one row per tensor PyTorch's allocator handed out,
+              took back or refused: pid, tid, t_ns, kind, device, ptr, size, requested, segment,
+              category, line, file, line_no, function, stack_id, name, label, alloc_t_ns,
+              free_bytes, allocated_bytes, reserved_bytes, unmatched; empty without PyTorch's
+              tensors), stacks.parquet (pid, stack_id, frame 0 = innermost, address, module,
+              symbol, file, line), processes.parquet (pid, ppid, command_line, host,
+              start_unix_ns, start_mono_ns, driver_version, path, problems) and devices.parquet
+              (pid, ordinal, name, total_bytes). Integers are INT64/INT32, text UTF8, times INT64
+              nanoseconds (t_ns is CLOCK_MONOTONIC, like start_mono_ns). Opens in DuckDB,
+              pyarrow, polars:
                 duckdb -c \"SELECT kind, count(*), sum(size) FROM 'OUT/events.parquet' GROUP BY kind\"
+                duckdb -c \"SELECT line, sum(size) FROM 'OUT/tensors.parquet' WHERE kind = 'alloc' GROUP BY line\"
   pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns. With PyTorch's
               tensors recorded (the PyTorch probe, or an imported snapshot), segments are split
               into the tensors' blocks and the free gaps, and the device trace has alloc,
@@ -82,7 +88,7 @@ pub struct ExportArgs {
     /// Where to write: a file, or for parquet a directory.
     #[arg(long, short = 'o', value_name = "OUT")]
     pub output: PathBuf,
-    /// Replace OUT (for parquet: the four table files in it) if it exists.
+    /// Replace OUT (for parquet: the five table files in it) if it exists.
     #[arg(long)]
     pub force: bool,
     /// pytorch: the process to snapshot (default: the one with the highest device peak).
@@ -105,8 +111,9 @@ pub struct ExportArgs {
     pub folded: bool,
 }
 
-const PARQUET_FILES: [&str; 4] = [
+const PARQUET_FILES: [&str; 5] = [
     "events.parquet",
+    "tensors.parquet",
     "stacks.parquet",
     "processes.parquet",
     "devices.parquet",
@@ -132,7 +139,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
     if args.format == Format::Parquet {
         if out.exists() && !out.is_dir() {
             bail!(
-                "{} exists and is not a directory: parquet writes four files into a directory",
+                "{} exists and is not a directory: parquet writes five files into a directory",
                 out.display()
             );
         }
@@ -153,8 +160,10 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("exporting to {}", out.display()))?;
         progress.finish();
         eprintln!(
-            "vramtrace: wrote {} events, {} stack frames, {} processes, {} devices into {}",
+            "vramtrace: wrote {} events, {} tensor events, {} stack frames, {} processes, {} \
+             devices into {}",
             n.events,
+            n.tensors,
             n.stacks,
             n.processes,
             n.devices,

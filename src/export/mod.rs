@@ -106,6 +106,26 @@ pub(crate) fn rel_us(trace_start_ns: u64, t_ns: u64) -> f64 {
     t_ns.saturating_sub(trace_start_ns) as f64 / 1000.0
 }
 
+/// Whether a driver event is a segment of PyTorch's caching allocator as the exports show it:
+/// an allocation of device memory by address (`cuMemAlloc*`, stream-ordered and pool
+/// allocations; not a `cuMemCreate` handle, whose bytes are where it is mapped) or a mapping
+/// into reserved address space (a chunk of an expandable segment).
+pub(crate) fn is_segment(e: &vramtrace_format::Event) -> bool {
+    use vramtrace_format::MemKind;
+    match e.mem {
+        MemKind::Device => !matches!(e.api.name(), "cuMemCreate" | "cuMemRelease"),
+        MemKind::Mapping => true,
+        _ => false,
+    }
+}
+
+/// The category of a tensor or allocation with this range label and name, as the exports
+/// write it: one of [`crate::live::CATEGORIES`] by [`crate::live::category`]'s rule today. The
+/// one place the exports ask, so the shared categoriser can replace the rule here alone.
+pub fn category_of(label: Option<&str>, name: Option<&str>) -> &'static str {
+    crate::live::CATEGORIES[crate::live::category(label, name)]
+}
+
 /// Whether the trace holds any timed item at all.
 pub fn has_items(trace: &Trace) -> Result<bool, ExportError> {
     Ok(trace.items()?.next().is_some())
