@@ -412,3 +412,50 @@ fn duckdb_groups_the_runs_bytes_by_python_line() {
          ('chunk_delta_h.py:725 chunk_gated_delta_rule_fwd_h', 3, 152174592)]"
     );
 }
+
+/// Perfetto at the tensor level: a slice per tensor (named by its name, else its Python line)
+/// and a counter per device whose categories add up to the live tensor bytes, peaking at the
+/// summary's tensor peak of the run (659.70 MiB).
+#[test]
+fn perfetto_has_a_slice_per_tensor_and_counters_by_category() {
+    let out = scratch("export-tensors-perfetto").join("trace.json");
+    let o = cli(&[
+        "export",
+        sample("pytorch-gdn-cache").to_str().unwrap(),
+        "--format",
+        "perfetto",
+        "--force",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["cat"] == "tensor").collect();
+    assert_eq!(slices.len(), 70);
+    let o_line = slices
+        .iter()
+        .filter(|s| s["name"] == "chunk_o.py:565 chunk_fwd_o")
+        .collect::<Vec<_>>();
+    assert_eq!(o_line.len(), 3);
+    assert!(o_line.iter().all(|s| s["args"]["size"] == 50_724_864));
+    let q = slices
+        .iter()
+        .find(|s| s["name"] == "input q bfloat16[1, 4128, 16, 128]")
+        .expect("the named input q");
+    assert_eq!(q["args"]["category"], "activations");
+    assert_eq!(q["args"]["line"], "model_vs_torch.py:132 gdn");
+    let counters: Vec<u64> = events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "tensor bytes: device 0")
+        .map(|e| {
+            let args = e["args"].as_object().unwrap();
+            assert_eq!(args.len(), 5, "one value per category: {args:?}");
+            args.values().map(|b| b.as_u64().unwrap()).sum()
+        })
+        .collect();
+    // An allocation, a free, and six names given later (each moves its bytes).
+    assert_eq!(counters.len(), 146);
+    assert_eq!(counters.iter().max(), Some(&691_747_840));
+    assert_eq!(counters.last(), Some(&0));
+}

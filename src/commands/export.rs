@@ -65,8 +65,10 @@ Formats, and what opens them:
               newest --max-entries entries (default 100000). Open it on pytorch.org/memory_viz,
               or: python -m torch.cuda._memory_viz trace_plot OUT -o out.html
   perfetto    OUT is Chrome trace event JSON: a live-bytes counter per process and device, a
-              slice per allocation lifetime (named by tensor, label or driver function), an
-              instant per failed allocation, ranges and marks. Open it on ui.perfetto.dev or in
+              slice per allocation lifetime (named by tensor, label or driver function), with
+              PyTorch's tensors a tensor-bytes counter per device by category and a slice per
+              tensor (named by its name or Python line), an instant per failed allocation,
+              ranges and marks. Open it on ui.perfetto.dev or in
               chrome://tracing.
   flamegraph  OUT is an SVG (any browser) of device memory by allocating native stack, weighed
               by --weight: peak (bytes live at each process's and device's peak, the default),
@@ -228,8 +230,9 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
                 n.with_context(|| format!("exporting to {}", out.display())),
             )?;
             format!(
-                "{} counter samples, {} allocation slices, {} failures",
-                n.counters, n.slices, n.failures
+                "{} counter samples, {} allocation slices, {} tensor counter samples, {} tensor \
+                 slices, {} failures",
+                n.counters, n.slices, n.tensor_counters, n.tensor_slices, n.failures
             )
         }
         Format::Flamegraph => {

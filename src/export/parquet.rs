@@ -360,7 +360,7 @@ fn write_tensors(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64,
     let mut replay = Replayer::new();
     let mut tensors = TensorReplay::new();
     let mut segments: HashMap<(usize, i32), BTreeMap<u64, u64>> = HashMap::new();
-    let mut ranges: HashMap<(usize, u32), Vec<Arc<str>>> = HashMap::new();
+    let mut ranges = super::RangePaths::default();
     let mut allocated: HashMap<(usize, u64), Allocated> = HashMap::new();
     let mut lines: HashMap<(usize, u32), Option<PyLocation>> = HashMap::new();
     let mut text: HashMap<Arc<str>, ByteArray> = HashMap::new();
@@ -395,15 +395,8 @@ fn write_tensors(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64,
                 }
                 continue;
             }
-            Item::RangePush { tid, name, .. } => {
-                let n: Arc<str> = p.string(name).unwrap_or("?").into();
-                ranges.entry((pi, tid)).or_default().push(n);
-                continue;
-            }
-            Item::RangePop { tid, .. } => {
-                if let Some(r) = ranges.get_mut(&(pi, tid)) {
-                    r.pop();
-                }
+            Item::RangePush { .. } | Item::RangePop { .. } => {
+                ranges.follow(trace, pi, &item);
                 continue;
             }
             Item::Tensor(e) => e,
@@ -423,10 +416,7 @@ fn write_tensors(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64,
         };
         let info = match step {
             TensorStep::Allocated => {
-                let label = ranges
-                    .get(&(pi, e.tid))
-                    .filter(|r| !r.is_empty())
-                    .map(|r| r.iter().map(|s| &**s).collect::<Vec<_>>().join("/").into());
+                let label = ranges.label(pi, e.tid).map(Arc::from);
                 let a = Allocated {
                     t_ns: e.t_ns,
                     label,
@@ -440,13 +430,7 @@ fn write_tensors(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64,
                 Some(a) => (a.label, a.name, Some(a.t_ns)),
                 None => (None, None, None),
             },
-            TensorStep::Refused => {
-                let label = ranges
-                    .get(&(pi, e.tid))
-                    .filter(|r| !r.is_empty())
-                    .map(|r| r.iter().map(|s| &**s).collect::<Vec<_>>().join("/").into());
-                (label, None, None)
-            }
+            TensorStep::Refused => (ranges.label(pi, e.tid).map(Arc::from), None, None),
         };
         let (label, name, alloc_t) = info;
         let loc = lines
