@@ -251,11 +251,11 @@ fn the_whole_run_exports_every_tensor_and_segment() {
 }
 
 /// The full comparison (frames too), with the script the lead runs on new H200 runs. Needs
-/// python3 (standard library only; CI sets `VRAMTRACE_REQUIRE_PYTHON=1`).
+/// python3 (standard library only; CI sets `VRAMTRACE_TEST_REQUIRE_PYTHON=1`).
 #[test]
 fn snapshot_equal_finds_the_same_picture_as_pytorchs_own() {
     if !python_runs() {
-        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "python3 does not run here");
+        vramtrace_testkit::skip("VRAMTRACE_TEST_REQUIRE_PYTHON", "python3 does not run here");
         return;
     }
     let dir = scratch("export-tensors-python");
