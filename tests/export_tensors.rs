@@ -459,3 +459,204 @@ fn perfetto_has_a_slice_per_tensor_and_counters_by_category() {
     assert_eq!(counters.iter().max(), Some(&691_747_840));
     assert_eq!(counters.last(), Some(&0));
 }
+
+/// A synthetic caching-allocator trace whose every value is known, through the library: an
+/// expandable segment mapped as two touching 20 MiB chunks holding one 30 MiB block, a 2 MiB
+/// segment with a 512-byte block for an 8-byte request, a tensor in no recorded segment, an
+/// allocator OOM, and the small block freed and its segment given back.
+mod synthetic {
+    use super::*;
+    use vramtrace::Trace;
+    use vramtrace::export::{Progress, SnapshotOptions, export_pytorch};
+    use vramtrace_format::{
+        Api, Event, EventKind, Header, MemKind, Record, TensorAction, TensorEvent,
+    };
+
+    const MIB: u64 = 1 << 20;
+    const S: u64 = 0x7f00_0000_0000;
+    const D: u64 = 0x7f10_0000_0000;
+    const X: u64 = 0x7f20_0000_0000;
+
+    fn trace(name: &str) -> Trace {
+        let dir = scratch(name);
+        let mut bytes = Vec::new();
+        Header {
+            version: 1,
+            pid: 5,
+            ppid: 1,
+            start_unix_ns: 1_700_000_000_000_000_000,
+            start_mono_ns: 500,
+            hostname: "h".into(),
+            cmdline: vec!["python3".into()],
+        }
+        .encode(&mut bytes);
+        let mut buf = vec![0u8; 512];
+        let mut push = |r: Record| bytes.extend_from_slice(r.encode(&mut buf));
+        let ev = |t_ns, kind, mem, name: &str, ptr, size| {
+            Record::Event(Event {
+                t_ns,
+                tid: 5,
+                device: 0,
+                kind,
+                mem,
+                api: Api::from_name(name).unwrap(),
+                ptr,
+                size,
+                ..Event::default()
+            })
+        };
+        let tensor = |t_ns, action, ptr, size, requested| {
+            Record::Tensor(TensorEvent {
+                t_ns,
+                tid: 5,
+                device: 0,
+                action,
+                ptr,
+                size,
+                requested,
+                free: if action == TensorAction::AllocFailed {
+                    123
+                } else {
+                    0
+                },
+                ..TensorEvent::default()
+            })
+        };
+        let (a, f) = (EventKind::Alloc, EventKind::Free);
+        push(ev(1000, a, MemKind::Mapping, "cuMemMap", S, 20 * MIB));
+        push(ev(
+            1100,
+            a,
+            MemKind::Mapping,
+            "cuMemMap",
+            S + 20 * MIB,
+            20 * MIB,
+        ));
+        push(tensor(
+            1200,
+            TensorAction::Alloc,
+            S,
+            30 * MIB,
+            30 * MIB - 100,
+        ));
+        push(ev(1300, a, MemKind::Device, "cuMemAlloc_v2", D, 2 * MIB));
+        push(tensor(1310, TensorAction::Alloc, D, 512, 8));
+        push(tensor(1400, TensorAction::Alloc, X, 4096, 4000));
+        push(tensor(1500, TensorAction::AllocFailed, 0, 1 << 30, 0));
+        push(tensor(1600, TensorAction::Free, D, 0, 0));
+        push(ev(1700, f, MemKind::Device, "cuMemFree_v2", D, 0));
+        std::fs::write(dir.join("5.vtr"), bytes).unwrap();
+        Trace::open(&dir).unwrap()
+    }
+
+    fn snapshot(name: &str, until_ns: Option<u64>) -> (vramtrace::export::SnapshotCounts, V) {
+        let opts = SnapshotOptions {
+            until_ns,
+            ..SnapshotOptions::default()
+        };
+        let mut out = Vec::new();
+        let n = export_pytorch(&trace(name), &opts, &mut out, &Progress::hidden()).unwrap();
+        (
+            n,
+            serde_pickle::value_from_slice(&out, Default::default()).unwrap(),
+        )
+    }
+
+    fn entries(v: &V) -> Vec<(String, i64, i64)> {
+        list(&list(get(v, "device_traces"))[0])
+            .iter()
+            .map(|e| {
+                (
+                    text(get(e, "action")).to_string(),
+                    int(get(e, "addr")),
+                    int(get(e, "size")),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn blocks_segments_and_the_allocators_trace() {
+        let (n, v) = snapshot("export-tensors-synthetic", None);
+        assert!(n.tensor_level);
+        assert_eq!(
+            (n.segments, n.blocks, n.entries, n.allocs, n.ooms),
+            (2, 2, 10, 3, 1)
+        );
+        let (s, d, x) = (S as i64, D as i64, X as i64);
+        let mib = MIB as i64;
+        let want: Vec<(String, i64, i64)> = [
+            ("segment_map", s, 20 * mib),
+            ("segment_map", s + 20 * mib, 20 * mib),
+            ("alloc", s, 30 * mib - 100),
+            ("segment_alloc", d, 2 * mib),
+            ("alloc", d, 8),
+            ("alloc", x, 4000),
+            ("oom", 0, 1 << 30),
+            ("free_requested", d, 8),
+            ("free_completed", d, 8),
+            ("segment_free", d, 2 * mib),
+        ]
+        .into_iter()
+        .map(|(a, p, z)| (a.to_string(), p, z))
+        .collect();
+        assert_eq!(entries(&v), want);
+        let oom = &list(&list(get(&v, "device_traces"))[0])[6];
+        assert_eq!(int(get(oom, "device_free")), 123);
+        let (segs, _) = picture(&v);
+        assert_eq!(
+            segs,
+            vec![
+                // The two chunks are one expandable segment: the block, then the rest free.
+                (
+                    s,
+                    40 * mib,
+                    30 * mib,
+                    30 * mib - 100,
+                    vec![
+                        (s, 30 * mib, "active_allocated".to_string()),
+                        (s + 30 * mib, 10 * mib, "inactive".to_string()),
+                    ]
+                ),
+                // A tensor in no recorded segment is a segment of its own.
+                (
+                    x,
+                    4096,
+                    4096,
+                    4000,
+                    vec![(x, 4096, "active_allocated".to_string())]
+                ),
+            ]
+        );
+        let first = &list(get(&v, "segments"))[0];
+        assert_eq!(get(first, "is_expandable"), &V::Bool(true));
+        assert_eq!(text(get(first, "segment_type")), "large");
+    }
+
+    #[test]
+    fn until_is_the_state_at_that_moment() {
+        // Just after the small block was handed out (t = 1310 ns).
+        let (n, v) = snapshot("export-tensors-synthetic-until", Some(1350));
+        assert_eq!((n.segments, n.blocks, n.entries), (2, 2, 5));
+        let (segs, _) = picture(&v);
+        let (s, d) = (S as i64, D as i64);
+        assert_eq!(segs[0].0, s);
+        assert_eq!(
+            segs[1],
+            (
+                d,
+                2 * MIB as i64,
+                512,
+                8,
+                vec![
+                    (d, 512, "active_allocated".to_string()),
+                    (d + 512, 2 * MIB as i64 - 512, "inactive".to_string()),
+                ]
+            )
+        );
+        assert_eq!(
+            text(get(&list(get(&v, "segments"))[1], "segment_type")),
+            "small"
+        );
+    }
+}
