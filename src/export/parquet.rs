@@ -10,7 +10,7 @@
 //! | `devices.parquet` | device a process reported | `pid`, `ordinal`, `name`, `total_bytes` |
 //! | `tensors.parquet` | tensor event of PyTorch's caching allocator, in time order | `pid`, `tid`, `t_ns`, `kind`, `device`, `ptr`, `size`, `requested`, `segment`, `category`, `line`, `file`, `line_no`, `function`, `stack_id`, `name`, `label`, `alloc_t_ns`, `free_bytes`, `allocated_bytes`, `reserved_bytes`, `unmatched` |
 //!
-//! `tensors.parquet` is the tensor level beside the driver's events (see [`crate::tensors`]):
+//! `tensors.parquet` is the tensor level beside the driver's events (see [`crate::torch_replay`]):
 //! one row per block PyTorch's allocator handed out (`alloc`), took back (`free`) or refused
 //! (`alloc_failed`), from the PyTorch probe or an imported snapshot; empty when the trace has
 //! none. `size` is the block (a `free` carries its allocation's), `requested` the bytes asked
@@ -62,7 +62,7 @@ use vramtrace_format::{EventKind, MemKind, TensorAction};
 use super::{ExportError, Progress};
 use crate::replay::{Replayer, Step};
 use crate::symbolize::StackSymbolizer;
-use crate::tensors::{PyLocation, TensorReplay, TensorStep, python_locations};
+use crate::torch_replay::{PyLocation, TensorReplay, TensorStep, python_locations};
 use crate::trace::{Item, Trace};
 
 /// Rows per row group.

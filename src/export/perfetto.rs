@@ -14,7 +14,7 @@
 //!   `stack_id`. Lifetimes overlap without nesting, so each process puts them on lanes (pseudo
 //!   threads named `device 0 allocations`), a lane taken by at most one allocation at a time.
 //!   What is still live when the trace ends closes there with `"live_at_end": true`.
-//! - **Tensors** (when PyTorch's are recorded; see [`crate::tensors`]): a counter track per
+//! - **Tensors** (when PyTorch's are recorded; see [`crate::torch_replay`]): a counter track per
 //!   process and device, `tensor bytes: device 0`, whose args are the live tensor bytes of each
 //!   category ([`super::CATEGORIES`] by [`super::category_of`]: the range label open at the
 //!   allocation and the tensor's name; a name given later moves its bytes then), stacked in
@@ -398,7 +398,7 @@ fn tensor_slice(
     end_ns: u64,
     live_at_end: bool,
 ) -> Result<(), ExportError> {
-    let line = crate::tensors::python_locations(p, t.stack)
+    let line = crate::torch_replay::python_locations(p, t.stack)
         .into_iter()
         .next()
         .map(|l| l.to_string());

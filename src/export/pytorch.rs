@@ -8,7 +8,7 @@
 //! per process:
 //!
 //! **The tensor level**, when the process has tensor records (the PyTorch probe's, or an
-//! imported snapshot's; see [`crate::tensors`]): the allocator's own picture, as PyTorch's
+//! imported snapshot's; see [`crate::torch_replay`]): the allocator's own picture, as PyTorch's
 //! `_snapshot()` of the same run shows it.
 //!
 //! - `segments`: the driver's segments live at the moment of the snapshot (each device
@@ -77,7 +77,7 @@ use vramtrace_format::{Event, EventKind, MemKind, TensorAction, TensorEvent};
 use super::{ExportError, Progress};
 use crate::replay::{LiveAlloc, Pool, Replayer, Step};
 use crate::symbolize::StackSymbolizer;
-use crate::tensors::{LiveTensor, TensorReplay, TensorStep, is_probe_frame};
+use crate::torch_replay::{LiveTensor, TensorReplay, TensorStep, is_probe_frame};
 use crate::trace::{Item, Process, Trace};
 
 /// What [`export_pytorch`] wrote.
