@@ -6,7 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 secs="${1:-20}"
-command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+# Pinned, with its own lock file: a new release never changes what CI runs unannounced.
+cargo_fuzz_version=0.13.2
+cargo fuzz --version 2>/dev/null | grep " $cargo_fuzz_version\$" >/dev/null ||
+  cargo install cargo-fuzz --version "$cargo_fuzz_version" --locked
 export RUSTC_BOOTSTRAP=1
 
 # Seeds: the sample traces (their first 64 KiB: header, first blocks, a torn tail), the sample

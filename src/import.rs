@@ -322,6 +322,8 @@ type NamesBefore = Vec<HashMap<u64, OurNames>>;
 type SegmentsBefore = Vec<BTreeMap<u64, (u64, bool, u32)>>;
 /// Per device: blocks live before the history began, address → (size, requested, stack).
 type BlocksBefore = Vec<BTreeMap<u64, (u64, u64, u32)>>;
+/// Per device: blocks allocated at the end (`segments`), address → (size, requested).
+type BlocksAtEnd = Vec<HashMap<u64, (u64, u64)>>;
 
 /// The entries of every device's trace, decoded, and the time of the first one (1 µs when no
 /// entry has a time). Entries without a time get 1 µs steps of their own.
@@ -433,17 +435,22 @@ fn our_names(
 }
 
 /// What was live when the history began, per device: segments (address → (size,
-/// expandable, stack)) and blocks (address → (size, requested, stack)).
+/// expandable, stack)) and blocks (address → (size, requested, stack)); and the blocks
+/// allocated at the end (address → (size, requested)).
 fn live_before(
     t: &mut Tables,
     per_device: &[Vec<Entry<'_>>],
     segments: &[Value],
     traces: &[Value],
-) -> (SegmentsBefore, BlocksBefore) {
+) -> (SegmentsBefore, BlocksBefore, BlocksAtEnd) {
     let mut seg_before: Vec<BTreeMap<u64, (u64, bool, u32)>> =
         vec![BTreeMap::new(); per_device.len()];
     let mut blk_before: Vec<BTreeMap<u64, (u64, u64, u32)>> =
         vec![BTreeMap::new(); per_device.len()];
+    // The blocks allocated at the end (address → (size, requested)): a trace entry gives only
+    // the request, so the block of the last allocation at an address that is still allocated
+    // comes from here.
+    let mut blk_final: BlocksAtEnd = vec![HashMap::new(); per_device.len()];
     for (dev, entries) in per_device.iter().enumerate() {
         let mut seen_seg: HashMap<u64, bool> = HashMap::new();
         let mut seen_blk: HashMap<u64, bool> = HashMap::new();
@@ -490,6 +497,8 @@ fn live_before(
                     continue;
                 }
                 let a = int(key(b, "address")).unwrap_or(0);
+                let (size, requested, _) = block_sizes(b, 0);
+                blk_final[dev].insert(a, (size, requested));
                 if !seen_blk.contains_key(&a) {
                     let stack = t.stack(list(key(b, "frames")));
                     blk_before[dev].insert(a, block_sizes(b, stack));
@@ -528,7 +537,7 @@ fn live_before(
             }
         }
     }
-    (seg_before, blk_before)
+    (seg_before, blk_before, blk_final)
 }
 
 /// The records of a segment's allocation: `cuMemCreate` and `cuMemMap` for an expandable
@@ -633,7 +642,7 @@ pub fn convert(
     let (per_device, first_t) = decode_traces(traces)?;
     let (names_at, names_before) = our_names(&per_device, segments, traces);
     let t_start = first_t.saturating_sub(1);
-    let (seg_before, blk_before) = live_before(&mut t, &per_device, segments, traces);
+    let (seg_before, blk_before, blk_final) = live_before(&mut t, &per_device, segments, traces);
     // A snapshot without history has devices only in `segments`.
     let devices = per_device.len().max(seg_before.len());
     let no_entries: Vec<Entry> = Vec::new();
@@ -664,6 +673,12 @@ pub fn convert(
         }
         if !entries.is_empty() || !seg_before[dev].is_empty() {
             n.devices += 1;
+        }
+        let mut last_alloc: HashMap<u64, usize> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            if e.action == "alloc" {
+                last_alloc.insert(e.addr, i);
+            }
         }
         for (i, e) in entries.iter().enumerate() {
             match e.action {
@@ -711,18 +726,35 @@ pub fn convert(
                 }
                 "alloc" => {
                     let stack = t.stack(e.frames);
-                    // A trace entry's size is the request; the block is not in the entry.
+                    // A trace entry's size is the request; the block is not in the entry. Still
+                    // allocated at the end, it is in `segments`. A block that fills its segment
+                    // exactly is a segment of its own (our driver-level export, or a caching-off
+                    // run): the request. Else it is the request rounded up to the allocator's
+                    // 512-byte unit (c10/cuda/CUDACachingAllocator.cpp round_size); a large
+                    // block left unsplit (less than 1 MiB would remain) is not known.
+                    let whole = segs.get(&e.addr).is_some_and(|s| s.0 == e.size);
+                    let rounded = if whole {
+                        e.size
+                    } else {
+                        e.size.max(1).div_ceil(512) * 512
+                    };
+                    let sizes = blk_final
+                        .get(dev)
+                        .and_then(|f| f.get(&e.addr))
+                        .filter(|_| last_alloc.get(&e.addr) == Some(&i))
+                        .copied()
+                        .unwrap_or((rounded, e.size));
                     timed.push(tensor(
                         e.t_ns,
                         di,
                         TensorAction::Alloc,
                         e.addr,
-                        (e.size, e.size),
+                        sizes,
                         stack,
                     ));
                     let names = names_at[dev].get(&i);
                     timed.extend(annotate(&mut t, e.t_ns, e.addr, names));
-                    blocks.insert(e.addr, e.size);
+                    blocks.insert(e.addr, sizes.0);
                     n.tensors += 1;
                 }
                 "free_completed" => {

@@ -292,7 +292,7 @@ fn the_report_explains_pytorchs_message_from_the_tensors() {
     let section = &md[start..end];
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/report_tensors_message.md");
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+    if vramtrace_testkit::bless("UPDATE_SNAPSHOTS") {
         std::fs::write(&path, section).unwrap();
     }
     let want = std::fs::read_to_string(&path).expect("run with UPDATE_SNAPSHOTS=1 to create it");

@@ -472,6 +472,7 @@ fn pytorch_snapshot_has_the_fields_memory_viz_reads() {
     let opts = SnapshotOptions {
         pid: Some(77),
         max_entries: Some(4),
+        until_ns: None,
     };
     let mut out = Vec::new();
     let n = export_pytorch(&trace, &opts, &mut out, &Progress::hidden()).unwrap();

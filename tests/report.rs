@@ -387,7 +387,7 @@ fn synthetic_report_matches_its_snapshot() {
     .unwrap();
     let md = markdown::render(&r, &markdown::Images::default());
     let path = root().join("tests/snapshots/report_synthetic.md");
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+    if vramtrace_testkit::bless("UPDATE_SNAPSHOTS") {
         std::fs::write(&path, &md).unwrap();
     }
     let want = std::fs::read_to_string(&path).expect("run with UPDATE_SNAPSHOTS=1 to create it");

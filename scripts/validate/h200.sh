@@ -472,6 +472,59 @@ hf_prefill() {
   head -60 "$d-report/report.md"
 }
 
+exports_equal() {
+  # Issue 20 item 1: our PyTorch snapshot of a caching-on run against PyTorch's own of the same
+  # run (fla's GDN, and a transformers Qwen3.5 prefill), and the run's bytes by Python line from
+  # the Parquet export. For each: export the whole run, find the moment PyTorch took its snapshot
+  # (snapshot_equal.py --locate), export as of then, compare; then PyTorch's own viewers on both.
+  hf_models || return 1
+  local name d at
+  for name in fla-gdn hf-prefill; do
+    d=$W/exports-$name
+    rm -rf "$d" "$d-tables" "$d-viz"
+    if [ "$name" = fla-gdn ]; then
+      timeout 300 $VT run --quiet --out "$d" -- python3 "$VAL/model_vs_torch.py" --kernel gdn \
+        --seqlens 4128 --hk 16 --hv 48 --k 128 --v 128 --snapshot-out "$d.theirs.pickle" > "$d.stdout" 2>&1
+    else
+      timeout 300 $VT run --quiet --out "$d" -- python3 "$VAL/hf_prefill.py" "$W/models/hybrid" \
+        --tokens ${HF_TOKENS:-4128} --chunks 2 --snapshot-out "$d.theirs.pickle" > "$d.stdout" 2>&1
+    fi
+    echo "--- $name: exit $?"; tail -3 "$d.stdout"
+    $VT export "$d" --format pytorch --max-entries 0 --force -o "$d.whole.pickle"
+    at=$(python3 "$VAL/snapshot_equal.py" --locate "$d.whole.pickle" "$d.theirs.pickle") || { echo "$at"; continue; }
+    echo "PyTorch's snapshot was taken at $at"
+    $VT export "$d" --format pytorch --max-entries 0 --force --until "$at" -o "$d.ours.pickle"
+    python3 "$VAL/snapshot_equal.py" "$d.ours.pickle" "$d.theirs.pickle" | tee "$d.equal.txt" | tail -25
+    $VT import "$d.theirs.pickle" -o "$d-imported" | tail -1
+    $VT export "$d-imported" --format pytorch --max-entries 0 --force -o "$d.back.pickle"
+    python3 "$VAL/snapshot_equal.py" "$d.back.pickle" "$d.theirs.pickle" | tail -3
+    "$VAL/snapshot_plots.sh" "$d.ours.pickle" "$d.theirs.pickle" "$d-viz"
+    $VT export "$d" --format parquet -o "$d-tables"
+    python3 - "$d-tables/tensors.parquet" <<'EOF'
+import sys
+q = ("SELECT line, count(*) AS tensors, sum(size) AS bytes FROM '%s' WHERE kind = 'alloc' "
+     "GROUP BY line ORDER BY bytes DESC LIMIT 12" % sys.argv[1])
+try:
+    import duckdb
+    for r in duckdb.sql(q).fetchall():
+        print(*r, sep="\t")
+except ImportError:
+    try:
+        import pyarrow.parquet as pq
+        t = pq.read_table(sys.argv[1]).to_pylist()
+        by = {}
+        for r in t:
+            if r["kind"] == "alloc":
+                n, b = by.get(r["line"], (0, 0))
+                by[r["line"]] = (n + 1, b + r["size"])
+        for line, (n, b) in sorted(by.items(), key=lambda x: -x[1][1])[:12]:
+            print(line, n, b, sep="\t")
+    except ImportError:
+        print("neither duckdb nor pyarrow here: carry a duckdb wheel to group the bytes by line")
+EOF
+  done
+}
+
 serve_cb() {
   # Issue 18/19: transformers serve, continuous batching (paged KV cache), under vramtrace run,
   # with 16 concurrent chat completions of 1,500 prompt tokens and 96 new tokens.

@@ -1,9 +1,11 @@
 """One transformers prefill of T tokens through a model saved by hf_models.py, on cuda:0.
 
-Usage: python3 hf_prefill.py MODEL_DIR --tokens T [--chunks N] [--cap GiB]
+Usage: python3 hf_prefill.py MODEL_DIR --tokens T [--chunks N] [--cap GiB] [--snapshot-out FILE]
 --chunks N feeds the prompt as N chunks of T tokens each into one cache (a chunked prefill: the
 context grows by T per chunk); --cap sets PyTorch's per-process memory fraction to GiB of the
-card, so the prefill can run out of memory as on a smaller card.
+card, so the prefill can run out of memory as on a smaller card. --snapshot-out records PyTorch's
+allocator history (Python frames) over the prefill and writes its `_snapshot()` there when the
+prefill ends, to set beside `vramtrace export --format pytorch` of the same run.
 Prints which Gated DeltaNet implementation the layers hold (fla's kernels or transformers' torch
 fallback) and the peak PyTorch saw, so the trace can be checked against both.
 """
@@ -20,6 +22,7 @@ def main():
     ap.add_argument("--tokens", type=int, required=True)
     ap.add_argument("--chunks", type=int, default=1)
     ap.add_argument("--cap", type=float)
+    ap.add_argument("--snapshot-out")
     a = ap.parse_args()
     if a.cap:
         total = torch.cuda.get_device_properties(0).total_memory
@@ -35,6 +38,9 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     ids = torch.randint(4, 4000, (1, a.tokens * a.chunks), device="cuda")
     past = None
+    if a.snapshot_out:
+        torch.cuda.synchronize()
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     try:
         with torch.no_grad():
             for c in range(a.chunks):
@@ -50,6 +56,17 @@ def main():
     except torch.OutOfMemoryError as e:
         print("OOM:", str(e).splitlines()[0])
         return 3
+    finally:
+        if a.snapshot_out:
+            import pickle
+
+            torch.cuda.synchronize()
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            with open(a.snapshot_out, "wb") as f:
+                pickle.dump(snap, f)
+            print(f"snapshot: {sum(len(t) for t in snap['device_traces'])} trace entries, "
+                  f"{len(snap['segments'])} segments -> {a.snapshot_out}")
     return 0
 
 

@@ -13,6 +13,7 @@
 //! Every exporter streams: it folds [`Trace::items`] as they come and holds only the live set,
 //! the stack table and (Parquet) one row group, never the whole trace.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::trace::Trace;
@@ -99,6 +100,62 @@ impl Progress {
 /// Microseconds since the trace's start, for formats that count in µs.
 pub(crate) fn rel_us(trace_start_ns: u64, t_ns: u64) -> f64 {
     t_ns.saturating_sub(trace_start_ns) as f64 / 1000.0
+}
+
+/// Whether a driver event is a segment of PyTorch's caching allocator as the exports show it:
+/// an allocation of device memory by address (`cuMemAlloc*`, stream-ordered and pool
+/// allocations; not a `cuMemCreate` handle, whose bytes are where it is mapped) or a mapping
+/// into reserved address space (a chunk of an expandable segment).
+pub(crate) fn is_segment(e: &vramtrace_format::Event) -> bool {
+    use vramtrace_format::MemKind;
+    match e.mem {
+        MemKind::Device => !matches!(e.api.name(), "cuMemCreate" | "cuMemRelease"),
+        MemKind::Mapping => true,
+        _ => false,
+    }
+}
+
+/// The category of a tensor or allocation with this range label and name, as the exports
+/// write it: one of [`CATEGORIES`], by [`crate::categories::category`]'s rule today. With
+/// [`CATEGORIES`], the one place the exports ask, so the shared categoriser can replace the
+/// rule here alone.
+pub fn category_of(label: Option<&str>, name: Option<&str>) -> &'static str {
+    CATEGORIES[crate::categories::category(label, name).index()]
+}
+
+/// Every category [`category_of`] gives, in the timeline's stacking order.
+pub const CATEGORIES: [&str; 5] = crate::categories::CATEGORIES;
+
+/// The range path open on each thread (`prefill/layer.3/gdn`), as the preload labels the
+/// driver events made inside it: a tensor record carries no label of its own.
+#[derive(Debug, Default)]
+pub(crate) struct RangePaths(HashMap<(usize, u32), Vec<String>>);
+
+impl RangePaths {
+    /// Follows a range push or pop; other items are ignored.
+    pub(crate) fn follow(&mut self, trace: &Trace, pi: usize, item: &crate::trace::Item) {
+        use crate::trace::Item;
+        match item {
+            Item::RangePush { tid, name, .. } => {
+                let n = trace.processes[pi].string(*name).unwrap_or("?");
+                self.0.entry((pi, *tid)).or_default().push(n.to_string());
+            }
+            Item::RangePop { tid, .. } => {
+                if let Some(r) = self.0.get_mut(&(pi, *tid)) {
+                    r.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The label of something made now on thread `tid` of process `pi`.
+    pub(crate) fn label(&self, pi: usize, tid: u32) -> Option<String> {
+        self.0
+            .get(&(pi, tid))
+            .filter(|r| !r.is_empty())
+            .map(|r| r.join("/"))
+    }
 }
 
 /// Whether the trace holds any timed item at all.

@@ -8,6 +8,26 @@
 //! | `stacks.parquet` | frame of a recorded stack | `pid`, `stack_id`, `frame` (0 = innermost), `address`, `module`, `symbol`, `file`, `line` |
 //! | `processes.parquet` | traced process | `pid`, `ppid`, `command_line`, `host`, `start_unix_ns`, `start_mono_ns`, `driver_version`, `path`, `problems` |
 //! | `devices.parquet` | device a process reported | `pid`, `ordinal`, `name`, `total_bytes` |
+//! | `tensors.parquet` | tensor event of PyTorch's caching allocator, in time order | `pid`, `tid`, `t_ns`, `kind`, `device`, `ptr`, `size`, `requested`, `segment`, `category`, `line`, `file`, `line_no`, `function`, `stack_id`, `name`, `label`, `alloc_t_ns`, `free_bytes`, `allocated_bytes`, `reserved_bytes`, `unmatched` |
+//!
+//! `tensors.parquet` is the tensor level beside the driver's events (see [`crate::torch_replay`]):
+//! one row per block PyTorch's allocator handed out (`alloc`), took back (`free`) or refused
+//! (`alloc_failed`), from the PyTorch probe or an imported snapshot; empty when the trace has
+//! none. `size` is the block (a `free` carries its allocation's), `requested` the bytes asked
+//! for; `segment` the base address of the driver allocation holding the block then (for
+//! expandable segments, the mapped chunk); `line` the tensor's Python line as the summary
+//! names it (`chunk_o.py:565 chunk_fwd_o`: the innermost frame that is the program's own, with
+//! `file`, `line_no` and `function`; a `free` carries its allocation's, so bytes group by the
+//! line that allocated them); `name` the name given to the tensor (an annotation); `label` the
+//! range path open on the thread at the allocation; `category` what
+//! [`super::category_of`] makes of the label and name; `alloc_t_ns` on a `free`, when it was
+//! allocated. `free_bytes`, `allocated_bytes` and `reserved_bytes` are the driver's free memory
+//! and the allocator's bytes at an `alloc_failed`. Grouping the bytes by line:
+//!
+//! ```sql
+//! SELECT line, count(*) AS tensors, sum(size) AS bytes
+//! FROM 'OUT/tensors.parquet' WHERE kind = 'alloc' GROUP BY line ORDER BY bytes DESC
+//! ```
 //!
 //! Integers are INT64 (INT32 for `device`, `result`, `frame`, `ordinal`, `line`,
 //! `driver_version`), text is UTF8, times are INT64 nanoseconds: `t_ns` and `start_mono_ns` are
@@ -26,7 +46,7 @@
 //! writes 122,880-row groups itself), so a 10 M-event trace exports holding one row group
 //! (about 60 MB), the live set and the string table. Pages are Snappy-compressed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
@@ -37,11 +57,12 @@ use ::parquet::data_type::{BoolType, ByteArray, ByteArrayType, Int32Type, Int64T
 use ::parquet::file::properties::WriterProperties;
 use ::parquet::file::writer::SerializedFileWriter;
 use ::parquet::schema::parser::parse_message_type;
-use vramtrace_format::{EventKind, MemKind};
+use vramtrace_format::{EventKind, MemKind, TensorAction};
 
 use super::{ExportError, Progress};
 use crate::replay::{Replayer, Step};
 use crate::symbolize::StackSymbolizer;
+use crate::torch_replay::{PyLocation, TensorReplay, TensorStep, python_locations};
 use crate::trace::{Item, Trace};
 
 /// Rows per row group.
@@ -58,6 +79,8 @@ pub struct ParquetTables {
     pub processes: u64,
     /// Rows of `devices.parquet`.
     pub devices: u64,
+    /// Rows of `tensors.parquet`.
+    pub tensors: u64,
 }
 
 const EVENTS_SCHEMA: &str = "message events {
@@ -106,6 +129,31 @@ const PROCESSES_SCHEMA: &str = "message processes {
   REQUIRED INT64 problems;
 }";
 
+const TENSORS_SCHEMA: &str = "message tensors {
+  REQUIRED INT64 pid;
+  REQUIRED INT64 tid;
+  REQUIRED INT64 t_ns;
+  REQUIRED BYTE_ARRAY kind (UTF8);
+  REQUIRED INT32 device;
+  REQUIRED INT64 ptr;
+  REQUIRED INT64 size;
+  OPTIONAL INT64 requested;
+  OPTIONAL INT64 segment;
+  REQUIRED BYTE_ARRAY category (UTF8);
+  OPTIONAL BYTE_ARRAY line (UTF8);
+  OPTIONAL BYTE_ARRAY file (UTF8);
+  OPTIONAL INT32 line_no;
+  OPTIONAL BYTE_ARRAY function (UTF8);
+  OPTIONAL INT64 stack_id;
+  OPTIONAL BYTE_ARRAY name (UTF8);
+  OPTIONAL BYTE_ARRAY label (UTF8);
+  OPTIONAL INT64 alloc_t_ns;
+  OPTIONAL INT64 free_bytes;
+  OPTIONAL INT64 allocated_bytes;
+  OPTIONAL INT64 reserved_bytes;
+  REQUIRED BOOLEAN unmatched;
+}";
+
 const DEVICES_SCHEMA: &str = "message devices {
   REQUIRED INT64 pid;
   REQUIRED INT32 ordinal;
@@ -113,8 +161,8 @@ const DEVICES_SCHEMA: &str = "message devices {
   REQUIRED INT64 total_bytes;
 }";
 
-/// Writes `events.parquet`, `stacks.parquet`, `processes.parquet` and `devices.parquet` into
-/// `dir` (created if missing; files there of those names are replaced).
+/// Writes `events.parquet`, `stacks.parquet`, `processes.parquet`, `devices.parquet` and
+/// `tensors.parquet` into `dir` (created if missing; files there of those names are replaced).
 pub fn export_parquet(
     trace: &Trace,
     dir: &Path,
@@ -177,6 +225,8 @@ pub fn export_parquet(
 
     progress.pass("parquet: events");
     n.events = write_events(trace, &dir.join("events.parquet"), progress)?;
+    progress.pass("parquet: tensors");
+    n.tensors = write_tensors(trace, &dir.join("tensors.parquet"), progress)?;
     Ok(n)
 }
 
@@ -262,6 +312,175 @@ fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, 
             }
             _ => {}
         }
+    }
+    t.close()
+}
+
+/// A tensor's allocation, kept until its free: what the free's row repeats.
+struct Allocated {
+    t_ns: u64,
+    label: Option<Arc<str>>,
+    name: Option<Arc<str>>,
+}
+
+fn write_tensors(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, ExportError> {
+    // Pass 1: the names given to tensors (an annotation comes after the allocation it names,
+    // and the allocation's row is written first), by the allocation's replay index.
+    let mut live: HashMap<(usize, u64), usize> = HashMap::new();
+    let mut names: HashMap<(usize, usize), Arc<str>> = HashMap::new();
+    let mut any = false;
+    for (seq, (pi, item)) in trace.items()?.enumerate() {
+        match item {
+            Item::Tensor(t) => {
+                any = true;
+                match t.action {
+                    TensorAction::Alloc => {
+                        live.insert((pi, t.ptr), seq);
+                    }
+                    TensorAction::Free => {
+                        live.remove(&(pi, t.ptr));
+                    }
+                    // Restated after the size budget dropped its allocation: the first
+                    // statement stands for it.
+                    TensorAction::Live => {
+                        live.entry((pi, t.ptr)).or_insert(seq);
+                    }
+                    TensorAction::AllocFailed => {}
+                }
+            }
+            Item::Annotate(a) => {
+                if let Some(&at) = live.get(&(pi, a.ptr)) {
+                    let name = trace.processes[pi].tensor_name(&a);
+                    names.insert((pi, at), name.into());
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut t = Table::create(path, TENSORS_SCHEMA)?;
+    if !any {
+        return t.close();
+    }
+    // Pass 2: the rows.
+    let mut replay = Replayer::new();
+    let mut tensors = TensorReplay::new();
+    let mut segments: HashMap<(usize, i32), BTreeMap<u64, u64>> = HashMap::new();
+    let mut ranges = super::RangePaths::default();
+    let mut allocated: HashMap<(usize, u64), Allocated> = HashMap::new();
+    let mut lines: HashMap<(usize, u32), Option<PyLocation>> = HashMap::new();
+    let mut text: HashMap<Arc<str>, ByteArray> = HashMap::new();
+    let mut b = |s: &str| -> ByteArray {
+        if let Some(v) = text.get(s) {
+            return v.clone();
+        }
+        let v = bytes(s);
+        text.insert(s.into(), v.clone());
+        v
+    };
+    for (seq, (pi, item)) in trace.items()?.enumerate() {
+        if seq % 4096 == 0 {
+            progress.inc(4096);
+        }
+        let p = &trace.processes[pi];
+        let e = match item {
+            Item::Event(e) => {
+                match replay.apply(pi, seq, &e) {
+                    Step::Allocated { .. } if super::is_segment(&e) => {
+                        segments
+                            .entry((pi, e.device))
+                            .or_default()
+                            .insert(e.ptr, e.size);
+                    }
+                    Step::Released { freed: Some(a) } if super::is_segment(&a.event) => {
+                        if let Some(s) = segments.get_mut(&(pi, a.event.device)) {
+                            s.remove(&a.event.ptr);
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            Item::RangePush { .. } | Item::RangePop { .. } => {
+                ranges.follow(trace, pi, &item);
+                continue;
+            }
+            Item::Tensor(e) => e,
+            _ => continue,
+        };
+        let step = tensors.apply(pi, seq, &e);
+        if step == TensorStep::Restated(false) {
+            continue; // already live here: nothing new to say
+        }
+        let kind = match step {
+            TensorStep::Allocated => "alloc",
+            // Stated live by the recorder after the size budget dropped its allocation.
+            TensorStep::Restated(_) => "live",
+            TensorStep::Released(_) => "free",
+            TensorStep::Refused => "alloc_failed",
+        };
+        // What the row describes: the record itself, or for a free the allocation it freed.
+        let (of, unmatched) = match &step {
+            TensorStep::Released(Some(f)) => (f.event.clone(), false),
+            TensorStep::Released(None) => (e.clone(), true),
+            _ => (e.clone(), false),
+        };
+        let info = match step {
+            TensorStep::Allocated | TensorStep::Restated(_) => {
+                let label = ranges.label(pi, e.tid).map(Arc::from);
+                let a = Allocated {
+                    t_ns: e.t_ns,
+                    label,
+                    name: names.get(&(pi, seq)).cloned(),
+                };
+                let row = (a.label.clone(), a.name.clone(), None);
+                allocated.insert((pi, e.ptr), a);
+                row
+            }
+            TensorStep::Released(_) => match allocated.remove(&(pi, e.ptr)) {
+                Some(a) => (a.label, a.name, Some(a.t_ns)),
+                None => (None, None, None),
+            },
+            TensorStep::Refused => (ranges.label(pi, e.tid).map(Arc::from), None, None),
+        };
+        let (label, name, alloc_t) = info;
+        let loc = lines
+            .entry((pi, of.stack))
+            .or_insert_with(|| python_locations(p, of.stack).into_iter().next())
+            .clone();
+        let segment = segments.get(&(pi, of.device)).and_then(|s| {
+            let (&base, &size) = s.range(..=of.ptr).next_back()?;
+            (of.ptr < base + size).then_some(base)
+        });
+        let failed = kind == "alloc_failed";
+        t.i64(0, p.pid().into());
+        t.i64(1, e.tid.into());
+        t.i64(2, e.t_ns as i64);
+        t.str(3, Some(b(kind)));
+        t.i32(4, of.device);
+        t.i64(5, of.ptr as i64);
+        t.i64(6, of.size as i64);
+        t.opt_i64(
+            7,
+            (!failed && of.requested != 0).then_some(of.requested as i64),
+        );
+        t.opt_i64(8, segment.map(|s| s as i64));
+        t.str(
+            9,
+            Some(b(super::category_of(label.as_deref(), name.as_deref()))),
+        );
+        t.str(10, loc.as_ref().map(|l| b(&l.to_string())));
+        t.str(11, loc.as_ref().map(|l| b(&l.file)));
+        t.opt_i32(12, loc.as_ref().map(|l| l.line as i32));
+        t.str(13, loc.as_ref().map(|l| b(&l.function)));
+        t.opt_i64(14, nonzero(of.stack.into()));
+        t.str(15, name.as_deref().map(&mut b));
+        t.str(16, label.as_deref().map(&mut b));
+        t.opt_i64(17, alloc_t.map(|t| t as i64));
+        t.opt_i64(18, failed.then_some(e.free as i64));
+        t.opt_i64(19, failed.then_some(e.allocated as i64));
+        t.opt_i64(20, failed.then_some(e.reserved as i64));
+        t.bool(21, unmatched);
+        t.end_row()?;
     }
     t.close()
 }

@@ -14,6 +14,16 @@
 //!   `stack_id`. Lifetimes overlap without nesting, so each process puts them on lanes (pseudo
 //!   threads named `device 0 allocations`), a lane taken by at most one allocation at a time.
 //!   What is still live when the trace ends closes there with `"live_at_end": true`.
+//! - **Tensors** (when PyTorch's are recorded; see [`crate::torch_replay`]): a counter track per
+//!   process and device, `tensor bytes: device 0`, whose args are the live tensor bytes of each
+//!   category ([`super::CATEGORIES`] by [`super::category_of`]: the range label open at the
+//!   allocation and the tensor's name; a name given later moves its bytes then), stacked in
+//!   `chrome://tracing`, one track per category in Perfetto; and a slice per tensor, from its
+//!   allocation to its free, on lanes of their own (`device 0 tensors`), named by the tensor's
+//!   name, else its Python line (`chunk_o.py:565 chunk_fwd_o`), else `tensor`; `args` hold
+//!   `size`, `requested`, `ptr`, `category`, `line`, `label`, `stack_id`. The segments are the
+//!   driver's allocation slices and `live bytes` counters above: tensor bytes are inside them,
+//!   never added to them.
 //! - **Failures** (`"ph": "i"`, process scope): `alloc failed: 1.00 GiB` with the request, the
 //!   free and total memory the driver reported, the driver function and result.
 //! - **Ranges and marks** on the threads that pushed them (`"B"`/`"E"`, `"i"`).
@@ -43,11 +53,41 @@ pub struct PerfettoCounts {
     pub slices: u64,
     /// Failed allocations.
     pub failures: u64,
+    /// Tensor counter samples.
+    pub tensor_counters: u64,
+    /// Tensor lifetime slices.
+    pub tensor_slices: u64,
+}
+
+/// A live tensor as the export follows it.
+struct LiveTensor {
+    t_ns: u64,
+    size: u64,
+    requested: u64,
+    stack: u32,
+    lane: i64,
+    category: usize,
+    label: Option<String>,
+    name: Option<String>,
+}
+
+/// The live tensor bytes of one process and device, by category.
+type ByCategory = [u64; super::CATEGORIES.len()];
+
+fn category_index(label: Option<&str>, name: Option<&str>) -> usize {
+    let c = super::category_of(label, name);
+    super::CATEGORIES
+        .iter()
+        .position(|x| *x == c)
+        .unwrap_or(super::CATEGORIES.len() - 1)
 }
 
 /// First pseudo thread id of the allocation lanes: above any kernel thread id (Linux's
 /// `pid_max` is at most 2^22).
 const LANE_BASE: i64 = 1 << 30;
+
+/// The lanes' bucket index of tensors (after the driver's buckets).
+const TENSOR_LANES: i64 = 6;
 
 fn pool_index(p: Pool) -> i64 {
     match p {
@@ -120,6 +160,10 @@ pub fn export_perfetto(
     // The lane of every live allocation, by (process, replay index of its allocation).
     let mut lane_of: HashMap<(usize, usize), i64> = HashMap::new();
     let mut named_lanes: std::collections::HashSet<(usize, i64)> = Default::default();
+    let mut tensor_lanes: HashMap<(usize, i32), Lanes> = HashMap::new();
+    let mut tensors: HashMap<(usize, u64), (i32, LiveTensor)> = HashMap::new();
+    let mut tensor_bytes: HashMap<(usize, i32), ByCategory> = HashMap::new();
+    let mut ranges = super::RangePaths::default();
     let mut last_t = start;
     for (seq, (pi, item)) in trace.items()?.enumerate() {
         if seq % 4096 == 0 {
@@ -190,13 +234,28 @@ pub fn export_perfetto(
             },
             Item::Annotate(a) => {
                 replay.annotate(pi, &a);
+                if let Some((device, t)) = tensors.get_mut(&(pi, a.ptr)) {
+                    let name = p.tensor_name(&a);
+                    let c = category_index(t.label.as_deref(), Some(&name));
+                    t.name = Some(name);
+                    if c != t.category {
+                        let by = tensor_bytes.entry((pi, *device)).or_default();
+                        by[t.category] -= t.size;
+                        by[c] += t.size;
+                        t.category = c;
+                        tensor_counter(&mut w, by, pid, *device, ts)?;
+                        n.tensor_counters += 1;
+                    }
+                }
             }
             Item::RangePush { tid, name, .. } => {
+                ranges.follow(trace, pi, &item);
                 let name = p.string(name).unwrap_or("?");
                 w.event(&json!({"ph": "B", "cat": "range", "name": name, "pid": pid,
                                 "tid": tid, "ts": ts}))?;
             }
             Item::RangePop { tid, .. } => {
+                ranges.follow(trace, pi, &item);
                 w.event(&json!({"ph": "E", "cat": "range", "pid": pid, "tid": tid, "ts": ts}))?;
             }
             Item::Mark { tid, name, .. } => {
@@ -214,8 +273,67 @@ pub fn export_perfetto(
                              "limit": t.limit, "free_bytes": t.free, "device": t.device}}))?;
                 n.failures += 1;
             }
-            Item::Tensor(_) => {}
+            Item::Tensor(t) if t.action == vramtrace_format::TensorAction::Alloc => {
+                let l = tensor_lanes.entry((pi, t.device)).or_default();
+                let lane = l.take();
+                let tid =
+                    LANE_BASE + (TENSOR_LANES * 1024 + i64::from(t.device + 1)) * 65_536 + lane;
+                if named_lanes.insert((pi, tid)) {
+                    let name = format!("device {} tensors", t.device);
+                    w.event(&json!({"ph": "M", "name": "thread_name", "pid": pid,
+                                    "tid": tid, "args": {"name": name}}))?;
+                    w.event(&json!({"ph": "M", "name": "thread_sort_index", "pid": pid,
+                                    "tid": tid, "args": {"sort_index": tid}}))?;
+                }
+                let label = ranges.label(pi, t.tid);
+                let category = category_index(label.as_deref(), None);
+                let live = LiveTensor {
+                    t_ns: t.t_ns,
+                    size: t.size,
+                    requested: t.requested,
+                    stack: t.stack,
+                    lane: tid,
+                    category,
+                    label,
+                    name: None,
+                };
+                let by = tensor_bytes.entry((pi, t.device)).or_default();
+                by[category] += t.size;
+                if let Some((d, old)) = tensors.insert((pi, t.ptr), (t.device, live)) {
+                    // Handed out again: a free that was not recorded ends the old one here.
+                    let by = tensor_bytes.entry((pi, d)).or_default();
+                    by[old.category] -= old.size;
+                    tensor_slice(&mut w, p, t.ptr, &old, start, t.t_ns, false)?;
+                    n.tensor_slices += 1;
+                    if let Some(l) = tensor_lanes.get_mut(&(pi, d)) {
+                        l.give_back(old.lane);
+                    }
+                }
+                let by = tensor_bytes.entry((pi, t.device)).or_default();
+                tensor_counter(&mut w, by, pid, t.device, ts)?;
+                n.tensor_counters += 1;
+            }
+            Item::Tensor(t) => {
+                if let Some((d, old)) = tensors.remove(&(pi, t.ptr)) {
+                    let by = tensor_bytes.entry((pi, d)).or_default();
+                    by[old.category] -= old.size;
+                    tensor_counter(&mut w, by, pid, d, ts)?;
+                    n.tensor_counters += 1;
+                    tensor_slice(&mut w, p, t.ptr, &old, start, t.t_ns, false)?;
+                    n.tensor_slices += 1;
+                    if let Some(l) = tensor_lanes.get_mut(&(pi, d)) {
+                        l.give_back(old.lane);
+                    }
+                }
+            }
         }
+    }
+    // Tensors still live close where the trace ends.
+    let mut left: Vec<((usize, u64), (i32, LiveTensor))> = tensors.into_iter().collect();
+    left.sort_by_key(|((pi, _), (_, t))| (*pi, t.t_ns, t.lane));
+    for ((pi, ptr), (_, t)) in left {
+        tensor_slice(&mut w, &trace.processes[pi], ptr, &t, start, last_t, true)?;
+        n.tensor_slices += 1;
     }
     // What is still live closes where the trace ends.
     let mut keys: Vec<(usize, i32, Pool)> = replay.levels().map(|(k, _)| k).collect();
@@ -233,6 +351,85 @@ pub fn export_perfetto(
     w.out.write_all(b"\n]}\n")?;
     w.out.flush()?;
     Ok(n)
+}
+
+impl Lanes {
+    /// The lowest free lane.
+    fn take(&mut self) -> i64 {
+        match self.free.pop() {
+            Some(Reverse(x)) => x,
+            None => {
+                self.next += 1;
+                self.next - 1
+            }
+        }
+    }
+
+    /// Frees the lane of the pseudo thread `tid`.
+    fn give_back(&mut self, tid: i64) {
+        self.free.push(Reverse((tid - LANE_BASE) % 65_536));
+    }
+}
+
+fn tensor_counter(
+    w: &mut Writer<'_>,
+    by: &ByCategory,
+    pid: u32,
+    device: i32,
+    ts: f64,
+) -> Result<(), ExportError> {
+    let args: serde_json::Map<String, Value> = super::CATEGORIES
+        .iter()
+        .zip(by)
+        .map(|(c, b)| (c.to_string(), (*b).into()))
+        .collect();
+    w.event(
+        &json!({"ph": "C", "name": format!("tensor bytes: device {device}"),
+                    "pid": pid, "ts": ts, "args": args}),
+    )
+}
+
+fn tensor_slice(
+    w: &mut Writer<'_>,
+    p: &crate::trace::Process,
+    ptr: u64,
+    t: &LiveTensor,
+    start: u64,
+    end_ns: u64,
+    live_at_end: bool,
+) -> Result<(), ExportError> {
+    let line = crate::torch_replay::python_locations(p, t.stack)
+        .into_iter()
+        .next()
+        .map(|l| l.to_string());
+    let name = t
+        .name
+        .clone()
+        .or_else(|| line.clone())
+        .unwrap_or_else(|| "tensor".into());
+    let mut args = json!({"size": t.size, "ptr": format!("{ptr:#x}"),
+                          "category": super::CATEGORIES[t.category]});
+    if t.requested != 0 {
+        args["requested"] = t.requested.into();
+    }
+    if let Some(l) = line {
+        args["line"] = l.into();
+    }
+    if let Some(l) = &t.label {
+        args["label"] = l.clone().into();
+    }
+    if t.stack != 0 {
+        args["stack_id"] = t.stack.into();
+    }
+    if live_at_end {
+        args["live_at_end"] = true.into();
+    }
+    let ts = rel_us(start, t.t_ns);
+    let dur = end_ns.saturating_sub(t.t_ns) as f64 / 1000.0;
+    w.event(
+        &json!({"ph": "X", "cat": "tensor", "name": name, "pid": p.pid(),
+                    "tid": t.lane, "ts": ts, "dur": dur, "args": args}),
+    )
 }
 
 fn free_lane(lanes: &mut HashMap<(usize, i32, Pool), Lanes>, a: &LiveAlloc, tid: i64) {

@@ -40,23 +40,35 @@ pub enum WeightArg {
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Formats, and what opens them:
-  parquet     OUT is a directory (created if missing) that gets four files: events.parquet (one
-              row per event: pid, tid, t_ns, kind, api, mem, pool, device, ptr, size, result,
-              stream, aux, free_bytes, total_bytes, stack_id, label, name, dtype, unmatched),
-              stacks.parquet (pid, stack_id, frame 0 = innermost, address, module, symbol, file,
-              line), processes.parquet (pid, ppid, command_line, host, start_unix_ns,
-              start_mono_ns, driver_version, path, problems) and devices.parquet (pid, ordinal,
-              name, total_bytes). Integers are INT64/INT32, text UTF8, times INT64 nanoseconds
-              (t_ns is CLOCK_MONOTONIC, like start_mono_ns). Opens in DuckDB, pyarrow, polars:
+  parquet     OUT is a directory (created if missing) that gets five files: events.parquet (one
+              row per driver event: pid, tid, t_ns, kind, api, mem, pool, device, ptr, size,
+              result, stream, aux, free_bytes, total_bytes, stack_id, label, name, dtype,
+              unmatched), tensors.parquet (one row per tensor PyTorch's allocator handed out,
+              took back or refused: pid, tid, t_ns, kind, device, ptr, size, requested, segment,
+              category, line, file, line_no, function, stack_id, name, label, alloc_t_ns,
+              free_bytes, allocated_bytes, reserved_bytes, unmatched; empty without PyTorch's
+              tensors), stacks.parquet (pid, stack_id, frame 0 = innermost, address, module,
+              symbol, file, line), processes.parquet (pid, ppid, command_line, host,
+              start_unix_ns, start_mono_ns, driver_version, path, problems) and devices.parquet
+              (pid, ordinal, name, total_bytes). Integers are INT64/INT32, text UTF8, times INT64
+              nanoseconds (t_ns is CLOCK_MONOTONIC, like start_mono_ns). Opens in DuckDB,
+              pyarrow, polars:
                 duckdb -c \"SELECT kind, count(*), sum(size) FROM 'OUT/events.parquet' GROUP BY kind\"
-  pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns: each driver
-              allocation is a segment with one block, failures are 'oom' entries. One process
-              per snapshot (--pid; default: the one with the highest device peak); each device
-              trace keeps its newest --max-entries entries (default 100000). Open it on
-              pytorch.org/memory_viz, or: python -m torch.cuda._memory_viz trace_plot OUT -o out.html
+                duckdb -c \"SELECT line, sum(size) FROM 'OUT/tensors.parquet' WHERE kind = 'alloc' GROUP BY line\"
+  pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns. With PyTorch's
+              tensors recorded (the PyTorch probe, or an imported snapshot), segments are split
+              into the tensors' blocks and the free gaps, and the device trace has alloc,
+              free_requested, free_completed, segment_alloc, segment_free and oom entries with
+              the tensors' Python frames; otherwise each driver allocation is a segment with one
+              block. One process per snapshot (--pid; default: the one with the highest device
+              peak); the state at the end, or at --until SECONDS; each device trace keeps its
+              newest --max-entries entries (default 100000). Open it on pytorch.org/memory_viz,
+              or: python -m torch.cuda._memory_viz trace_plot OUT -o out.html
   perfetto    OUT is Chrome trace event JSON: a live-bytes counter per process and device, a
-              slice per allocation lifetime (named by tensor, label or driver function), an
-              instant per failed allocation, ranges and marks. Open it on ui.perfetto.dev or in
+              slice per allocation lifetime (named by tensor, label or driver function), with
+              PyTorch's tensors a tensor-bytes counter per device by category and a slice per
+              tensor (named by its name or Python line), an instant per failed allocation,
+              ranges and marks. Open it on ui.perfetto.dev or in
               chrome://tracing.
   flamegraph  OUT is an SVG (any browser) of device memory by allocating native stack, weighed
               by --weight: peak (bytes live at each process's and device's peak, the default),
@@ -78,7 +90,7 @@ pub struct ExportArgs {
     /// Where to write: a file, or for parquet a directory.
     #[arg(long, short = 'o', value_name = "OUT")]
     pub output: PathBuf,
-    /// Replace OUT (for parquet: the four table files in it) if it exists.
+    /// Replace OUT (for parquet: the five table files in it) if it exists.
     #[arg(long)]
     pub force: bool,
     /// pytorch: the process to snapshot (default: the one with the highest device peak).
@@ -88,6 +100,11 @@ pub struct ExportArgs {
     /// does (0: keep all; each entry repeats its stack, so a long trace makes a large file).
     #[arg(long, value_name = "N", default_value_t = vramtrace::export::pytorch::DEFAULT_MAX_ENTRIES)]
     pub max_entries: u64,
+    /// pytorch: the snapshot as of this moment (what `_snapshot()` taken then would show), not
+    /// the trace's end: SECONDS into the trace, or @TIME_US, microseconds since the Unix epoch
+    /// as a snapshot's `time_us` (the moment is included).
+    #[arg(long, value_name = "SECONDS|@TIME_US")]
+    pub until: Option<String>,
     /// flamegraph: how stacks are weighed.
     #[arg(long, value_enum, default_value = "peak")]
     pub weight: WeightArg,
@@ -96,8 +113,9 @@ pub struct ExportArgs {
     pub folded: bool,
 }
 
-const PARQUET_FILES: [&str; 4] = [
+const PARQUET_FILES: [&str; 5] = [
     "events.parquet",
+    "tensors.parquet",
     "stacks.parquet",
     "processes.parquet",
     "devices.parquet",
@@ -124,7 +142,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
     if args.format == Format::Parquet {
         if out.exists() && !out.is_dir() {
             bail!(
-                "{} exists and is not a directory: parquet writes four files into a directory",
+                "{} exists and is not a directory: parquet writes five files into a directory",
                 out.display()
             );
         }
@@ -145,8 +163,10 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("exporting to {}", out.display()))?;
         progress.finish();
         eprintln!(
-            "vramtrace: wrote {} events, {} stack frames, {} processes, {} devices into {}",
+            "vramtrace: wrote {} events, {} tensor events, {} stack frames, {} processes, {} \
+             devices into {}",
             n.events,
+            n.tensors,
             n.stacks,
             n.processes,
             n.devices,
@@ -168,9 +188,15 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
         Format::Parquet => unreachable!("handled above"),
         Format::Pytorch => {
             let progress = crate::progress::stderr("pytorch");
+            let until_ns = args
+                .until
+                .as_deref()
+                .map(|s| until_ns(&trace, s))
+                .transpose()?;
             let opts = SnapshotOptions {
                 pid: args.pid,
                 max_entries: (args.max_entries > 0).then_some(args.max_entries),
+                until_ns,
             };
             let n = export_pytorch(&trace, &opts, &mut w, &progress);
             progress.finish();
@@ -185,9 +211,15 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
                     others.join(", ")
                 );
             }
+            let level = if n.tensor_level {
+                "PyTorch's tensors"
+            } else {
+                "driver allocations (no PyTorch tensor recorded)"
+            };
             format!(
-                "process {}: {} segments live at the end, {} trace entries ({} oom)",
-                n.pid, n.segments, n.entries, n.ooms
+                "process {}, {level}: {} segments holding {} blocks, {} trace entries ({} alloc, \
+                 {} oom)",
+                n.pid, n.segments, n.blocks, n.entries, n.allocs, n.ooms
             )
         }
         Format::Perfetto => {
@@ -199,8 +231,9 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
                 n.with_context(|| format!("exporting to {}", out.display())),
             )?;
             format!(
-                "{} counter samples, {} allocation slices, {} failures",
-                n.counters, n.slices, n.failures
+                "{} counter samples, {} allocation slices, {} tensor counter samples, {} tensor \
+                 slices, {} failures",
+                n.counters, n.slices, n.tensor_counters, n.tensor_slices, n.failures
             )
         }
         Format::Flamegraph => {
@@ -227,6 +260,32 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
         .with_context(|| format!("cannot write {}", out.display()))?;
     eprintln!("vramtrace: wrote {}: {what}", out.display());
     Ok(0)
+}
+
+/// `--until`: seconds into the trace, or `@TIME_US` (wall clock, µs since the Unix epoch, the
+/// clock of a snapshot's `time_us`; read through the first process's start times, the moment
+/// itself included), as the trace's `CLOCK_MONOTONIC` ns.
+fn until_ns(trace: &Trace, s: &str) -> anyhow::Result<u64> {
+    if let Some(us) = s.strip_prefix('@') {
+        let us: u64 = us.parse().with_context(|| {
+            format!("--until {s}: {us:?} is not a whole number of microseconds")
+        })?;
+        let Some(h) = trace.processes.first().map(|p| &p.header) else {
+            bail!("--until {s}: the trace has no process");
+        };
+        let wall_ns = (us as i128 + 1) * 1000 - 1;
+        let mono = wall_ns - h.start_unix_ns as i128 + h.start_mono_ns as i128;
+        return Ok(mono.clamp(0, u64::MAX as i128) as u64);
+    }
+    match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => {
+            Ok(trace.start_ns().saturating_add((secs * 1e9) as u64))
+        }
+        _ => bail!(
+            "--until {s}: give the seconds into the trace (0 or more, e.g. 29.5) or @TIME_US \
+             (microseconds since the Unix epoch, as a snapshot's time_us)"
+        ),
+    }
 }
 
 fn create(path: &Path) -> anyhow::Result<BufWriter<File>> {

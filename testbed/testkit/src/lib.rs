@@ -150,6 +150,29 @@ pub fn skip(require: &str, why: &str) {
     );
 }
 
+/// Whether a snapshot test should rewrite its expected file: `var` (`UPDATE_SNAPSHOTS`,
+/// `VRAMTRACE_BLESS`) is set. Under CI (`CI` set to anything but `false` or `0`) a test never
+/// rewrites what it checks against: it fails instead, so a set variable cannot make CI pass.
+pub fn bless(var: &str) -> bool {
+    match bless_in(
+        std::env::var_os(var).is_some(),
+        std::env::var("CI").ok().as_deref(),
+    ) {
+        Ok(b) => b,
+        Err(why) => panic!("{var} is set, but {why}"),
+    }
+}
+
+fn bless_in(set: bool, ci: Option<&str>) -> Result<bool, &'static str> {
+    let in_ci = ci.is_some_and(|v| !matches!(v, "" | "false" | "0"));
+    match (set, in_ci) {
+        (true, true) => Err(
+            "CI is set: expected files are rewritten only by hand (unset it, or run outside CI)",
+        ),
+        (set, _) => Ok(set),
+    }
+}
+
 /// Runs `cmd` with an empty stdin, collecting its stdout and stderr, and kills it if it is
 /// still running after `limit`: `None` then. A command that hangs fails its test instead of
 /// hanging the suite.
@@ -187,5 +210,19 @@ pub fn output_within(mut cmd: Command, limit: std::time::Duration) -> Option<Out
             return None;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn blessing_is_refused_in_ci() {
+        use super::bless_in;
+        assert_eq!(bless_in(false, None), Ok(false));
+        assert_eq!(bless_in(true, None), Ok(true));
+        assert_eq!(bless_in(true, Some("false")), Ok(true));
+        assert_eq!(bless_in(false, Some("true")), Ok(false));
+        assert!(bless_in(true, Some("true")).is_err());
+        assert!(bless_in(true, Some("1")).is_err());
     }
 }
