@@ -46,6 +46,8 @@ pub enum Command {
     Diff(commands::diff::DiffArgs),
     /// Turn a PyTorch memory snapshot pickle into a trace directory.
     Import(commands::import::ImportArgs),
+    /// Record in a running CUDA program (by pid) until Ctrl-C or --duration, then detach.
+    Attach(commands::attach::AttachArgs),
 }
 
 /// Runs the chosen subcommand and returns the process exit code.
@@ -64,5 +66,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Report(a) => commands::report::run(a),
         Command::Import(a) => commands::import::run(a),
         Command::Diff(a) => commands::diff::run(a),
+        Command::Attach(a) => commands::attach::run(a),
     }
 }

@@ -36,6 +36,7 @@
 //! - **Models are named variants of one upstream version each**, never blends, and cite the
 //!   file and line they were read from.
 
+pub mod attach;
 pub mod attribution;
 pub mod cli;
 pub mod commands;

@@ -94,8 +94,10 @@
 //! need only the sink (`stacks` asks `python`, which reads the interpreter's frames and interns
 //! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label;
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
-//! pointers and wraps `cuGetProcAddress`; `dlsym`, the `dlsym` and `dlvsym` overrides, on top.
+//! pointers and wraps `cuGetProcAddress`; `dlsym`, the `dlsym` and `dlvsym` overrides, and `attach`, what `vramtrace attach` calls
+//! in a running process, on top.
 
+mod attach;
 mod clock;
 mod config;
 mod dlsym;
@@ -117,6 +119,10 @@ mod sink;
 mod stacks;
 mod tensors;
 
+pub use attach::{
+    vramtrace_attach_pid, vramtrace_attach_real, vramtrace_attach_start, vramtrace_attach_state,
+    vramtrace_attach_stop,
+};
 pub use dlsym::{dlsym, dlvsym};
 pub use hooks::*;
 pub use labels::{

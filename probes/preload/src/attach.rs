@@ -1,0 +1,109 @@
+//! Arriving late: what `vramtrace attach` calls in a running process after loading this library
+//! into it with a remote `dlopen` (the CLI's `src/attach/`, design in docs/architecture.md,
+//! "Attaching to a running process").
+//!
+//! Loaded late, nothing interposes: the program and cudart already hold the driver's entry
+//! points. The CLI therefore patches the driver's allocation entry points in place (a jump to a
+//! pad that jumps to our wrapper of the same name) and copies each entry's first instructions
+//! into a trampoline that continues in the driver. Before patching it tells us, entry by entry,
+//! where that trampoline is ([`vramtrace_attach_real`]): it becomes the real function of the
+//! row, so our wrapper calls the driver through it and never through the patched entry. Then
+//! [`vramtrace_attach_start`] turns recording on with the trace directory; detach calls
+//! [`vramtrace_attach_stop`] and restores the entry points.
+//!
+//! Each function is called by the tracer on one thread of a process whose other threads may be
+//! stopped anywhere, possibly inside the driver: none of them calls into the driver or takes a
+//! lock. The library's lazy initialisation (configuration, file, clock) happens on the first
+//! recorded call, as under `LD_PRELOAD`; no constructor is relied on.
+
+use core::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::config::{self, AttachRefusal};
+use crate::driver::{self, ENTRIES};
+
+/// The library's attach state, read by `vramtrace attach` from outside (through
+/// `/proc/PID/mem`) before it does anything: [`NEVER`] (loaded by `LD_PRELOAD`, or not yet
+/// attached), [`ATTACHED`] or [`DETACHED`].
+#[unsafe(no_mangle)]
+pub static vramtrace_attach_state: AtomicU32 = AtomicU32::new(NEVER);
+
+/// The process id of the `vramtrace attach` that attached, for its refusal message.
+#[unsafe(no_mangle)]
+pub static vramtrace_attach_pid: AtomicU32 = AtomicU32::new(0);
+
+const NEVER: u32 = 0;
+const ATTACHED: u32 = 1;
+const DETACHED: u32 = 2;
+
+/// [`vramtrace_attach_real`]: no wrapped entry point has that name.
+pub const ATTACH_UNKNOWN_ENTRY: c_int = -1;
+/// [`vramtrace_attach_real`]: the row already has a real address other than the one given.
+pub const ATTACH_ALREADY_RESOLVED: c_int = -2;
+/// [`vramtrace_attach_start`]: recording is already on from the environment (`vramtrace run`).
+pub const ATTACH_ALREADY_RECORDING: c_int = -3;
+/// [`vramtrace_attach_start`]: the process runs in secure mode (set-user-ID and the like).
+pub const ATTACH_SECURE_MODE: c_int = -4;
+/// [`vramtrace_attach_start`]: the directory is not an absolute path.
+pub const ATTACH_BAD_DIRECTORY: c_int = -5;
+/// [`vramtrace_attach_start`]: attached already, or attached and detached before.
+pub const ATTACH_TWICE: c_int = -6;
+
+/// Makes `trampoline` the real function of the wrapped entry point exported as `name`.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `trampoline` is code with that entry point's signature.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vramtrace_attach_real(
+    name: *const c_char,
+    trampoline: *mut c_void,
+) -> c_int {
+    if name.is_null() || trampoline.is_null() {
+        return ATTACH_UNKNOWN_ENTRY;
+    }
+    // Safety: a NUL-terminated string (the caller's promise).
+    let name = unsafe { CStr::from_ptr(name) };
+    let Some(row) = ENTRIES.iter().position(|e| e.name == name && e.api.0 != 0) else {
+        return ATTACH_UNKNOWN_ENTRY;
+    };
+    if driver::publish(row, trampoline) == trampoline {
+        0
+    } else {
+        ATTACH_ALREADY_RESOLVED
+    }
+}
+
+/// Turns recording on into `dir` (absolute, NUL-terminated); `attacher` is the pid of
+/// `vramtrace attach`. 0, or one of the `ATTACH_*` refusals.
+///
+/// # Safety
+/// `dir` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vramtrace_attach_start(dir: *const c_char, attacher: u32) -> c_int {
+    if dir.is_null() {
+        return ATTACH_BAD_DIRECTORY;
+    }
+    if vramtrace_attach_state.load(Ordering::Acquire) != NEVER {
+        return ATTACH_TWICE;
+    }
+    // Safety: a NUL-terminated string (the caller's promise).
+    let dir = unsafe { CStr::from_ptr(dir) }.to_bytes();
+    match config::start_attached(dir) {
+        Ok(()) => {
+            vramtrace_attach_pid.store(attacher, Ordering::Release);
+            vramtrace_attach_state.store(ATTACHED, Ordering::Release);
+            0
+        }
+        Err(AttachRefusal::AlreadyRecording) => ATTACH_ALREADY_RECORDING,
+        Err(AttachRefusal::SecureMode) => ATTACH_SECURE_MODE,
+        Err(AttachRefusal::BadDirectory) => ATTACH_BAD_DIRECTORY,
+    }
+}
+
+/// Turns recording off (the entry points are restored by the caller). Always 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn vramtrace_attach_stop() -> c_int {
+    config::stop_attached();
+    vramtrace_attach_state.store(DETACHED, Ordering::Release);
+    0
+}

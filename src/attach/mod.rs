@@ -1,0 +1,631 @@
+//! `vramtrace attach`: recording in a CUDA program that is already running, and `detach`,
+//! which puts back every byte it changed. Design: docs/architecture.md, "Attaching to a
+//! running process"; permissions: docs/deploy.md.
+//!
+//! In short: stop one thread of the target, call `dlopen` in it to load the preload (which
+//! knows it arrived late: `probes/preload/src/attach.rs`), map one page of trampolines near
+//! the driver and tell the preload where they are, turn recording on; then stop every thread,
+//! make sure none is inside the bytes about to change, write a 5-byte jump at each of the
+//! driver's allocation entry points, and let the process go. `detach` stops every thread,
+//! writes the original bytes back, turns recording off and lets it go. Any step that fails
+//! undoes the steps before it. x86-64 only: on any other architecture [`attach`] refuses.
+
+mod elf;
+mod patch;
+mod ptrace;
+mod target;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use target::{
+    Mapping, SelfFacts, TargetFacts, may_attach, parse_maps, parse_status, self_facts, target_facts,
+};
+
+use elf::Symbols;
+use ptrace::{SavedRegs, Tracer};
+
+/// Why attaching or detaching did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// Nothing was touched: the process may not or need not be attached.
+    #[error("cannot attach to process {pid}: {reason}")]
+    Refused {
+        /// The process.
+        pid: i32,
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// A step failed; what had been done was undone (or, if even that failed, `reason` says
+    /// what is left).
+    #[error("attaching to process {pid} failed at {step}: {reason}")]
+    Failed {
+        /// The process.
+        pid: i32,
+        /// The step that failed.
+        step: &'static str,
+        /// What went wrong, and what was undone.
+        reason: String,
+    },
+}
+
+/// What to attach to and where to record.
+#[derive(Clone, Debug)]
+pub struct AttachOptions {
+    /// The process.
+    pub pid: i32,
+    /// The trace directory (absolute; made by the caller).
+    pub out: PathBuf,
+    /// The preload library (absolute).
+    pub preload: PathBuf,
+}
+
+/// One hooked entry point.
+#[derive(Clone, Debug)]
+pub struct Hook {
+    /// The driver function.
+    pub name: String,
+    /// Its address in the target.
+    pub entry: u64,
+    /// The bytes the jump replaced.
+    pub original: [u8; patch::JUMP_LEN],
+    /// The jump.
+    pub jump: [u8; patch::JUMP_LEN],
+}
+
+/// A process with vramtrace attached.
+#[derive(Debug)]
+pub struct Attached {
+    /// The process.
+    pub pid: i32,
+    /// The hooked entry points.
+    pub hooks: Vec<Hook>,
+    /// `vramtrace_attach_stop` in the target.
+    stop_fn: u64,
+    /// How long the thread that loaded the preload was stopped.
+    pub call_pause: Duration,
+    /// How long every thread was stopped while the jumps were written.
+    pub all_pause: Duration,
+    /// How many threads were stopped.
+    pub threads: usize,
+}
+
+/// What [`detach`] did.
+#[derive(Debug)]
+pub struct Detached {
+    /// How long the process was stopped.
+    pub pause: Duration,
+    /// Entry points whose bytes were not our jump any more, left as found.
+    pub changed_by_others: Vec<String>,
+}
+
+/// `dlopen` flags.
+const RTLD_NOW: u64 = 2;
+/// Bytes of the trampoline page.
+const PAGE: u64 = 4096;
+/// How long one call into the target may take (`dlopen` of the preload included).
+const CALL_LIMIT: Duration = Duration::from_secs(20);
+/// Single steps allowed to move a thread out of bytes about to change.
+const STEP_LIMIT: usize = 64;
+
+/// The target's files, read as it sees them (its mount namespace).
+fn in_target(pid: i32, path: &Path) -> PathBuf {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    Path::new(&format!("/proc/{pid}/root")).join(rel)
+}
+
+fn maps_of(pid: i32) -> Result<Vec<Mapping>, AttachError> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|t| parse_maps(&t))
+        .map_err(|e| AttachError::Refused {
+            pid,
+            reason: format!(
+                "cannot read its memory map ({e}); run vramtrace as its user or as root"
+            ),
+        })
+}
+
+fn cstr(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+/// Reads the preload's attach state in a process that has it loaded already, and says why it
+/// must not be attached again.
+fn already_there(pid: i32, tracer: Option<&Tracer>, path: &Path, base: u64) -> String {
+    let state = Symbols::read(&in_target(pid, path), base)
+        .ok()
+        .and_then(|s| {
+            let at = s.get("vramtrace_attach_state")?;
+            let by = s.get("vramtrace_attach_pid")?;
+            let read = |a: u64| -> Option<u32> {
+                let mut b = [0u8; 4];
+                use std::os::unix::fs::FileExt;
+                match tracer {
+                    Some(t) => b.copy_from_slice(&t.read(a, 4).ok()?),
+                    None => std::fs::File::open(format!("/proc/{pid}/mem"))
+                        .ok()?
+                        .read_exact_at(&mut b, a)
+                        .ok()?,
+                }
+                Some(u32::from_le_bytes(b))
+            };
+            Some((read(at)?, read(by)?))
+        });
+    match state {
+        Some((1, by)) => format!(
+            "vramtrace is attached to it already (by process {by}); end that one first (Ctrl-C)"
+        ),
+        Some((2, _)) => "vramtrace was attached to it before and detached; attaching to the same \
+                         process a second time is not supported: its first trace is complete"
+            .into(),
+        _ => format!(
+            "it already has vramtrace's recorder loaded ({}): it runs under `vramtrace run`, whose \
+             trace already records everything",
+            path.display()
+        ),
+    }
+}
+
+/// Attaches: after this returns, every allocation the process makes through the driver's
+/// hooked entry points is recorded into `opts.out`, until [`detach`].
+pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
+    let pid = opts.pid;
+    if !cfg!(target_arch = "x86_64") {
+        return Err(AttachError::Refused {
+            pid,
+            reason: format!(
+                "attaching is supported on x86-64 only, and this is {}; use `vramtrace run` to \
+                 start the program under the recorder instead",
+                std::env::consts::ARCH
+            ),
+        });
+    }
+    if pid <= 0 || pid as u32 == std::process::id() {
+        return Err(AttachError::Refused {
+            pid,
+            reason: "that is not a process vramtrace can attach to".into(),
+        });
+    }
+    let facts = target::target_facts(pid)?;
+    let me = target::self_facts(pid);
+    may_attach(pid, &facts, &me)?;
+    let maps = maps_of(pid)?;
+    let refuse = |reason: String| AttachError::Refused { pid, reason };
+    if let Some((path, base)) = target::find_object(&maps, "libvramtrace_preload") {
+        return Err(refuse(already_there(pid, None, &path, base)));
+    }
+    let (cuda_path, cuda_base) = target::find_object(&maps, "libcuda.so").ok_or_else(|| {
+        refuse(
+            "it has not loaded the CUDA driver (libcuda.so.1): there is nothing to record yet; \
+             attach once it has initialised CUDA, or start it with `vramtrace run`"
+                .into(),
+        )
+    })?;
+    let (libc_path, libc_base) = target::find_object(&maps, "libc.so.6").ok_or_else(|| {
+        refuse(
+            "it has no glibc (libc.so.6) loaded; vramtrace attaches to glibc programs only".into(),
+        )
+    })?;
+    let libc = Symbols::read(&in_target(pid, &libc_path), libc_base).map_err(refuse)?;
+    let dlopen = libc
+        .get("dlopen")
+        .or_else(|| libc.get("__libc_dlopen_mode"))
+        .ok_or_else(|| refuse(format!("{} exports no dlopen", libc_path.display())))?;
+    let need = |name: &str| {
+        libc.get(name)
+            .ok_or_else(|| refuse(format!("{} exports no {name}", libc_path.display())))
+    };
+    let (dlerror, mmap, munmap) = (need("dlerror")?, need("mmap")?, need("munmap")?);
+    let cuda = Symbols::read(&in_target(pid, &cuda_path), cuda_base).map_err(refuse)?;
+    // The entry points to hook: every wrapper the preload exports that the driver has too.
+    let wrappers = Symbols::read(&opts.preload, 0).map_err(refuse)?;
+    let mut names: Vec<String> = wrappers
+        .names()
+        .filter(|n| n.starts_with("cu") && !n.starts_with("cuGetProcAddress"))
+        .filter(|n| cuda.get(n).is_some())
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Err(refuse(format!(
+            "its driver {} has none of the allocation entry points vramtrace records",
+            cuda_path.display()
+        )));
+    }
+    let (lo, hi) = target::object_range(&maps, &cuda_path).unwrap_or((cuda_base, cuda_base));
+
+    let mut tracer = Tracer::new(pid).map_err(refuse)?;
+    let started = Instant::now();
+    // The thread the calls run on: the main one, or any other if it has exited.
+    let mut caller = None;
+    for tid in std::iter::once(pid).chain(task_ids(pid)) {
+        match tracer.stop(tid) {
+            Ok(true) => {
+                caller = Some(tid);
+                break;
+            }
+            Ok(false) => continue,
+            Err(e) => return Err(refuse(e)),
+        }
+    }
+    let caller = caller.ok_or_else(|| refuse("no thread of it could be stopped".into()))?;
+    let saved = tracer.save(caller).map_err(|reason| AttachError::Failed {
+        pid,
+        step: "saving the registers",
+        reason,
+    })?;
+    let mut undo = Undo::default();
+    let result = install(
+        &mut tracer,
+        caller,
+        &saved,
+        opts,
+        &names,
+        &cuda,
+        (lo, hi),
+        Libc {
+            dlopen,
+            dlerror,
+            mmap,
+            munmap,
+        },
+        &mut undo,
+    );
+    match result {
+        Ok(mut attached) => {
+            let restored = tracer.restore(caller, &saved);
+            tracer.release_all();
+            restored.map_err(|reason| AttachError::Failed {
+                pid,
+                step: "restoring the registers",
+                reason,
+            })?;
+            attached.call_pause = started.elapsed();
+            Ok(attached)
+        }
+        Err((step, reason)) => {
+            let left = undo.roll_back(&mut tracer, caller, &saved);
+            let restored = tracer.restore(caller, &saved);
+            tracer.release_all();
+            let mut reason = reason;
+            match (left.is_empty(), restored) {
+                (true, Ok(())) => reason.push_str("; everything done before was undone"),
+                (_, r) => {
+                    reason.push_str(&format!("; undoing it left: {}", left.join("; ")));
+                    if let Err(e) = r {
+                        reason.push_str(&format!("; {e}"));
+                    }
+                }
+            }
+            Err(AttachError::Failed { pid, step, reason })
+        }
+    }
+}
+
+fn task_ids(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The glibc functions called in the target.
+struct Libc {
+    dlopen: u64,
+    dlerror: u64,
+    mmap: u64,
+    munmap: u64,
+}
+
+/// What was done, to undo in reverse order if a later step fails.
+#[derive(Default)]
+struct Undo {
+    /// Entry points written, with their original bytes.
+    written: Vec<(u64, [u8; patch::JUMP_LEN])>,
+    /// `vramtrace_attach_stop`, once recording was turned on.
+    started: Option<u64>,
+    /// The trampoline page and `munmap`, while nothing in the preload points into it.
+    page: Option<(u64, u64)>,
+}
+
+impl Undo {
+    /// Undoes what was recorded; returns what could not be undone.
+    fn roll_back(&mut self, tracer: &mut Tracer, caller: i32, saved: &SavedRegs) -> Vec<String> {
+        let mut left = Vec::new();
+        for (entry, original) in self.written.drain(..).rev() {
+            if let Err(e) = tracer.write(entry, &original) {
+                left.push(e);
+            }
+        }
+        if let Some(stop) = self.started.take()
+            && let Err(e) = tracer.call(caller, saved, stop, &[], |_| vec![], CALL_LIMIT)
+        {
+            left.push(format!("recording could not be turned off: {e}"));
+        }
+        if let Some((page, munmap)) = self.page.take()
+            && let Err(e) =
+                tracer.call(caller, saved, munmap, &[], |_| vec![page, PAGE], CALL_LIMIT)
+        {
+            left.push(format!("one page at {page:#x} stays mapped: {e}"));
+        }
+        left
+    }
+}
+
+type StepResult<T> = Result<T, (&'static str, String)>;
+
+#[allow(clippy::too_many_arguments)]
+fn install(
+    tracer: &mut Tracer,
+    caller: i32,
+    saved: &SavedRegs,
+    opts: &AttachOptions,
+    names: &[String],
+    cuda: &Symbols,
+    (lo, hi): (u64, u64),
+    libc: Libc,
+    undo: &mut Undo,
+) -> StepResult<Attached> {
+    let pid = opts.pid;
+    let path = opts.preload.to_string_lossy().into_owned();
+    let call = |tracer: &mut Tracer, f: u64, data: &[u8], args: &dyn Fn(u64) -> Vec<u64>| {
+        tracer.call(caller, saved, f, data, args, CALL_LIMIT)
+    };
+    // 1. Load the preload.
+    let step = "loading the recorder (dlopen)";
+    let handle =
+        call(tracer, libc.dlopen, &cstr(&path), &|at| vec![at, RTLD_NOW]).map_err(|e| (step, e))?;
+    if handle == 0 {
+        let msg = call(tracer, libc.dlerror, &[], &|_| vec![])
+            .ok()
+            .and_then(|p| read_cstr(tracer, p))
+            .unwrap_or_else(|| "no reason given".into());
+        return Err((
+            step,
+            format!(
+                "dlopen of {path} in the target failed: {msg} (the target must see that path: \
+                 in a container, put the library inside it)"
+            ),
+        ));
+    }
+    let maps = maps_of(pid).map_err(|e| (step, e.to_string()))?;
+    let (loaded, base) = target::find_object(&maps, "libvramtrace_preload").ok_or((
+        step,
+        "the recorder is not in the target's memory map after dlopen".into(),
+    ))?;
+    let ours = Symbols::read(&in_target(pid, &loaded), base).map_err(|e| (step, e))?;
+    let sym = |n: &str| {
+        ours.get(n).ok_or((
+            step,
+            format!(
+                "the recorder at {} lacks {n}: is it this vramtrace's?",
+                loaded.display()
+            ),
+        ))
+    };
+    let (set_real, start, stop) = (
+        sym("vramtrace_attach_real")?,
+        sym("vramtrace_attach_start")?,
+        sym("vramtrace_attach_stop")?,
+    );
+    // 2. Map the trampoline page within reach of the driver.
+    let step = "mapping the trampoline page";
+    let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+    let mut page = None;
+    for cand in target::free_room_near(&maps, lo, hi, PAGE)
+        .into_iter()
+        .take(16)
+    {
+        let got = call(tracer, libc.mmap, &[], &|_| {
+            vec![cand, PAGE, prot, flags, u64::MAX, 0]
+        })
+        .map_err(|e| (step, e))?;
+        if got == cand {
+            page = Some(cand);
+            break;
+        }
+        if got != u64::MAX {
+            // An old kernel took the address as a hint only.
+            let _ = call(tracer, libc.munmap, &[], &|_| vec![got, PAGE]);
+        }
+    }
+    let page = page.ok_or((
+        step,
+        "no free page within reach of the driver's code".into(),
+    ))?;
+    undo.page = Some((page, libc.munmap));
+    // 3. Build the pads and trampolines.
+    let step = "building the trampolines";
+    let mut bytes = vec![0xccu8; PAGE as usize];
+    let mut hooks = Vec::new();
+    let mut covered = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let slot = page + i as u64 * patch::SLOT;
+        if slot + patch::SLOT > page + PAGE {
+            return Err((
+                step,
+                "more entry points than one page of trampolines holds".into(),
+            ));
+        }
+        let entry = cuda.get(name).unwrap_or_default();
+        let wrapper = ours
+            .get(name)
+            .ok_or((step, format!("the recorder has no wrapper for {name}")))?;
+        let prologue = tracer
+            .read(entry, patch::PROLOGUE_READ)
+            .map_err(|e| (step, e))?;
+        let tramp_at = slot + patch::TRAMPOLINE_AT;
+        let t = patch::trampoline(&prologue, entry, tramp_at)
+            .map_err(|e| (step, format!("cannot hook {name} at {entry:#x}: {e}")))?;
+        let jump = patch::jump(entry, slot)
+            .ok_or((step, format!("{name} is out of a jump's reach of the page")))?;
+        let off = (slot - page) as usize;
+        bytes[off..off + 14].copy_from_slice(&patch::pad(wrapper));
+        let at = off + patch::TRAMPOLINE_AT as usize;
+        bytes[at..at + t.code.len()].copy_from_slice(&t.code);
+        let mut original = [0u8; patch::JUMP_LEN];
+        original.copy_from_slice(&prologue[..patch::JUMP_LEN]);
+        if original[0] == 0xe9 {
+            return Err((
+                step,
+                format!("{name} already starts with a jump: another tool hooked it"),
+            ));
+        }
+        hooks.push(Hook {
+            name: name.clone(),
+            entry,
+            original,
+            jump,
+        });
+        covered.push((entry, t.covered as u64, tramp_at));
+    }
+    tracer.write(page, &bytes).map_err(|e| (step, e))?;
+    // 4. Tell the recorder where the driver's functions now are, and turn it on.
+    let step = "handing the trampolines to the recorder";
+    for (hook, &(_, _, tramp_at)) in hooks.iter().zip(&covered) {
+        let rc = call(tracer, set_real, &cstr(&hook.name), &|at| {
+            vec![at, tramp_at]
+        })
+        .map_err(|e| (step, e))?;
+        // From here the recorder points into the page: it stays.
+        undo.page = None;
+        if rc as i32 != 0 {
+            return Err((
+                step,
+                format!(
+                    "the recorder refused the trampoline of {} ({})",
+                    hook.name, rc as i32
+                ),
+            ));
+        }
+    }
+    let step = "turning recording on";
+    let dir = opts.out.to_string_lossy().into_owned();
+    let rc = call(tracer, start, &cstr(&dir), &|at| {
+        vec![at, u64::from(std::process::id())]
+    })
+    .map_err(|e| (step, e))? as i32;
+    if rc != 0 {
+        let why = match rc {
+            -3 => "it already records from its environment (vramtrace run)".to_string(),
+            -4 => "it runs in secure mode (set-user-ID or file capabilities)".to_string(),
+            -5 => format!("the trace directory {dir} is not an absolute path"),
+            -6 => "vramtrace was attached to it before".to_string(),
+            other => format!("code {other}"),
+        };
+        return Err((step, format!("the recorder refused: {why}")));
+    }
+    undo.started = Some(stop);
+    // 5. Stop everything, keep every thread out of the bytes about to change, write the jumps.
+    let step = "writing the jumps";
+    let all_started = Instant::now();
+    let tids = tracer.stop_all().map_err(|e| (step, e))?;
+    for &tid in &tids {
+        for _ in 0..=STEP_LIMIT {
+            let rip = tracer.rip(tid).map_err(|e| (step, e))?;
+            let inside = covered
+                .iter()
+                .any(|&(entry, len, _)| rip > entry && rip < entry + len);
+            if !inside {
+                break;
+            }
+            tracer.step(tid).map_err(|e| (step, e))?;
+        }
+        let rip = tracer.rip(tid).map_err(|e| (step, e))?;
+        if covered
+            .iter()
+            .any(|&(entry, len, _)| rip > entry && rip < entry + len)
+        {
+            return Err((
+                step,
+                format!("thread {tid} stays inside a driver entry point's first bytes"),
+            ));
+        }
+    }
+    for hook in &hooks {
+        let now = tracer
+            .read(hook.entry, patch::JUMP_LEN)
+            .map_err(|e| (step, e))?;
+        if now != hook.original {
+            return Err((step, format!("{} changed while attaching", hook.name)));
+        }
+        undo.written.push((hook.entry, hook.original));
+        tracer
+            .write(hook.entry, &hook.jump)
+            .map_err(|e| (step, e))?;
+    }
+    Ok(Attached {
+        pid,
+        hooks,
+        stop_fn: stop,
+        call_pause: Duration::ZERO,
+        all_pause: all_started.elapsed(),
+        threads: tids.len(),
+    })
+}
+
+fn read_cstr(tracer: &Tracer, at: u64) -> Option<String> {
+    if at == 0 {
+        return None;
+    }
+    let bytes = tracer.read(at, 512).ok()?;
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    Some(String::from_utf8_lossy(&bytes[..end]).into_owned())
+}
+
+/// Detaches: stops every thread, writes back the original bytes of each entry point (one that
+/// is no longer our jump is left as found and named), turns recording off, lets the process go.
+pub fn detach(attached: Attached) -> Result<Detached, AttachError> {
+    let pid = attached.pid;
+    let failed =
+        |step: &'static str| move |reason: String| AttachError::Failed { pid, step, reason };
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(AttachError::Failed {
+            pid,
+            step: "detaching",
+            reason: "the process has exited; its trace is complete up to its exit".into(),
+        });
+    }
+    let mut tracer = Tracer::new(pid).map_err(failed("detaching"))?;
+    let started = Instant::now();
+    let tids = tracer.stop_all().map_err(failed("stopping the threads"))?;
+    let mut changed_by_others = Vec::new();
+    for hook in &attached.hooks {
+        let now = tracer
+            .read(hook.entry, patch::JUMP_LEN)
+            .map_err(failed("reading the entry points"))?;
+        if now != hook.jump {
+            changed_by_others.push(hook.name.clone());
+            continue;
+        }
+        tracer
+            .write(hook.entry, &hook.original)
+            .map_err(failed("restoring the entry points"))?;
+    }
+    let caller = if tids.contains(&pid) { pid } else { tids[0] };
+    let saved = tracer
+        .save(caller)
+        .map_err(failed("saving the registers"))?;
+    let off = tracer.call(
+        caller,
+        &saved,
+        attached.stop_fn,
+        &[],
+        |_| vec![],
+        CALL_LIMIT,
+    );
+    let restored = tracer.restore(caller, &saved);
+    tracer.release_all();
+    let pause = started.elapsed();
+    off.map_err(failed("turning recording off"))?;
+    restored.map_err(failed("restoring the registers"))?;
+    Ok(Detached {
+        pause,
+        changed_by_others,
+    })
+}

@@ -1,0 +1,171 @@
+//! `vramtrace attach PID`: record in a running CUDA program until Ctrl-C or `--duration`, then
+//! detach, leaving it as it was (`src/attach/`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::attach::{AttachOptions, attach, detach};
+use crate::preload;
+
+/// `vramtrace attach` arguments.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  vramtrace attach 4242 --duration 60s\n  vramtrace attach $(pgrep -f 'transformers serve') --out serve-trace\n\nThe process is stopped briefly (the pause is printed), the recorder is loaded into it and the\nCUDA driver's allocation entry points are hooked in place. Ctrl-C (or the duration) detaches:\nevery byte changed in the driver is put back and the process runs on as before. Needs the\nright to trace the process (same user, or root / CAP_SYS_PTRACE; see docs/deploy.md).\nx86-64 only."
+)]
+pub struct AttachArgs {
+    /// The process id of the running CUDA program.
+    pub pid: i32,
+    /// Directory to write the trace into (created; an existing one must be empty). Default: a
+    /// new directory `vramtrace-attach-<pid>-<UTC time>` in the current directory.
+    #[arg(long, short)]
+    pub out: Option<PathBuf>,
+    /// Detach after this long (`30s`, `500ms`, `5m`); default: on Ctrl-C.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// The preload library. Default: `libvramtrace_preload.so` next to this binary.
+    #[arg(long, env = "VRAMTRACE_PRELOAD", value_name = "PATH")]
+    pub preload: Option<PathBuf>,
+}
+
+/// `30s`, `500ms`, `5m`, `1h` or plain seconds (`2.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; write 30s, 500ms, 5m or 1h"))?;
+    let scale = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?}; write 30s, 500ms, 5m or 1h"
+            ));
+        }
+    };
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("{s:?} is not a duration of zero or more"));
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+/// The signals that end a recording; blocked for the whole command so that none lands in the
+/// middle of attaching or detaching, and waited for between the two.
+fn ending_signals() -> libc::sigset_t {
+    // Safety: sigemptyset/sigaddset fill a set we own.
+    unsafe {
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Waits for `duration` (forever if `None`) or one of the ending signals.
+fn wait_for_end(set: &libc::sigset_t, duration: Option<Duration>) {
+    let start = std::time::Instant::now();
+    loop {
+        let left = match duration {
+            Some(d) => match d.checked_sub(start.elapsed()) {
+                Some(l) if !l.is_zero() => l,
+                _ => return,
+            },
+            None => Duration::from_secs(3600),
+        };
+        let ts = libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        // Safety: a valid set and timespec; no siginfo wanted.
+        let r = unsafe { libc::sigtimedwait(set, core::ptr::null_mut(), &ts) };
+        if r > 0 {
+            return;
+        }
+    }
+}
+
+/// Runs `vramtrace attach`.
+pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
+    let preload = preload::locate(args.preload.as_deref())?;
+    let set = ending_signals();
+    // Safety: blocks signals for this thread (the only one) with a valid set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) };
+    // Refusals that need no directory come first: nothing is created for them.
+    let facts = crate::attach::target_facts(args.pid)?;
+    crate::attach::may_attach(args.pid, &facts, &crate::attach::self_facts(args.pid))?;
+    let out = match &args.out {
+        Some(dir) => super::run::prepare_out_dir(dir)?,
+        None => super::run::new_out_dir(std::ffi::OsStr::new(&format!("attach-{}", args.pid)))?,
+    };
+    let out =
+        std::path::absolute(&out).with_context(|| format!("cannot resolve {}", out.display()))?;
+    let attached = match attach(&AttachOptions {
+        pid: args.pid,
+        out: out.clone(),
+        preload,
+    }) {
+        Ok(a) => a,
+        Err(e) => {
+            // Nothing was recorded: leave no empty directory behind.
+            let _ = std::fs::remove_dir(&out);
+            return Err(e.into());
+        }
+    };
+    eprintln!(
+        "vramtrace: attached to process {} ({} entry points hooked); it was stopped {:.1} ms (all {} threads together {:.1} ms). Recording into {}{}",
+        attached.pid,
+        attached.hooks.len(),
+        attached.call_pause.as_secs_f64() * 1e3,
+        attached.threads,
+        attached.all_pause.as_secs_f64() * 1e3,
+        out.display(),
+        match args.duration {
+            Some(d) => format!(" for {:.1} s.", d.as_secs_f64()),
+            None => "; Ctrl-C detaches.".into(),
+        }
+    );
+    wait_for_end(&set, args.duration);
+    let pid = attached.pid;
+    let d = detach(attached)?;
+    eprintln!(
+        "vramtrace: detached from process {pid}; it was stopped {:.1} ms. Every hooked byte is restored.",
+        d.pause.as_secs_f64() * 1e3
+    );
+    if !d.changed_by_others.is_empty() {
+        bail!(
+            "entry points changed by something else while attached were left as found: {}",
+            d.changed_by_others.join(", ")
+        );
+    }
+    eprintln!(
+        "vramtrace: read the trace with `vramtrace summary {}`",
+        out.display()
+    );
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2.5"), Ok(Duration::from_millis(2500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3 weeks").is_err());
+    }
+}
