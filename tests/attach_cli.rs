@@ -1,0 +1,409 @@
+//! End-to-end: `vramtrace attach` on a running program that resolved the stand-in driver's
+//! entry points through `cuGetProcAddress` before the attach, the real preload, the real CLI.
+//! Every allocation made while attached is in the trace, exactly; none made before or after;
+//! the driver's bytes are the same after detach; the program ends as it would have. And each
+//! refusal changes nothing.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running `attach_loop` and the lines it printed so far.
+struct Target {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Target {
+    fn start(iterations: u32, gap_ms: u32, two_threads: bool) -> Target {
+        let prog = c_program("attach_loop", false);
+        let mut child = Command::new(prog)
+            .args([
+                iterations.to_string(),
+                gap_ms.to_string(),
+                u8::from(two_threads).to_string(),
+            ])
+            .env("LD_LIBRARY_PATH", fake_driver_dir())
+            .env("VRAMTRACE_FAKE_CAPACITY", "24GiB")
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        let t = Target {
+            child,
+            lines,
+            reader: Some(reader),
+        };
+        t.wait_for(|l| l.iter().filter(|x| x.starts_with("T0 ")).count() >= 10);
+        t
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn wait_for(&self, what: impl Fn(&[String]) -> bool) {
+        let start = Instant::now();
+        while !what(&self.lines.lock().unwrap()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the program stalled"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits for the program's end: its exit code and every line it printed.
+    fn finish(mut self) -> (Option<i32>, Vec<String>) {
+        let status = self.child.wait().unwrap();
+        self.reader.take().unwrap().join().unwrap();
+        (status.code(), self.lines.lock().unwrap().clone())
+    }
+}
+
+/// `(ptr, size)` of each allocation thread `t` printed, in order.
+fn printed(lines: &[String], t: u32) -> Vec<(u64, u64)> {
+    let tag = format!("T{t} ");
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix(&tag))
+        .map(|l| {
+            let f: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            (f[1], f[2])
+        })
+        .collect()
+}
+
+/// The stand-in driver's code as the target has it mapped: every executable mapping of it.
+fn driver_code(pid: i32) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut code = Vec::new();
+    for l in maps
+        .lines()
+        .filter(|l| l.contains("libcuda.so") && l.contains(" r-xp "))
+    {
+        let range = l.split(' ').next().unwrap();
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        mem.read_exact_at(&mut buf, a).unwrap();
+        code.extend_from_slice(&buf);
+    }
+    assert!(!code.is_empty(), "the driver's code is mapped");
+    code
+}
+
+fn attach(pid: i32, out: &Path, duration: &str) -> std::process::Output {
+    Command::new(vramtrace())
+        .args(["attach", &pid.to_string(), "--duration", duration, "--out"])
+        .arg(out)
+        .arg("--preload")
+        .arg(preload())
+        .output()
+        .unwrap()
+}
+
+/// The traced `(ptr, size)` of allocations and the pointers of frees of thread `tid`.
+fn traced(ev: &[serde_json::Value], tid: u64) -> (Vec<(u64, u64)>, Vec<u64>) {
+    let ptr = |e: &serde_json::Value| {
+        u64::from_str_radix(e["ptr"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    };
+    let mine: Vec<_> = ev
+        .iter()
+        .filter(|e| e["tid"].as_u64() == Some(tid))
+        .collect();
+    let allocs = mine
+        .iter()
+        .filter(|e| e["kind"] == "alloc")
+        .map(|e| {
+            assert_eq!(e["api"], "cuMemAlloc_v2");
+            (ptr(e), e["size"].as_u64().unwrap())
+        })
+        .collect();
+    let frees = mine
+        .iter()
+        .filter(|e| e["kind"] == "free")
+        .map(|e| {
+            assert_eq!(e["api"], "cuMemFree_v2");
+            ptr(e)
+        })
+        .collect();
+    assert!(
+        mine.iter()
+            .all(|e| e["kind"] == "alloc" || e["kind"] == "free"),
+        "only allocations and frees: {mine:?}"
+    );
+    (allocs, frees)
+}
+
+/// The allocations traced are exactly the printed ones from some iteration k on, for a run of
+/// iterations that starts after the first and ends before the last; each free traced is of an
+/// allocation made just before or while attached.
+fn assert_window(program: &[(u64, u64)], allocs: &[(u64, u64)], frees: &[u64]) {
+    assert!(
+        allocs.len() >= 5,
+        "a few allocations while attached: {allocs:?}"
+    );
+    let k = program
+        .iter()
+        .position(|p| *p == allocs[0])
+        .expect("the first traced allocation is one the program made");
+    assert!(k > 0, "allocations before the attach are not in the trace");
+    assert_eq!(
+        &program[k..k + allocs.len()],
+        allocs,
+        "every allocation made while attached, in order, exactly"
+    );
+    assert!(
+        k + allocs.len() < program.len(),
+        "allocations after the detach are not in the trace"
+    );
+    let ptrs: Vec<u64> = program.iter().map(|p| p.0).collect();
+    let f = ptrs[k - 1..]
+        .iter()
+        .position(|p| *p == frees[0])
+        .map(|i| i + k - 1)
+        .expect("the first traced free is of an allocation just before or while attached");
+    assert_eq!(
+        &ptrs[f..f + frees.len()],
+        frees,
+        "every free while attached"
+    );
+    assert!(frees.len() + 1 >= allocs.len() && frees.len() <= allocs.len() + 1);
+}
+
+#[test]
+fn attach_records_exactly_while_attached_and_detach_restores_every_byte() {
+    let t = Target::start(150, 10, false);
+    let pid = t.pid();
+    let before = driver_code(pid);
+    let out = scratch("attach-one").join("trace");
+    let o = attach(pid, &out, "600ms");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("attached to process {pid}")), "{err}");
+    assert!(err.contains("detached"), "{err}");
+    assert!(o.stdout.is_empty(), "attach prints nothing on stdout");
+    assert_eq!(
+        driver_code(pid),
+        before,
+        "every byte of the driver's code restored"
+    );
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+    assert_eq!(
+        printed(&lines, 0).len(),
+        150,
+        "the program ran every iteration"
+    );
+    let ev = events(&out);
+    let (allocs, frees) = traced(&ev, pid as u64);
+    assert_window(&printed(&lines, 0), &allocs, &frees);
+    assert!(
+        ev.iter().all(|e| e["pid"].as_u64() == Some(pid as u64)),
+        "one process"
+    );
+}
+
+#[test]
+fn attach_records_every_thread_while_another_allocates() {
+    let t = Target::start(150, 8, true);
+    let pid = t.pid();
+    t.wait_for(|l| l.iter().filter(|x| x.starts_with("T1 ")).count() >= 10);
+    let before = driver_code(pid);
+    let out = scratch("attach-two").join("trace");
+    let o = attach(pid, &out, "600ms");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("all 2 threads"));
+    assert_eq!(driver_code(pid), before);
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+    let ev = events(&out);
+    let mut tids: Vec<u64> = ev.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+    tids.sort();
+    tids.dedup();
+    assert_eq!(tids.len(), 2, "both threads traced");
+    let other = *tids.iter().find(|&&t| t != pid as u64).unwrap();
+    let (a0, f0) = traced(&ev, pid as u64);
+    assert_window(&printed(&lines, 0), &a0, &f0);
+    let (a1, f1) = traced(&ev, other);
+    assert_window(&printed(&lines, 1), &a1, &f1);
+}
+
+/// Runs `vramtrace attach` expecting a refusal: exit code 2, the reason on stderr, no trace
+/// directory left behind.
+fn refused(pid: i32, uid: Option<u32>) -> String {
+    let dir = scratch("attach-refused");
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = dir.join("trace");
+    let mut cmd = Command::new(vramtrace());
+    cmd.args(["attach", &pid.to_string(), "--duration", "1s", "--out"])
+        .arg(&out)
+        .arg("--preload")
+        .arg(preload());
+    if let Some(uid) = uid {
+        // Safety: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgid(uid) != 0 || libc::setuid(uid) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+    assert!(!out.exists(), "a refusal leaves no trace directory");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn attach_refuses_a_dead_pid_and_a_process_without_cuda() {
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id() as i32;
+    gone.wait().unwrap();
+    assert!(refused(pid, None).contains("no process with that id is running"));
+
+    let mut plain = Command::new("sleep").arg("30").spawn().unwrap();
+    let err = refused(plain.id() as i32, None);
+    assert!(err.contains("has not loaded the CUDA driver"), "{err}");
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", plain.id())).unwrap();
+    assert!(!maps.contains("vramtrace"), "nothing was loaded into it");
+    plain.kill().unwrap();
+    plain.wait().unwrap();
+}
+
+#[test]
+fn attach_refuses_twice_again_after_detach_and_under_run() {
+    let t = Target::start(400, 10, false);
+    let pid = t.pid();
+    let out = scratch("attach-first").join("trace");
+    let first = Command::new(vramtrace())
+        .args(["attach", &pid.to_string(), "--duration", "1500ms", "--out"])
+        .arg(&out)
+        .arg("--preload")
+        .arg(preload())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first one is in, a second is refused and changes nothing.
+    let start = Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .contains("libvramtrace_preload")
+    {
+        assert!(start.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let code = driver_code(pid);
+    let err = refused(pid, None);
+    assert!(
+        err.contains("vramtrace is attached to it already (by process"),
+        "{err}"
+    );
+    assert_eq!(driver_code(pid), code, "the refusal changed nothing");
+    let o = first.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let err = refused(pid, None);
+    assert!(err.contains("attached to it before and detached"), "{err}");
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+
+    // A program already recording under `vramtrace run`.
+    let prog = c_program("attach_loop", false);
+    let run_out = scratch("attach-under-run").join("trace");
+    let mut run = Command::new(vramtrace())
+        .args(["run", "--quiet", "--out"])
+        .arg(&run_out)
+        .arg("--preload")
+        .arg(preload())
+        .arg("--")
+        .arg(prog)
+        .args(["300", "10"])
+        .env("LD_LIBRARY_PATH", fake_driver_dir())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    BufReader::new(run.stdout.as_mut().unwrap())
+        .read_line(&mut first_line)
+        .unwrap();
+    let pid: i32 = first_line
+        .trim()
+        .strip_prefix("ready ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let err = refused(pid, None);
+    assert!(err.contains("runs under `vramtrace run`"), "{err}");
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
+#[test]
+fn attach_refuses_a_set_user_id_program_and_another_user() {
+    let dir = scratch("attach-setuid");
+    let copy = dir.join("sleep");
+    std::fs::copy("/bin/sleep", &copy).unwrap();
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let mut setuid = Command::new(&copy).arg("30").spawn().unwrap();
+    let err = refused(setuid.id() as i32, None);
+    assert!(err.contains("set-user-ID"), "{err}");
+    setuid.kill().unwrap();
+    setuid.wait().unwrap();
+
+    // Safety: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vramtrace_testkit::skip(
+            "VRAMTRACE_REQUIRE_ROOT",
+            "the user-boundary refusal needs root to start processes as two other users",
+        );
+        return;
+    }
+    let mut nobody = Command::new("sleep");
+    nobody.arg("30");
+    // Safety: only async-signal-safe calls between fork and exec.
+    unsafe {
+        nobody.pre_exec(|| {
+            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut nobody = nobody.spawn().unwrap();
+    let err = refused(nobody.id() as i32, Some(65533));
+    assert!(
+        err.contains("runs as user 65534 and vramtrace as user 65533"),
+        "{err}"
+    );
+    nobody.kill().unwrap();
+    nobody.wait().unwrap();
+}
