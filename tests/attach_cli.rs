@@ -407,3 +407,60 @@ fn attach_refuses_a_set_user_id_program_and_another_user() {
     nobody.kill().unwrap();
     nobody.wait().unwrap();
 }
+
+/// `vramtrace attach` killed (SIGKILL) at `point` (a step of attaching or detaching, or
+/// `attached`: while recording): its watchdog puts the target back, which runs to its normal
+/// end with the driver's bytes as they were.
+fn killed_at(point: &str) {
+    let t = Target::start(250, 10, true);
+    let pid = t.pid();
+    let before = driver_code(pid);
+    let out = scratch(&format!("attach-killed-{point}")).join("trace");
+    let mut cmd = Command::new(vramtrace());
+    let duration = if point == "attached" { "60s" } else { "400ms" };
+    cmd.args(["attach", &pid.to_string(), "--duration", duration, "--out"])
+        .arg(&out)
+        .arg("--preload")
+        .arg(preload())
+        .stderr(Stdio::piped());
+    if point != "attached" {
+        cmd.env("VRAMTRACE_ATTACH_TEST_KILL", point);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut text = String::new();
+    if point == "attached" {
+        err.read_line(&mut text).unwrap();
+        assert!(text.contains("attached to process"), "{text}");
+        child.kill().unwrap();
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL),
+        "vramtrace was killed at {point}"
+    );
+    // The watchdog holds the pipe until it is done.
+    std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+    assert!(
+        text.contains(&format!(
+            "watchdog: vramtrace ended while attached to process {pid}; the process is restored and running"
+        )),
+        "{point}: {text}"
+    );
+    assert_eq!(
+        driver_code(pid),
+        before,
+        "{point}: every byte of the driver restored"
+    );
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0), "{point}");
+    assert_eq!(lines.last().map(String::as_str), Some("done"), "{point}");
+}
+
+#[test]
+fn the_watchdog_restores_a_target_whose_vramtrace_was_killed_at_each_step() {
+    for point in ["loaded", "started", "patched", "attached", "detaching"] {
+        killed_at(point);
+    }
+}

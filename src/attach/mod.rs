@@ -11,6 +11,7 @@
 //! undoes the steps before it. x86-64 only: on any other architecture [`attach`] refuses.
 
 mod elf;
+mod journal;
 mod patch;
 mod ptrace;
 mod target;
@@ -23,7 +24,8 @@ pub use target::{
 };
 
 use elf::Symbols;
-use ptrace::{SavedRegs, Tracer};
+use journal::{Journal, Watched};
+use ptrace::{LANDING, SavedRegs, Tracer};
 
 /// Why attaching or detaching did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +76,6 @@ pub struct Hook {
 }
 
 /// A process with vramtrace attached.
-#[derive(Debug)]
 pub struct Attached {
     /// The process.
     pub pid: i32,
@@ -82,6 +83,12 @@ pub struct Attached {
     pub hooks: Vec<Hook>,
     /// `vramtrace_attach_stop` in the target.
     stop_fn: u64,
+    /// Where calls into the target return.
+    landing: u64,
+    /// The journal and its watchdog.
+    watched: Watched,
+    /// Whether a watchdog process restores the target if `vramtrace` dies.
+    pub watchdog: bool,
     /// How long the thread that loaded the preload was stopped.
     pub call_pause: Duration,
     /// How long every thread was stopped while the jumps were written.
@@ -237,6 +244,12 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     let (lo, hi) = target::object_range(&maps, &cuda_path).unwrap_or((cuda_base, cuda_base));
 
     let mut tracer = Tracer::new(pid).map_err(refuse)?;
+    let mut watched =
+        Watched::start(pid).ok_or_else(|| refuse("cannot map the journal of the attach".into()))?;
+    let watchdog = watched.has_watchdog();
+    let j = watched.journal();
+    j.phase
+        .store(journal::CHANGING, std::sync::atomic::Ordering::SeqCst);
     let started = Instant::now();
     // The thread the calls run on: the main one, or any other if it has exited.
     let mut caller = None;
@@ -247,16 +260,33 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
                 break;
             }
             Ok(false) => continue,
-            Err(e) => return Err(refuse(e)),
+            Err(e) => {
+                j.phase
+                    .store(journal::IDLE, std::sync::atomic::Ordering::SeqCst);
+                return Err(refuse(e));
+            }
         }
     }
-    let caller = caller.ok_or_else(|| refuse("no thread of it could be stopped".into()))?;
-    let saved = tracer.save(caller).map_err(|reason| AttachError::Failed {
-        pid,
-        step: "saving the registers",
-        reason,
-    })?;
-    let mut undo = Undo::default();
+    let Some(caller) = caller else {
+        j.phase
+            .store(journal::IDLE, std::sync::atomic::Ordering::SeqCst);
+        return Err(refuse("no thread of it could be stopped".into()));
+    };
+    let saved = match tracer.save(caller) {
+        Ok(s) => s,
+        Err(reason) => {
+            tracer.release_all();
+            j.phase
+                .store(journal::IDLE, std::sync::atomic::Ordering::SeqCst);
+            return Err(AttachError::Failed {
+                pid,
+                step: "saving the registers",
+                reason,
+            });
+        }
+    };
+    j.save_regs(caller, &saved);
+    j.regs_changed = 1;
     let result = install(
         &mut tracer,
         caller,
@@ -271,24 +301,41 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
             mmap,
             munmap,
         },
-        &mut undo,
+        j,
     );
     match result {
-        Ok(mut attached) => {
+        Ok((hooks, stop_fn, all_pause, threads)) => {
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
+            let landing = j.landing;
+            j.regs_changed = 0;
+            j.phase
+                .store(journal::ATTACHED, std::sync::atomic::Ordering::SeqCst);
             restored.map_err(|reason| AttachError::Failed {
                 pid,
                 step: "restoring the registers",
                 reason,
             })?;
-            attached.call_pause = started.elapsed();
-            Ok(attached)
+            Ok(Attached {
+                pid,
+                hooks,
+                stop_fn,
+                landing,
+                watched,
+                watchdog,
+                call_pause: started.elapsed(),
+                all_pause,
+                threads,
+            })
         }
         Err((step, reason)) => {
-            let left = undo.roll_back(&mut tracer, caller, &saved);
+            let left = roll_back(&mut tracer, caller, &saved, j);
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
+            j.regs_changed = 0;
+            j.phase
+                .store(journal::IDLE, std::sync::atomic::Ordering::SeqCst);
+            watched.finish();
             let mut reason = reason;
             match (left.is_empty(), restored) {
                 (true, Ok(())) => reason.push_str("; everything done before was undone"),
@@ -301,6 +348,15 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
             }
             Err(AttachError::Failed { pid, step, reason })
         }
+    }
+}
+
+/// Stops here, for good, when `VRAMTRACE_ATTACH_TEST_KILL` names `point`: how the tests show
+/// that the watchdog restores a target whose `vramtrace` was killed at that point.
+fn kill_point(point: &str) {
+    if std::env::var("VRAMTRACE_ATTACH_TEST_KILL").is_ok_and(|v| v == point) {
+        // Safety: raising a signal at ourselves.
+        unsafe { libc::raise(libc::SIGKILL) };
     }
 }
 
@@ -321,42 +377,57 @@ struct Libc {
     munmap: u64,
 }
 
-/// What was done, to undo in reverse order if a later step fails.
-#[derive(Default)]
-struct Undo {
-    /// Entry points written, with their original bytes.
-    written: Vec<(u64, [u8; patch::JUMP_LEN])>,
-    /// `vramtrace_attach_stop`, once recording was turned on.
-    started: Option<u64>,
-    /// The trampoline page and `munmap`, while nothing in the preload points into it.
-    page: Option<(u64, u64)>,
-}
-
-impl Undo {
-    /// Undoes what was recorded; returns what could not be undone.
-    fn roll_back(&mut self, tracer: &mut Tracer, caller: i32, saved: &SavedRegs) -> Vec<String> {
-        let mut left = Vec::new();
-        for (entry, original) in self.written.drain(..).rev() {
-            if let Err(e) = tracer.write(entry, &original) {
-                left.push(e);
-            }
-        }
-        if let Some(stop) = self.started.take()
-            && let Err(e) = tracer.call(caller, saved, stop, &[], |_| vec![], CALL_LIMIT)
+/// Undoes what the journal says was done, in reverse order; returns what could not be
+/// undone.
+fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journal) -> Vec<String> {
+    let mut left = Vec::new();
+    for i in (0..j.n_hooks as usize).rev() {
+        let (entry, original, jump) = (j.entry[i], j.original[i], j.jump[i]);
+        let len = patch::JUMP_LEN;
+        if tracer.read(entry, len).is_ok_and(|now| now == jump[..len])
+            && let Err(e) = tracer.write(entry, &original[..len])
         {
-            left.push(format!("recording could not be turned off: {e}"));
+            left.push(e);
         }
-        if let Some((page, munmap)) = self.page.take()
-            && let Err(e) =
-                tracer.call(caller, saved, munmap, &[], |_| vec![page, PAGE], CALL_LIMIT)
-        {
-            left.push(format!("one page at {page:#x} stays mapped: {e}"));
-        }
-        left
     }
+    j.n_hooks = 0;
+    if j.stop_fn != 0 {
+        match tracer.call(
+            caller,
+            saved,
+            j.stop_fn,
+            &[],
+            |_| vec![],
+            j.landing,
+            CALL_LIMIT,
+        ) {
+            Ok(_) => j.stop_fn = 0,
+            Err(e) => left.push(format!("recording could not be turned off: {e}")),
+        }
+    }
+    if j.page != 0 {
+        // Returns to address 0: the landing is in the page going away.
+        match tracer.call(
+            caller,
+            saved,
+            j.munmap,
+            &[],
+            |_| vec![j.page, PAGE],
+            0,
+            CALL_LIMIT,
+        ) {
+            Ok(_) => j.page = 0,
+            Err(e) => left.push(format!("one page at {:#x} stays mapped: {e}", j.page)),
+        }
+    }
+    left
 }
 
 type StepResult<T> = Result<T, (&'static str, String)>;
+
+/// What [`install`] returns: the hooks, `vramtrace_attach_stop`, how long every thread was
+/// stopped and how many there were.
+type Installed = (Vec<Hook>, u64, Duration, usize);
 
 #[allow(clippy::too_many_arguments)]
 fn install(
@@ -368,19 +439,65 @@ fn install(
     cuda: &Symbols,
     (lo, hi): (u64, u64),
     libc: Libc,
-    undo: &mut Undo,
-) -> StepResult<Attached> {
+    j: &mut Journal,
+) -> StepResult<Installed> {
     let pid = opts.pid;
     let path = opts.preload.to_string_lossy().into_owned();
-    let call = |tracer: &mut Tracer, f: u64, data: &[u8], args: &dyn Fn(u64) -> Vec<u64>| {
-        tracer.call(caller, saved, f, data, args, CALL_LIMIT)
-    };
-    // 1. Load the preload.
+    let call =
+        |tracer: &mut Tracer, f: u64, data: &[u8], args: &dyn Fn(u64) -> Vec<u64>, landing: u64| {
+            tracer.call(caller, saved, f, data, args, landing, CALL_LIMIT)
+        };
+    // 1. Map the trampoline page within reach of the driver, and put the landing in it: every
+    //    later call returns there. This first call returns to address 0 (microseconds).
+    let step = "mapping the trampoline page";
+    let maps = maps_of(pid).map_err(|e| (step, e.to_string()))?;
+    let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
+    let mut page = None;
+    for cand in target::free_room_near(&maps, lo, hi, PAGE)
+        .into_iter()
+        .take(16)
+    {
+        let got = call(
+            tracer,
+            libc.mmap,
+            &[],
+            &|_| vec![cand, PAGE, prot, flags, u64::MAX, 0],
+            0,
+        )
+        .map_err(|e| (step, e))?;
+        if got == cand {
+            page = Some(cand);
+            break;
+        }
+        if got < u64::MAX - 4095 {
+            // An old kernel took the address as a hint only.
+            let _ = call(tracer, libc.munmap, &[], &|_| vec![got, PAGE], 0);
+        }
+    }
+    let page = page.ok_or((
+        step,
+        "no free page within reach of the driver's code".into(),
+    ))?;
+    j.page = page;
+    j.munmap = libc.munmap;
+    let mut bytes = vec![0xccu8; PAGE as usize];
+    bytes[..LANDING.len()].copy_from_slice(&LANDING);
+    tracer.write(page, &bytes).map_err(|e| (step, e))?;
+    j.landing = page;
+    let landing = page;
+    // 2. Load the preload.
     let step = "loading the recorder (dlopen)";
-    let handle =
-        call(tracer, libc.dlopen, &cstr(&path), &|at| vec![at, RTLD_NOW]).map_err(|e| (step, e))?;
+    let handle = call(
+        tracer,
+        libc.dlopen,
+        &cstr(&path),
+        &|at| vec![at, RTLD_NOW],
+        landing,
+    )
+    .map_err(|e| (step, e))?;
     if handle == 0 {
-        let msg = call(tracer, libc.dlerror, &[], &|_| vec![])
+        let msg = call(tracer, libc.dlerror, &[], &|_| vec![], landing)
             .ok()
             .and_then(|p| read_cstr(tracer, p))
             .unwrap_or_else(|| "no reason given".into());
@@ -412,41 +529,14 @@ fn install(
         sym("vramtrace_attach_start")?,
         sym("vramtrace_attach_stop")?,
     );
-    // 2. Map the trampoline page within reach of the driver.
-    let step = "mapping the trampoline page";
-    let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
-    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
-    let mut page = None;
-    for cand in target::free_room_near(&maps, lo, hi, PAGE)
-        .into_iter()
-        .take(16)
-    {
-        let got = call(tracer, libc.mmap, &[], &|_| {
-            vec![cand, PAGE, prot, flags, u64::MAX, 0]
-        })
-        .map_err(|e| (step, e))?;
-        if got == cand {
-            page = Some(cand);
-            break;
-        }
-        if got != u64::MAX {
-            // An old kernel took the address as a hint only.
-            let _ = call(tracer, libc.munmap, &[], &|_| vec![got, PAGE]);
-        }
-    }
-    let page = page.ok_or((
-        step,
-        "no free page within reach of the driver's code".into(),
-    ))?;
-    undo.page = Some((page, libc.munmap));
-    // 3. Build the pads and trampolines.
+    kill_point("loaded");
+    // 3. Build the pads and trampolines, one slot each after the landing's.
     let step = "building the trampolines";
-    let mut bytes = vec![0xccu8; PAGE as usize];
     let mut hooks = Vec::new();
     let mut covered = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let slot = page + i as u64 * patch::SLOT;
-        if slot + patch::SLOT > page + PAGE {
+        let slot = page + (i as u64 + 1) * patch::SLOT;
+        if slot + patch::SLOT > page + PAGE || i >= journal::MAX_HOOKS {
             return Err((
                 step,
                 "more entry points than one page of trampolines holds".into(),
@@ -488,12 +578,16 @@ fn install(
     // 4. Tell the recorder where the driver's functions now are, and turn it on.
     let step = "handing the trampolines to the recorder";
     for (hook, &(_, _, tramp_at)) in hooks.iter().zip(&covered) {
-        let rc = call(tracer, set_real, &cstr(&hook.name), &|at| {
-            vec![at, tramp_at]
-        })
+        let rc = call(
+            tracer,
+            set_real,
+            &cstr(&hook.name),
+            &|at| vec![at, tramp_at],
+            landing,
+        )
         .map_err(|e| (step, e))?;
         // From here the recorder points into the page: it stays.
-        undo.page = None;
+        j.page = 0;
         if rc as i32 != 0 {
             return Err((
                 step,
@@ -506,9 +600,13 @@ fn install(
     }
     let step = "turning recording on";
     let dir = opts.out.to_string_lossy().into_owned();
-    let rc = call(tracer, start, &cstr(&dir), &|at| {
-        vec![at, u64::from(std::process::id())]
-    })
+    let rc = call(
+        tracer,
+        start,
+        &cstr(&dir),
+        &|at| vec![at, u64::from(std::process::id())],
+        landing,
+    )
     .map_err(|e| (step, e))? as i32;
     if rc != 0 {
         let why = match rc {
@@ -520,7 +618,8 @@ fn install(
         };
         return Err((step, format!("the recorder refused: {why}")));
     }
-    undo.started = Some(stop);
+    j.stop_fn = stop;
+    kill_point("started");
     // 5. Stop everything, keep every thread out of the bytes about to change, write the jumps.
     let step = "writing the jumps";
     let all_started = Instant::now();
@@ -554,19 +653,13 @@ fn install(
         if now != hook.original {
             return Err((step, format!("{} changed while attaching", hook.name)));
         }
-        undo.written.push((hook.entry, hook.original));
+        j.add_hook(hook.entry, &hook.original, &hook.jump);
         tracer
             .write(hook.entry, &hook.jump)
             .map_err(|e| (step, e))?;
     }
-    Ok(Attached {
-        pid,
-        hooks,
-        stop_fn: stop,
-        call_pause: Duration::ZERO,
-        all_pause: all_started.elapsed(),
-        threads: tids.len(),
-    })
+    kill_point("patched");
+    Ok((hooks, stop, all_started.elapsed(), tids.len()))
 }
 
 fn read_cstr(tracer: &Tracer, at: u64) -> Option<String> {
@@ -580,11 +673,12 @@ fn read_cstr(tracer: &Tracer, at: u64) -> Option<String> {
 
 /// Detaches: stops every thread, writes back the original bytes of each entry point (one that
 /// is no longer our jump is left as found and named), turns recording off, lets the process go.
-pub fn detach(attached: Attached) -> Result<Detached, AttachError> {
+pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let pid = attached.pid;
     let failed =
         |step: &'static str| move |reason: String| AttachError::Failed { pid, step, reason };
     if !Path::new(&format!("/proc/{pid}")).exists() {
+        attached.watched.finish();
         return Err(AttachError::Failed {
             pid,
             step: "detaching",
@@ -594,6 +688,7 @@ pub fn detach(attached: Attached) -> Result<Detached, AttachError> {
     let mut tracer = Tracer::new(pid).map_err(failed("detaching"))?;
     let started = Instant::now();
     let tids = tracer.stop_all().map_err(failed("stopping the threads"))?;
+    kill_point("detaching");
     let mut changed_by_others = Vec::new();
     for hook in &attached.hooks {
         let now = tracer
@@ -607,16 +702,21 @@ pub fn detach(attached: Attached) -> Result<Detached, AttachError> {
             .write(hook.entry, &hook.original)
             .map_err(failed("restoring the entry points"))?;
     }
+    let j = attached.watched.journal();
+    j.n_hooks = 0;
     let caller = if tids.contains(&pid) { pid } else { tids[0] };
     let saved = tracer
         .save(caller)
         .map_err(failed("saving the registers"))?;
+    j.save_regs(caller, &saved);
+    j.regs_changed = 1;
     let off = tracer.call(
         caller,
         &saved,
         attached.stop_fn,
         &[],
         |_| vec![],
+        attached.landing,
         CALL_LIMIT,
     );
     let restored = tracer.restore(caller, &saved);
@@ -624,6 +724,10 @@ pub fn detach(attached: Attached) -> Result<Detached, AttachError> {
     let pause = started.elapsed();
     off.map_err(failed("turning recording off"))?;
     restored.map_err(failed("restoring the registers"))?;
+    let j = attached.watched.journal();
+    j.regs_changed = 0;
+    j.stop_fn = 0;
+    attached.watched.finish();
     Ok(Detached {
         pause,
         changed_by_others,

@@ -24,8 +24,8 @@ struct Stopped {
 
 /// The general registers and the extended (FPU, SSE, AVX) state of a thread, as saved.
 pub struct SavedRegs {
-    regs: libc::user_regs_struct,
-    xstate: Vec<u8>,
+    pub(super) regs: libc::user_regs_struct,
+    pub(super) xstate: Vec<u8>,
 }
 
 /// A process being traced.
@@ -63,7 +63,7 @@ impl Tracer {
             return Ok(true);
         }
         let t = Pid::from_raw(tid);
-        match ptrace::seize(t, ptrace::Options::empty()) {
+        match ptrace::seize(t, ptrace::Options::PTRACE_O_TRACESYSGOOD) {
             Ok(()) => {}
             Err(Errno::ESRCH) => return Ok(false),
             Err(Errno::EPERM) => {
@@ -250,8 +250,15 @@ impl Tracer {
     /// Calls `func(args…)` (at most six integer arguments) on stopped thread `tid`, whose
     /// registers the caller has saved and will restore; `data` is copied below the thread's
     /// stack first and its address is handed to `args_of`, which gives the arguments. Returns
-    /// `rax`. The call returns to address 0; the fault that follows is the tracer's signal
-    /// that it is done, and is never delivered.
+    /// `rax`.
+    ///
+    /// The call returns to `landing`: [`LANDING`] placed in the target, which parks the thread
+    /// in `pause()` with the result in `rdi`, so that a tracer that dies mid-call leaves a
+    /// thread that sleeps instead of one that faults (the watchdog takes it from there). The
+    /// thread runs under `PTRACE_SYSCALL` until it enters that `pause`, then is stopped the way
+    /// [`Tracer::stop`] stops it. With `landing` 0 (the first call, before there is a page to
+    /// land in) it returns to address 0 and the fault is the signal, never delivered.
+    #[allow(clippy::too_many_arguments)]
     pub fn call(
         &mut self,
         tid: i32,
@@ -259,18 +266,19 @@ impl Tracer {
         func: u64,
         data: &[u8],
         args_of: impl FnOnce(u64) -> Vec<u64>,
+        landing: u64,
         limit: Duration,
     ) -> Result<u64, String> {
         let t = Pid::from_raw(tid);
         let mut r = saved.regs;
         // Below the red zone (128 bytes) and the data, 16-byte aligned, then the return
-        // address 0: at the callee's first instruction rsp + 8 is 16-byte aligned.
+        // address: at the callee's first instruction rsp + 8 is 16-byte aligned.
         let data_at = (r.rsp - 128 - data.len() as u64 - 64) & !0xf;
         if !data.is_empty() {
             self.write(data_at, data)?;
         }
         let sp = ((data_at - 256) & !0xf) - 8;
-        self.write(sp, &0u64.to_le_bytes())?;
+        self.write(sp, &landing.to_le_bytes())?;
         let args = args_of(data_at);
         let slots = [
             &mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.rcx, &mut r.r8, &mut r.r9,
@@ -284,37 +292,54 @@ impl Tracer {
         // Not in a system call: the kernel must not restart one with these registers.
         r.orig_rax = u64::MAX;
         ptrace::setregs(t, r).map_err(|e| errno_text("PTRACE_SETREGS", e))?;
-        ptrace::cont(t, None).map_err(|e| errno_text("PTRACE_CONT", e))?;
+        let resume = |sig: Option<Signal>| {
+            if landing == 0 {
+                ptrace::cont(t, sig)
+            } else {
+                ptrace::syscall(t, sig)
+            }
+        };
+        resume(None).map_err(|e| errno_text("PTRACE_CONT", e))?;
         let start = Instant::now();
         loop {
             match waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => {
                     if start.elapsed() > limit {
-                        let _ = ptrace::interrupt(t);
                         return Err(format!(
                             "a call into the target did not return within {} s",
                             limit.as_secs_f64()
                         ));
                     }
-                    std::thread::sleep(Duration::from_micros(200));
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Ok(WaitStatus::PtraceSyscall(_)) => {
+                    let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
+                    if landing != 0
+                        && now.orig_rax == libc::SYS_pause as u64
+                        && (landing..landing + LANDING.len() as u64).contains(&now.rip)
+                    {
+                        let result = now.rdi;
+                        self.park(tid)?;
+                        return Ok(result);
+                    }
+                    resume(None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
                 }
                 Ok(WaitStatus::Stopped(_, Signal::SIGSEGV)) => {
                     let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
-                    if now.rip == 0 {
+                    if now.rip == 0 && landing == 0 {
                         return Ok(now.rax);
                     }
                     return Err(format!(
-                        "the target faulted at {:#x} during a call into it; its registers are being \
-                         restored",
+                        "the target faulted at {:#x} during a call into it",
                         now.rip
                     ));
                 }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     // A signal of the program's own: let its handler run now, as it would have.
-                    ptrace::cont(t, Some(sig)).map_err(|e| errno_text("PTRACE_CONT", e))?;
+                    resume(Some(sig)).map_err(|e| errno_text("PTRACE_CONT", e))?;
                 }
                 Ok(WaitStatus::PtraceEvent(..)) => {
-                    ptrace::cont(t, None).map_err(|e| errno_text("PTRACE_CONT", e))?;
+                    resume(None).map_err(|e| errno_text("PTRACE_CONT", e))?;
                 }
                 Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
                     self.threads.remove(&tid);
@@ -325,7 +350,100 @@ impl Tracer {
             }
         }
     }
+
+    /// A thread at the entry of the landing's `pause`: lets it enter the call and stops it
+    /// there with `PTRACE_INTERRUPT`, the same kind of stop as [`Tracer::stop`]'s, so that the
+    /// registers saved at that first stop can be put back as they were.
+    fn park(&mut self, tid: i32) -> Result<(), String> {
+        let t = Pid::from_raw(tid);
+        ptrace::cont(t, None).map_err(|e| errno_text("PTRACE_CONT", e))?;
+        ptrace::interrupt(t).map_err(|e| errno_text("PTRACE_INTERRUPT", e))?;
+        loop {
+            match waitpid(t, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::PtraceEvent(..)) => return Ok(()),
+                Ok(WaitStatus::PtraceSyscall(_)) => {
+                    // The exit of a pause cut short: stop it again at the next signal check.
+                    ptrace::cont(t, None).map_err(|e| errno_text("PTRACE_CONT", e))?;
+                }
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    if let Some(s) = self.threads.get_mut(&tid) {
+                        s.pending = Some(sig);
+                    }
+                    return Ok(());
+                }
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
+                    self.threads.remove(&tid);
+                    return Err("the target exited during a call into it".into());
+                }
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(e) => return Err(errno_text("stopping the thread after a call", e)),
+            }
+        }
+    }
+
+    /// Whether stopped thread `tid` is parked in the landing at `landing` (waiting in its
+    /// `pause`, a call finished).
+    pub fn in_landing(&self, tid: i32, landing: u64) -> bool {
+        landing != 0
+            && ptrace::getregs(Pid::from_raw(tid))
+                .is_ok_and(|r| (landing..landing + LANDING.len() as u64 + 2).contains(&r.rip))
+    }
+
+    /// Runs stopped thread `tid` (whose tracer died during a call) until it enters the
+    /// landing's `pause`, then stops it there: the call has finished. False if it did not
+    /// within `limit` (it was not in a call after all); it is stopped again either way.
+    pub fn finish_call(&mut self, tid: i32, landing: u64, limit: Duration) -> Result<bool, String> {
+        if self.in_landing(tid, landing) {
+            return Ok(true);
+        }
+        let t = Pid::from_raw(tid);
+        ptrace::syscall(t, None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+        let start = Instant::now();
+        loop {
+            match waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => {
+                    if start.elapsed() > limit {
+                        ptrace::interrupt(t).map_err(|e| errno_text("PTRACE_INTERRUPT", e))?;
+                        let _ = waitpid(t, Some(WaitPidFlag::__WALL));
+                        return Ok(false);
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Ok(WaitStatus::PtraceSyscall(_)) => {
+                    let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
+                    if now.orig_rax == libc::SYS_pause as u64
+                        && (landing..landing + LANDING.len() as u64).contains(&now.rip)
+                    {
+                        self.park(tid)?;
+                        return Ok(true);
+                    }
+                    ptrace::syscall(t, None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+                }
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    ptrace::syscall(t, Some(sig)).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+                }
+                Ok(WaitStatus::PtraceEvent(..)) => {
+                    ptrace::syscall(t, None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+                }
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
+                    self.threads.remove(&tid);
+                    return Err("the target exited".into());
+                }
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(e) => return Err(errno_text("waiting for the target", e)),
+            }
+        }
+    }
 }
+
+/// Where a call into the target returns: `mov rdi, rax`, then forever `mov eax, SYS_pause;
+/// syscall`. The thread sleeps there with the result in `rdi` until its tracer takes it back.
+pub const LANDING: [u8; 12] = [
+    0x48, 0x89, 0xc7, // mov rdi, rax
+    0xb8, 0x22, 0x00, 0x00, 0x00, // mov eax, 34 (pause)
+    0x0f, 0x05, // syscall
+    0xeb, 0xf7, // jmp back to mov eax
+];
 
 impl Drop for Tracer {
     fn drop(&mut self) {
