@@ -23,13 +23,17 @@ struct Target {
 
 impl Target {
     fn start(iterations: u32, gap_ms: u32, two_threads: bool) -> Target {
-        let prog = c_program("attach_loop", false);
-        let mut child = Command::new(prog)
-            .args([
-                iterations.to_string(),
-                gap_ms.to_string(),
-                u8::from(two_threads).to_string(),
-            ])
+        let mut cmd = Command::new(c_program("attach_loop", false));
+        cmd.args([
+            iterations.to_string(),
+            gap_ms.to_string(),
+            u8::from(two_threads).to_string(),
+        ]);
+        Target::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Target {
+        let mut child = cmd
             .env("LD_LIBRARY_PATH", fake_driver_dir())
             .env("VRAMTRACE_FAKE_CAPACITY", "24GiB")
             .env_remove("LD_PRELOAD")
@@ -463,4 +467,69 @@ fn the_watchdog_restores_a_target_whose_vramtrace_was_killed_at_each_step() {
     for point in ["loaded", "started", "patched", "attached", "detaching"] {
         killed_at(point);
     }
+}
+
+#[test]
+fn attach_to_python_records_its_lines_and_starts_the_probe_in_the_interpreter() {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/attach_loop.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).args(["200", "10"]);
+    let t = Target::spawn(cmd);
+    let pid = t.pid();
+    let out = scratch("attach-python").join("trace");
+    let o = attach(pid, &out, "700ms");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("the Python probe scheduled"),
+        "{}",
+        describe(&o)
+    );
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+    let ev = events(&out);
+    let (allocs, frees) = traced(&ev, pid as u64);
+    assert_window(&printed(&lines, 0), &allocs, &frees);
+    // The probe ran inside the interpreter, under the GIL: its mark is in the trace.
+    let file = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "vtr"))
+        .unwrap();
+    let process = vramtrace::trace::Process::open(&file).unwrap();
+    let marks: Vec<String> = process
+        .items()
+        .unwrap()
+        .filter_map(|i| match i {
+            vramtrace::trace::Item::Mark { name, .. } => process.string(name).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        marks,
+        vec![
+            "vramtrace attach: Python probe started; PyTorch has not initialised CUDA here, so only the driver's allocations are recorded"
+                .to_string()
+        ]
+    );
+    // And the allocations carry the Python line that made them.
+    let summary = Command::new(vramtrace())
+        .arg("summary")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&summary.stdout);
+    assert!(
+        text.contains("attach_loop.py:40 allocate_kv_block"),
+        "{text}"
+    );
 }

@@ -37,41 +37,51 @@ import threading
 
 # PyDLL: the calls keep the GIL (they are short and never call back into Python), which saves
 # releasing and taking it again twice per tensor.
-_lib = ctypes.PyDLL(None)
-try:
-    _tensor = _lib.vramtrace_tensor
-    _tensor.argtypes = [ctypes.c_uint32, ctypes.c_int32] + [ctypes.c_uint64] * 7 + [
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_uint32,
-        ctypes.c_uint64,
-    ]
-    _tensor.restype = ctypes.c_int
-except AttributeError:  # not under the preload
-    _tensor = None
-try:
-    # The two reports made per tensor, with five arguments: each argument converted from Python
-    # costs about 0.1 µs (the full call takes 14).
-    _block = _lib.vramtrace_tensor_block
-    _block.argtypes = [ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64,
-                       ctypes.c_uint64]
-    _block.restype = ctypes.c_int
-except AttributeError:  # not under the preload, or one older than this probe
-    _block = None
-try:
-    # An operator's output, not a name (ABI 2): attribution still matches it by size.
-    _annotate_op = _lib.vramtrace_annotate_op
-    _annotate_op.argtypes = [
-        ctypes.c_uint64,
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_uint32,
-    ]
-    _annotate_op.restype = None
-except AttributeError:
-    _annotate_op = None
+_tensor = _block = _annotate_op = None
+
+
+def _bind(lib):
+    """Finds the preload's tensor ABI in `lib` (the process's global scope under `vramtrace run`;
+    the library itself when `vramtrace attach` loaded it, privately, with dlopen)."""
+    global _lib, _tensor, _block, _annotate_op
+    _lib = lib
+    try:
+        _tensor = lib.vramtrace_tensor
+        _tensor.argtypes = [ctypes.c_uint32, ctypes.c_int32] + [ctypes.c_uint64] * 7 + [
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.c_uint32,
+            ctypes.c_uint64,
+        ]
+        _tensor.restype = ctypes.c_int
+    except AttributeError:  # not under the preload
+        _tensor = None
+    try:
+        # The two reports made per tensor, with five arguments: each argument converted from
+        # Python costs about 0.1 µs (the full call takes 14).
+        _block = lib.vramtrace_tensor_block
+        _block.argtypes = [ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64,
+                           ctypes.c_uint64]
+        _block.restype = ctypes.c_int
+    except AttributeError:  # not under the preload, or one older than this probe
+        _block = None
+    try:
+        # An operator's output, not a name (ABI 2): attribution still matches it by size.
+        _annotate_op = lib.vramtrace_annotate_op
+        _annotate_op.argtypes = [
+            ctypes.c_uint64,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.c_uint32,
+        ]
+        _annotate_op.restype = None
+    except AttributeError:
+        _annotate_op = None
+
+
+_bind(ctypes.PyDLL(None))
 
 ALLOC, FREE, REFUSED = 1, 2, 3
 _state = {"active": False}
@@ -85,8 +95,12 @@ def _note(text):
     sys.stderr.write(f"vramtrace: torch probe: {text}\n")
 
 
-def activate(shapes=None):
-    """Start recording tensor events; a no-op without the preload, CUDA, or on a second call."""
+def activate(shapes=None, before=None):
+    """Start recording tensor events; a no-op without the preload, CUDA, or on a second call.
+
+    `before`: blocks live before activation, {pointer: (device, block bytes, requested bytes)}
+    (`vramtrace attach` seeds them from PyTorch's snapshot), so that their frees are paired and
+    move the counters' baseline by what they free."""
     if _state["active"] or _tensor is None:
         return False
     import torch
@@ -100,7 +114,7 @@ def activate(shapes=None):
         shapes = os.environ.get("VRAMTRACE_TORCH_SHAPES") == "1"
     stats = torch._C._cuda_memoryStats
     get_device = torch._C._cuda_getDevice
-    sizes = {}  # live block pointer -> (device, block bytes, requested bytes)
+    sizes = dict(before or {})  # live block pointer -> (device, block bytes, requested bytes)
     baseline = {}  # device -> (allocated, requested) bytes after the last event we saw
 
     def dict_counters(dev):
@@ -324,3 +338,46 @@ def _shapes_mode(torch):
             return out
 
     return Shapes()
+
+
+def attach(lib_path):
+    """Run by `vramtrace attach` inside a live interpreter (a pending call: main thread, GIL
+    held): binds the preload it loaded at `lib_path`, seeds the trace with the state at attach
+    and activates the probe. Everything seeded is marked `before attach`: PyTorch's segments as
+    driver allocations labelled so, its live blocks as tensors whose operator is `before attach`,
+    and one mark with the driver's free and total memory per device."""
+    _bind(ctypes.PyDLL(lib_path))
+    seed = getattr(_lib, "vramtrace_attach_seed", None)
+    mark = getattr(_lib, "vramtrace_mark", None)
+    if _tensor is None or seed is None:
+        _note(f"{lib_path} has no tensor ABI: tensors are not recorded")
+        return False
+    seed.argtypes = [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]
+    if mark is not None:
+        mark.argtypes = [ctypes.c_char_p]
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        # Nothing of PyTorch's to see; the driver's allocations are recorded all the same.
+        if mark is not None:
+            mark(b"vramtrace attach: Python probe started; PyTorch has not initialised CUDA "
+                 b"here, so only the driver's allocations are recorded")
+        return False
+    before = {}
+    segments = blocks = 0
+    for seg in torch.cuda.memory._snapshot().get("segments", []):
+        dev = int(seg.get("device", 0))
+        seed(dev, int(seg["address"]), int(seg["total_size"]))
+        segments += 1
+        for b in seg.get("blocks", []):
+            if b.get("state") == "active_allocated":
+                ptr, size = int(b["address"]), int(b["size"])
+                before[ptr] = (dev, size, int(b.get("requested_size", size)))
+                _tensor(ALLOC, dev, ptr, size, int(seg["address"]), 0, 0, 0, 0,
+                        b"before attach", None, None, 0, before[ptr][2])
+                blocks += 1
+    if mark is not None:
+        for dev in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(dev)
+            mark(f"before attach: device {dev}: driver free {free} of {total} bytes; "
+                 f"PyTorch {segments} segments, {blocks} live blocks".encode())
+    return activate(before=before)

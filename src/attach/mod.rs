@@ -60,6 +60,9 @@ pub struct AttachOptions {
     pub out: PathBuf,
     /// The preload library (absolute).
     pub preload: PathBuf,
+    /// The directory holding the Python probe (`vramtrace_torch.py`), to start it in a Python
+    /// target; `None`: no Python probe.
+    pub python_probe: Option<PathBuf>,
 }
 
 /// One hooked entry point.
@@ -89,6 +92,8 @@ pub struct Attached {
     watched: Watched,
     /// Whether a watchdog process restores the target if `vramtrace` dies.
     pub watchdog: bool,
+    /// Whether the Python probe was scheduled to start in the target's interpreter.
+    pub python: bool,
     /// How long the thread that loaded the preload was stopped.
     pub call_pause: Duration,
     /// How long every thread was stopped while the jumps were written.
@@ -304,7 +309,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         j,
     );
     match result {
-        Ok((hooks, stop_fn, all_pause, threads)) => {
+        Ok((hooks, stop_fn, all_pause, threads, python)) => {
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
             let landing = j.landing;
@@ -323,6 +328,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
                 landing,
                 watched,
                 watchdog,
+                python,
                 call_pause: started.elapsed(),
                 all_pause,
                 threads,
@@ -426,8 +432,30 @@ fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journa
 type StepResult<T> = Result<T, (&'static str, String)>;
 
 /// What [`install`] returns: the hooks, `vramtrace_attach_stop`, how long every thread was
-/// stopped and how many there were.
-type Installed = (Vec<Hook>, u64, Duration, usize);
+/// stopped, how many there were, and whether the Python probe was scheduled.
+type Installed = (Vec<Hook>, u64, Duration, usize, bool);
+
+/// The Python run in the target's interpreter (`Py_AddPendingCall`): the probe's `attach`, in a
+/// namespace of its own so that nothing is added to `__main__`; a failure is one line on
+/// stderr, never an exception in the program.
+fn python_starter(probe_dir: &Path, preload: &Path) -> String {
+    let py = |p: &Path| format!("{:?}", p.to_string_lossy());
+    let body = format!(
+        "import sys\n\
+         d = {dir}\n\
+         sys.path.insert(0, d)\n\
+         try:\n    \
+             import vramtrace_torch\n    \
+             vramtrace_torch.attach({lib})\n\
+         except BaseException as e:\n    \
+             sys.stderr.write('vramtrace: torch probe not started: %r\\n' % (e,))\n\
+         finally:\n    \
+             sys.path.remove(d)\n",
+        dir = py(probe_dir),
+        lib = py(preload),
+    );
+    format!("exec({body:?}, {{}})")
+}
 
 #[allow(clippy::too_many_arguments)]
 fn install(
@@ -524,10 +552,11 @@ fn install(
             ),
         ))
     };
-    let (set_real, start, stop) = (
+    let (set_real, start, stop, python_fn) = (
         sym("vramtrace_attach_real")?,
         sym("vramtrace_attach_start")?,
         sym("vramtrace_attach_stop")?,
+        sym("vramtrace_attach_python")?,
     );
     kill_point("loaded");
     // 3. Build the pads and trampolines, one slot each after the landing's.
@@ -620,7 +649,16 @@ fn install(
     }
     j.stop_fn = stop;
     kill_point("started");
-    // 5. Stop everything, keep every thread out of the bytes about to change, write the jumps.
+    // 5. A Python program: schedule the probe in its interpreter (it runs once the main thread
+    //    is back in the eval loop, under the GIL).
+    let mut python = false;
+    if let Some(dir) = &opts.python_probe {
+        let code = python_starter(dir, &opts.preload);
+        let rc = call(tracer, python_fn, &cstr(&code), &|at| vec![at], landing)
+            .map_err(|e| ("starting the Python probe", e))? as i32;
+        python = rc == 0;
+    }
+    // 6. Stop everything, keep every thread out of the bytes about to change, write the jumps.
     let step = "writing the jumps";
     let all_started = Instant::now();
     let tids = tracer.stop_all().map_err(|e| (step, e))?;
@@ -659,7 +697,7 @@ fn install(
             .map_err(|e| (step, e))?;
     }
     kill_point("patched");
-    Ok((hooks, stop, all_started.elapsed(), tids.len()))
+    Ok((hooks, stop, all_started.elapsed(), tids.len(), python))
 }
 
 fn read_cstr(tracer: &Tracer, at: u64) -> Option<String> {

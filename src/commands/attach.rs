@@ -110,10 +110,14 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
     };
     let out =
         std::path::absolute(&out).with_context(|| format!("cannot resolve {}", out.display()))?;
+    let python_probe = super::run::torch_probe_dir(&preload)
+        .and_then(|autostart| autostart.parent().map(std::path::Path::to_path_buf))
+        .filter(|dir| dir.join(crate::tensors::PROBE_FILE).is_file());
     let attached = match attach(&AttachOptions {
         pid: args.pid,
         out: out.clone(),
         preload,
+        python_probe,
     }) {
         Ok(a) => a,
         Err(e) => {
@@ -123,9 +127,19 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
         }
     };
     eprintln!(
-        "vramtrace: attached to process {} ({} entry points hooked); it was stopped {:.1} ms (all {} threads together {:.1} ms). Recording into {}{}",
+        "vramtrace: attached to process {} ({} entry points hooked{}{}); it was stopped {:.1} ms (all {} threads together {:.1} ms). Recording into {}{}",
         attached.pid,
         attached.hooks.len(),
+        if attached.python {
+            ", the Python probe scheduled"
+        } else {
+            ""
+        },
+        if attached.watchdog {
+            ", a watchdog restores it if vramtrace dies"
+        } else {
+            ""
+        },
         attached.call_pause.as_secs_f64() * 1e3,
         attached.threads,
         attached.all_pause.as_secs_f64() * 1e3,

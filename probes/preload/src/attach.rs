@@ -19,8 +19,12 @@
 use core::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use vramtrace_format::MemKind;
+
 use crate::config::{self, AttachRefusal};
-use crate::driver::{self, ENTRIES};
+use crate::driver::{self, ENTRIES, Entry};
+use crate::labels::{range_pop, range_push};
+use crate::recorder::{Call, Dev, Op};
 
 /// The library's attach state, read by `vramtrace attach` from outside (through
 /// `/proc/PID/mem`) before it does anything: [`NEVER`] (loaded by `LD_PRELOAD`, or not yet
@@ -107,3 +111,93 @@ pub extern "C" fn vramtrace_attach_stop() -> c_int {
     vramtrace_attach_state.store(DETACHED, Ordering::Release);
     0
 }
+
+/// [`vramtrace_attach_python`]: the process has no CPython interpreter (or not initialised).
+pub const ATTACH_NO_PYTHON: c_int = 1;
+
+type PendingCall = unsafe extern "C" fn(*mut c_void) -> c_int;
+type AddPendingCall = unsafe extern "C" fn(PendingCall, *mut c_void) -> c_int;
+type RunSimpleString = unsafe extern "C" fn(*const c_char) -> c_int;
+type IsInitialized = unsafe extern "C" fn() -> c_int;
+
+/// `PyRun_SimpleString`, found once by [`vramtrace_attach_python`].
+static RUN: std::sync::atomic::AtomicPtr<c_void> =
+    std::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+
+/// Runs in the interpreter's main thread, under the GIL, at a point where the eval loop checks
+/// for pending calls (between bytecodes): the memray way of running code in a live
+/// interpreter. Errors are printed by `PyRun_SimpleString` itself; 0 keeps them from being
+/// raised in the program.
+unsafe extern "C" fn run_pending(code: *mut c_void) -> c_int {
+    let run = RUN.load(Ordering::Acquire);
+    if !run.is_null() {
+        // Safety: RUN holds PyRun_SimpleString; `code` is the NUL-terminated string leaked by
+        // vramtrace_attach_python; we hold the GIL (a pending call).
+        unsafe {
+            let run: RunSimpleString = core::mem::transmute::<*mut c_void, RunSimpleString>(run);
+            run(code as *const c_char);
+        }
+    }
+    0
+}
+
+/// Schedules the Python source `code` to run in the interpreter's main thread under the GIL
+/// (`Py_AddPendingCall`). 0 when scheduled, [`ATTACH_NO_PYTHON`] when the process has no
+/// initialised CPython, -1 when the interpreter refused (its queue is full).
+///
+/// # Safety
+/// `code` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vramtrace_attach_python(code: *const c_char) -> c_int {
+    let find = |name: &CStr| crate::real_dlsym::real_dlsym_quiet(libc::RTLD_DEFAULT, name.as_ptr());
+    let (add, run, init) = (
+        find(c"Py_AddPendingCall"),
+        find(c"PyRun_SimpleString"),
+        find(c"Py_IsInitialized"),
+    );
+    if code.is_null() || add.is_null() || run.is_null() || init.is_null() {
+        return ATTACH_NO_PYTHON;
+    }
+    // Safety: Py_IsInitialized has no preconditions and takes no lock.
+    if unsafe { core::mem::transmute::<*mut c_void, IsInitialized>(init)() } == 0 {
+        return ATTACH_NO_PYTHON;
+    }
+    RUN.store(run, Ordering::Release);
+    // Safety: the caller's NUL-terminated string, copied into one that lives forever (the call
+    // runs later).
+    let owned = unsafe { CStr::from_ptr(code) }.to_owned().into_raw();
+    // Safety: Py_AddPendingCall may be called from any thread without the GIL.
+    let add = unsafe { core::mem::transmute::<*mut c_void, AddPendingCall>(add) };
+    // Safety: a callback of the right type and its argument.
+    let rc = unsafe { add(run_pending, owned as *mut c_void) };
+    if rc == 0 { 0 } else { -1 }
+}
+
+/// Records a device segment that existed before the attach (PyTorch's snapshot, seen by the
+/// Python probe): an allocation of `size` bytes at `ptr` on `device`, labelled
+/// `before attach`, so that frees of it pair and every reader shows where it came from.
+/// 0, or -1 when recording is off.
+#[unsafe(no_mangle)]
+pub extern "C" fn vramtrace_attach_seed(device: i32, ptr: u64, size: u64) -> c_int {
+    range_push(BEFORE_ATTACH);
+    let recorded = match Call::begin() {
+        Some(call) => {
+            call.alloc(
+                0,
+                Op {
+                    ptr,
+                    size,
+                    device: Dev::Known(device),
+                    ..Op::new(ENTRIES[Entry::MemAllocV2 as usize].api, MemKind::Device)
+                },
+            );
+            0
+        }
+        None => -1,
+    };
+    range_pop();
+    recorded
+}
+
+/// The label of everything the trace holds from before the attach.
+pub const BEFORE_ATTACH: &[u8] = b"before attach";
