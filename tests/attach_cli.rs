@@ -533,3 +533,51 @@ fn attach_to_python_records_its_lines_and_starts_the_probe_in_the_interpreter() 
         "{text}"
     );
 }
+
+#[test]
+fn live_attach_shows_the_view_and_detaches_on_quit() {
+    if Command::new("script").arg("--version").output().is_err() {
+        vramtrace_testkit::skip(
+            "VRAMTRACE_REQUIRE_SCRIPT",
+            "no `script` (util-linux) to give the live view a terminal",
+        );
+        return;
+    }
+    let t = Target::start(300, 10, false);
+    let pid = t.pid();
+    let before = driver_code(pid);
+    let out = scratch("attach-live").join("trace");
+    let line = format!(
+        "{} live --attach {pid} {} --no-nvml",
+        vramtrace().display(),
+        out.display()
+    );
+    // The view quits on `q`, typed once it is up.
+    let mut view = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("VRAMTRACE_PRELOAD", preload())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    std::io::Write::write_all(view.stdin.as_mut().unwrap(), b"q").unwrap();
+    let o = view.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(
+        text.contains(&format!("attached to process {pid}")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("detached from process {pid}")),
+        "{text}"
+    );
+    assert_eq!(driver_code(pid), before);
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    let ev = events(&out);
+    let (allocs, frees) = traced(&ev, pid as u64);
+    assert_window(&printed(&lines, 0), &allocs, &frees);
+}

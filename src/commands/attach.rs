@@ -1,7 +1,7 @@
 //! `vramtrace attach PID`: record in a running CUDA program until Ctrl-C or `--duration`, then
 //! detach, leaving it as it was (`src/attach/`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -97,24 +97,48 @@ fn wait_for_end(set: &libc::sigset_t, duration: Option<Duration>) {
 
 /// Runs `vramtrace attach`.
 pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
-    let preload = preload::locate(args.preload.as_deref())?;
     let set = ending_signals();
     // Safety: blocks signals for this thread (the only one) with a valid set.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) };
-    // Refusals that need no directory come first: nothing is created for them.
-    let facts = crate::attach::target_facts(args.pid)?;
-    crate::attach::may_attach(args.pid, &facts, &crate::attach::self_facts(args.pid))?;
-    let out = match &args.out {
+    let (attached, out) = start(args.pid, args.out.as_deref(), args.preload.as_deref())?;
+    eprintln!(
+        "vramtrace: recording into {}{}",
+        out.display(),
+        match args.duration {
+            Some(d) => format!(" for {:.1} s.", d.as_secs_f64()),
+            None => "; Ctrl-C detaches.".into(),
+        }
+    );
+    wait_for_end(&set, args.duration);
+    finish(attached, &out)?;
+    eprintln!(
+        "vramtrace: read the trace with `vramtrace summary {}`",
+        out.display()
+    );
+    Ok(0)
+}
+
+/// Attaches to `pid`, recording into `out` (a new directory by default); says so on stderr.
+/// Refusals that need no directory come first: nothing is created for them.
+fn start(
+    pid: i32,
+    out: Option<&Path>,
+    preload: Option<&Path>,
+) -> anyhow::Result<(crate::attach::Attached, PathBuf)> {
+    let preload = preload::locate(preload)?;
+    let facts = crate::attach::target_facts(pid)?;
+    crate::attach::may_attach(pid, &facts, &crate::attach::self_facts(pid))?;
+    let out = match out {
         Some(dir) => super::run::prepare_out_dir(dir)?,
-        None => super::run::new_out_dir(std::ffi::OsStr::new(&format!("attach-{}", args.pid)))?,
+        None => super::run::new_out_dir(std::ffi::OsStr::new(&format!("attach-{pid}")))?,
     };
     let out =
         std::path::absolute(&out).with_context(|| format!("cannot resolve {}", out.display()))?;
     let python_probe = super::run::torch_probe_dir(&preload)
-        .and_then(|autostart| autostart.parent().map(std::path::Path::to_path_buf))
+        .and_then(|autostart| autostart.parent().map(Path::to_path_buf))
         .filter(|dir| dir.join(crate::tensors::PROBE_FILE).is_file());
     let attached = match attach(&AttachOptions {
-        pid: args.pid,
+        pid,
         out: out.clone(),
         preload,
         python_probe,
@@ -127,7 +151,7 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
         }
     };
     eprintln!(
-        "vramtrace: attached to process {} ({} entry points hooked{}{}); it was stopped {:.1} ms (all {} threads together {:.1} ms). Recording into {}{}",
+        "vramtrace: attached to process {} ({} entry points hooked{}{}); it was stopped {:.1} ms (all {} threads together {:.1} ms)",
         attached.pid,
         attached.hooks.len(),
         if attached.python {
@@ -143,15 +167,15 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
         attached.call_pause.as_secs_f64() * 1e3,
         attached.threads,
         attached.all_pause.as_secs_f64() * 1e3,
-        out.display(),
-        match args.duration {
-            Some(d) => format!(" for {:.1} s.", d.as_secs_f64()),
-            None => "; Ctrl-C detaches.".into(),
-        }
     );
-    wait_for_end(&set, args.duration);
+    Ok((attached, out))
+}
+
+/// Detaches and says how it went.
+fn finish(attached: crate::attach::Attached, out: &Path) -> anyhow::Result<()> {
     let pid = attached.pid;
-    let d = detach(attached)?;
+    let d =
+        detach(attached).with_context(|| format!("the trace so far is in {}", out.display()))?;
     eprintln!(
         "vramtrace: detached from process {pid}; it was stopped {:.1} ms. Every hooked byte is restored.",
         d.pause.as_secs_f64() * 1e3
@@ -162,10 +186,42 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
             d.changed_by_others.join(", ")
         );
     }
-    eprintln!(
-        "vramtrace: read the trace with `vramtrace summary {}`",
-        out.display()
+    Ok(())
+}
+
+/// `vramtrace live --attach PID`: attaches, shows the live view of the new trace until the
+/// user quits, then detaches.
+pub fn live(
+    pid: i32,
+    out: Option<&Path>,
+    options: crate::live::LiveOptions,
+    capacity: Option<u64>,
+) -> anyhow::Result<i32> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        bail!(
+            "vramtrace live draws in a terminal; stdin and stdout must be one. Without one, use `vramtrace attach {pid}`"
+        );
+    }
+    let set = ending_signals();
+    // Safety: blocks signals for this thread (the only one yet) with a valid set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) };
+    let (attached, out) = start(pid, out, None)?;
+    let mut source = crate::live::DirSource::new(&out, options);
+    let view = vramtrace_viewer::tui::run(
+        &mut source,
+        &vramtrace_viewer::tui::RunOptions {
+            view: vramtrace_viewer::tui::ViewOptions {
+                title: format!("process {pid} (attached) → {}", out.display()),
+                capacity_bytes: capacity,
+                ..vramtrace_viewer::tui::ViewOptions::default()
+            },
+            tick: Duration::from_millis(100),
+        },
     );
+    // Detach whatever happened to the view.
+    finish(attached, &out)?;
+    view.context("the live view failed")?;
     Ok(0)
 }
 
