@@ -528,8 +528,14 @@ fn attach_to_python_records_its_lines_and_starts_the_probe_in_the_interpreter() 
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&summary.stdout);
+    let line = std::fs::read_to_string(&script)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains("assert alloc(ctypes.byref(p), size)"))
+        .unwrap()
+        + 1;
     assert!(
-        text.contains("attach_loop.py:40 allocate_kv_block"),
+        text.contains(&format!("attach_loop.py:{line} allocate_kv_block")),
         "{text}"
     );
 }
@@ -580,4 +586,121 @@ fn live_attach_shows_the_view_and_detaches_on_quit() {
     let ev = events(&out);
     let (allocs, frees) = traced(&ev, pid as u64);
     assert_window(&printed(&lines, 0), &allocs, &frees);
+}
+
+#[test]
+fn attach_to_python_seeds_pytorchs_state_at_attach_marked_before_attach() {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/attach_loop.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).args(["160", "10", "torch"]);
+    let t = Target::spawn(cmd);
+    let pid = t.pid();
+    let out = scratch("attach-seed").join("trace");
+    // Long enough to see the segments freed half-way through the loop.
+    let o = attach(pid, &out, "1200ms");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    let segments: Vec<(u64, u64)> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("S "))
+        .map(|l| {
+            let f: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            (f[0], f[1])
+        })
+        .collect();
+    assert_eq!(segments.len(), 2);
+    let ev = events(&out);
+    let ptr = |e: &serde_json::Value| {
+        u64::from_str_radix(e["ptr"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    };
+    // Each segment seeded once, labelled, without a stack (nothing of now made it), first.
+    let seeded: Vec<(u64, u64)> = ev
+        .iter()
+        .filter(|e| e["label"] == "before attach")
+        .map(|e| {
+            assert_eq!(e["kind"], "alloc");
+            assert!(e.get("stack").is_none(), "a seed has no stack: {e}");
+            (ptr(e), e["size"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(seeded, segments);
+    assert!(lines.iter().any(|l| l == "freed segments"));
+    // Their frees half-way pair with them: nothing is live at the end.
+    let summary = Command::new(vramtrace())
+        .arg("summary")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&summary.stdout);
+    assert!(text.contains("0 B live at end"), "{text}");
+    // The live blocks as tensors whose operator is `before attach`, with PyTorch's sizes.
+    let file = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "vtr"))
+        .unwrap();
+    let process = vramtrace::trace::Process::open(&file).unwrap();
+    let mut blocks = Vec::new();
+    let mut marks = Vec::new();
+    for item in process.items().unwrap() {
+        match item {
+            vramtrace::trace::Item::Tensor(t) => {
+                assert_eq!(process.string(t.op), Some("before attach"));
+                assert_eq!(t.stack, 0, "a seeded block has no Python line");
+                blocks.push((t.ptr, t.size, t.requested, t.segment));
+            }
+            vramtrace::trace::Item::Mark { name, .. } => {
+                marks.push(process.string(name).unwrap().to_string())
+            }
+            _ => {}
+        }
+    }
+    let expect: Vec<_> = segments
+        .iter()
+        .map(|&(a, n)| (a, n / 2, n / 2 - 100, a))
+        .collect();
+    assert_eq!(blocks, expect);
+    assert_eq!(
+        marks,
+        vec!["before attach: device 0: driver free 1000 of 2000 bytes; PyTorch 2 segments, 2 live blocks".to_string()]
+    );
+}
+
+#[test]
+fn a_target_that_exits_while_attached_ends_the_recording_cleanly() {
+    let t = Target::start(60, 10, false);
+    let pid = t.pid();
+    let out = scratch("attach-exits").join("trace");
+    let started = Instant::now();
+    let o = attach(pid, &out, "60s");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "attach ends with the process"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "process {pid} exited while attached; its trace is complete up to its exit"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("watchdog:"), "{err}");
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    let program = printed(&lines, 0);
+    let (allocs, _) = traced(&events(&out), pid as u64);
+    let k = program.iter().position(|p| *p == allocs[0]).unwrap();
+    assert!(k > 0);
+    assert_eq!(&program[k..], allocs, "every allocation up to the exit");
 }

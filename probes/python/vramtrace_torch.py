@@ -344,15 +344,18 @@ def attach(lib_path):
     """Run by `vramtrace attach` inside a live interpreter (a pending call: main thread, GIL
     held): binds the preload it loaded at `lib_path`, seeds the trace with the state at attach
     and activates the probe. Everything seeded is marked `before attach`: PyTorch's segments as
-    driver allocations labelled so, its live blocks as tensors whose operator is `before attach`,
+    driver allocations labelled so, its live blocks as tensors whose operator is `before attach` (neither with a Python
+    line: nothing of now made them),
     and one mark with the driver's free and total memory per device."""
     _bind(ctypes.PyDLL(lib_path))
     seed = getattr(_lib, "vramtrace_attach_seed", None)
+    seed_block = getattr(_lib, "vramtrace_attach_seed_block", None)
     mark = getattr(_lib, "vramtrace_mark", None)
-    if _tensor is None or seed is None:
+    if _tensor is None or seed is None or seed_block is None:
         _note(f"{lib_path} has no tensor ABI: tensors are not recorded")
         return False
     seed.argtypes = [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]
+    seed_block.argtypes = [ctypes.c_int32] + [ctypes.c_uint64] * 4
     if mark is not None:
         mark.argtypes = [ctypes.c_char_p]
     torch = sys.modules.get("torch")
@@ -372,12 +375,15 @@ def attach(lib_path):
             if b.get("state") == "active_allocated":
                 ptr, size = int(b["address"]), int(b["size"])
                 before[ptr] = (dev, size, int(b.get("requested_size", size)))
-                _tensor(ALLOC, dev, ptr, size, int(seg["address"]), 0, 0, 0, 0,
-                        b"before attach", None, None, 0, before[ptr][2])
+                seed_block(dev, ptr, size, before[ptr][2], int(seg["address"]))
                 blocks += 1
     if mark is not None:
         for dev in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(dev)
             mark(f"before attach: device {dev}: driver free {free} of {total} bytes; "
                  f"PyTorch {segments} segments, {blocks} live blocks".encode())
-    return activate(before=before)
+    try:
+        return activate(before=before)
+    except Exception as e:  # never break the program
+        _note(f"not active after the attach: {e!r}")
+        return False

@@ -222,7 +222,11 @@ fn watchdog(pipe: libc::c_int, journal: *const Journal) -> ! {
     // Safety: the shared mapping stays mapped in this process; its writer is gone.
     let j = unsafe { &*journal };
     let phase = j.phase.load(Ordering::SeqCst);
-    if phase == CHANGING || phase == ATTACHED {
+    let alive = std::fs::read_to_string(format!("/proc/{}/status", j.pid)).is_ok_and(|s| {
+        !s.lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'))
+    });
+    if alive && (phase == CHANGING || phase == ATTACHED) {
         let done = recover(j);
         let line = match done {
             Ok(()) => format!(

@@ -109,6 +109,8 @@ pub struct Detached {
     pub pause: Duration,
     /// Entry points whose bytes were not our jump any more, left as found.
     pub changed_by_others: Vec<String>,
+    /// The process had exited: nothing to restore, its trace ends with it.
+    pub exited: bool,
 }
 
 /// `dlopen` flags.
@@ -715,17 +717,35 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let pid = attached.pid;
     let failed =
         |step: &'static str| move |reason: String| AttachError::Failed { pid, step, reason };
-    if !Path::new(&format!("/proc/{pid}")).exists() {
-        attached.watched.finish();
-        return Err(AttachError::Failed {
-            pid,
-            step: "detaching",
-            reason: "the process has exited; its trace is complete up to its exit".into(),
-        });
-    }
-    let mut tracer = Tracer::new(pid).map_err(failed("detaching"))?;
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_or(true, |s| {
+            s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
+    };
     let started = Instant::now();
-    let tids = tracer.stop_all().map_err(failed("stopping the threads"))?;
+    let exited = |attached: Attached| {
+        attached.watched.finish();
+        Ok(Detached {
+            pause: Duration::ZERO,
+            changed_by_others: Vec::new(),
+            exited: true,
+        })
+    };
+    if gone() {
+        return exited(attached);
+    }
+    let mut tracer = match Tracer::new(pid) {
+        Ok(t) => t,
+        Err(_) if gone() => return exited(attached),
+        Err(e) => return Err(failed("detaching")(e)),
+    };
+    let tids = match tracer.stop_all() {
+        Ok(t) if !t.is_empty() => t,
+        Ok(_) => return exited(attached),
+        Err(_) if gone() => return exited(attached),
+        Err(e) => return Err(failed("stopping the threads")(e)),
+    };
     kill_point("detaching");
     let mut changed_by_others = Vec::new();
     for hook in &attached.hooks {
@@ -769,5 +789,6 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     Ok(Detached {
         pause,
         changed_by_others,
+        exited: false,
     })
 }

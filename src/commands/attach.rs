@@ -72,17 +72,28 @@ fn ending_signals() -> libc::sigset_t {
     }
 }
 
-/// Waits for `duration` (forever if `None`) or one of the ending signals.
-fn wait_for_end(set: &libc::sigset_t, duration: Option<Duration>) {
+/// Waits for `duration` (forever if `None`), one of the ending signals, or the end of process
+/// `pid`.
+fn wait_for_end(set: &libc::sigset_t, duration: Option<Duration>, pid: i32) {
     let start = std::time::Instant::now();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            !s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
+    };
     loop {
+        if !alive() {
+            return;
+        }
         let left = match duration {
             Some(d) => match d.checked_sub(start.elapsed()) {
                 Some(l) if !l.is_zero() => l,
                 _ => return,
             },
             None => Duration::from_secs(3600),
-        };
+        }
+        .min(Duration::from_millis(200));
         let ts = libc::timespec {
             tv_sec: left.as_secs() as libc::time_t,
             tv_nsec: left.subsec_nanos() as libc::c_long,
@@ -109,7 +120,7 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
             None => "; Ctrl-C detaches.".into(),
         }
     );
-    wait_for_end(&set, args.duration);
+    wait_for_end(&set, args.duration, args.pid);
     finish(attached, &out)?;
     eprintln!(
         "vramtrace: read the trace with `vramtrace summary {}`",
@@ -176,6 +187,12 @@ fn finish(attached: crate::attach::Attached, out: &Path) -> anyhow::Result<()> {
     let pid = attached.pid;
     let d =
         detach(attached).with_context(|| format!("the trace so far is in {}", out.display()))?;
+    if d.exited {
+        eprintln!(
+            "vramtrace: process {pid} exited while attached; its trace is complete up to its exit"
+        );
+        return Ok(());
+    }
     eprintln!(
         "vramtrace: detached from process {pid}; it was stopped {:.1} ms. Every hooked byte is restored.",
         d.pause.as_secs_f64() * 1e3

@@ -182,20 +182,53 @@ pub extern "C" fn vramtrace_attach_seed(device: i32, ptr: u64, size: u64) -> c_i
     range_push(BEFORE_ATTACH);
     let recorded = match Call::begin() {
         Some(call) => {
-            call.alloc(
-                0,
-                Op {
-                    ptr,
-                    size,
-                    device: Dev::Known(device),
-                    ..Op::new(ENTRIES[Entry::MemAllocV2 as usize].api, MemKind::Device)
-                },
-            );
+            call.seeded(Op {
+                ptr,
+                size,
+                device: Dev::Known(device),
+                ..Op::new(ENTRIES[Entry::MemAllocV2 as usize].api, MemKind::Device)
+            });
             0
         }
         None => -1,
     };
     range_pop();
+    recorded
+}
+
+/// Records a block of PyTorch's caching allocator live before the attach (its snapshot, seen by
+/// the Python probe): a TENSOR record of `size` bytes (`requested` asked for) at `ptr` in the
+/// segment at `segment`, whose operator is `before attach` and which has no Python line (none
+/// of now made it). 0, or -1 when recording is off.
+#[unsafe(no_mangle)]
+pub extern "C" fn vramtrace_attach_seed_block(
+    device: i32,
+    ptr: u64,
+    size: u64,
+    requested: u64,
+    segment: u64,
+) -> c_int {
+    use vramtrace_format::{Encoder, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent, kind};
+    let mut recorded = -1;
+    crate::sink::with_file(|file| {
+        let t = TensorEvent {
+            t_ns: crate::sink::mono_ns(),
+            tid: crate::sink::tid(),
+            device,
+            action: TensorAction::Alloc,
+            ptr,
+            size,
+            segment,
+            requested,
+            op: crate::intern::intern(file, BEFORE_ATTACH),
+            ..TensorEvent::default()
+        };
+        let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
+        let mut e = Encoder::new(&mut buf);
+        t.encode_payload_with_shape(&mut e, &[]);
+        file.write(e.finish(kind::TENSOR));
+        recorded = 0;
+    });
     recorded
 }
 

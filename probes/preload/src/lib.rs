@@ -121,7 +121,8 @@ mod tensors;
 
 pub use attach::{
     vramtrace_attach_pid, vramtrace_attach_python, vramtrace_attach_real, vramtrace_attach_seed,
-    vramtrace_attach_start, vramtrace_attach_state, vramtrace_attach_stop,
+    vramtrace_attach_seed_block, vramtrace_attach_start, vramtrace_attach_state,
+    vramtrace_attach_stop,
 };
 pub use dlsym::{dlsym, dlvsym};
 pub use hooks::*;
