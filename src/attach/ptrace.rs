@@ -310,7 +310,7 @@ impl Tracer {
                             limit.as_secs_f64()
                         ));
                     }
-                    std::thread::sleep(Duration::from_micros(100));
+                    idle(start);
                 }
                 Ok(WaitStatus::PtraceSyscall(_)) => {
                     let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
@@ -407,7 +407,7 @@ impl Tracer {
                         let _ = waitpid(t, Some(WaitPidFlag::__WALL));
                         return Ok(false);
                     }
-                    std::thread::sleep(Duration::from_micros(100));
+                    idle(start);
                 }
                 Ok(WaitStatus::PtraceSyscall(_)) => {
                     let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
@@ -433,6 +433,17 @@ impl Tracer {
                 Err(e) => return Err(errno_text("waiting for the target", e)),
             }
         }
+    }
+}
+
+/// Between two polls of a thread that runs: yield for the first few milliseconds (a call
+/// into the target stops at every system call, and each stop should be answered at once: the
+/// target's pause is their sum), then sleep.
+fn idle(since: Instant) {
+    if since.elapsed() < Duration::from_millis(20) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
