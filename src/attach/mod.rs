@@ -589,14 +589,11 @@ fn install(
         bytes[off..off + 14].copy_from_slice(&patch::pad(wrapper));
         let at = off + patch::TRAMPOLINE_AT as usize;
         bytes[at..at + t.code.len()].copy_from_slice(&t.code);
+        // An entry that starts with a jump (a thunk) is moved like any other instruction: the
+        // trampoline jumps where it jumped. A jump of ours is never there: a process is
+        // attached once.
         let mut original = [0u8; patch::JUMP_LEN];
         original.copy_from_slice(&prologue[..patch::JUMP_LEN]);
-        if original[0] == 0xe9 {
-            return Err((
-                step,
-                format!("{name} already starts with a jump: another tool hooked it"),
-            ));
-        }
         hooks.push(Hook {
             name: name.clone(),
             entry,

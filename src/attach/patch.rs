@@ -141,6 +141,19 @@ mod tests {
     }
 
     #[test]
+    fn a_thunk_still_jumps_where_it_jumped() {
+        // jmp rel32 at 0x1000 to 0x9000.
+        let rel = (0x9000i64 - 0x1005) as i32;
+        let mut code = vec![0xe9];
+        code.extend_from_slice(&rel.to_le_bytes());
+        code.extend_from_slice(&[0xcc; 8]);
+        let t = trampoline(&code, 0x1000, 0x40000).unwrap();
+        assert_eq!(t.covered, 5);
+        let mut d = Decoder::with_ip(64, &t.code, 0x40000, DecoderOptions::NONE);
+        assert_eq!(d.decode().near_branch_target(), 0x9000);
+    }
+
+    #[test]
     fn too_short_functions_are_refused() {
         let err = trampoline(&[0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc], 0x1000, 0x2000).unwrap_err();
         assert!(err.contains("shorter"), "{err}");
