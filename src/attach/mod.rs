@@ -10,9 +10,15 @@
 //! writes the original bytes back, turns recording off and lets it go. Any step that fails
 //! undoes the steps before it. x86-64 only: on any other architecture [`attach`] refuses.
 
+// The injection itself is x86-64 code (registers, trampolines); elsewhere `attach` refuses and
+// the rest is unused.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
+
 mod elf;
+#[cfg(target_arch = "x86_64")]
 mod journal;
 mod patch;
+#[cfg(target_arch = "x86_64")]
 mod ptrace;
 mod target;
 
@@ -24,7 +30,9 @@ pub use target::{
 };
 
 use elf::Symbols;
+#[cfg(target_arch = "x86_64")]
 use journal::{Journal, Watched};
+#[cfg(target_arch = "x86_64")]
 use ptrace::{LANDING, SavedRegs, Tracer};
 
 /// Why attaching or detaching did not happen.
@@ -85,10 +93,13 @@ pub struct Attached {
     /// The hooked entry points.
     pub hooks: Vec<Hook>,
     /// `vramtrace_attach_stop` in the target.
+    #[cfg(target_arch = "x86_64")]
     stop_fn: u64,
     /// Where calls into the target return.
+    #[cfg(target_arch = "x86_64")]
     landing: u64,
     /// The journal and its watchdog.
+    #[cfg(target_arch = "x86_64")]
     watched: Watched,
     /// Whether a watchdog process restores the target if `vramtrace` dies.
     pub watchdog: bool,
@@ -113,6 +124,10 @@ pub struct Detached {
     pub exited: bool,
 }
 
+#[cfg(target_arch = "x86_64")]
+#[cfg(target_arch = "x86_64")]
+#[cfg(target_arch = "x86_64")]
+#[cfg(target_arch = "x86_64")]
 /// `dlopen` flags.
 const RTLD_NOW: u64 = 2;
 /// Bytes of the trampoline page.
@@ -147,7 +162,7 @@ fn cstr(s: &str) -> Vec<u8> {
 
 /// Reads the preload's attach state in a process that has it loaded already, and says why it
 /// must not be attached again.
-fn already_there(pid: i32, tracer: Option<&Tracer>, path: &Path, base: u64) -> String {
+fn already_there(pid: i32, path: &Path, base: u64) -> String {
     let state = Symbols::read(&in_target(pid, path), base)
         .ok()
         .and_then(|s| {
@@ -156,13 +171,10 @@ fn already_there(pid: i32, tracer: Option<&Tracer>, path: &Path, base: u64) -> S
             let read = |a: u64| -> Option<u32> {
                 let mut b = [0u8; 4];
                 use std::os::unix::fs::FileExt;
-                match tracer {
-                    Some(t) => b.copy_from_slice(&t.read(a, 4).ok()?),
-                    None => std::fs::File::open(format!("/proc/{pid}/mem"))
-                        .ok()?
-                        .read_exact_at(&mut b, a)
-                        .ok()?,
-                }
+                std::fs::File::open(format!("/proc/{pid}/mem"))
+                    .ok()?
+                    .read_exact_at(&mut b, a)
+                    .ok()?;
                 Some(u32::from_le_bytes(b))
             };
             Some((read(at)?, read(by)?))
@@ -184,18 +196,29 @@ fn already_there(pid: i32, tracer: Option<&Tracer>, path: &Path, base: u64) -> S
 
 /// Attaches: after this returns, every allocation the process makes through the driver's
 /// hooked entry points is recorded into `opts.out`, until [`detach`].
+#[cfg(not(target_arch = "x86_64"))]
+pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
+    Err(not_here(opts.pid))
+}
+
+/// The refusal on an architecture `attach` does not support.
+#[cfg(not(target_arch = "x86_64"))]
+fn not_here(pid: i32) -> AttachError {
+    AttachError::Refused {
+        pid,
+        reason: format!(
+            "attaching is supported on x86-64 only, and this is {}; use `vramtrace run` to \
+             start the program under the recorder instead",
+            std::env::consts::ARCH
+        ),
+    }
+}
+
+/// Attaches: after this returns, every allocation the process makes through the driver's
+/// hooked entry points is recorded into `opts.out`, until [`detach`].
+#[cfg(target_arch = "x86_64")]
 pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     let pid = opts.pid;
-    if !cfg!(target_arch = "x86_64") {
-        return Err(AttachError::Refused {
-            pid,
-            reason: format!(
-                "attaching is supported on x86-64 only, and this is {}; use `vramtrace run` to \
-                 start the program under the recorder instead",
-                std::env::consts::ARCH
-            ),
-        });
-    }
     if pid <= 0 || pid as u32 == std::process::id() {
         return Err(AttachError::Refused {
             pid,
@@ -208,7 +231,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     let maps = maps_of(pid)?;
     let refuse = |reason: String| AttachError::Refused { pid, reason };
     if let Some((path, base)) = target::find_object(&maps, "libvramtrace_preload") {
-        return Err(refuse(already_there(pid, None, &path, base)));
+        return Err(refuse(already_there(pid, &path, base)));
     }
     let (cuda_path, cuda_base) = target::find_object(&maps, "libcuda.so").ok_or_else(|| {
         refuse(
@@ -359,6 +382,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Stops here, for good, when `VRAMTRACE_ATTACH_TEST_KILL` names `point`: how the tests show
 /// that the watchdog restores a target whose `vramtrace` was killed at that point.
 fn kill_point(point: &str) {
@@ -368,6 +392,7 @@ fn kill_point(point: &str) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 fn task_ids(pid: i32) -> Vec<i32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
@@ -377,6 +402,7 @@ fn task_ids(pid: i32) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+#[cfg(target_arch = "x86_64")]
 /// The glibc functions called in the target.
 struct Libc {
     dlopen: u64,
@@ -385,6 +411,7 @@ struct Libc {
     munmap: u64,
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Undoes what the journal says was done, in reverse order; returns what could not be
 /// undone.
 fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journal) -> Vec<String> {
@@ -431,12 +458,15 @@ fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journa
     left
 }
 
+#[cfg(target_arch = "x86_64")]
 type StepResult<T> = Result<T, (&'static str, String)>;
 
+#[cfg(target_arch = "x86_64")]
 /// What [`install`] returns: the hooks, `vramtrace_attach_stop`, how long every thread was
 /// stopped, how many there were, and whether the Python probe was scheduled.
 type Installed = (Vec<Hook>, u64, Duration, usize, bool);
 
+#[cfg(target_arch = "x86_64")]
 /// The Python run in the target's interpreter (`Py_AddPendingCall`): the probe's `attach`, in a
 /// namespace of its own so that nothing is added to `__main__`; a failure is one line on
 /// stderr, never an exception in the program.
@@ -459,6 +489,7 @@ fn python_starter(probe_dir: &Path, preload: &Path) -> String {
     format!("exec({body:?}, {{}})")
 }
 
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn install(
     tracer: &mut Tracer,
@@ -699,6 +730,7 @@ fn install(
     Ok((hooks, stop, all_started.elapsed(), tids.len(), python))
 }
 
+#[cfg(target_arch = "x86_64")]
 fn read_cstr(tracer: &Tracer, at: u64) -> Option<String> {
     if at == 0 {
         return None;
@@ -710,6 +742,14 @@ fn read_cstr(tracer: &Tracer, at: u64) -> Option<String> {
 
 /// Detaches: stops every thread, writes back the original bytes of each entry point (one that
 /// is no longer our jump is left as found and named), turns recording off, lets the process go.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn detach(attached: Attached) -> Result<Detached, AttachError> {
+    Err(not_here(attached.pid))
+}
+
+/// Detaches: stops every thread, writes back the original bytes of each entry point (one that
+/// is no longer our jump is left as found and named), turns recording off, lets the process go.
+#[cfg(target_arch = "x86_64")]
 pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let pid = attached.pid;
     let failed =
