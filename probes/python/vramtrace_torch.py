@@ -36,52 +36,43 @@ import sys
 import threading
 
 # PyDLL: the calls keep the GIL (they are short and never call back into Python), which saves
-# releasing and taking it again twice per tensor.
-_tensor = _block = _annotate_op = None
-
-
-def _bind(lib):
-    """Finds the preload's tensor ABI in `lib` (the process's global scope under `vramtrace run`;
-    the library itself when `vramtrace attach` loaded it, privately, with dlopen)."""
-    global _lib, _tensor, _block, _annotate_op
-    _lib = lib
-    try:
-        _tensor = lib.vramtrace_tensor
-        _tensor.argtypes = [ctypes.c_uint32, ctypes.c_int32] + [ctypes.c_uint64] * 7 + [
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.POINTER(ctypes.c_int64),
-            ctypes.c_uint32,
-            ctypes.c_uint64,
-        ]
-        _tensor.restype = ctypes.c_int
-    except AttributeError:  # not under the preload
-        _tensor = None
-    try:
-        # The two reports made per tensor, with five arguments: each argument converted from
-        # Python costs about 0.1 µs (the full call takes 14).
-        _block = lib.vramtrace_tensor_block
-        _block.argtypes = [ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64,
-                           ctypes.c_uint64]
-        _block.restype = ctypes.c_int
-    except AttributeError:  # not under the preload, or one older than this probe
-        _block = None
-    try:
-        # An operator's output, not a name (ABI 2): attribution still matches it by size.
-        _annotate_op = lib.vramtrace_annotate_op
-        _annotate_op.argtypes = [
-            ctypes.c_uint64,
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.POINTER(ctypes.c_int64),
-            ctypes.c_uint32,
-        ]
-        _annotate_op.restype = None
-    except AttributeError:
-        _annotate_op = None
-
-
-_bind(ctypes.PyDLL(None))
+# releasing and taking it again twice per tensor. The preload is in the global scope under
+# `vramtrace run`; `vramtrace attach` loads it privately and names it in `sys._vramtrace_preload`.
+_lib = ctypes.PyDLL(getattr(sys, "_vramtrace_preload", None))
+try:
+    _tensor = _lib.vramtrace_tensor
+    _tensor.argtypes = [ctypes.c_uint32, ctypes.c_int32] + [ctypes.c_uint64] * 7 + [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_uint32,
+        ctypes.c_uint64,
+    ]
+    _tensor.restype = ctypes.c_int
+except AttributeError:  # not under the preload
+    _tensor = None
+try:
+    # The two reports made per tensor, with five arguments: each argument converted from Python
+    # costs about 0.1 µs (the full call takes 14).
+    _block = _lib.vramtrace_tensor_block
+    _block.argtypes = [ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64,
+                       ctypes.c_uint64]
+    _block.restype = ctypes.c_int
+except AttributeError:  # not under the preload, or one older than this probe
+    _block = None
+try:
+    # An operator's output, not a name (ABI 2): attribution still matches it by size.
+    _annotate_op = _lib.vramtrace_annotate_op
+    _annotate_op.argtypes = [
+        ctypes.c_uint64,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_uint32,
+    ]
+    _annotate_op.restype = None
+except AttributeError:
+    _annotate_op = None
 
 ALLOC, FREE, REFUSED = 1, 2, 3
 _state = {"active": False}
@@ -342,12 +333,12 @@ def _shapes_mode(torch):
 
 def attach(lib_path):
     """Run by `vramtrace attach` inside a live interpreter (a pending call: main thread, GIL
-    held): binds the preload it loaded at `lib_path`, seeds the trace with the state at attach
-    and activates the probe. Everything seeded is marked `before attach`: PyTorch's segments as
-    driver allocations labelled so, its live blocks as tensors whose operator is `before attach` (neither with a Python
-    line: nothing of now made them),
-    and one mark with the driver's free and total memory per device."""
-    _bind(ctypes.PyDLL(lib_path))
+    held; `sys._vramtrace_preload` named the preload it loaded at `lib_path` before this module
+    was imported): seeds the trace with the state at attach and activates the probe. Everything
+    seeded is marked `before attach`: PyTorch's segments as driver allocations labelled so, its
+    live blocks as tensors whose operator is `before attach` (neither with a Python line:
+    nothing of now made them), and one mark with the driver's free and total memory per
+    device."""
     seed = getattr(_lib, "vramtrace_attach_seed", None)
     seed_block = getattr(_lib, "vramtrace_attach_seed_block", None)
     mark = getattr(_lib, "vramtrace_mark", None)

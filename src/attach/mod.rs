@@ -477,6 +477,7 @@ fn python_starter(probe_dir: &Path, preload: &Path) -> String {
          d = {dir}\n\
          sys.path.insert(0, d)\n\
          try:\n    \
+             sys._vramtrace_preload = {lib}\n    \
              import vramtrace_torch\n    \
              vramtrace_torch.attach({lib})\n\
          except BaseException as e:\n    \
