@@ -23,12 +23,13 @@ struct Target {
 
 impl Target {
     fn start(iterations: u32, gap_ms: u32, two_threads: bool) -> Target {
+        Target::start_mode(iterations, gap_ms, u8::from(two_threads))
+    }
+
+    /// `mode`: 0 one thread, 1 a second thread, 2 a child forked at iteration 40.
+    fn start_mode(iterations: u32, gap_ms: u32, mode: u8) -> Target {
         let mut cmd = Command::new(c_program("attach_loop", false));
-        cmd.args([
-            iterations.to_string(),
-            gap_ms.to_string(),
-            u8::from(two_threads).to_string(),
-        ]);
+        cmd.args([iterations.to_string(), gap_ms.to_string(), mode.to_string()]);
         Target::spawn(cmd)
     }
 
@@ -703,4 +704,49 @@ fn a_target_that_exits_while_attached_ends_the_recording_cleanly() {
     let k = program.iter().position(|p| *p == allocs[0]).unwrap();
     assert!(k > 0);
     assert_eq!(&program[k..], allocs, "every allocation up to the exit");
+}
+
+#[test]
+fn a_child_forked_while_attached_is_recorded_and_detached_too() {
+    let t = Target::start_mode(150, 10, 2);
+    let pid = t.pid();
+    let out = scratch("attach-fork").join("trace");
+    // Attached from about iteration 10 to well after the fork at 40; the child runs 150.
+    let o = attach(pid, &out, "800ms");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+    assert!(
+        lines.iter().any(|l| l == "child 0"),
+        "the child ended normally"
+    );
+    let ev = events(&out);
+    let mut pids: Vec<u64> = ev.iter().map(|e| e["pid"].as_u64().unwrap()).collect();
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids.len(), 2, "the parent and the child, each its own file");
+    let child = *pids.iter().find(|&&p| p != pid as u64).unwrap();
+    assert!(
+        err.contains(&format!("detached from process {child} too")),
+        "{err}"
+    );
+    let (a0, f0) = traced(&ev, pid as u64);
+    assert_window(&printed(&lines, 0), &a0, &f0);
+    // The child is recorded from its first allocation until the detach, not after.
+    let child_ev: Vec<_> = ev
+        .iter()
+        .filter(|e| e["pid"].as_u64() == Some(child))
+        .cloned()
+        .collect();
+    let (a9, _) = traced(&child_ev, child);
+    let program = printed(&lines, 9);
+    assert!(
+        a9.len() >= 5 && a9.len() < program.len(),
+        "{} of {}",
+        a9.len(),
+        program.len()
+    );
+    assert_eq!(&program[..a9.len()], a9);
 }

@@ -122,6 +122,9 @@ pub struct Detached {
     pub changed_by_others: Vec<String>,
     /// The process had exited: nothing to restore, its trace ends with it.
     pub exited: bool,
+    /// Children forked while attached (they inherited the hooks and recorded into files of
+    /// their own), each detached in turn, or why not.
+    pub children: Vec<(i32, Result<(), String>)>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -160,25 +163,28 @@ fn cstr(s: &str) -> Vec<u8> {
     v
 }
 
-/// Reads the preload's attach state in a process that has it loaded already, and says why it
-/// must not be attached again.
+/// The recorder's attach state and attacher in process `pid`, which has it loaded from `path`
+/// at `base` (`probes/preload/src/attach.rs`: 0 never, 1 attached, 2 detached).
+fn attach_state(pid: i32, path: &Path, base: u64) -> Option<(u32, u32)> {
+    let s = Symbols::read(&in_target(pid, path), base).ok()?;
+    let read = |a: u64| -> Option<u32> {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 4];
+        std::fs::File::open(format!("/proc/{pid}/mem"))
+            .ok()?
+            .read_exact_at(&mut b, a)
+            .ok()?;
+        Some(u32::from_le_bytes(b))
+    };
+    Some((
+        read(s.get("vramtrace_attach_state")?)?,
+        read(s.get("vramtrace_attach_pid")?)?,
+    ))
+}
+
+/// Says why a process that has the recorder loaded already must not be attached again.
 fn already_there(pid: i32, path: &Path, base: u64) -> String {
-    let state = Symbols::read(&in_target(pid, path), base)
-        .ok()
-        .and_then(|s| {
-            let at = s.get("vramtrace_attach_state")?;
-            let by = s.get("vramtrace_attach_pid")?;
-            let read = |a: u64| -> Option<u32> {
-                let mut b = [0u8; 4];
-                use std::os::unix::fs::FileExt;
-                std::fs::File::open(format!("/proc/{pid}/mem"))
-                    .ok()?
-                    .read_exact_at(&mut b, a)
-                    .ok()?;
-                Some(u32::from_le_bytes(b))
-            };
-            Some((read(at)?, read(by)?))
-        });
+    let state = attach_state(pid, path, base);
     match state {
         Some((1, by)) => format!(
             "vramtrace is attached to it already (by process {by}); end that one first (Ctrl-C)"
@@ -763,11 +769,13 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     };
     let started = Instant::now();
     let exited = |attached: Attached| {
+        let children = detach_children(&attached);
         attached.watched.finish();
         Ok(Detached {
             pause: Duration::ZERO,
             changed_by_others: Vec::new(),
             exited: true,
+            children,
         })
     };
     if gone() {
@@ -823,10 +831,97 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let j = attached.watched.journal();
     j.regs_changed = 0;
     j.stop_fn = 0;
+    let children = detach_children(&attached);
     attached.watched.finish();
     Ok(Detached {
         pause,
         changed_by_others,
         exited: false,
+        children,
     })
+}
+
+/// The descendants of `pid` that carry this attach's hooks: forked while attached, so they
+/// hold the recorder with its state `attached` by this process.
+fn attached_descendants(pid: i32) -> Vec<i32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((p, ppid));
+        }
+    }
+    let mut family = vec![pid];
+    let mut i = 0;
+    while i < family.len() {
+        let p = family[i];
+        family.extend(
+            parent_of
+                .iter()
+                .filter(|&&(_, pp)| pp == p)
+                .map(|&(c, _)| c),
+        );
+        i += 1;
+    }
+    let me = std::process::id();
+    family
+        .into_iter()
+        .skip(1)
+        .filter(|&c| {
+            let Ok(maps) = maps_of(c) else { return false };
+            target::find_object(&maps, "libvramtrace_preload")
+                .is_some_and(|(path, base)| attach_state(c, &path, base) == Some((1, me)))
+        })
+        .collect()
+}
+
+/// Detaches every child forked while attached (the same hooks at the same addresses: a fork
+/// copies the address space).
+#[cfg(target_arch = "x86_64")]
+fn detach_children(attached: &Attached) -> Vec<(i32, Result<(), String>)> {
+    attached_descendants(attached.pid)
+        .into_iter()
+        .map(|child| (child, detach_copy(attached, child)))
+        .collect()
+}
+
+/// Detaches process `pid`, a fork of the attached process.
+#[cfg(target_arch = "x86_64")]
+fn detach_copy(attached: &Attached, pid: i32) -> Result<(), String> {
+    let mut tracer = Tracer::new(pid)?;
+    let tids = tracer.stop_all()?;
+    let Some(&caller) = tids.iter().find(|&&t| t == pid).or(tids.first()) else {
+        return Ok(());
+    };
+    for hook in &attached.hooks {
+        if tracer.read(hook.entry, patch::JUMP_LEN)? == hook.jump {
+            tracer.write(hook.entry, &hook.original)?;
+        }
+    }
+    let saved = tracer.save(caller)?;
+    let off = tracer.call(
+        caller,
+        &saved,
+        attached.stop_fn,
+        &[],
+        |_| vec![],
+        attached.landing,
+        CALL_LIMIT,
+    );
+    let restored = tracer.restore(caller, &saved);
+    tracer.release_all();
+    off?;
+    restored
 }

@@ -187,6 +187,16 @@ fn finish(attached: crate::attach::Attached, out: &Path) -> anyhow::Result<()> {
     let pid = attached.pid;
     let d =
         detach(attached).with_context(|| format!("the trace so far is in {}", out.display()))?;
+    for (child, result) in &d.children {
+        match result {
+            Ok(()) => eprintln!(
+                "vramtrace: detached from process {child} too (forked while attached; its trace is its own file)"
+            ),
+            Err(e) => eprintln!(
+                "vramtrace: process {child}, forked while attached, could not be detached: {e}"
+            ),
+        }
+    }
     if d.exited {
         eprintln!(
             "vramtrace: process {pid} exited while attached; its trace is complete up to its exit"

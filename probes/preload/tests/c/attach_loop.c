@@ -2,11 +2,14 @@
  * (cuGetProcAddress, before any attach), then allocates and frees in a loop, printing each
  * allocation ("T<thread> <i> <ptr> <size>") so a test can compare the trace with it exactly.
  * argv[1]: iterations; argv[2]: milliseconds between them; argv[3]: 1 for a second thread
- * allocating too. Prints "ready <pid>" once the entry points are resolved, "done" at the end. */
+ * allocating too, 2 for a child forked at iteration 40 that allocates as thread 9 ("T9 ...") for
+ * the same number of iterations and exits 0 (the parent prints "child <status>").
+ * Prints "ready <pid>" once the entry points are resolved, "done" at the end. */
 #define _GNU_SOURCE
 #define VRAMTRACE_NO_PROTOTYPES
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,7 +20,8 @@ static CUresult (*alloc)(CUdeviceptr *, size_t);
 static CUresult (*mfree)(CUdeviceptr);
 static CUresult (*set)(CUcontext);
 static CUcontext ctx;
-static int iterations, gap_ms;
+static int iterations, gap_ms, fork_at = -1;
+static pid_t child = -1;
 static pthread_mutex_t out = PTHREAD_MUTEX_INITIALIZER;
 
 static void *look(gpa_t gpa, const char *name, int version) {
@@ -31,6 +35,16 @@ static void *loop(void *arg) {
     int t = (int)(long)arg;
     CHECK(set(ctx));
     for (int i = 0; i < iterations; i++) {
+        if (t == 0 && i == fork_at) {
+            fflush(stdout);
+            child = fork();
+            if (child == 0) {
+                fork_at = -1;
+                loop((void *)9L);
+                fflush(stdout);
+                _exit(0);
+            }
+        }
         size_t size = (size_t)(t + 1) * 1000000 + (size_t)i * 512;
         CUdeviceptr p;
         CHECK(alloc(&p, size));
@@ -49,6 +63,7 @@ int main(int argc, char **argv) {
     iterations = argc > 1 ? atoi(argv[1]) : 100;
     gap_ms = argc > 2 ? atoi(argv[2]) : 10;
     int two = argc > 3 && atoi(argv[3]) == 1;
+    if (argc > 3 && atoi(argv[3]) == 2) fork_at = 40;
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 12; }
     gpa_t gpa0 = (gpa_t)dlsym(h, "cuGetProcAddress_v2");
@@ -69,6 +84,11 @@ int main(int argc, char **argv) {
     if (two) pthread_create(&other, NULL, loop, (void *)1L);
     loop((void *)0L);
     if (two) pthread_join(other, NULL);
+    if (child > 0) {
+        int status = -1;
+        waitpid(child, &status, 0);
+        printf("child %d\n", status);
+    }
     printf("done\n");
     return 0;
 }
