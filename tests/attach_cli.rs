@@ -231,6 +231,28 @@ fn attach_records_exactly_while_attached_and_detach_restores_every_byte() {
         ev.iter().all(|e| e["pid"].as_u64() == Some(pid as u64)),
         "one process"
     );
+    // What the attach was, beside the trace, on the trace's clock.
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("attach.json")).unwrap()).unwrap();
+    assert_eq!(record["pid"], pid);
+    assert_eq!(record["threads"], 1);
+    assert_eq!(record["python_probe"], false);
+    assert_eq!(record["watchdog"], true);
+    assert_eq!(record["exited_while_attached"], false);
+    assert!(record["main_thread_paused_ms"].as_f64().unwrap() > 0.0);
+    let hooked: Vec<&str> = record["hooked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(hooked.contains(&"cuMemAlloc_v2") && hooked.contains(&"cuMemFree_v2"));
+    let (from, to) = (
+        record["attached_at_ns"].as_u64().unwrap(),
+        record["detached_at_ns"].as_u64().unwrap(),
+    );
+    assert!(from < to);
+    assert!(ev.iter().all(|e| e["t_ns"].as_u64().unwrap() < to));
 }
 
 #[test]

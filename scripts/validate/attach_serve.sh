@@ -94,7 +94,7 @@ sleep 10
 "$VT" attach $SERVER --out "$D" --duration "${SECS}s" --preload "$BIN/libvramtrace_preload.so" \
   2> "$D.attach"
 echo "attach exit $?"
-cat "$D.attach"
+cat "$D.attach"; cat "$D/attach.json"
 HASH_AFTER=$(driver_code_hash $SERVER)
 echo "driver code before $HASH_BEFORE"
 echo "driver code after  $HASH_AFTER"

@@ -111,6 +111,19 @@ pub struct Attached {
     pub all_pause: Duration,
     /// How many threads were stopped.
     pub threads: usize,
+    /// When the hooks were in, on the trace's clock (`CLOCK_MONOTONIC`, nanoseconds).
+    pub attached_at_ns: u64,
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the trace's timestamps.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // Safety: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// What [`detach`] did.
@@ -363,6 +376,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
                 call_pause: started.elapsed(),
                 all_pause,
                 threads,
+                attached_at_ns: monotonic_ns(),
             })
         }
         Err((step, reason)) => {

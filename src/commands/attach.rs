@@ -30,6 +30,9 @@ pub struct AttachArgs {
     pub preload: Option<PathBuf>,
 }
 
+/// The file in the trace directory that says what the attach was (JSON).
+pub const ATTACH_RECORD: &str = "attach.json";
+
 /// `30s`, `500ms`, `5m`, `1h` or plain seconds (`2.5`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -185,8 +188,31 @@ fn start(
 /// Detaches and says how it went.
 fn finish(attached: crate::attach::Attached, out: &Path) -> anyhow::Result<()> {
     let pid = attached.pid;
-    let d =
-        detach(attached).with_context(|| format!("the trace so far is in {}", out.display()))?;
+    let mut record = serde_json::json!({
+        "pid": pid,
+        "attached_at_ns": attached.attached_at_ns,
+        "main_thread_paused_ms": attached.call_pause.as_secs_f64() * 1e3,
+        "all_threads_paused_ms": attached.all_pause.as_secs_f64() * 1e3,
+        "threads": attached.threads,
+        "hooked": attached.hooks.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+        "python_probe": attached.python,
+        "watchdog": attached.watchdog,
+    });
+    let d = detach(attached);
+    record["detached_at_ns"] = serde_json::json!(crate::attach::monotonic_ns());
+    if let Ok(d) = &d {
+        record["detach_paused_ms"] = serde_json::json!(d.pause.as_secs_f64() * 1e3);
+        record["exited_while_attached"] = serde_json::json!(d.exited);
+        record["children"] = serde_json::json!(d.children.iter().map(|c| c.0).collect::<Vec<_>>());
+    }
+    // What the attach was, beside the trace files (readers follow only *.vtr): the times are
+    // the trace's clock, so anything before `attached_at_ns` is not in the trace unless marked
+    // `before attach`.
+    let _ = std::fs::write(
+        out.join(ATTACH_RECORD),
+        serde_json::to_vec_pretty(&record).unwrap_or_default(),
+    );
+    let d = d.with_context(|| format!("the trace so far is in {}", out.display()))?;
     for (child, result) in &d.children {
         match result {
             Ok(()) => eprintln!(
