@@ -239,6 +239,12 @@ fn attach_records_exactly_while_attached_and_detach_restores_every_byte() {
     assert_eq!(record["python_probe"], false);
     assert_eq!(record["watchdog"], true);
     assert_eq!(record["exited_while_attached"], false);
+    // No NVIDIA driver here: NVML says why it has no figure.
+    assert!(
+        record["nvml_at_attach"]["unavailable"].is_string()
+            || record["nvml_at_attach"]["devices"].is_array(),
+        "{record}"
+    );
     assert!(record["main_thread_paused_ms"].as_f64().unwrap() > 0.0);
     let hooked: Vec<&str> = record["hooked"]
         .as_array()

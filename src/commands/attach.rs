@@ -114,7 +114,7 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
     let set = ending_signals();
     // Safety: blocks signals for this thread (the only one) with a valid set.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) };
-    let (attached, out) = start(args.pid, args.out.as_deref(), args.preload.as_deref())?;
+    let (attached, out, nvml) = start(args.pid, args.out.as_deref(), args.preload.as_deref())?;
     eprintln!(
         "vramtrace: recording into {}{}",
         out.display(),
@@ -124,7 +124,7 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
         }
     );
     wait_for_end(&set, args.duration, args.pid);
-    finish(attached, &out)?;
+    finish(attached, &out, nvml)?;
     eprintln!(
         "vramtrace: read the trace with `vramtrace summary {}`",
         out.display()
@@ -133,12 +133,13 @@ pub fn run(args: AttachArgs) -> anyhow::Result<i32> {
 }
 
 /// Attaches to `pid`, recording into `out` (a new directory by default); says so on stderr.
-/// Refusals that need no directory come first: nothing is created for them.
+/// Refusals that need no directory come first: nothing is created for them. Also returns
+/// NVML's view of the process just before (`nvml_at_attach`).
 fn start(
     pid: i32,
     out: Option<&Path>,
     preload: Option<&Path>,
-) -> anyhow::Result<(crate::attach::Attached, PathBuf)> {
+) -> anyhow::Result<(crate::attach::Attached, PathBuf, serde_json::Value)> {
     let preload = preload::locate(preload)?;
     let facts = crate::attach::target_facts(pid)?;
     crate::attach::may_attach(pid, &facts, &crate::attach::self_facts(pid))?;
@@ -148,6 +149,7 @@ fn start(
     };
     let out =
         std::path::absolute(&out).with_context(|| format!("cannot resolve {}", out.display()))?;
+    let nvml = nvml_at_attach(pid);
     let python_probe = super::run::torch_probe_dir(&preload)
         .and_then(|autostart| autostart.parent().map(Path::to_path_buf))
         .filter(|dir| dir.join(crate::tensors::PROBE_FILE).is_file());
@@ -182,13 +184,59 @@ fn start(
         attached.threads,
         attached.all_pause.as_secs_f64() * 1e3,
     );
-    Ok((attached, out))
+    Ok((attached, out, nvml))
+}
+
+/// NVML's view of `pid` at the attach, per device (PCI order): the device's used and total
+/// memory and this process's share, or why there is none.
+fn nvml_at_attach(pid: i32) -> serde_json::Value {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    let nvml = match nvml_wrapper::Nvml::init() {
+        Ok(n) => n,
+        Err(nvml_wrapper::error::NvmlError::LibloadingError(_)) => {
+            return serde_json::json!({"unavailable": "libnvidia-ml.so.1 cannot be loaded (no NVIDIA driver here)"});
+        }
+        Err(e) => return serde_json::json!({"unavailable": e.to_string()}),
+    };
+    let read = || -> Result<Vec<serde_json::Value>, nvml_wrapper::error::NvmlError> {
+        let mut devices = Vec::new();
+        for i in 0..nvml.device_count()? {
+            let d = nvml.device_by_index(i)?;
+            let m = d.memory_info()?;
+            let mine = d
+                .running_compute_processes()?
+                .into_iter()
+                .filter(|p| p.pid == pid as u32)
+                .map(|p| match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b,
+                    UsedGpuMemory::Unavailable => 0,
+                })
+                .sum::<u64>();
+            devices.push(serde_json::json!({
+                "nvml_index": i,
+                "name": d.name().unwrap_or_default(),
+                "used_bytes": m.used,
+                "total_bytes": m.total,
+                "process_bytes": mine,
+            }));
+        }
+        Ok(devices)
+    };
+    match read() {
+        Ok(devices) => serde_json::json!({ "devices": devices }),
+        Err(e) => serde_json::json!({"unavailable": e.to_string()}),
+    }
 }
 
 /// Detaches and says how it went.
-fn finish(attached: crate::attach::Attached, out: &Path) -> anyhow::Result<()> {
+fn finish(
+    attached: crate::attach::Attached,
+    out: &Path,
+    nvml: serde_json::Value,
+) -> anyhow::Result<()> {
     let pid = attached.pid;
     let mut record = serde_json::json!({
+        "nvml_at_attach": nvml,
         "pid": pid,
         "attached_at_ns": attached.attached_at_ns,
         "main_thread_paused_ms": attached.call_pause.as_secs_f64() * 1e3,
@@ -259,7 +307,7 @@ pub fn live(
     let set = ending_signals();
     // Safety: blocks signals for this thread (the only one yet) with a valid set.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) };
-    let (attached, out) = start(pid, out, None)?;
+    let (attached, out, nvml) = start(pid, out, None)?;
     let mut source = crate::live::DirSource::new(&out, options);
     let view = vramtrace_viewer::tui::run(
         &mut source,
@@ -273,7 +321,7 @@ pub fn live(
         },
     );
     // Detach whatever happened to the view.
-    finish(attached, &out)?;
+    finish(attached, &out, nvml)?;
     view.context("the live view failed")?;
     Ok(0)
 }
