@@ -305,8 +305,14 @@ impl Tracer {
             match waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => {
                     if start.elapsed() > limit {
+                        // Stopped again, mid-call: what it holds stays held, so the error
+                        // says so rather than pretending the undo is clean.
+                        let _ = ptrace::interrupt(t);
+                        let _ = waitpid(t, Some(WaitPidFlag::__WALL));
                         return Err(format!(
-                            "a call into the target did not return within {} s",
+                            "a call into the target did not return within {} s (it may be \
+                             waiting for a lock held where the thread was stopped; the process \
+                             may need a restart)",
                             limit.as_secs_f64()
                         ));
                     }

@@ -75,6 +75,24 @@ fn ending_signals() -> libc::sigset_t {
     }
 }
 
+/// Runs `f` with Ctrl-Z (and the background-terminal stops) held off: while `f` runs, the
+/// target's threads may be stopped, and a suspended `vramtrace` would leave them so.
+fn without_job_control<T>(f: impl FnOnce() -> T) -> T {
+    // Safety: sigemptyset/sigaddset fill a set we own; pthread_sigmask with valid sets.
+    unsafe {
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        r
+    }
+}
+
 /// Waits for `duration` (forever if `None`), one of the ending signals, or the end of process
 /// `pid`.
 fn wait_for_end(set: &libc::sigset_t, duration: Option<Duration>, pid: i32) {
@@ -153,11 +171,13 @@ fn start(
     let python_probe = super::run::torch_probe_dir(&preload)
         .and_then(|autostart| autostart.parent().map(Path::to_path_buf))
         .filter(|dir| dir.join(crate::tensors::PROBE_FILE).is_file());
-    let attached = match attach(&AttachOptions {
-        pid,
-        out: out.clone(),
-        preload,
-        python_probe,
+    let attached = match without_job_control(|| {
+        attach(&AttachOptions {
+            pid,
+            out: out.clone(),
+            preload,
+            python_probe,
+        })
     }) {
         Ok(a) => a,
         Err(e) => {
@@ -246,7 +266,7 @@ fn finish(
         "python_probe": attached.python,
         "watchdog": attached.watchdog,
     });
-    let d = detach(attached);
+    let d = without_job_control(|| detach(attached));
     record["detached_at_ns"] = serde_json::json!(crate::attach::monotonic_ns());
     if let Ok(d) = &d {
         record["detach_paused_ms"] = serde_json::json!(d.pause.as_secs_f64() * 1e3);
