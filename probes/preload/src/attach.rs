@@ -27,8 +27,8 @@ use crate::labels::{range_pop, range_push};
 use crate::recorder::{Call, Dev, Op};
 
 /// The library's attach state, read by `vramtrace attach` from outside (through
-/// `/proc/PID/mem`) before it does anything: [`NEVER`] (loaded by `LD_PRELOAD`, or not yet
-/// attached), [`ATTACHED`] or [`DETACHED`].
+/// `/proc/PID/mem`) before it does anything: 0 (loaded by `LD_PRELOAD`, or not yet
+/// attached), 1 (attached) or 2 (detached).
 #[unsafe(no_mangle)]
 pub static vramtrace_attach_state: AtomicU32 = AtomicU32::new(NEVER);
 
@@ -142,7 +142,7 @@ unsafe extern "C" fn run_pending(code: *mut c_void) -> c_int {
 }
 
 /// Schedules the Python source `code` to run in the interpreter's main thread under the GIL
-/// (`Py_AddPendingCall`). 0 when scheduled, [`ATTACH_NO_PYTHON`] when the process has no
+/// (`Py_AddPendingCall`). 0 when scheduled, 1 when the process has no
 /// initialised CPython, -1 when the interpreter refused (its queue is full).
 ///
 /// # Safety
