@@ -778,3 +778,48 @@ fn a_child_forked_while_attached_is_recorded_and_detached_too() {
     );
     assert_eq!(&program[..a9.len()], a9);
 }
+
+#[test]
+fn a_step_that_fails_is_undone_and_the_program_runs_on() {
+    let t = Target::start(150, 10, true);
+    let pid = t.pid();
+    let before = driver_code(pid);
+    let maps_before = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    // Anonymous executable mappings: the trampoline page is one.
+    let anon_code = |maps: &str| -> Vec<String> {
+        maps.lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some("r-xp"))
+            .filter(|l| l.split_whitespace().nth(5).is_none())
+            .map(str::to_string)
+            .collect()
+    };
+    // A shared library that is not the recorder: loading it works, finding the recorder in it
+    // does not.
+    let not_the_recorder = fake_driver_dir().join("libcuda.so.1");
+    let out = scratch("attach-undone").join("trace");
+    let o = Command::new(vramtrace())
+        .args(["attach", &pid.to_string(), "--duration", "1s", "--out"])
+        .arg(&out)
+        .arg("--preload")
+        .arg(&not_the_recorder)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("failed at loading the recorder (dlopen)")
+            && err.contains("everything done before was undone"),
+        "{err}"
+    );
+    assert!(!out.exists(), "no trace directory left behind");
+    assert_eq!(driver_code(pid), before, "the driver untouched");
+    let maps_after = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert_eq!(
+        anon_code(&maps_after),
+        anon_code(&maps_before),
+        "the trampoline page is gone again"
+    );
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+}
