@@ -3,7 +3,7 @@
 //! frames and operator description, in time order ([`observe`]).
 //!
 //! With PyTorch's caching allocator on, the driver sees segments, not tensors. When the chosen
-//! process and device have TENSOR records ([`crate::tensors`]) holding bytes, [`observe`] takes
+//! process and device have TENSOR records ([`crate::torch_replay`]) holding bytes, [`observe`] takes
 //! the live tensors instead of the driver's allocations: the peak is the peak of live tensor
 //! bytes, a failure is the n-th of the allocator's refusals and the driver's failures together
 //! (as `summary` numbers them), its request the refused tensor (or the driver's request), and
@@ -15,7 +15,7 @@ use vramtrace_format::{Event, TensorAction, TensorEvent};
 
 use crate::attribution::{Moment, Observed, OpOutput, PYTORCH_BLOCK_API};
 use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
-use crate::tensors::{LiveTensor, TensorReplay, TensorStep};
+use crate::torch_replay::{LiveTensor, TensorReplay, TensorStep};
 use crate::trace::{Item, Trace};
 
 /// What an annotation says of its allocation: a name someone gave it, or the operator output
@@ -70,7 +70,7 @@ pub struct ObservedMoment {
 /// `file.py:LINE function`, and the path of each: what an observation carries for
 /// [`crate::attribution::weigh`] to weigh against the model's citation.
 fn python_frames(p: &crate::trace::Process, stack: u32) -> (Vec<String>, Vec<String>) {
-    crate::tensors::python_locations(p, stack)
+    crate::torch_replay::python_locations(p, stack)
         .into_iter()
         .take(8)
         .map(|l| (l.to_string(), l.file))
@@ -532,7 +532,7 @@ fn observe_tensors(
     pi: usize,
     dev: i32,
     at: At,
-    level: crate::tensors::TensorLevel,
+    level: crate::torch_replay::TensorLevel,
     failures: Option<(Vec<(usize, Failed)>, usize)>,
 ) -> Result<ObservedMoment, String> {
     use vramtrace_models::units::fmt_bytes;

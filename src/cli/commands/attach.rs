@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::attach::{AttachOptions, attach, detach};
-use crate::preload;
+use crate::launch;
+use vramtrace::attach::{AttachOptions, attach, detach};
 
 /// `vramtrace attach` arguments.
 #[derive(Args, Debug)]
@@ -157,10 +157,10 @@ fn start(
     pid: i32,
     out: Option<&Path>,
     preload: Option<&Path>,
-) -> anyhow::Result<(crate::attach::Attached, PathBuf, serde_json::Value)> {
-    let preload = preload::locate(preload)?;
-    let facts = crate::attach::target_facts(pid)?;
-    crate::attach::may_attach(pid, &facts, &crate::attach::self_facts(pid))?;
+) -> anyhow::Result<(vramtrace::attach::Attached, PathBuf, serde_json::Value)> {
+    let preload = launch::locate(preload)?;
+    let facts = vramtrace::attach::target_facts(pid)?;
+    vramtrace::attach::may_attach(pid, &facts, &vramtrace::attach::self_facts(pid))?;
     let out = match out {
         Some(dir) => super::run::prepare_out_dir(dir)?,
         None => super::run::new_out_dir(std::ffi::OsStr::new(&format!("attach-{pid}")))?,
@@ -170,7 +170,7 @@ fn start(
     let nvml = nvml_at_attach(pid);
     let python_probe = super::run::torch_probe_dir(&preload)
         .and_then(|autostart| autostart.parent().map(Path::to_path_buf))
-        .filter(|dir| dir.join(crate::tensors::PROBE_FILE).is_file());
+        .filter(|dir| dir.join(vramtrace::torch_replay::PROBE_FILE).is_file());
     let attached = match without_job_control(|| {
         attach(&AttachOptions {
             pid,
@@ -250,7 +250,7 @@ fn nvml_at_attach(pid: i32) -> serde_json::Value {
 
 /// Detaches and says how it went.
 fn finish(
-    attached: crate::attach::Attached,
+    attached: vramtrace::attach::Attached,
     out: &Path,
     nvml: serde_json::Value,
 ) -> anyhow::Result<()> {
@@ -267,7 +267,7 @@ fn finish(
         "watchdog": attached.watchdog,
     });
     let d = without_job_control(|| detach(attached));
-    record["detached_at_ns"] = serde_json::json!(crate::attach::monotonic_ns());
+    record["detached_at_ns"] = serde_json::json!(vramtrace::attach::monotonic_ns());
     if let Ok(d) = &d {
         record["detach_paused_ms"] = serde_json::json!(d.pause.as_secs_f64() * 1e3);
         record["exited_while_attached"] = serde_json::json!(d.exited);
@@ -315,7 +315,7 @@ fn finish(
 pub fn live(
     pid: i32,
     out: Option<&Path>,
-    options: crate::live::LiveOptions,
+    options: vramtrace::live::LiveOptions,
     capacity: Option<u64>,
 ) -> anyhow::Result<i32> {
     use std::io::IsTerminal;
@@ -328,7 +328,14 @@ pub fn live(
     // Safety: blocks signals for this thread (the only one yet) with a valid set.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) };
     let (attached, out, nvml) = start(pid, out, None)?;
-    let mut source = crate::live::DirSource::new(&out, options);
+    let ask_nvml = options.nvml;
+    let source = vramtrace::live::DirSource::new(&out, options);
+    // NVML is opened only when asked for.
+    let mut source = if ask_nvml {
+        source.with_device_memory(crate::nvml::open())
+    } else {
+        source
+    };
     let view = vramtrace_viewer::tui::run(
         &mut source,
         &vramtrace_viewer::tui::RunOptions {
