@@ -23,6 +23,8 @@ SECS=${ATTACH_SECONDS:-60}
 M=$W/models/dense
 D=$W/attach-serve
 export PYTHONUNBUFFERED=1
+# The Python probe that attach starts inside the server (its autostart directory).
+export VRAMTRACE_PYTHON_PROBE=$ROOT/probes/python/autostart
 mkdir -p "$W" "${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}"
 rm -rf "$D" "$D".*
 
