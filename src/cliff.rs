@@ -34,8 +34,9 @@ pub fn candidates(variants: &[Variant], variant_given: bool) -> Vec<Variant> {
     }
 }
 
-/// Among `candidates`, the variant whose tensors explain the most observed bytes (ties: the
-/// first), with its tensors and its attribution: what `compare` chooses without `--variant`.
+/// Among `candidates`, the variant whose tensors explain the most observed bytes with evidence
+/// ([`Attribution::outranks`]; ties: the first), with its tensors and its attribution: what
+/// `compare` chooses without `--variant`.
 /// Sizes are compared after rounding up to `align` bytes (at least 1).
 pub fn best_variant(
     candidates: &[Variant],

@@ -50,8 +50,9 @@ import sys
 import threading
 
 # PyDLL: the calls keep the GIL (they are short and never call back into Python), which saves
-# releasing and taking it again twice per tensor.
-_lib = ctypes.PyDLL(None)
+# releasing and taking it again twice per tensor. The preload is in the global scope under
+# `vramtrace run`; `vramtrace attach` loads it privately and names it in `sys._vramtrace_preload`.
+_lib = ctypes.PyDLL(getattr(sys, "_vramtrace_preload", None))
 try:
     _tensor = _lib.vramtrace_tensor
     _tensor.argtypes = [ctypes.c_uint32, ctypes.c_int32] + [ctypes.c_uint64] * 7 + [
@@ -135,10 +136,14 @@ def _cuda_built(torch):
     return torch.backends.cuda.is_built()
 
 
-def activate(shapes=None):
+def activate(shapes=None, before=None):
     """Start recording tensor events; a no-op on a second call. Returns whether it started;
     when it cannot (no preload, a torch without CUDA, a preload older than this probe), it says
-    why, once, on stderr and in the trace."""
+    why, once, on stderr and in the trace.
+
+    `before`: blocks live before activation, {pointer: (device, block bytes, requested bytes)}
+    (`vramtrace attach` seeds them from PyTorch's snapshot), so that their frees are paired and
+    move the counters' baseline by what they free."""
     if _state["active"]:
         return True
     if _tensor is None:
@@ -157,7 +162,7 @@ def activate(shapes=None):
         shapes = os.environ.get("VRAMTRACE_TORCH_SHAPES") == "1"
     stats = torch._C._cuda_memoryStats
     get_device = torch._C._cuda_getDevice
-    sizes = {}  # live block pointer -> (device, block bytes, requested bytes)
+    sizes = dict(before or {})  # live block pointer -> (device, block bytes, requested bytes)
     baseline = {}  # device -> (allocated, requested) bytes after the last event we saw
 
     def dict_counters(dev):
@@ -579,3 +584,52 @@ def _native_check(torch, last):
     if block < _NATIVE_CHECK_BYTES:
         return f"layout check: a block of {block} bytes for {_NATIVE_CHECK_BYTES} asked"
     return None
+
+
+def attach(lib_path):
+    """Run by `vramtrace attach` inside a live interpreter (a pending call: main thread, GIL
+    held; `sys._vramtrace_preload` named the preload it loaded at `lib_path` before this module
+    was imported): seeds the trace with the state at attach and activates the probe. Everything
+    seeded is marked `before attach`: PyTorch's segments as driver allocations labelled so, its
+    live blocks as tensors whose operator is `before attach` (neither with a Python line:
+    nothing of now made them), and one mark with the driver's free and total memory per
+    device."""
+    seed = getattr(_lib, "vramtrace_attach_seed", None)
+    seed_block = getattr(_lib, "vramtrace_attach_seed_block", None)
+    mark = getattr(_lib, "vramtrace_mark", None)
+    if _tensor is None or seed is None or seed_block is None:
+        _note(f"{lib_path} has no tensor ABI: tensors are not recorded")
+        return False
+    seed.argtypes = [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]
+    seed_block.argtypes = [ctypes.c_int32] + [ctypes.c_uint64] * 4
+    if mark is not None:
+        mark.argtypes = [ctypes.c_char_p]
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        # Nothing of PyTorch's to see; the driver's allocations are recorded all the same.
+        if mark is not None:
+            mark(b"vramtrace attach: Python probe started; PyTorch has not initialised CUDA "
+                 b"here, so only the driver's allocations are recorded")
+        return False
+    before = {}
+    segments = blocks = 0
+    for seg in torch.cuda.memory._snapshot().get("segments", []):
+        dev = int(seg.get("device", 0))
+        seed(dev, int(seg["address"]), int(seg["total_size"]))
+        segments += 1
+        for b in seg.get("blocks", []):
+            if b.get("state") == "active_allocated":
+                ptr, size = int(b["address"]), int(b["size"])
+                before[ptr] = (dev, size, int(b.get("requested_size", size)))
+                seed_block(dev, ptr, size, before[ptr][2], int(seg["address"]))
+                blocks += 1
+    if mark is not None:
+        for dev in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(dev)
+            mark(f"before attach: device {dev}: driver free {free} of {total} bytes; "
+                 f"PyTorch {segments} segments, {blocks} live blocks".encode())
+    try:
+        return activate(before=before)
+    except Exception as e:  # never break the program
+        _note(f"not active after the attach: {e!r}")
+        return False

@@ -561,6 +561,12 @@ serve_cb() {
   head -60 "$d-report/report.md"
 }
 
+attach_serve() {
+  # Issue 21: vramtrace attach / detach on a transformers serve under steady requests (pause,
+  # request rate before and after, the trace seeded from PyTorch's snapshot).
+  WORK=$W bash "$VAL/attach_serve.sh"
+}
+
 torch_symbols() {
   # What libc10_cuda exports for the caching allocator's trace trackers (issue 19's native path).
   local lib

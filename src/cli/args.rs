@@ -48,6 +48,8 @@ pub enum Command {
     Import(commands::import::ImportArgs),
     /// Ask a traced process to write its live tensors, with their stacks, into its trace now.
     Snapshot(commands::snapshot::SnapshotArgs),
+    /// Record in a running CUDA program (by pid) until Ctrl-C or --duration, then detach.
+    Attach(commands::attach::AttachArgs),
 }
 
 /// Runs the chosen subcommand and returns the process exit code.
@@ -67,5 +69,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Import(a) => commands::import::run(a),
         Command::Diff(a) => commands::diff::run(a),
         Command::Snapshot(a) => commands::snapshot::run(a),
+        Command::Attach(a) => commands::attach::run(a),
     }
 }

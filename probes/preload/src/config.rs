@@ -260,6 +260,48 @@ fn read() -> bool {
     on
 }
 
+/// Why [`start_attached`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttachRefusal {
+    /// Recording is already on from the environment (`vramtrace run`'s `LD_PRELOAD`).
+    AlreadyRecording,
+    /// The process runs in secure mode (set-user-ID, set-group-ID, file capabilities).
+    SecureMode,
+    /// The directory is empty or not absolute.
+    BadDirectory,
+}
+
+/// Turns recording on for a library loaded late by `vramtrace attach` (`src/attach.rs`), with
+/// `dir` (absolute) as the trace directory, whatever the environment says. Refuses when the
+/// environment already turned recording on, or in secure mode.
+pub(crate) fn start_attached(dir: &[u8]) -> Result<(), AttachRefusal> {
+    if dir.first() != Some(&b'/') {
+        return Err(AttachRefusal::BadDirectory);
+    }
+    if enabled() {
+        return Err(AttachRefusal::AlreadyRecording);
+    }
+    if secure_mode() {
+        return Err(AttachRefusal::SecureMode);
+    }
+    let mut owned = Vec::with_capacity(dir.len() + 1);
+    owned.extend_from_slice(dir);
+    owned.push(0);
+    let raw = Box::into_raw(owned.into_boxed_slice()) as *mut u8;
+    // A directory from an earlier attach (or none) is replaced; the old one is leaked, as a
+    // reader on another thread may still hold it.
+    DIR.store(raw, Ordering::Release);
+    std::panic::set_hook(Box::new(|_| {}));
+    STATE.store(ON, Ordering::Release);
+    Ok(())
+}
+
+/// Turns recording off again (`vramtrace detach`): hooked calls from now on pass straight
+/// through. A call already past its check finishes its record.
+pub(crate) fn stop_attached() {
+    STATE.store(OFF, Ordering::Release);
+}
+
 /// Writes `line` (one line, at most `PIPE_BUF` bytes, so it arrives whole) to the status pipe
 /// that `vramtrace run` passes as `VRAMTRACE_STATUS_FD=<fd>:<inode>`, if that descriptor is
 /// still that pipe (`/proc/self/fd/<fd>` reads `pipe:[<inode>]`): a program that closed it and

@@ -110,8 +110,10 @@
 //! their names, for the Python half of a stack); `recorder`, one body per event family, with its stack and label; `tensors` (the tensor ABI) and
 //! `torch_tracker` (native capture, which writes through `tensors` and notes through `recorder`);
 //! `hooks`, the recording wrappers; `routing`, which hands those wrappers out for the driver's
-//! pointers and wraps `cuGetProcAddress`; `dlsym`, the `dlsym` and `dlvsym` overrides, on top.
+//! pointers and wraps `cuGetProcAddress`; `dlsym`, the `dlsym` and `dlvsym` overrides, and `attach`, what `vramtrace attach` calls
+//! in a running process, on top.
 
+mod attach;
 mod clock;
 mod config;
 mod dlsym;
@@ -136,6 +138,11 @@ mod stacks;
 mod tensors;
 mod torch_tracker;
 
+pub use attach::{
+    vramtrace_attach_pid, vramtrace_attach_python, vramtrace_attach_real, vramtrace_attach_seed,
+    vramtrace_attach_seed_block, vramtrace_attach_start, vramtrace_attach_state,
+    vramtrace_attach_stop,
+};
 pub use dlsym::{dlsym, dlvsym};
 pub use hooks::*;
 pub use labels::{

@@ -102,6 +102,12 @@ impl Call {
         self.released(EventKind::Unmap, result, op);
     }
 
+    /// An allocation that existed before the recorder arrived (`vramtrace attach`'s seeds):
+    /// recorded as made now, without a stack, since no frame of now made it.
+    pub(crate) fn seeded(self, op: Op) {
+        guarded(|| emit(EventKind::Alloc, 0, op, 0, 0, false));
+    }
+
     /// `kind` on success; otherwise `AllocFailed`, with the device's free and total memory as
     /// `cuMemGetInfo_v2` reports them now (called by us; nothing the program sees changes).
     fn acquired(self, kind: EventKind, result: c_int, op: Op) {

@@ -22,8 +22,14 @@ use vramtrace_viewer::tui::{self, LiveSource, RunOptions, ViewOptions};
     after_help = "Examples:\n  vramtrace live trace-dir                 # a running job's directory, or a finished one\n  vramtrace live trace-dir --capacity 24GiB\n  vramtrace run --live -- python3 serve.py # record and watch in one terminal\n\nEvery *.vtr file of the directory is followed, new ones as they appear (workers, ranks).\nKeys: ? for help, q to quit."
 )]
 pub struct LiveArgs {
-    /// The trace directory (it may still be empty: the view waits for files).
-    pub dir: PathBuf,
+    /// The trace directory (it may still be empty: the view waits for files). With --attach:
+    /// where to record (default: a new directory).
+    #[arg(required_unless_present = "attach")]
+    pub dir: Option<PathBuf>,
+    /// Attach to this running CUDA program, show its allocations live, detach on quit
+    /// (`vramtrace attach`).
+    #[arg(long, value_name = "PID")]
+    pub attach: Option<i32>,
     /// Draw a capacity line at this many bytes, e.g. `24GiB`.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
@@ -37,27 +43,29 @@ pub struct LiveArgs {
 
 /// Runs `vramtrace live`.
 pub fn run(args: LiveArgs) -> anyhow::Result<i32> {
+    let options = LiveOptions {
+        top: args.top,
+        nvml: !args.no_nvml,
+        ..LiveOptions::default()
+    };
+    if let Some(pid) = args.attach {
+        return super::attach::live(pid, args.dir.as_deref(), options, args.capacity);
+    }
+    let dir = args.dir.unwrap_or_default();
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!(
             "vramtrace live draws in a terminal; stdin and stdout must be one. For text, use `vramtrace summary {}`",
-            args.dir.display()
+            dir.display()
         );
     }
-    let source = DirSource::new(
-        &args.dir,
-        LiveOptions {
-            top: args.top,
-            nvml: !args.no_nvml,
-            ..LiveOptions::default()
-        },
-    );
+    let source = DirSource::new(&dir, options);
     // NVML is opened only when asked for.
     let mut source = if args.no_nvml {
         source
     } else {
         source.with_device_memory(crate::nvml::open())
     };
-    view(&mut source, &args.dir, args.capacity)?;
+    view(&mut source, &dir, args.capacity)?;
     Ok(0)
 }
 

@@ -1,5 +1,6 @@
 //! One module per subcommand: its clap arguments and its action.
 
+pub mod attach;
 pub mod compare;
 pub mod demo;
 pub mod diff;

@@ -255,7 +255,7 @@ fn torch_probe_env(preload: &Path, args: &RunArgs) -> anyhow::Result<Vec<(OsStri
 /// The probe's `autostart` directory: `VRAMTRACE_PYTHON_PROBE`, else `python/autostart` beside
 /// the preload (an install), else the source tree's `probes/python/autostart` (a build in
 /// `target/<profile>/`).
-fn torch_probe_dir(preload: &Path) -> Option<PathBuf> {
+pub fn torch_probe_dir(preload: &Path) -> Option<PathBuf> {
     let lib_dir = preload.parent()?;
     let candidates = [
         std::env::var_os("VRAMTRACE_PYTHON_PROBE").map(PathBuf::from),
