@@ -6,8 +6,8 @@ context grows by T per chunk); --cap sets PyTorch's per-process memory fraction 
 card, so the prefill can run out of memory as on a smaller card. --snapshot-out records PyTorch's
 allocator history (Python frames) over the prefill and writes its `_snapshot()` there when the
 prefill ends, to set beside `vramtrace export --format pytorch` of the same run.
-Prints which Gated DeltaNet implementation the layers hold (fla's kernels or transformers' torch
-fallback) and the peak PyTorch saw, so the trace can be checked against both.
+Prints the peak PyTorch saw after each chunk and whether fla was imported (which GDN ran is in the
+trace's frames), so the trace can be checked against both.
 """
 import argparse
 import sys
@@ -29,12 +29,6 @@ def main():
         torch.cuda.set_per_process_memory_fraction(a.cap * 2**30 / total, 0)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, device_map="cuda")
     model.eval()
-    impls = set()
-    for m in model.modules():
-        f = getattr(m, "chunk_gated_delta_rule", None)
-        if f is not None:
-            impls.add(f"{getattr(f, '__module__', '?')}.{getattr(f, '__name__', '?')}")
-    print("gdn implementations:", sorted(impls) or "none")
     torch.cuda.reset_peak_memory_stats()
     ids = torch.randint(4, 4000, (1, a.tokens * a.chunks), device="cuda")
     past = None
