@@ -61,6 +61,9 @@ def main():
                 pickle.dump(snap, f)
             print(f"snapshot: {sum(len(t) for t in snap['device_traces'])} trace entries, "
                   f"{len(snap['segments'])} segments -> {a.snapshot_out}")
+    # Which GDN ran is in the trace's frames (fla's chunk_delta_h.py, chunk_o.py ...);
+    # transformers' layer attributes do not say it. This says whether fla was even imported.
+    print("fla imported:", "yes" if "fla" in sys.modules else "no")
     return 0
 
 
