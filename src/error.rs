@@ -1,4 +1,5 @@
-//! The library's error type.
+//! The library's error type: every fallible function of the library returns [`Error`] or
+//! one of the per-area errors it wraps (`ExportError`, `ImportError`, the models' `ModelError`).
 
 use std::path::PathBuf;
 
@@ -25,4 +26,57 @@ pub enum Error {
     /// A total went past what 64 bits hold: the trace's sizes cannot be real.
     #[error("{0}")]
     Overflow(String),
+    /// A model could not predict for the configuration or shape asked for.
+    #[error(transparent)]
+    Model(#[from] vramtrace_models::ModelError),
+    /// An export failed (its own error says which part).
+    #[error(transparent)]
+    Export(Box<crate::export::ExportError>),
+    /// An import failed (its own error says which part).
+    #[error(transparent)]
+    Import(#[from] crate::import::ImportError),
+    /// No model variant could be set beside a moment.
+    #[error("no model variant to compare with")]
+    NoVariant,
+    /// The moment asked for (a peak, a failure, a window) is not in the trace.
+    #[error("{0}")]
+    Moment(String),
+    /// A value given on the command line or in an option is not valid; the message says what to
+    /// write instead.
+    #[error("{0}")]
+    Invalid(String),
+    /// A value could not be parsed; the message says which and what to write, the source why.
+    #[error("{what}")]
+    Unparsable {
+        /// What was being parsed, and where.
+        what: String,
+        /// The parser's own error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// What a trace holds cannot answer the question asked of it (no device allocation, the
+    /// resident bytes past the capacity ...); the message says which.
+    #[error("{0}")]
+    Unanswerable(String),
+}
+
+impl From<crate::export::ExportError> for Error {
+    fn from(e: crate::export::ExportError) -> Error {
+        Error::Export(Box::new(e))
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error with its causes, as one line: `what: why: why` (the way the binary prints errors).
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(c) = source {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        source = c.source();
+    }
+    s
 }

@@ -80,7 +80,7 @@ pub struct EventLine<'a> {
     pub tensor: Option<TensorLine<'a>>,
     /// PyTorch's own numbers at an allocator-raised out-of-memory (`tensor_alloc_failed`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub torch: Option<crate::tensors::TorchOom>,
+    pub torch: Option<crate::torch_replay::TorchOom>,
     /// For a `tensor_alloc`: the bytes the program asked for (`size` is the block).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requested: Option<u64>,
@@ -252,7 +252,7 @@ pub fn for_each_event<'t>(
     mut f: impl FnMut(usize, &EventLine<'t>, u32) -> io::Result<()>,
 ) -> io::Result<()> {
     let mut replay = Replayer::new();
-    let mut tensors = crate::tensors::TensorReplay::new();
+    let mut tensors = crate::torch_replay::TensorReplay::new();
     let items = trace.items().map_err(io::Error::other)?;
     for (seq, (pi, item)) in items.enumerate() {
         let p = &trace.processes[pi];
@@ -296,7 +296,8 @@ pub fn for_each_event<'t>(
             }
             Item::Tensor(t) => {
                 let mut line = tensor_line(p, &t);
-                if let crate::tensors::TensorStep::Released(freed) = tensors.apply(pi, seq, &t) {
+                if let crate::torch_replay::TensorStep::Released(freed) = tensors.apply(pi, seq, &t)
+                {
                     match freed {
                         Some(a) => {
                             line.size = a.event.size;
@@ -376,7 +377,7 @@ fn tensor_line<'t>(p: &'t crate::Process, t: &vramtrace_format::TensorEvent) -> 
         total_bytes: None,
         label: None,
         tensor: tensor_of(p, t),
-        torch: failed.then(|| crate::tensors::TorchOom::of(t)),
+        torch: failed.then(|| crate::torch_replay::TorchOom::of(t)),
         requested: (t.action == vramtrace_format::TensorAction::Alloc && t.requested != 0)
             .then_some(t.requested),
         stack: (t.stack != 0).then_some(t.stack),
@@ -496,7 +497,7 @@ mod tests {
                 shape: vec![],
             }),
             stack: Some(u32::MAX),
-            torch: Some(crate::tensors::TorchOom {
+            torch: Some(crate::torch_replay::TorchOom {
                 requested: 20 << 30,
                 allocated: u64::MAX,
                 reserved: 0,

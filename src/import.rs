@@ -9,7 +9,7 @@
 //! - `segment_alloc` / `segment_free`: a driver allocation / release (`cuMemAlloc_v2` /
 //!   `cuMemFree_v2`) of the segment's address and size; `segment_map` / `segment_unmap`
 //!   (expandable segments): a `cuMemCreate` of the bytes mapped with a `cuMemMap` of the range,
-//!   and their release (touching mappings read as one segment, see [`crate::tensors`]).
+//!   and their release (touching mappings read as one segment, see [`crate::torch_replay`]).
 //! - `alloc` / `free_completed`: a TENSOR record allocated / freed at the block's address (a
 //!   `free_requested` waits for its completion: the block is reusable only then).
 //! - `oom`: a TENSOR record the allocator refused, with the request, the driver's free memory
@@ -52,6 +52,12 @@ pub enum ImportError {
     /// A pickle, but not a snapshot.
     #[error("{0} is not a PyTorch memory snapshot: {1}")]
     NotSnapshot(std::path::PathBuf, String),
+    /// A record too large for a trace block.
+    #[error("a record of {0} does not fit a trace block")]
+    TooLarge(std::path::PathBuf),
+    /// The trace could not be written.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
 }
 
 /// What an import produced.
@@ -308,18 +314,18 @@ fn event(
     }
 }
 
-/// Converts a decoded snapshot into the records of one trace file, and its header.
-pub fn convert(
-    v: &Value,
-    pid: u32,
-    source: &str,
-) -> Result<(Header, Vec<Record>, Imported), String> {
-    let d = dict(v).ok_or("the pickle holds no dict")?;
-    let segments = list(key(d, "segments")).ok_or("no `segments` list")?;
-    let traces = list(key(d, "device_traces")).ok_or("no `device_traces` list")?;
-    let mut t = Tables::default();
-    let mut n = Imported::default();
-    let mut timed: Vec<Record> = Vec::new();
+/// Per device: our exporter's names by the index of the `alloc` entry they name.
+type NamesAt = Vec<HashMap<usize, OurNames>>;
+/// Per device: our exporter's names of blocks live before the history began, by address.
+type NamesBefore = Vec<HashMap<u64, OurNames>>;
+/// Per device: segments live before the history began, address → (size, expandable, stack).
+type SegmentsBefore = Vec<BTreeMap<u64, (u64, bool, u32)>>;
+/// Per device: blocks live before the history began, address → (size, requested, stack).
+type BlocksBefore = Vec<BTreeMap<u64, (u64, u64, u32)>>;
+
+/// The entries of every device's trace, decoded, and the time of the first one (1 µs when no
+/// entry has a time). Entries without a time get 1 µs steps of their own.
+fn decode_traces(traces: &[Value]) -> Result<(Vec<Vec<Entry<'_>>>, u64), String> {
     let mut first_t = u64::MAX;
     // Per device: the entries, decoded.
     let mut per_device: Vec<Vec<Entry>> = Vec::new();
@@ -357,8 +363,16 @@ pub fn convert(
     if first_t == u64::MAX {
         first_t = 1000;
     }
-    // Our exporter's names, per device: by the index of the `alloc` entry they name, and for
-    // blocks live before the history began, by address.
+    Ok((per_device, first_t))
+}
+
+/// Our exporter's names, per device: by the index of the `alloc` entry they name, and for
+/// blocks live before the history began, by address.
+fn our_names(
+    per_device: &[Vec<Entry<'_>>],
+    segments: &[Value],
+    traces: &[Value],
+) -> (NamesAt, NamesBefore) {
     let mut names_at: Vec<HashMap<usize, OurNames>> = vec![HashMap::new(); per_device.len()];
     let mut names_before: Vec<HashMap<u64, OurNames>> = vec![HashMap::new(); per_device.len()];
     for (dev, entries) in per_device.iter().enumerate() {
@@ -415,9 +429,17 @@ pub fn convert(
             }
         }
     }
-    let t_start = first_t.saturating_sub(1);
-    // What was live when the history began, per device: segments (address → (size,
-    // expandable)) and blocks (address → size).
+    (names_at, names_before)
+}
+
+/// What was live when the history began, per device: segments (address → (size,
+/// expandable, stack)) and blocks (address → (size, requested, stack)).
+fn live_before(
+    t: &mut Tables,
+    per_device: &[Vec<Entry<'_>>],
+    segments: &[Value],
+    traces: &[Value],
+) -> (SegmentsBefore, BlocksBefore) {
     let mut seg_before: Vec<BTreeMap<u64, (u64, bool, u32)>> =
         vec![BTreeMap::new(); per_device.len()];
     let mut blk_before: Vec<BTreeMap<u64, (u64, u64, u32)>> =
@@ -506,78 +528,112 @@ pub fn convert(
             }
         }
     }
-    let seg_events = |t_ns: u64, dev: i32, addr: u64, size: u64, expandable: bool, stack: u32| {
-        let mut v = Vec::new();
-        if expandable {
-            let mut c = event(
-                t_ns,
-                dev,
-                EventKind::Alloc,
-                MemKind::Device,
-                "cuMemCreate",
-                addr,
-                size,
-            );
-            c.stack = stack;
-            v.push(Record::Event(c));
-            let mut m = event(
-                t_ns,
-                dev,
-                EventKind::Map,
-                MemKind::Mapping,
-                "cuMemMap",
-                addr,
-                size,
-            );
-            m.aux = addr;
-            v.push(Record::Event(m));
-        } else {
-            let mut a = event(
-                t_ns,
-                dev,
-                EventKind::Alloc,
-                MemKind::Device,
-                "cuMemAlloc_v2",
-                addr,
-                size,
-            );
-            a.stack = stack;
-            v.push(Record::Event(a));
-        }
-        v
-    };
-    // `size` the block's (or the request's where the snapshot gives no block), `requested` the
-    // bytes asked for (0 for a release or a refusal).
-    let tensor = |t_ns: u64,
-                  dev: i32,
-                  action: TensorAction,
-                  ptr: u64,
-                  (size, requested): (u64, u64),
-                  stack: u32| {
-        Record::Tensor(TensorEvent {
+    (seg_before, blk_before)
+}
+
+/// The records of a segment's allocation: `cuMemCreate` and `cuMemMap` for an expandable
+/// segment, `cuMemAlloc_v2` otherwise.
+fn segment_events(
+    t_ns: u64,
+    dev: i32,
+    addr: u64,
+    size: u64,
+    expandable: bool,
+    stack: u32,
+) -> Vec<Record> {
+    let mut v = Vec::new();
+    if expandable {
+        let mut c = event(
             t_ns,
-            tid: 1,
-            device: dev,
-            action,
-            ptr,
+            dev,
+            EventKind::Alloc,
+            MemKind::Device,
+            "cuMemCreate",
+            addr,
             size,
-            requested,
-            stack,
-            ..TensorEvent::default()
-        })
-    };
-    let annotate = |t: &mut Tables, t_ns: u64, ptr: u64, names: Option<&OurNames>| {
-        let (name, dtype, shape) = names.and_then(OurNames::annotation)?;
-        Some(Record::Annotate(Annotation {
+        );
+        c.stack = stack;
+        v.push(Record::Event(c));
+        let mut m = event(
             t_ns,
-            tid: 1,
-            ptr,
-            name: t.string(&name),
-            dtype: dtype.map_or(0, |d| t.string(&d)),
-            shape,
-            op: false,
-        }))
-    };
+            dev,
+            EventKind::Map,
+            MemKind::Mapping,
+            "cuMemMap",
+            addr,
+            size,
+        );
+        m.aux = addr;
+        v.push(Record::Event(m));
+    } else {
+        let mut a = event(
+            t_ns,
+            dev,
+            EventKind::Alloc,
+            MemKind::Device,
+            "cuMemAlloc_v2",
+            addr,
+            size,
+        );
+        a.stack = stack;
+        v.push(Record::Event(a));
+    }
+    v
+}
+
+/// A TENSOR record: `size` the block's (or the request's where the snapshot gives no block),
+/// `requested` the bytes asked for (0 for a release or a refusal).
+fn tensor(
+    t_ns: u64,
+    dev: i32,
+    action: TensorAction,
+    ptr: u64,
+    (size, requested): (u64, u64),
+    stack: u32,
+) -> Record {
+    Record::Tensor(TensorEvent {
+        t_ns,
+        tid: 1,
+        device: dev,
+        action,
+        ptr,
+        size,
+        requested,
+        stack,
+        ..TensorEvent::default()
+    })
+}
+
+/// The annotation our exporter's names give a tensor, if they give one.
+fn annotate(t: &mut Tables, t_ns: u64, ptr: u64, names: Option<&OurNames>) -> Option<Record> {
+    let (name, dtype, shape) = names.and_then(OurNames::annotation)?;
+    Some(Record::Annotate(Annotation {
+        t_ns,
+        tid: 1,
+        ptr,
+        name: t.string(&name),
+        dtype: dtype.map_or(0, |d| t.string(&d)),
+        shape,
+        op: false,
+    }))
+}
+
+/// Converts a decoded snapshot into the records of one trace file, and its header.
+pub fn convert(
+    v: &Value,
+    pid: u32,
+    source: &str,
+) -> Result<(Header, Vec<Record>, Imported), String> {
+    let d = dict(v).ok_or("the pickle holds no dict")?;
+    let segments = list(key(d, "segments")).ok_or("no `segments` list")?;
+    let traces = list(key(d, "device_traces")).ok_or("no `device_traces` list")?;
+    let mut t = Tables::default();
+    let mut n = Imported::default();
+    let mut timed: Vec<Record> = Vec::new();
+    let (per_device, first_t) = decode_traces(traces)?;
+    let (names_at, names_before) = our_names(&per_device, segments, traces);
+    let t_start = first_t.saturating_sub(1);
+    let (seg_before, blk_before) = live_before(&mut t, &per_device, segments, traces);
     // A snapshot without history has devices only in `segments`.
     let devices = per_device.len().max(seg_before.len());
     let no_entries: Vec<Entry> = Vec::new();
@@ -588,7 +644,7 @@ pub fn convert(
         let mut blocks: HashMap<u64, u64> = HashMap::new();
         let mut segs: HashMap<u64, (u64, bool)> = HashMap::new();
         for (&a, &(size, exp, stack)) in &seg_before[dev] {
-            timed.extend(seg_events(t_start, di, a, size, exp, stack));
+            timed.extend(segment_events(t_start, di, a, size, exp, stack));
             segs.insert(a, (size, exp));
             n.segments += 1;
         }
@@ -614,7 +670,7 @@ pub fn convert(
                 "segment_alloc" | "segment_map" => {
                     let exp = e.action == "segment_map";
                     let stack = t.stack(e.frames);
-                    timed.extend(seg_events(e.t_ns, di, e.addr, e.size, exp, stack));
+                    timed.extend(segment_events(e.t_ns, di, e.addr, e.size, exp, stack));
                     segs.insert(e.addr, (e.size, exp));
                     n.segments += 1;
                 }
@@ -711,17 +767,14 @@ pub fn import(
     snapshot: &Path,
     out: &Path,
     pid: u32,
-) -> anyhow::Result<(std::path::PathBuf, Imported)> {
+) -> Result<(std::path::PathBuf, Imported), ImportError> {
     let v = read_snapshot(snapshot)?;
     let (header, records, n) = convert(&v, pid, &snapshot.display().to_string())
         .map_err(|why| ImportError::NotSnapshot(snapshot.to_path_buf(), why))?;
     let mut w = BlockFileWriter::new(&header, 1 << 16);
     for r in &records {
         if w.push(1, r).is_none() {
-            anyhow::bail!(
-                "a record of {} does not fit a trace block",
-                snapshot.display()
-            );
+            return Err(ImportError::TooLarge(snapshot.to_path_buf()));
         }
     }
     std::fs::create_dir_all(out)?;

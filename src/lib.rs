@@ -4,7 +4,8 @@
 //! file per process; this crate reads those files ([`Trace`]), replays them into live sets,
 //! peaks and failures ([`replay`], [`summary`]), symbolises native stacks offline
 //! ([`symbolize`]), predicts what kernels allocate (the `vramtrace-models` crate) and matches the two
-//! ([`attribution`]). The `vramtrace` binary is a thin layer over it ([`cli`], [`commands`]).
+//! ([`attribution`]). The `vramtrace` binary (`src/cli/`) is a thin layer over it: clap, the commands, text
+//! rendering of what has no library renderer, the program launcher, progress bars and NVML.
 //!
 //! ```
 //! use vramtrace_models::{DType, GdnShape, gdn_fla_0_6_0, peak};
@@ -37,12 +38,12 @@
 //!   file and line they were read from.
 
 pub mod attribution;
+pub mod categories;
 pub mod categoriser;
-pub mod cli;
-pub mod commands;
-pub mod cu_result;
+pub mod cliff;
+mod cu_result;
 pub mod diff;
-pub mod error;
+mod error;
 pub mod events;
 pub mod evidence;
 pub mod export;
@@ -50,17 +51,18 @@ pub mod import;
 pub mod live;
 pub mod names;
 pub mod observe;
+pub mod parse;
 pub mod plots;
-pub mod preload;
 pub mod replay;
 pub mod report;
 pub mod summary;
 pub mod symbolize;
-pub mod tensors;
+pub mod timeline;
+pub mod torch_replay;
 pub mod trace;
 pub mod whatif;
 
-pub use error::Error;
+pub use error::{Error, Result, with_causes};
 pub use trace::{Process, Trace};
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The live view's data: a [`LiveSource`] over a trace directory that processes are still
-//! writing (or a finished one), plus NVML.
+//! writing (or a finished one), plus a device memory reader ([`DeviceMemory`]; the binary's
+//! reads NVML).
 //!
 //! # How it follows
 //! - **Files.** The directory is listed again every [`LiveOptions::rescan`]; every `*.vtr` gets a
@@ -8,12 +9,12 @@
 //!   [`Update::Notice`] and is skipped, never an error.
 //! - **Replay.** Side records (strings, stacks, modules, devices) go into one [`Process`] per
 //!   file; timed records of all files read in one poll are sorted by time and fed to one
-//!   [`Replayer`] (the same state machine as `summary`), keyed by the file's index.
+//!   [`TimelineFold`] (the same replay state machine as `summary`, and the same fold as the
+//!   timeline plot), keyed by the file's index.
 //! - **Samples.** A poll does not send one sample per event: the trace time it covered is cut
-//!   into at most [`MAX_BUCKETS`] buckets of at least [`MIN_BUCKET_NS`], and each device touched
-//!   in a bucket gets its highest point in the bucket (when above the bucket's end) and its end
-//!   point, stacked by [`CATEGORIES`]. A live poll (100 ms of trace) gives about ten points per
-//!   device; the first poll of a finished trace a few hundred.
+//!   into at most [`crate::timeline::MAX_BUCKETS`] buckets (see [`crate::timeline`]). A live
+//!   poll (100 ms of trace) gives about ten points per device; the first poll of a finished
+//!   trace a few hundred.
 //! - **Bounded.** One poll reads at most [`LiveOptions::poll_budget`] of wall time (the rest
 //!   waits for the next poll), the followers hold one block per writing thread, the replay holds
 //!   the live set, the processes their string and stack tables: nothing grows with the number of
@@ -24,12 +25,7 @@
 //!   one pass over the trace up to the cursor); the last answer is kept, so a paused view asks
 //!   once.
 //!
-//! # Categories
-//! [`category`] sorts an allocation by its range label (NVTX or annotation range) first, then by
-//! its annotated name, lower-cased, by substring:
-//! `weight`, `embed`, `lm_head`, `param` → weights; `kv`, `cache` (and in a label `_state`: the
-//! recurrent state kept between chunks) → KV cache; `ballast`, `capacity`, `reserve` → other;
-//! any other name → activations; no label and no name → unnamed.
+//! Allocations are stacked by [`crate::categories`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::ControlFlow;
@@ -37,67 +33,32 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vramtrace_format::{Event, FILE_EXTENSION, Follower, Problem, Record};
+use vramtrace_format::{FILE_EXTENSION, Follower, Problem, Record};
 use vramtrace_viewer::model::{
-    BreakdownEntry, DeviceInfo, FailedAllocation, LiveAllocation, LiveSnapshot, NvmlPanel,
-    NvmlProcess, ProcessInfo, SnapshotQuery, TimelinePoint, Update,
+    BreakdownEntry, DeviceInfo, LiveAllocation, LiveSnapshot, NvmlPanel, ProcessInfo,
+    SnapshotQuery, Update,
 };
 use vramtrace_viewer::tui::LiveSource;
 
-use crate::replay::{FastMap, LiveAlloc, Pool, Replayer, Step};
+use crate::categories::CATEGORIES;
+use crate::replay::{LiveAlloc, Pool};
 use crate::symbolize::StackSymbolizer;
+use crate::timeline::{Book, TimelineFold};
 use crate::trace::{Item, MemorySource, Process, Trace};
-
-/// The categories of the stacked timeline and the breakdown, in stacking order.
-pub const CATEGORIES: [&str; 5] = ["weights", "KV cache", "activations", "other", "unnamed"];
-
-/// Index in [`CATEGORIES`] of an allocation with this range label and annotated name (see the
-/// module documentation for the rule).
-pub fn category(label: Option<&str>, name: Option<&str>) -> usize {
-    const WEIGHTS: &[&str] = &["weight", "embed", "lm_head", "param"];
-    const KV: &[&str] = &["kv", "cache"];
-    const OTHER: &[&str] = &["ballast", "capacity", "reserve"];
-    let label = label.filter(|s| !s.is_empty()).map(str::to_ascii_lowercase);
-    let name = name.filter(|s| !s.is_empty()).map(str::to_ascii_lowercase);
-    let has = |s: &Option<String>, words: &[&str]| {
-        s.as_deref()
-            .is_some_and(|s| words.iter().any(|w| s.contains(w)))
-    };
-    for s in [&label, &name] {
-        if has(s, WEIGHTS) {
-            return 0;
-        }
-        if has(s, KV) || (std::ptr::eq(s, &label) && has(s, &["_state"])) {
-            return 1;
-        }
-        if has(s, OTHER) {
-            return 3;
-        }
-    }
-    if label.is_some() || name.is_some() {
-        2
-    } else {
-        4
-    }
-}
-
-/// The most trace time one bucket of samples covers at least.
-pub const MIN_BUCKET_NS: u64 = 10_000_000;
-/// The most buckets one poll is cut into.
-pub const MAX_BUCKETS: u64 = 256;
 
 /// Settings of a [`DirSource`].
 #[derive(Debug, Clone)]
 pub struct LiveOptions {
     /// Largest live allocations a snapshot lists.
     pub top: usize,
-    /// Ask NVML for device and per-process memory.
+    /// Ask for device and per-process memory (NVML, through the reader given with
+    /// [`DirSource::with_device_memory`]).
     pub nvml: bool,
     /// How often the directory is listed for new files.
     pub rescan: Duration,
     /// How long one poll may read before it returns what it has.
     pub poll_budget: Duration,
-    /// How often NVML is asked.
+    /// How often the device memory reader is asked.
     pub nvml_every: Duration,
 }
 
@@ -113,108 +74,6 @@ impl Default for LiveOptions {
     }
 }
 
-/// Which pairing group a driver function's identifier lives in (pointers, `cuMemCreate`
-/// handles, arrays), so a release finds the bytes its allocation put in a category.
-fn group(e: &Event) -> u8 {
-    match e.api.name() {
-        "cuMemCreate" | "cuMemRelease" => 1,
-        "cuArrayCreate_v2" | "cuArray3DCreate_v2" | "cuArrayDestroy" => 2,
-        _ => 0,
-    }
-}
-
-/// One device-memory allocation as the category books see it.
-#[derive(Clone, Copy)]
-struct Booked {
-    device: i32,
-    category: u8,
-    size: u64,
-    label: u32,
-}
-
-/// The replay plus live bytes by category per process and device.
-#[derive(Default)]
-struct Book {
-    replay: Replayer,
-    seq: usize,
-    booked: FastMap<(usize, u8, u64), Booked>,
-    by_cat: BTreeMap<(usize, i32), [u64; 5]>,
-}
-
-impl Book {
-    fn add(&mut self, pi: usize, b: Booked, sign: bool) {
-        let c = &mut self.by_cat.entry((pi, b.device)).or_default()[b.category as usize];
-        *c = if sign {
-            c.saturating_add(b.size)
-        } else {
-            c.saturating_sub(b.size)
-        };
-    }
-
-    fn unbook(&mut self, key: (usize, u8, u64)) {
-        if let Some(old) = self.booked.remove(&key) {
-            self.add(key.0, old, false);
-        }
-    }
-
-    /// Applies one item of process `pi`; returns the step of an event.
-    fn apply(&mut self, pi: usize, item: &Item, p: &Process) -> Option<Step> {
-        match item {
-            Item::Event(e) => {
-                let step = self.replay.apply(pi, self.seq, e);
-                self.seq += 1;
-                let key = (pi, group(e), e.ptr);
-                match &step {
-                    Step::Allocated { pool } => {
-                        self.unbook(key);
-                        if *pool == Pool::Device {
-                            let b = Booked {
-                                device: e.device,
-                                category: category(p.string(e.label), None) as u8,
-                                size: e.size,
-                                label: e.label,
-                            };
-                            self.booked.insert(key, b);
-                            self.add(pi, b, true);
-                        }
-                    }
-                    Step::Released { .. } => self.unbook(key),
-                    _ => {}
-                }
-                Some(step)
-            }
-            Item::Annotate(a) => {
-                if self.replay.annotate(pi, a).is_some()
-                    && let Some(mut b) = self.booked.get(&(pi, 0, a.ptr)).copied()
-                {
-                    let c = category(p.string(b.label), p.string(a.name)) as u8;
-                    if c != b.category {
-                        self.add(pi, b, false);
-                        b.category = c;
-                        self.add(pi, b, true);
-                        self.booked.insert((pi, 0, a.ptr), b);
-                    }
-                }
-                None
-            }
-            _ => None,
-        }
-    }
-
-    /// Live bytes by category on `device`, of one process or of all.
-    fn device_cats(&self, device: i32, process: Option<usize>) -> [u64; 5] {
-        let mut sum = [0u64; 5];
-        for ((pi, d), v) in &self.by_cat {
-            if *d == device && process.is_none_or(|p| p == *pi) {
-                for (s, x) in sum.iter_mut().zip(v) {
-                    *s = s.saturating_add(*x);
-                }
-            }
-        }
-        sum
-    }
-}
-
 /// A traced file being followed.
 struct LiveProc {
     follower: Follower,
@@ -224,55 +83,35 @@ struct LiveProc {
     problems: usize,
 }
 
-/// NVML, opened once.
+/// Reads a device's memory as the driver sees it, for the live view's panel: the binary gives
+/// one over NVML; without one the panel says why it is empty.
+pub trait DeviceMemory: Send {
+    /// The panel of the device with this (NVML) ordinal; a failed reading is
+    /// [`NvmlPanel::Unavailable`] with the reason.
+    fn panel(&self, ordinal: u32) -> NvmlPanel;
+}
+
+/// The device memory reader, opened once, and when it was last asked.
 struct NvmlProbe {
-    nvml: Result<nvml_wrapper::Nvml, String>,
+    reader: Result<Box<dyn DeviceMemory>, String>,
     last: Option<Instant>,
 }
 
 impl NvmlProbe {
     fn new(enabled: bool) -> Self {
-        let nvml = if enabled {
-            nvml_wrapper::Nvml::init().map_err(|e| match e {
-                nvml_wrapper::error::NvmlError::LibloadingError(_) => {
-                    "libnvidia-ml.so.1 cannot be loaded (no NVIDIA driver here)".to_string()
-                }
-                e => e.to_string(),
-            })
+        let reader = if enabled {
+            Err("no device memory reader was given to the live source".to_string())
         } else {
             Err("not asked (--no-nvml)".into())
         };
-        NvmlProbe { nvml, last: None }
+        NvmlProbe { reader, last: None }
     }
 
     fn panel(&self, ordinal: u32) -> NvmlPanel {
-        let nvml = match &self.nvml {
-            Ok(n) => n,
-            Err(e) => return NvmlPanel::Unavailable(e.clone()),
-        };
-        // NVML numbers devices by PCI order, CUDA by CUDA_VISIBLE_DEVICES / speed: the same
-        // index only when neither reorders. The reading is labelled with NVML's name.
-        let read = || -> Result<NvmlPanel, nvml_wrapper::error::NvmlError> {
-            let d = nvml.device_by_index(ordinal)?;
-            let m = d.memory_info()?;
-            let processes = d
-                .running_compute_processes()?
-                .into_iter()
-                .map(|p| NvmlProcess {
-                    pid: p.pid,
-                    used_bytes: match p.used_gpu_memory {
-                        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
-                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
-                    },
-                })
-                .collect();
-            Ok(NvmlPanel::Available {
-                used_bytes: m.used,
-                total_bytes: m.total,
-                processes,
-            })
-        };
-        read().unwrap_or_else(|e| NvmlPanel::Unavailable(format!("NVML device {ordinal}: {e}")))
+        match &self.reader {
+            Ok(r) => r.panel(ordinal),
+            Err(e) => NvmlPanel::Unavailable(e.clone()),
+        }
     }
 }
 
@@ -282,18 +121,14 @@ pub struct DirSource {
     options: LiveOptions,
     files: BTreeSet<PathBuf>,
     procs: Vec<LiveProc>,
-    book: Book,
-    t0: Option<u64>,
-    latest_ns: u64,
+    timeline: TimelineFold,
     last_scan: Option<Instant>,
     devices: BTreeMap<i32, (String, u64)>,
-    stacked: BTreeSet<i32>,
     nvml: NvmlProbe,
     frames: HashMap<(u32, u32), Vec<String>>,
     past: Option<(SnapshotQuery, Option<LiveSnapshot>)>,
     said_waiting: bool,
     said_following: bool,
-    events: u64,
 }
 
 /// At most this many problems of one file are reported as notices.
@@ -308,47 +143,48 @@ impl DirSource {
             options,
             files: BTreeSet::new(),
             procs: Vec::new(),
-            book: Book::default(),
-            t0: None,
-            latest_ns: 0,
+            timeline: TimelineFold::new(),
             last_scan: None,
             devices: BTreeMap::new(),
-            stacked: BTreeSet::new(),
             frames: HashMap::new(),
             past: None,
             said_waiting: false,
             said_following: false,
-            events: 0,
         }
+    }
+
+    /// Reads device memory with `reader` (or says why there is none), when
+    /// [`LiveOptions::nvml`] asks for it; without this call the panel says no reader was given.
+    pub fn with_device_memory(mut self, reader: Result<Box<dyn DeviceMemory>, String>) -> Self {
+        if self.options.nvml {
+            self.nvml.reader = reader;
+        }
+        self
     }
 
     /// Seconds since the trace's start of the latest event read.
     pub fn latest_s(&self) -> f64 {
-        self.secs(self.latest_ns)
+        self.timeline.secs(self.timeline.latest_ns())
     }
 
     /// `CLOCK_MONOTONIC` ns of the latest event read (0 before any).
     pub fn latest_ns(&self) -> u64 {
-        self.latest_ns
+        self.timeline.latest_ns()
     }
 
     /// Time 0 of the view: the earliest start of a process seen (`CLOCK_MONOTONIC` ns).
     pub fn start_ns(&self) -> Option<u64> {
-        self.t0
+        self.timeline.start_ns()
     }
 
     /// Events replayed so far.
     pub fn events(&self) -> u64 {
-        self.events
+        self.timeline.events()
     }
 
     /// Allocations live now (the size of the replay's state).
     pub fn live_len(&self) -> usize {
-        self.book.replay.live_len()
-    }
-
-    fn secs(&self, t_ns: u64) -> f64 {
-        t_ns.saturating_sub(self.t0.unwrap_or(t_ns)) as f64 / 1e9
+        self.timeline.live_len()
     }
 
     fn scan(&mut self, out: &mut Vec<Update>) {
@@ -446,7 +282,7 @@ impl DirSource {
                 ) else {
                     continue;
                 };
-                self.t0 = Some(self.t0.map_or(h.start_mono_ns, |t| t.min(h.start_mono_ns)));
+                self.timeline.start_at(h.start_mono_ns);
                 out.push(Update::Process(ProcessInfo {
                     pid: h.pid,
                     parent: (h.ppid != 0).then_some(h.ppid),
@@ -494,109 +330,37 @@ impl DirSource {
         batch
     }
 
-    /// Replays a batch in time order and sends bucketed samples and failures.
-    fn ingest(&mut self, mut batch: Vec<(u64, usize, Item)>, out: &mut Vec<Update>) {
-        batch.sort_by_key(|(t, _, _)| *t);
-        let (Some(first), Some(last)) = (batch.first().map(|b| b.0), batch.last().map(|b| b.0))
-        else {
+    /// Replays a batch in time order and sends bucketed samples and failures; a device seen for
+    /// the first time also gets its NVML panel, right after its categories.
+    fn ingest(&mut self, batch: Vec<(u64, usize, Item)>, out: &mut Vec<Update>) {
+        let from = out.len();
+        let procs = &self.procs;
+        self.timeline
+            .ingest(batch, |pi| procs[pi].process.as_ref(), out);
+        if !out[from..]
+            .iter()
+            .any(|u| matches!(u, Update::Categories { .. }))
+        {
             return;
-        };
-        let span = last - first;
-        let buckets = (span / MIN_BUCKET_NS).clamp(1, MAX_BUCKETS);
-        let width = (span / buckets).max(1) + 1;
-        let mut bucket = 0u64;
-        let mut end_t = first;
-        // Per device touched in this bucket: the highest live bytes, when, and their split.
-        let mut high: BTreeMap<i32, (u64, u64, [u64; 5])> = BTreeMap::new();
-        for (t, pi, item) in batch {
-            let b = (t - first) / width;
-            if b != bucket {
-                self.flush(&mut high, end_t, out);
-                bucket = b;
-            }
-            end_t = t;
-            let Some(process) = self.procs[pi].process.as_ref() else {
-                continue;
-            };
-            let step = self.book.apply(pi, &item, process);
-            let Item::Event(e) = &item else { continue };
-            self.events += 1;
-            match step {
-                Some(Step::Allocated { pool: Pool::Device }) => {
-                    let cats = self.book.device_cats(e.device, None);
-                    let total: u64 = cats.iter().sum();
-                    let h = high.entry(e.device).or_insert((0, t, cats));
-                    if total >= h.0 {
-                        *h = (total, t, cats);
-                    }
-                }
-                Some(Step::Released { freed: Some(f) }) if f.pool == Pool::Device => {
-                    high.entry(f.event.device).or_insert((0, t, [0; 5]));
-                }
-                Some(Step::Failed) => {
-                    let device = e.device.max(0);
-                    let label = process
-                        .string(e.label)
-                        .map(str::to_string)
-                        .unwrap_or_default();
-                    out.push(Update::Failure(FailedAllocation {
-                        time_s: self.secs(t),
-                        device: device as u32,
-                        pid: process.pid(),
-                        request_bytes: e.size,
-                        free_bytes: (e.total_bytes != 0).then_some(e.free_bytes),
-                        label,
-                        error: crate::cu_result::name(e.result)
-                            .map(str::to_string)
-                            .unwrap_or_else(|| crate::cu_result::describe(e.result)),
-                    }));
-                    high.entry(device).or_insert((0, t, [0; 5]));
-                }
-                _ => {}
-            }
         }
-        self.flush(&mut high, end_t, out);
-        self.latest_ns = self.latest_ns.max(last);
-    }
-
-    fn flush(
-        &mut self,
-        high: &mut BTreeMap<i32, (u64, u64, [u64; 5])>,
-        end_t: u64,
-        out: &mut Vec<Update>,
-    ) {
-        for (device, (max, max_t, max_cats)) in std::mem::take(high) {
-            if device < 0 {
-                continue;
-            }
-            if self.stacked.insert(device) {
-                out.push(Update::Categories {
-                    device: device as u32,
-                    names: CATEGORIES.iter().map(|s| s.to_string()).collect(),
-                });
+        let tail = out.split_off(from);
+        for u in tail {
+            let new_device = match &u {
+                Update::Categories { device, .. } => Some(*device),
+                _ => None,
+            };
+            out.push(u);
+            if let Some(device) = new_device {
                 out.push(Update::Nvml {
-                    device: device as u32,
-                    panel: self.nvml.panel(device as u32),
+                    device,
+                    panel: self.nvml.panel(device),
                 });
             }
-            let cats = self.book.device_cats(device, None);
-            let now: u64 = cats.iter().sum();
-            let end_s = self.secs(end_t.max(self.latest_ns));
-            if max > now && max_t < end_t {
-                out.push(Update::Sample {
-                    device: device as u32,
-                    point: TimelinePoint::stacked(self.secs(max_t).min(end_s), max_cats.to_vec()),
-                });
-            }
-            out.push(Update::Sample {
-                device: device as u32,
-                point: TimelinePoint::stacked(end_s, cats.to_vec()),
-            });
         }
     }
 
     fn poll_nvml(&mut self, out: &mut Vec<Update>) {
-        if self.stacked.is_empty()
+        if self.timeline.devices().next().is_none()
             || self
                 .nvml
                 .last
@@ -605,10 +369,10 @@ impl DirSource {
             return;
         }
         self.nvml.last = Some(Instant::now());
-        if self.nvml.nvml.is_err() {
+        if self.nvml.reader.is_err() {
             return; // said once per device already
         }
-        for &d in &self.stacked {
+        for d in self.timeline.devices() {
             out.push(Update::Nvml {
                 device: d as u32,
                 panel: self.nvml.panel(d as u32),
@@ -630,20 +394,24 @@ impl DirSource {
         let procs: Vec<Option<&Process>> = self.procs.iter().map(|l| l.process.as_ref()).collect();
         let mut largest: Vec<LiveAlloc> = Vec::new();
         for &pi in &wanted {
-            largest.extend(
-                self.book
-                    .replay
-                    .largest(pi, device, Pool::Device, self.options.top),
-            );
+            largest.extend(self.timeline.book.replay.largest(
+                pi,
+                device,
+                Pool::Device,
+                self.options.top,
+            ));
         }
         let mut cats = [0u64; 5];
         for &pi in &wanted {
-            for (s, x) in cats.iter_mut().zip(self.book.device_cats(device, Some(pi))) {
+            for (s, x) in cats
+                .iter_mut()
+                .zip(self.timeline.book.device_cats(device, Some(pi)))
+            {
                 *s += x;
             }
         }
-        let now = self.latest_ns;
-        let time_s = self.secs(now);
+        let now = self.timeline.latest_ns();
+        let time_s = self.timeline.secs(now);
         build_snapshot(
             &procs,
             largest,
@@ -658,7 +426,7 @@ impl DirSource {
     /// The snapshot at an earlier time: the directory read again up to it.
     fn past_snapshot(&mut self, query: &SnapshotQuery) -> Option<LiveSnapshot> {
         let trace = Trace::open(&self.dir).ok()?;
-        let t0 = self.t0.unwrap_or_else(|| trace.start_ns());
+        let t0 = self.timeline.start_ns().unwrap_or_else(|| trace.start_ns());
         let target = t0.saturating_add((query.time_s.max(0.0) * 1e9) as u64);
         let mut book = Book::default();
         trace
@@ -851,35 +619,6 @@ pub fn read_all(dir: &Path) -> Vec<Update> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn categories_follow_the_documented_rule() {
-        let c = |l: Option<&str>, n: Option<&str>| CATEGORIES[category(l, n)];
-        assert_eq!(
-            c(Some("prefill/weights"), Some("layer.0.weights")),
-            "weights"
-        );
-        assert_eq!(c(None, Some("embed_tokens")), "weights");
-        assert_eq!(c(Some("prefill/kv_cache"), None), "KV cache");
-        assert_eq!(
-            c(Some("prefill/gdn_state"), Some("layer.3.ssm_state")),
-            "KV cache"
-        );
-        assert_eq!(
-            c(Some("prefill/capacity"), Some("capacity ballast")),
-            "other"
-        );
-        assert_eq!(
-            c(
-                Some("prefill/chunk.0/layer.3/gdn/inputs"),
-                Some("initial_state")
-            ),
-            "activations"
-        );
-        assert_eq!(c(Some("forward"), None), "activations");
-        assert_eq!(c(None, None), "unnamed");
-        assert_eq!(c(Some(""), Some("")), "unnamed");
-    }
 
     #[test]
     fn internal_frames_are_skipped() {

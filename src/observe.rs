@@ -3,7 +3,7 @@
 //! frames and operator description, in time order ([`observe`]).
 //!
 //! With PyTorch's caching allocator on, the driver sees segments, not tensors. When the chosen
-//! process and device have TENSOR records ([`crate::tensors`]) holding bytes, [`observe`] takes
+//! process and device have TENSOR records ([`crate::torch_replay`]) holding bytes, [`observe`] takes
 //! the live tensors instead of the driver's allocations: the peak is the peak of live tensor
 //! bytes, a failure is the n-th of the allocator's refusals and the driver's failures together
 //! (as `summary` numbers them), its request the refused tensor (or the driver's request), and
@@ -15,7 +15,7 @@ use vramtrace_format::{Event, TensorAction, TensorEvent};
 
 use crate::attribution::{Moment, Observed, OpOutput, PYTORCH_BLOCK_API};
 use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
-use crate::tensors::{LiveTensor, TensorReplay, TensorStep};
+use crate::torch_replay::{LiveTensor, TensorReplay, TensorStep};
 use crate::trace::{Item, Trace};
 
 /// What an annotation says of its allocation: a name someone gave it, or the operator output
@@ -76,7 +76,7 @@ fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
         name: None,
         label: p.string(e.label).map(str::to_string),
         failed: true,
-        frames: crate::tensors::python_frames(p, e.stack, 8),
+        frames: crate::torch_replay::python_frames(p, e.stack, 8),
         op: None,
     }
 }
@@ -92,7 +92,7 @@ fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
         name,
         label: p.string(a.event.label).map(str::to_string),
         failed: false,
-        frames: crate::tensors::python_frames(p, a.event.stack, 8),
+        frames: crate::torch_replay::python_frames(p, a.event.stack, 8),
         op,
     }
 }
@@ -127,7 +127,7 @@ fn observed_tensor(
         name,
         label: None,
         failed: false,
-        frames: crate::tensors::python_frames(p, t.event.stack, 8),
+        frames: crate::torch_replay::python_frames(p, t.event.stack, 8),
         op,
     }
 }
@@ -142,7 +142,7 @@ fn refused_tensor(p: &crate::trace::Process, t: &TensorEvent) -> Observed {
         name: None,
         label: None,
         failed: true,
-        frames: crate::tensors::python_frames(p, t.stack, 8),
+        frames: crate::torch_replay::python_frames(p, t.stack, 8),
         op: None,
     }
 }
@@ -513,7 +513,7 @@ fn observe_tensors(
     pi: usize,
     dev: i32,
     at: At,
-    level: crate::tensors::TensorLevel,
+    level: crate::torch_replay::TensorLevel,
     failures: Option<(Vec<(usize, Failed)>, usize)>,
 ) -> Result<ObservedMoment, String> {
     use vramtrace_models::units::fmt_bytes;

@@ -1,8 +1,8 @@
 //! View models of `vramtrace plot`, built from traces and the analytical models; the viewer
 //! crate draws them.
 //!
-//! - [`timeline`]: the directory read as the live view reads it ([`crate::live::read_all`]),
-//!   stacked by [`crate::live::CATEGORIES`] (categories never used are left out).
+//! - [`timeline`]: the trace folded as the live view folds it ([`crate::timeline`]),
+//!   stacked by [`crate::categories::CATEGORIES`] (categories never used are left out).
 //! - [`breakdown`]: a moment observed as `compare` observes it, against the variant that
 //!   explains the most bytes.
 //! - [`cliff`]: the model's peak against prompt tokens as `model --sweep` computes it, plus the
@@ -11,37 +11,46 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, bail};
 use vramtrace_models::units::fmt_bytes;
-use vramtrace_models::{ModelConfig, Tensor, Variant, Workload, WorkloadOptions};
+use vramtrace_models::{ModelConfig, Variant, WorkloadOptions};
 use vramtrace_viewer::model::{
     BreakdownPlot, BreakdownRow, CliffCurve, DeviceInfo, TimelinePoint, Update,
 };
 use vramtrace_viewer::plot::TimelinePlot;
 use vramtrace_viewer::{DEFAULT_MAX_POINTS, Timeline};
 
-use crate::attribution::{Attribution, attribute};
-use crate::commands::model::{cliff_tokens, peaks_at};
-use crate::live::{CATEGORIES, category, read_all};
+use crate::attribution::Attribution;
+use crate::categories::CATEGORIES;
+use crate::cliff::{cliff_tokens, peaks_at};
+use crate::error::Error;
 use crate::observe::{At, ObservedMoment, observe};
 use crate::trace::Trace;
 
-/// The timeline of every device of the trace in `dir`, stacked by category.
+/// Refuses a `--hide` that names no category.
+pub fn check_hide(hide: &[String]) -> crate::Result<()> {
+    for h in hide {
+        if !CATEGORIES.contains(&h.as_str()) {
+            return Err(Error::Invalid(format!(
+                "--hide {h:?}: the categories are {}",
+                CATEGORIES.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The timeline of every device of `trace` (read from `dir`, which messages name), stacked by
+/// category.
 pub fn timeline(
+    trace: &Trace,
     dir: &Path,
     title: &str,
     capacity: Option<u64>,
     predicted_peak: Option<u64>,
     hide: &[String],
-) -> anyhow::Result<TimelinePlot> {
-    for h in hide {
-        if !CATEGORIES.contains(&h.as_str()) {
-            bail!("--hide {h:?}: the categories are {}", CATEGORIES.join(", "));
-        }
-    }
-    // Refuses an empty directory or one with no readable file, with the reader's words.
-    Trace::open(dir)?;
-    let updates = read_all(dir);
+) -> crate::Result<TimelinePlot> {
+    check_hide(hide)?;
+    let updates = crate::timeline::fold(trace)?;
     let mut infos: BTreeMap<u32, DeviceInfo> = BTreeMap::new();
     let mut points: BTreeMap<u32, Vec<TimelinePoint>> = BTreeMap::new();
     let mut failures = Vec::new();
@@ -56,10 +65,10 @@ pub fn timeline(
         }
     }
     if points.is_empty() {
-        bail!(
+        return Err(Error::Unanswerable(format!(
             "{} holds no device allocation to plot (its processes made none the recorder saw)",
             dir.display()
-        );
+        )));
     }
     let mut devices = Vec::new();
     for (ordinal, pts) in points {
@@ -94,38 +103,6 @@ pub fn timeline(
     Ok(TimelinePlot {
         title: title.to_string(),
         devices,
-    })
-}
-
-/// Among `candidates`, the variant whose tensors explain the most observed bytes (ties: the
-/// first), as `compare` chooses without `--variant`.
-pub fn best_variant(
-    candidates: &[Variant],
-    workload: &Workload,
-    m: &ObservedMoment,
-    align: u64,
-) -> anyhow::Result<(Variant, Vec<Tensor>, Attribution)> {
-    let mut best: Option<(Variant, Vec<Tensor>, Attribution)> = None;
-    let mut first_error = None;
-    for v in candidates {
-        let tensors = match v.tensors(workload) {
-            Ok(t) => t,
-            Err(e) => {
-                first_error.get_or_insert(e);
-                continue;
-            }
-        };
-        let a = attribute(&tensors, m.observed.clone(), align.max(1), m.moment);
-        if best
-            .as_ref()
-            .is_none_or(|(_, _, b)| a.attributed_bytes > b.attributed_bytes)
-        {
-            best = Some((*v, tensors, a));
-        }
-    }
-    best.ok_or_else(|| match first_error {
-        Some(e) => anyhow::Error::from(e),
-        None => anyhow::anyhow!("no model variant to compare with"),
     })
 }
 
@@ -175,25 +152,6 @@ pub fn breakdown(
     }
 }
 
-/// Bytes live at a moment that the model does not explain, without the `other` category
-/// (ballast and reservations that stand in for memory the card does not have), and the
-/// observed total of the moment on the same terms (the failed request included).
-pub fn resident_and_observed(a: &Attribution) -> (u64, u64) {
-    let mut resident = 0u64;
-    let mut total = 0u64;
-    for (i, o) in a.observed.iter().enumerate() {
-        let c = category(o.label.as_deref(), o.name.as_deref());
-        if CATEGORIES[c] == "other" {
-            continue;
-        }
-        total = total.saturating_add(o.size);
-        if !o.failed && a.unexplained.contains(&i) {
-            resident = resident.saturating_add(o.size);
-        }
-    }
-    (resident, total)
-}
-
 /// The cliff curve: `resident` plus the largest variant peak at each token count of the sweep.
 #[allow(clippy::too_many_arguments)]
 pub fn cliff(
@@ -205,13 +163,13 @@ pub fn cliff(
     capacity: u64,
     resident: u64,
     observed: Vec<(u64, u64)>,
-) -> anyhow::Result<CliffCurve> {
-    let budget = capacity.checked_sub(resident).with_context(|| {
-        format!(
+) -> crate::Result<CliffCurve> {
+    let budget = capacity.checked_sub(resident).ok_or_else(|| {
+        Error::Unanswerable(format!(
             "the resident bytes ({}) already exceed the capacity ({}); nothing fits",
             fmt_bytes(resident),
             fmt_bytes(capacity)
-        )
+        ))
     })?;
     let cliff_at = cliff_tokens(cfg, variants, opts, budget)?;
     let (t0, t1) = match range {
@@ -266,6 +224,6 @@ pub fn observe_at(
     pid: Option<u32>,
     device: Option<i32>,
     at: At,
-) -> anyhow::Result<ObservedMoment> {
-    observe(trace, pid, device, at).map_err(anyhow::Error::msg)
+) -> crate::Result<ObservedMoment> {
+    observe(trace, pid, device, at).map_err(Error::Moment)
 }

@@ -13,10 +13,11 @@ use vramtrace_format::{Event, EventKind};
 use crate::error::Error;
 use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
 use crate::symbolize::StackSymbolizer;
-use crate::tensors::{
+use crate::torch_replay::{
     LiveTensor, Names, Segment, TensorMoment, TensorReplay, TensorStep, TorchOom,
 };
 use crate::trace::{Item, Trace};
+use vramtrace_format::TensorEvent;
 use vramtrace_models::units::{fmt_bytes, fmt_secs};
 
 /// How many allocations to list at a peak or a failure.
@@ -299,144 +300,171 @@ enum PeakSet {
     Later,
 }
 
-/// Computes the summary of a trace in one streaming pass (two when a peak's live set was too
-/// costly to copy in the first).
-pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> {
-    let t0 = trace.start_ns();
-    let mut acc: FastMap<(usize, i32), Acc> = FastMap::default();
-    let mut peaks: FastMap<(usize, i32), PeakSet> = FastMap::default();
-    let mut pending = 0usize; // keys in PeakSet::Now
-    let mut budget = 0usize;
-    let mut replay = Replayer::new();
-    let mut tensors = TensorReplay::new();
-    let mut tpeaks: FastMap<(usize, i32), TensorPeak> = FastMap::default();
-    let mut names = Names::default();
-    let mut seq = 0usize;
-    trace.for_each_item(|pi, it| {
-        budget += 1;
-        let e = match it {
-            Item::Event(e) => e,
+/// The tensors and segments live at each tensor peak, by process and device.
+type TensorSets = FastMap<(usize, i32), (Vec<LiveTensor>, Vec<Segment>)>;
+
+/// The first pass's state: counts per process and device, the peaks' live sets as they are
+/// found, the driver and tensor replays.
+struct Pass {
+    top: usize,
+    acc: FastMap<(usize, i32), Acc>,
+    peaks: FastMap<(usize, i32), PeakSet>,
+    /// Keys in [`PeakSet::Now`].
+    pending: usize,
+    budget: usize,
+    replay: Replayer,
+    tensors: TensorReplay,
+    tpeaks: FastMap<(usize, i32), TensorPeak>,
+    names: Names,
+    seq: usize,
+}
+
+impl Pass {
+    fn new(top: usize) -> Pass {
+        Pass {
+            top,
+            acc: FastMap::default(),
+            peaks: FastMap::default(),
+            pending: 0,
+            budget: 0,
+            replay: Replayer::new(),
+            tensors: TensorReplay::new(),
+            tpeaks: FastMap::default(),
+            names: Names::default(),
+            seq: 0,
+        }
+    }
+
+    /// Folds one item of process `pi`.
+    fn item(&mut self, trace: &Trace, pi: usize, it: Item) {
+        self.budget += 1;
+        match it {
+            Item::Event(e) => self.event(pi, e),
             Item::Annotate(a) => {
-                replay.annotate(pi, &a);
-                names.note(trace, pi, &a);
-                seq += 1;
-                return ControlFlow::Continue(());
+                self.replay.annotate(pi, &a);
+                self.names.note(trace, pi, &a);
+                self.seq += 1;
             }
             Item::Tensor(t) => {
-                if let Some(dev) = tensors.would_remove(pi, &t)
-                    && let Some(p) = tpeaks.get_mut(&(pi, dev))
-                    && matches!(p, TensorPeak::Now)
-                {
-                    let cost = tensors.live_len() + replay.live_len();
-                    *p = if cost <= budget {
-                        budget -= cost;
-                        TensorPeak::Taken(
-                            tensors.live_set(pi, dev),
-                            crate::tensors::segments_of(&replay, pi, dev),
-                        )
-                    } else {
-                        TensorPeak::Later
-                    };
-                }
-                let a = acc.entry((pi, t.device)).or_default();
-                match tensors.apply(pi, seq, &t) {
-                    TensorStep::Allocated => {
-                        if tensors.level(pi, t.device).peak_seq == seq {
-                            tpeaks.insert((pi, t.device), TensorPeak::Now);
-                        }
-                    }
-                    TensorStep::Refused => {
-                        a.failed += 1;
-                        if a.failures.len() < MAX_DETAILED_FAILURES {
-                            let live = replay.largest(pi, t.device, Pool::Device, opts.top);
-                            live.iter().for_each(|x| replay.follow(x));
-                            let level = replay.level(pi, t.device, Pool::Device);
-                            a.failures.push(FailureAt {
-                                event: Event {
-                                    t_ns: t.t_ns,
-                                    tid: t.tid,
-                                    device: t.device,
-                                    kind: EventKind::AllocFailed,
-                                    size: t.size,
-                                    free_bytes: t.free,
-                                    stack: t.stack,
-                                    ..Event::default()
-                                },
-                                live_bytes: level.live,
-                                live_count: level.count,
-                                live,
-                                torch: Some(TorchOom::of(&t)),
-                                tensors: Some((
-                                    tensors.live_set(pi, t.device),
-                                    crate::tensors::segments_of(&replay, pi, t.device),
-                                )),
-                            });
-                        }
-                    }
-                    TensorStep::Released(_) => {}
-                }
-                seq += 1;
-                return ControlFlow::Continue(());
+                self.tensor(pi, &t);
+                self.seq += 1;
             }
-            _ => {
-                seq += 1;
-                return ControlFlow::Continue(());
+            _ => self.seq += 1,
+        }
+    }
+
+    /// A PyTorch tensor record: the tensor peaks and the allocator's refusals.
+    fn tensor(&mut self, pi: usize, t: &TensorEvent) {
+        if let Some(dev) = self.tensors.would_remove(pi, t)
+            && let Some(p) = self.tpeaks.get_mut(&(pi, dev))
+            && matches!(p, TensorPeak::Now)
+        {
+            let cost = self.tensors.live_len() + self.replay.live_len();
+            *p = if cost <= self.budget {
+                self.budget -= cost;
+                TensorPeak::Taken(
+                    self.tensors.live_set(pi, dev),
+                    crate::torch_replay::segments_of(&self.replay, pi, dev),
+                )
+            } else {
+                TensorPeak::Later
+            };
+        }
+        let a = self.acc.entry((pi, t.device)).or_default();
+        match self.tensors.apply(pi, self.seq, t) {
+            TensorStep::Allocated => {
+                if self.tensors.level(pi, t.device).peak_seq == self.seq {
+                    self.tpeaks.insert((pi, t.device), TensorPeak::Now);
+                }
             }
-        };
-        if pending > 0
-            && let Some((dev, Pool::Device)) = replay.would_remove(pi, &e)
-            && let Some(p) = peaks.get_mut(&(pi, dev))
+            TensorStep::Refused => {
+                a.failed += 1;
+                if a.failures.len() < MAX_DETAILED_FAILURES {
+                    let live = self.replay.largest(pi, t.device, Pool::Device, self.top);
+                    live.iter().for_each(|x| self.replay.follow(x));
+                    let level = self.replay.level(pi, t.device, Pool::Device);
+                    a.failures.push(FailureAt {
+                        event: Event {
+                            t_ns: t.t_ns,
+                            tid: t.tid,
+                            device: t.device,
+                            kind: EventKind::AllocFailed,
+                            size: t.size,
+                            free_bytes: t.free,
+                            stack: t.stack,
+                            ..Event::default()
+                        },
+                        live_bytes: level.live,
+                        live_count: level.count,
+                        live,
+                        torch: Some(TorchOom::of(t)),
+                        tensors: Some((
+                            self.tensors.live_set(pi, t.device),
+                            crate::torch_replay::segments_of(&self.replay, pi, t.device),
+                        )),
+                    });
+                }
+            }
+            TensorStep::Released(_) => {}
+        }
+    }
+
+    /// A driver event: counts, the device peaks and the failures.
+    fn event(&mut self, pi: usize, e: Event) {
+        if self.pending > 0
+            && let Some((dev, Pool::Device)) = self.replay.would_remove(pi, &e)
+            && let Some(p) = self.peaks.get_mut(&(pi, dev))
             && matches!(p, PeakSet::Now)
         {
-            pending -= 1;
-            let cost = replay.live_len();
-            *p = if cost <= budget {
-                budget -= cost;
-                let set = replay.largest(pi, dev, Pool::Device, opts.top);
-                set.iter().for_each(|a| replay.follow(a));
-                PeakSet::Taken(set, replay.level(pi, dev, Pool::Device).count)
+            self.pending -= 1;
+            let cost = self.replay.live_len();
+            *p = if cost <= self.budget {
+                self.budget -= cost;
+                let set = self.replay.largest(pi, dev, Pool::Device, self.top);
+                set.iter().for_each(|a| self.replay.follow(a));
+                PeakSet::Taken(set, self.replay.level(pi, dev, Pool::Device).count)
             } else {
                 PeakSet::Later
             };
         }
-        match replay.apply(pi, seq, &e) {
+        match self.replay.apply(pi, self.seq, &e) {
             Step::Allocated { pool: Pool::Device } => {
-                acc.entry((pi, e.device)).or_default().allocations += 1;
-                if replay.level(pi, e.device, Pool::Device).peak_seq == seq {
-                    let p = peaks.entry((pi, e.device)).or_insert(PeakSet::Later);
+                self.acc.entry((pi, e.device)).or_default().allocations += 1;
+                if self.replay.level(pi, e.device, Pool::Device).peak_seq == self.seq {
+                    let p = self.peaks.entry((pi, e.device)).or_insert(PeakSet::Later);
                     if !matches!(p, PeakSet::Now) {
-                        pending += 1;
+                        self.pending += 1;
                     }
                     *p = PeakSet::Now;
                 }
             }
             Step::Allocated { pool } => {
-                acc.entry((pi, e.device)).or_default().other[pool_index(pool)].0 += 1;
+                self.acc.entry((pi, e.device)).or_default().other[pool_index(pool)].0 += 1;
             }
             Step::Released { freed: Some(f) } if f.pool == Pool::Device => {
-                acc.entry((pi, f.event.device)).or_default().frees += 1
+                self.acc.entry((pi, f.event.device)).or_default().frees += 1
             }
             Step::Released { freed: Some(f) } => {
-                acc.entry((pi, f.event.device)).or_default().other[pool_index(f.pool)].1 += 1
+                self.acc.entry((pi, f.event.device)).or_default().other[pool_index(f.pool)].1 += 1
             }
             Step::Unchanged if e.kind == EventKind::AllocFailed => {
-                let a = acc.entry((pi, e.device)).or_default();
+                let a = self.acc.entry((pi, e.device)).or_default();
                 a.refused += 1;
                 if a.refusals.len() < MAX_DETAILED_FAILURES {
                     a.refusals.push(e);
                 }
             }
             Step::Failed if e.kind == EventKind::AllocFailed => {
-                let a = acc.entry((pi, e.device)).or_default();
+                let a = self.acc.entry((pi, e.device)).or_default();
                 a.failed += 1;
                 if a.failures.len() < MAX_DETAILED_FAILURES {
-                    let live = replay.largest(pi, e.device, Pool::Device, opts.top);
-                    live.iter().for_each(|x| replay.follow(x));
-                    let level = replay.level(pi, e.device, Pool::Device);
-                    let at = tensors.any().then(|| {
+                    let live = self.replay.largest(pi, e.device, Pool::Device, self.top);
+                    live.iter().for_each(|x| self.replay.follow(x));
+                    let level = self.replay.level(pi, e.device, Pool::Device);
+                    let at = self.tensors.any().then(|| {
                         (
-                            tensors.live_set(pi, e.device),
-                            crate::tensors::segments_of(&replay, pi, e.device),
+                            self.tensors.live_set(pi, e.device),
+                            crate::torch_replay::segments_of(&self.replay, pi, e.device),
                         )
                     });
                     a.failures.push(FailureAt {
@@ -451,112 +479,159 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
             }
             _ => {}
         }
-        seq += 1;
-        ControlFlow::Continue(())
-    })?;
-    replay.check_overflow()?;
-    // Peaks with no release after them: the live set at the end is the set at the peak.
-    for ((pi, dev), p) in peaks.iter_mut() {
-        if matches!(p, PeakSet::Now) {
-            let set = replay.largest(*pi, *dev, Pool::Device, opts.top);
-            *p = PeakSet::Taken(set, replay.level(*pi, *dev, Pool::Device).count);
-        }
-    }
-    let name = |a: &mut LiveAlloc| {
-        if let Some(n) = replay.annotation_of(a.seq) {
-            a.annotation = Some(n.clone());
-        }
-    };
-    for p in peaks.values_mut() {
-        if let PeakSet::Taken(set, _) = p {
-            set.iter_mut().for_each(name);
-        }
-    }
-    for a in acc.values_mut() {
-        for f in &mut a.failures {
-            f.live.iter_mut().for_each(name);
-        }
-    }
-    // Second pass for the peaks that were too costly to copy in the first.
-    let later: Vec<(usize, i32)> = peaks
-        .iter()
-        .filter(|(_, p)| matches!(p, PeakSet::Later))
-        .map(|(k, _)| *k)
-        .collect();
-    let wants: Vec<Capture> = later
-        .iter()
-        .map(|&(pi, dev)| Capture {
-            seq: replay.level(pi, dev, Pool::Device).peak_seq,
-            process: pi,
-            device: dev,
-            pool: Pool::Device,
-            top: opts.top,
-        })
-        .collect();
-    for (k, (set, count)) in later.into_iter().zip(capture(trace, &wants)?) {
-        peaks.insert(k, PeakSet::Taken(set, count));
+        self.seq += 1;
     }
 
-    // Tensor peaks: still the live set at the end, or taken by a pass of their own.
-    let mut tensor_sets: FastMap<(usize, i32), (Vec<LiveTensor>, Vec<Segment>)> =
-        FastMap::default();
-    for ((pi, dev), p) in tpeaks {
-        let set = match p {
-            TensorPeak::Now => (
-                tensors.live_set(pi, dev),
-                crate::tensors::segments_of(&replay, pi, dev),
-            ),
-            TensorPeak::Taken(t, s) => (t, s),
-            TensorPeak::Later => {
-                let (t, s, _) =
-                    crate::tensors::live_at(trace, pi, dev, tensors.level(pi, dev).peak_seq)?;
-                (t, s)
+    /// After the pass: the peaks never released are the live sets at the end, the live
+    /// allocations get their names, and a second pass takes the peaks too costly to copy.
+    fn settle_peaks(&mut self, trace: &Trace) -> Result<(), Error> {
+        // Peaks with no release after them: the live set at the end is the set at the peak.
+        for ((pi, dev), p) in self.peaks.iter_mut() {
+            if matches!(p, PeakSet::Now) {
+                let set = self.replay.largest(*pi, *dev, Pool::Device, self.top);
+                *p = PeakSet::Taken(set, self.replay.level(*pi, *dev, Pool::Device).count);
+            }
+        }
+        let name = |a: &mut LiveAlloc| {
+            if let Some(n) = self.replay.annotation_of(a.seq) {
+                a.annotation = Some(n.clone());
             }
         };
-        tensor_sets.insert((pi, dev), set);
+        for p in self.peaks.values_mut() {
+            if let PeakSet::Taken(set, _) = p {
+                set.iter_mut().for_each(name);
+            }
+        }
+        for a in self.acc.values_mut() {
+            for f in &mut a.failures {
+                f.live.iter_mut().for_each(name);
+            }
+        }
+        // Second pass for the self.peaks that were too costly to copy in the first.
+        let later: Vec<(usize, i32)> = self
+            .peaks
+            .iter()
+            .filter(|(_, p)| matches!(p, PeakSet::Later))
+            .map(|(k, _)| *k)
+            .collect();
+        let wants: Vec<Capture> = later
+            .iter()
+            .map(|&(pi, dev)| Capture {
+                seq: self.replay.level(pi, dev, Pool::Device).peak_seq,
+                process: pi,
+                device: dev,
+                pool: Pool::Device,
+                top: self.top,
+            })
+            .collect();
+        for (k, (set, count)) in later.into_iter().zip(capture(trace, &wants)?) {
+            self.peaks.insert(k, PeakSet::Taken(set, count));
+        }
+        Ok(())
     }
-    let moment = |(t, s): &(Vec<LiveTensor>, Vec<Segment>)| {
-        crate::tensors::moment(trace, t, s, opts.top, opts.frames, &names.0)
-    };
 
-    let syms: Vec<RefCell<StackSymbolizer>> = trace
-        .processes
-        .iter()
-        .map(|p| RefCell::new(StackSymbolizer::new(p)))
-        .collect();
-    let frames_of = |pi: usize, stack: u32| -> Vec<String> {
-        if opts.frames == 0 || stack == 0 {
+    /// The tensors and segments live at each tensor peak: still the live set at the end, or
+    /// taken by a pass of their own.
+    fn tensor_sets(&mut self, trace: &Trace) -> Result<TensorSets, Error> {
+        let mut tensor_sets = TensorSets::default();
+        for ((pi, dev), p) in std::mem::take(&mut self.tpeaks) {
+            let set = match p {
+                TensorPeak::Now => (
+                    self.tensors.live_set(pi, dev),
+                    crate::torch_replay::segments_of(&self.replay, pi, dev),
+                ),
+                TensorPeak::Taken(t, s) => (t, s),
+                TensorPeak::Later => {
+                    let (t, s, _) = crate::torch_replay::live_at(
+                        trace,
+                        pi,
+                        dev,
+                        self.tensors.level(pi, dev).peak_seq,
+                    )?;
+                    (t, s)
+                }
+            };
+            tensor_sets.insert((pi, dev), set);
+        }
+        Ok(tensor_sets)
+    }
+}
+
+/// What the summary shows of the live sets and failures the pass found: allocations with
+/// their names and frames, failures with PyTorch's numbers, tensor moments.
+struct Shown<'t> {
+    trace: &'t Trace,
+    t0: u64,
+    opts: SummaryOptions,
+    names: &'t Names,
+    syms: Vec<RefCell<StackSymbolizer<'t>>>,
+}
+
+impl<'t> Shown<'t> {
+    fn new(trace: &'t Trace, opts: SummaryOptions, names: &'t Names) -> Shown<'t> {
+        Shown {
+            trace,
+            t0: trace.start_ns(),
+            opts,
+            names,
+            syms: trace
+                .processes
+                .iter()
+                .map(|p| RefCell::new(StackSymbolizer::new(p)))
+                .collect(),
+        }
+    }
+
+    /// The tensors and segments of a tensor moment, as shown.
+    fn moment(&self, (t, s): &(Vec<LiveTensor>, Vec<Segment>)) -> TensorMoment {
+        crate::torch_replay::moment(
+            self.trace,
+            t,
+            s,
+            self.opts.top,
+            self.opts.frames,
+            &self.names.0,
+        )
+    }
+
+    /// The first frames of a stack, symbolised (none when frames are not asked for).
+    fn frames_of(&self, pi: usize, stack: u32) -> Vec<String> {
+        if self.opts.frames == 0 || stack == 0 {
             return Vec::new();
         }
-        syms[pi]
+        self.syms[pi]
             .borrow_mut()
             .stack(stack)
             .iter()
-            .take(opts.frames)
+            .take(self.opts.frames)
             .map(|f| f.to_string())
             .collect()
-    };
-    let item = |a: &LiveAlloc| -> AllocItem {
-        let p = &trace.processes[a.process];
+    }
+
+    /// One live allocation as shown.
+    fn item(&self, a: &LiveAlloc) -> AllocItem {
+        let p = &self.trace.processes[a.process];
         AllocItem {
             ptr: format!("{:#x}", a.event.ptr),
             size: a.event.size,
             api: a.event.api.name(),
-            t_s: rel(a.event.t_ns, t0),
+            t_s: rel(a.event.t_ns, self.t0),
             tid: a.event.tid,
             label: p.string(a.event.label).map(str::to_owned),
             tensor: a.annotation.as_ref().map(|n| p.tensor_name(n)),
             stack: a.event.stack,
-            frames: frames_of(a.process, a.event.stack),
+            frames: self.frames_of(a.process, a.event.stack),
         }
-    };
-    let failure = |pi: usize, f: &FailureAt| {
+    }
+
+    /// One failed allocation of process `pi` as shown.
+    fn failure(&self, pi: usize, f: &FailureAt) -> Failure {
         let e = &f.event;
         if let Some(torch) = f.torch {
             // The allocator refused: the request and PyTorch's numbers, the driver's total.
-            let p = &trace.processes[pi];
+            let p = &self.trace.processes[pi];
             return Failure {
-                t_s: rel(e.t_ns, t0),
+                t_s: rel(e.t_ns, self.t0),
                 api: "pytorch",
                 size: e.size,
                 result: 0,
@@ -570,31 +645,57 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                 label: None,
                 live_bytes: f.live_bytes,
                 live_count: f.live_count,
-                live: f.live.iter().map(item).collect(),
+                live: f.live.iter().map(|a| self.item(a)).collect(),
                 stack: e.stack,
-                frames: crate::tensors::python_frames(p, e.stack, opts.frames.max(1)),
+                frames: crate::torch_replay::python_frames(p, e.stack, self.opts.frames.max(1)),
                 torch: Some(torch),
-                tensors: f.tensors.as_ref().map(moment),
+                tensors: f.tensors.as_ref().map(|m| self.moment(m)),
             };
         }
         Failure {
-            t_s: rel(e.t_ns, t0),
+            t_s: rel(e.t_ns, self.t0),
             api: e.api.name(),
             size: e.size,
             result: e.result,
             error: crate::cu_result::describe(e.result),
             free_bytes: e.free_bytes,
             total_bytes: e.total_bytes,
-            label: trace.processes[pi].string(e.label).map(str::to_owned),
+            label: self.trace.processes[pi].string(e.label).map(str::to_owned),
             live_bytes: f.live_bytes,
             live_count: f.live_count,
-            live: f.live.iter().map(item).collect(),
+            live: f.live.iter().map(|a| self.item(a)).collect(),
             stack: e.stack,
-            frames: frames_of(pi, e.stack),
+            frames: self.frames_of(pi, e.stack),
             torch: None,
-            tensors: f.tensors.as_ref().map(moment),
+            tensors: f.tensors.as_ref().map(|m| self.moment(m)),
         }
-    };
+    }
+}
+
+/// Computes the summary of a trace in one streaming pass (two when a peak's live set was too
+/// costly to copy in the first).
+pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> {
+    let t0 = trace.start_ns();
+    let mut pass = Pass::new(opts.top);
+    trace.for_each_item(|pi, it| {
+        pass.item(trace, pi, it);
+        ControlFlow::Continue(())
+    })?;
+    pass.replay.check_overflow()?;
+    pass.settle_peaks(trace)?;
+    let tensor_sets = pass.tensor_sets(trace)?;
+    let Pass {
+        acc,
+        mut peaks,
+        replay,
+        tensors,
+        names,
+        ..
+    } = pass;
+    let shown = Shown::new(trace, opts, &names);
+    let moment = |m: &(Vec<LiveTensor>, Vec<Segment>)| shown.moment(m);
+    let item = |a: &LiveAlloc| shown.item(a);
+    let failure = |pi: usize, f: &FailureAt| shown.failure(pi, f);
 
     let acc: BTreeMap<(usize, i32), Acc> = acc.into_iter().collect();
     let mut processes = Vec::new();

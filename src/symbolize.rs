@@ -213,7 +213,7 @@ impl<'p> StackSymbolizer<'p> {
                 .iter()
                 .filter(|f| {
                     let (file, function) = (text(f.file), text(f.function));
-                    !crate::tensors::is_probe_frame(
+                    !crate::torch_replay::is_probe_frame(
                         file.as_deref().unwrap_or(""),
                         function.as_deref().unwrap_or(""),
                     )

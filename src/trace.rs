@@ -54,7 +54,7 @@ pub enum Item {
         name: u32,
     },
     /// A tensor allocated, freed or refused inside PyTorch's caching allocator (see
-    /// [`crate::tensors`]).
+    /// [`crate::torch_replay`]).
     Tensor(TensorEvent),
 }
 

@@ -321,3 +321,46 @@ fn a_finished_sample_trace_replays_to_its_end() {
         "in time order"
     );
 }
+
+/// The timeline plot folds a whole trace (`timeline::fold`) as the live source folds what it
+/// reads: the same devices, categories, samples and failures, update for update, on samples
+/// with one process, several processes, and failures.
+#[test]
+fn the_timeline_fold_matches_the_live_source() {
+    for name in [
+        "prefill-18gib",
+        "nvtx-multiprocess",
+        "torch-oom",
+        "nccl-stages",
+        "v2-torch-expandable",
+        "torch-async",
+    ] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("samples/h200")
+            .join(name);
+        let keep = |u: &Update| {
+            matches!(
+                u,
+                Update::Device(_)
+                    | Update::Categories { .. }
+                    | Update::Sample { .. }
+                    | Update::Failure(_)
+            )
+        };
+        let live: Vec<Update> = vramtrace::live::read_all(&dir)
+            .into_iter()
+            .filter(keep)
+            .collect();
+        let trace = vramtrace::Trace::open(&dir).unwrap();
+        let folded: Vec<Update> = vramtrace::timeline::fold(&trace)
+            .unwrap()
+            .into_iter()
+            .filter(keep)
+            .collect();
+        assert!(
+            live.iter().any(|u| matches!(u, Update::Sample { .. })),
+            "{name}: no samples"
+        );
+        assert_eq!(folded, live, "{name}");
+    }
+}

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use vramtrace::observe::At;
-use vramtrace::commands::{compare::parse_at, model::parse_range};
+use vramtrace::parse::{parse_at, parse_range};
 use vramtrace_models::units::parse_bytes;
 
 fuzz_target!(|data: &[u8]| {

@@ -15,7 +15,7 @@ use super::{
 use crate::Error;
 use crate::replay::{Pool, Replayer};
 use crate::symbolize::{Frame, StackSymbolizer};
-use crate::tensors::TensorReplay;
+use crate::torch_replay::TensorReplay;
 use crate::trace::{Item, Process, Trace};
 
 /// Where a moment is: a process, a device, and the replay index of an item (the moment is

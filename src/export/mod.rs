@@ -13,10 +13,7 @@
 //! Every exporter streams: it folds [`Trace::items`] as they come and holds only the live set,
 //! the stack table and (Parquet) one row group, never the whole trace.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
-
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::trace::Trace;
 
@@ -53,9 +50,18 @@ pub enum ExportError {
     Nothing(String),
 }
 
-/// Progress of a long export on stderr: a spinner with the count of items read, drawn only
-/// when stderr is a terminal (never into a log or a pipe).
-pub struct Progress(Option<ProgressBar>);
+/// Where an export's progress goes (the binary draws a spinner on stderr).
+pub trait ProgressSink {
+    /// Counts `n` more items read. Called often: it must be cheap.
+    fn inc(&self, n: u64);
+    /// Names the current pass and starts its count again.
+    fn pass(&self, what: &str);
+    /// The export is over: remove what was drawn.
+    fn finish(&self);
+}
+
+/// Progress of a long export: nothing ([`Progress::hidden`]) or a [`ProgressSink`].
+pub struct Progress(Option<Box<dyn ProgressSink>>);
 
 impl Progress {
     /// No progress output (tests, library callers).
@@ -63,22 +69,12 @@ impl Progress {
         Progress(None)
     }
 
-    /// A spinner on stderr named `what`, or nothing when stderr is not a terminal.
-    pub fn stderr(what: &str) -> Progress {
-        if !std::io::stderr().is_terminal() {
-            return Progress::hidden();
-        }
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            ProgressStyle::with_template("{spinner} {msg}: {human_pos} items ({per_sec}) {elapsed}")
-        {
-            bar.set_style(style);
-        }
-        bar.set_message(what.to_string());
-        Progress(Some(bar))
+    /// Progress reported to `sink`.
+    pub fn to(sink: Box<dyn ProgressSink>) -> Progress {
+        Progress(Some(sink))
     }
 
-    /// Counts `n` more items read. Cheap: the bar redraws at most a few times a second.
+    /// Counts `n` more items read.
     pub fn inc(&self, n: u64) {
         if let Some(b) = &self.0 {
             b.inc(n);
@@ -88,15 +84,14 @@ impl Progress {
     /// Names the current pass.
     pub fn pass(&self, what: &str) {
         if let Some(b) = &self.0 {
-            b.set_message(what.to_string());
-            b.set_position(0);
+            b.pass(what);
         }
     }
 
-    /// Removes the spinner.
+    /// Ends the progress output.
     pub fn finish(&self) {
         if let Some(b) = &self.0 {
-            b.finish_and_clear();
+            b.finish();
         }
     }
 }

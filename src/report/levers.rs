@@ -4,8 +4,7 @@
 
 use vramtrace_models::{DType, Variant, WeightFormat, kv_cache_per_token, weight_bytes};
 
-use crate::commands::model::{cliff_tokens, peaks_at};
-use crate::plots::resident_and_observed;
+use crate::cliff::{cliff_tokens, largest_peak_at, resident_and_observed};
 use crate::report::{Comparison, FailureReport, LiveSet, ModelInput};
 
 /// The KV cache dtype lever.
@@ -86,15 +85,11 @@ pub fn compute(
     live: &LiveSet,
     failure: Option<&FailureReport>,
     capacity: u64,
-) -> anyhow::Result<Levers> {
+) -> crate::Result<Levers> {
     let tokens: u64 = m.opts.seqlens.iter().sum::<u64>().max(1);
     let v = [c.variant];
-    let peak = |opts: &vramtrace_models::WorkloadOptions, t: u64| -> anyhow::Result<u64> {
-        Ok(peaks_at(&m.cfg, &v, opts, t)?
-            .into_iter()
-            .max()
-            .unwrap_or(0))
-    };
+    let peak =
+        |opts: &vramtrace_models::WorkloadOptions, t: u64| largest_peak_at(&m.cfg, &v, opts, t);
     let (resident, _) = resident_and_observed(&c.attribution);
     let budget = capacity.checked_sub(resident);
     let cliff = match budget {

@@ -5,7 +5,7 @@
 //! (what failed, where, why, what to change) and complete below; [`html::render`] turns that
 //! Markdown into one self-contained HTML file with the plots inline.
 //!
-//! Live allocations are put in the categories of the live view ([`crate::live::category`]):
+//! Live allocations are put in the categories of the live view ([`crate::categories::category`]):
 //! weights, KV cache (with the recurrent state kept between chunks), activations, other
 //! (ballast, reservations), unnamed. Within a category they are grouped by name and label with
 //! the numbers that index layers and chunks collapsed ([`crate::names::pattern`]).
@@ -21,13 +21,14 @@ use vramtrace_format::{EventKind, TensorAction};
 use vramtrace_models::{ModelConfig, Variant, Workload, WorkloadOptions};
 
 use crate::attribution::Attribution;
-use crate::live::{CATEGORIES, category};
+use crate::categories::{CATEGORIES, category};
+use crate::error::Error;
 use crate::names::pattern;
 use crate::observe::{At, observe};
 use crate::replay::{Pool, Replayer, Step};
 use crate::summary::{AllocItem, Failure, Summary, SummaryOptions, summarize};
 use crate::symbolize::StackSymbolizer;
-use crate::tensors::TensorMoment;
+use crate::torch_replay::TensorMoment;
 use crate::trace::{Item, Trace};
 
 pub use levers::Levers;
@@ -115,7 +116,7 @@ impl LiveSet {
         let mut groups: BTreeMap<(usize, String), (usize, u64)> = BTreeMap::new();
         for a in items {
             let name = a.tensor.as_deref().map(tensor_name);
-            let c = category(a.label.as_deref(), name);
+            let c = category(a.label.as_deref(), name).index();
             let e = &mut s.by_category[c];
             e.0 = e.0.saturating_add(a.size);
             e.1 += 1;
@@ -322,7 +323,7 @@ impl Report {
 }
 
 /// Builds the report of `trace`.
-pub fn build(trace: &Trace, opts: &ReportOptions) -> anyhow::Result<Report> {
+pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
     let summary = summarize(
         trace,
         SummaryOptions {
@@ -422,14 +423,14 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> anyhow::Result<Report> {
         for f in report.failures.iter_mut().take(MAX_COMPARED_FAILURES) {
             let pid = trace.processes[f.process].header.pid;
             let moment = observe(trace, Some(pid), Some(f.device), At::Failure(f.index))
-                .map_err(anyhow::Error::msg)?;
+                .map_err(Error::Moment)?;
             let mut c = compare(m, &workload, &moment)?;
             c.describe_held(&f.failure.live, f.failure.tensors.as_ref());
             f.comparison = Some(c);
         }
         match peak_comparison(trace, &report, m, &workload) {
             Ok(c) => report.peak_comparison = c,
-            Err(e) => report.peak_comparison_error = Some(format!("{e:#}")),
+            Err(e) => report.peak_comparison_error = Some(crate::error::with_causes(&e)),
         }
         let capacity = opts.capacity.map(|c| (c, true)).or_else(|| {
             let (pi, dev) = report
@@ -462,12 +463,12 @@ fn peak_comparison(
     report: &Report,
     m: &ModelInput,
     workload: &Workload,
-) -> anyhow::Result<Option<Comparison>> {
+) -> crate::Result<Option<Comparison>> {
     let Some(p) = report.highest_peak() else {
         return Ok(None);
     };
     let pid = trace.processes[p.process].header.pid;
-    let moment = observe(trace, Some(pid), Some(p.device), At::Peak).map_err(anyhow::Error::msg)?;
+    let moment = observe(trace, Some(pid), Some(p.device), At::Peak).map_err(Error::Moment)?;
     let mut c = compare(m, workload, &moment)?;
     if let Some(d) = report.device(p.process, p.device) {
         let tensors = d.tensors.as_ref().and_then(|t| t.at_peak.as_ref());
@@ -477,7 +478,7 @@ fn peak_comparison(
 }
 
 /// The levers at the first failure, or at the highest peak without one.
-fn levers_for(report: &Report, m: &ModelInput, capacity: u64) -> anyhow::Result<Levers> {
+fn levers_for(report: &Report, m: &ModelInput, capacity: u64) -> crate::Result<Levers> {
     let (comparison, live, failure) = match report.first_failure() {
         Some(f) => (
             f.comparison
@@ -489,11 +490,15 @@ fn levers_for(report: &Report, m: &ModelInput, capacity: u64) -> anyhow::Result<
         None => {
             let p = report
                 .highest_peak()
-                .ok_or_else(|| anyhow::anyhow!("the trace has no device allocation"))?;
+                .ok_or_else(|| Error::Unanswerable("the trace has no device allocation".into()))?;
             let c = match (&report.peak_comparison, &report.peak_comparison_error) {
                 (Some(c), _) => c,
-                (None, Some(e)) => anyhow::bail!("{e}"),
-                (None, None) => anyhow::bail!("the trace has no device allocation"),
+                (None, Some(e)) => return Err(Error::Unanswerable(e.to_string())),
+                (None, None) => {
+                    return Err(Error::Unanswerable(
+                        "the trace has no device allocation".into(),
+                    ));
+                }
             };
             (c, &p.live, None)
         }
@@ -506,16 +511,9 @@ fn compare(
     m: &ModelInput,
     workload: &Workload,
     moment: &crate::observe::ObservedMoment,
-) -> anyhow::Result<Comparison> {
-    let candidates: Vec<Variant> = if m.variant_given {
-        m.variants.clone()
-    } else {
-        Variant::ALL
-            .into_iter()
-            .filter(|v| m.variants.iter().any(|c| c.kernel() == v.kernel()))
-            .collect()
-    };
-    let (variant, _, attribution) = crate::plots::best_variant(&candidates, workload, moment, 1)?;
+) -> crate::Result<Comparison> {
+    let candidates = crate::cliff::candidates(&m.variants, m.variant_given);
+    let (variant, _, attribution) = crate::cliff::best_variant(&candidates, workload, moment, 1)?;
     let choice = if m.variant_given {
         "chosen with --variant".to_string()
     } else {
@@ -536,7 +534,7 @@ fn compare(
 /// traced live device bytes of every process on the same ordinal at that moment.
 type Across = BTreeMap<(usize, i32, usize), Vec<(u32, u64)>>;
 
-fn traced_at_failures(trace: &Trace) -> anyhow::Result<Across> {
+fn traced_at_failures(trace: &Trace) -> crate::Result<Across> {
     let mut replay = Replayer::new();
     let mut counts: BTreeMap<(usize, i32), usize> = BTreeMap::new();
     let mut out = Across::new();

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::diff::{DEFAULT_FRAMES, DiffOptions, diff, render};
-use crate::trace::Trace;
+use vramtrace::diff::{DEFAULT_FRAMES, DiffOptions, diff, render};
+use vramtrace::trace::Trace;
 
 /// Arguments of `vramtrace diff`.
 #[derive(clap::Args, Debug)]
@@ -29,9 +29,9 @@ pub struct DiffArgs {
 /// Runs `vramtrace diff`.
 pub fn run(args: DiffArgs) -> anyhow::Result<i32> {
     let a = Trace::open(&args.a)?;
-    crate::trace::warn_unreadable(&a);
+    vramtrace::trace::warn_unreadable(&a);
     let b = Trace::open(&args.b)?;
-    crate::trace::warn_unreadable(&b);
+    vramtrace::trace::warn_unreadable(&b);
     let d = diff(
         &a,
         &b,

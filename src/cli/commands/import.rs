@@ -20,7 +20,7 @@ pub struct ImportArgs {
 
 /// Runs `vramtrace import`.
 pub fn run(args: ImportArgs) -> anyhow::Result<i32> {
-    let (path, n) = crate::import::import(&args.snapshot, &args.out, args.pid)?;
+    let (path, n) = vramtrace::import::import(&args.snapshot, &args.out, args.pid)?;
     eprintln!(
         "vramtrace: imported {}: {} segment(s), {} tensor allocation(s), {} free(s), {} out-of-memory entr{} on {} device(s) into {}",
         args.snapshot.display(),

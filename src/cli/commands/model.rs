@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
+use vramtrace::cliff::{cliff_tokens, default_step, largest_peak_at, peaks_at};
+use vramtrace::parse::parse_range;
 
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_models::{
@@ -252,53 +254,9 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Parses `--sweep T0..T1`: whole token counts from 1 up to
-/// [`vramtrace_models::MAX_TOKENS`], in order.
-pub fn parse_range(s: &str) -> anyhow::Result<(u64, u64)> {
-    let (a, b) = s.split_once("..").with_context(|| {
-        format!("--sweep {s:?} is not a range; write it as T0..T1, e.g. 1024..65536")
-    })?;
-    let a: u64 = a
-        .trim()
-        .parse()
-        .with_context(|| format!("{a:?} is not a token count"))?;
-    let b: u64 = b
-        .trim()
-        .parse()
-        .with_context(|| format!("{b:?} is not a token count"))?;
-    if a == 0 || b < a {
-        bail!("--sweep {s:?} must go from at least 1 token up to a larger count");
-    }
-    if b > vramtrace_models::MAX_TOKENS {
-        bail!(
-            "--sweep {s:?} goes past {} tokens (2^40), the most the models accept",
-            vramtrace_models::MAX_TOKENS
-        );
-    }
-    Ok((a, b))
-}
-
 /// The most rows one `--sweep` prints; a finer step over a wide range is refused, not ground
 /// through (each row is a full prediction).
 pub const MAX_SWEEP_ROWS: u64 = 10_000;
-
-/// The peak of each variant for one sequence of `tokens`.
-pub fn peaks_at(
-    cfg: &ModelConfig,
-    variants: &[Variant],
-    opts: &WorkloadOptions,
-    tokens: u64,
-) -> anyhow::Result<Vec<u64>> {
-    let o = WorkloadOptions {
-        seqlens: vec![tokens],
-        ..opts.clone()
-    };
-    let w = Workload::from_config(cfg, &o)?;
-    variants
-        .iter()
-        .map(|v| Ok(peak(&v.tensors(&w)?).bytes))
-        .collect()
-}
 
 fn sweep(
     cfg: &ModelConfig,
@@ -381,12 +339,7 @@ fn cliff(
             fmt_bytes(capacity)
         );
     };
-    let peak_of = |t: u64| -> anyhow::Result<u64> {
-        Ok(peaks_at(cfg, variants, opts, t)?
-            .into_iter()
-            .max()
-            .unwrap_or(0))
-    };
+    let peak_of = |t: u64| largest_peak_at(cfg, variants, opts, t);
     let cliff = cliff_tokens(cfg, variants, opts, budget)?;
     let names: Vec<&str> = variants.iter().map(|v| v.name()).collect();
     match cliff {
@@ -436,55 +389,6 @@ fn cliff(
         }
     }
     Ok(0)
-}
-
-/// The step `model --sweep` uses between T0 and T1 when none is given: a multiple of 64
-/// giving about 32 rows.
-pub fn default_step(t0: u64, t1: u64) -> u64 {
-    ((t1 - t0) / 32).div_ceil(64).max(1) * 64
-}
-
-/// The first token count (one sequence) whose largest variant peak exceeds `budget` bytes, or
-/// `None` below 2^40 tokens: what `model --capacity --resident` reports.
-pub fn cliff_tokens(
-    cfg: &ModelConfig,
-    variants: &[Variant],
-    opts: &WorkloadOptions,
-    budget: u64,
-) -> anyhow::Result<Option<u64>> {
-    let peak_of = |t: u64| -> anyhow::Result<u64> {
-        Ok(peaks_at(cfg, variants, opts, t)?
-            .into_iter()
-            .max()
-            .unwrap_or(0))
-    };
-    // Every modelled peak grows with the token count, so the first failing count is found by
-    // doubling, then bisecting.
-    let mut cliff = None;
-    if peak_of(1)? > budget {
-        cliff = Some(1);
-    } else {
-        let (mut lo, mut hi) = (1u64, 2u64);
-        while peak_of(hi)? <= budget {
-            lo = hi;
-            hi = hi.saturating_mul(2);
-            if hi > 1 << 40 {
-                break;
-            }
-        }
-        if hi <= 1 << 40 {
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                if peak_of(mid)? > budget {
-                    hi = mid
-                } else {
-                    lo = mid
-                }
-            }
-            cliff = Some(hi);
-        }
-    }
-    Ok(cliff)
 }
 
 fn tensor_json(t: &Tensor, kernel: Kernel, variant: Variant) -> Value {

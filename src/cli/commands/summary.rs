@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::summary::{SummaryOptions, render, summarize};
-use crate::trace::Trace;
+use vramtrace::summary::{SummaryOptions, render, summarize};
+use vramtrace::trace::Trace;
 
 /// Arguments of `vramtrace summary`.
 #[derive(clap::Args, Debug)]
@@ -14,7 +14,7 @@ pub struct SummaryArgs {
     #[arg(long)]
     pub json: bool,
     /// How many of the largest live allocations to list at a peak or failure.
-    #[arg(long, default_value_t = crate::summary::DEFAULT_TOP)]
+    #[arg(long, default_value_t = vramtrace::summary::DEFAULT_TOP)]
     pub top: usize,
     /// How many symbolised frames to show per listed allocation (0: none).
     #[arg(long, default_value_t = 8)]

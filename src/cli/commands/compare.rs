@@ -4,13 +4,13 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
-
-use crate::attribution::{Attribution, attribute};
 use crate::commands::model::KernelArgs;
-use crate::names::pattern;
-use crate::observe::{At, ObservedMoment, observe};
-use crate::trace::Trace;
+use vramtrace::attribution::Attribution;
+use vramtrace::cliff;
+use vramtrace::names::pattern;
+use vramtrace::observe::{ObservedMoment, observe};
+use vramtrace::parse::parse_at;
+use vramtrace::trace::Trace;
 use vramtrace_models::units::fmt_bytes;
 use vramtrace_models::{Variant, Workload};
 
@@ -46,92 +46,20 @@ pub struct CompareArgs {
     pub json: bool,
 }
 
-/// Parses `--at`: `peak`, `oom`, `oom:N` or a window `T0..T1` of seconds into the trace. A
-/// window's ends must be finite, not negative and in order; anything else is an error that says
-/// what to write.
-pub fn parse_at(s: &str) -> anyhow::Result<At> {
-    if s == "peak" {
-        return Ok(At::Peak);
-    }
-    if s == "oom" {
-        return Ok(At::Failure(0));
-    }
-    if let Some(n) = s.strip_prefix("oom:") {
-        return Ok(At::Failure(
-            n.parse()
-                .with_context(|| format!("--at {s}: N must be a whole number"))?,
-        ));
-    }
-    if let Some((a, b)) = s.split_once("..") {
-        let secs = |x: &str| -> anyhow::Result<f64> {
-            let v: f64 = x
-                .trim()
-                .parse()
-                .with_context(|| format!("--at {s}: {x:?} is not a number of seconds"))?;
-            if !v.is_finite() || !(0.0..=MAX_WINDOW_S).contains(&v) {
-                bail!(
-                    "--at {s}: {x:?} is not a time in the trace; write seconds from 0 to {MAX_WINDOW_S}, e.g. --at 1.5..2"
-                );
-            }
-            Ok(v)
-        };
-        let (a, b) = (secs(a)?, secs(b)?);
-        if b < a {
-            bail!("--at {s}: the window ends before it starts");
-        }
-        return Ok(At::Window(a, b));
-    }
-    bail!("--at takes peak, oom, oom:N or T0..T1 (seconds), not {s:?}")
-}
-
-/// The latest second a window may name: about 292 years, the span of `u64` nanoseconds, so a
-/// window's ends always convert to trace times exactly.
-pub const MAX_WINDOW_S: f64 = 1.8e10;
-
 /// Runs `vramtrace compare`.
 pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let at = parse_at(&args.at)?;
     let (cfg, variants, opts) = args.select.resolve(&args.config)?;
     let workload = Workload::from_config(&cfg, &opts)?;
     let trace = Trace::open(&args.trace)?;
-    crate::trace::warn_unreadable(&trace);
+    vramtrace::trace::warn_unreadable(&trace);
     let m = observe(&trace, args.pid, args.device, at).map_err(anyhow::Error::msg)?;
     let align = args.align.max(1);
     // One variant named: that one. Otherwise every variant of the kernels asked for (all by
     // default) is set beside the moment, and the one that explains the most bytes is reported;
     // ties go to the order `--help` lists them in.
-    let candidates: Vec<Variant> = if args.select.variant.is_some() {
-        variants
-    } else {
-        Variant::ALL
-            .into_iter()
-            .filter(|v| variants.iter().any(|c| c.kernel() == v.kernel()))
-            .collect()
-    };
-    let mut best: Option<(Variant, Attribution)> = None;
-    let mut first_error = None;
-    for v in &candidates {
-        let tensors = match v.tensors(&workload) {
-            Ok(t) => t,
-            Err(e) => {
-                first_error.get_or_insert(e);
-                continue;
-            }
-        };
-        let a = attribute(&tensors, m.observed.clone(), align, m.moment);
-        if best
-            .as_ref()
-            .is_none_or(|(_, b)| a.attributed_bytes > b.attributed_bytes)
-        {
-            best = Some((*v, a));
-        }
-    }
-    let Some((variant, a)) = best else {
-        return Err(match first_error {
-            Some(e) => anyhow::Error::from(e),
-            None => anyhow::anyhow!("no model variant to compare with"),
-        });
-    };
+    let candidates = cliff::candidates(&variants, args.select.variant.is_some());
+    let (variant, _, a) = cliff::best_variant(&candidates, &workload, &m, align)?;
     let variant = &variant;
     let choice = if candidates.len() > 1 {
         format!(
@@ -203,10 +131,10 @@ pub fn render(
             Some(oi) => {
                 let o = &a.observed[oi];
                 let how = match r.matched_by {
-                    Some(crate::attribution::MatchedBy::Label) => "label",
-                    Some(crate::attribution::MatchedBy::Frame) => "frame+size",
-                    Some(crate::attribution::MatchedBy::OrderAndSize) => "order+size",
-                    Some(crate::attribution::MatchedBy::Size) => "size",
+                    Some(vramtrace::attribution::MatchedBy::Label) => "label",
+                    Some(vramtrace::attribution::MatchedBy::Frame) => "frame+size",
+                    Some(vramtrace::attribution::MatchedBy::OrderAndSize) => "order+size",
+                    Some(vramtrace::attribution::MatchedBy::Size) => "size",
                     None => "",
                 };
                 let what = if o.failed {
@@ -222,14 +150,15 @@ pub fn render(
                 )
             }
             None => {
-                let why =
-                    if m.moment == crate::attribution::Moment::Peak && !r.live_at_predicted_peak {
-                        "(not live at the predicted peak)"
-                    } else if r.evidence.is_some() {
-                        "(not matched)"
-                    } else {
-                        "(not observed)"
-                    };
+                let why = if m.moment == vramtrace::attribution::Moment::Peak
+                    && !r.live_at_predicted_peak
+                {
+                    "(not live at the predicted peak)"
+                } else if r.evidence.is_some() {
+                    "(not matched)"
+                } else {
+                    "(not observed)"
+                };
                 ("-".to_string(), "-".to_string(), "", why.to_string())
             }
         };
@@ -306,7 +235,7 @@ pub fn render(
     if let Some(n) = &ev.other_implementation {
         let _ = writeln!(out, "  {n}");
     }
-    if m.moment == crate::attribution::Moment::Failure {
+    if m.moment == vramtrace::attribution::Moment::Failure {
         match a.failed_tensor {
             Some(ti) => {
                 let r = &a.rows[ti];

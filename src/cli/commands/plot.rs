@@ -4,10 +4,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::commands::compare::parse_at;
-use crate::commands::model::{KernelArgs, parse_range};
-use crate::plots;
-use crate::trace::Trace;
+use crate::commands::model::KernelArgs;
+use vramtrace::cliff;
+use vramtrace::parse::{parse_at, parse_range};
+use vramtrace::plots;
+use vramtrace::trace::Trace;
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_models::{Variant, Workload, peak};
 use vramtrace_viewer::plot::{PlotFormat, plot_breakdown, plot_cliff, plot_timeline};
@@ -90,14 +91,7 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
     };
     // Model and observed moment, when both are at hand.
     let candidates = |variants: Vec<Variant>| -> Vec<Variant> {
-        if args.select.variant.is_some() {
-            variants
-        } else {
-            Variant::ALL
-                .into_iter()
-                .filter(|v| variants.iter().any(|c| c.kernel() == v.kernel()))
-                .collect()
-        }
+        cliff::candidates(&variants, args.select.variant.is_some())
     };
     match args.kind.as_str() {
         "timeline" => {
@@ -106,15 +100,18 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
                 .title
                 .clone()
                 .unwrap_or_else(|| format!("{}: live device bytes by category", trace_name(dir)));
-            let predicted = match &args.config {
-                None => None,
+            let (trace, predicted) = match &args.config {
+                None => {
+                    plots::check_hide(&args.hide)?;
+                    (Trace::open(dir)?, None)
+                }
                 Some(config) => {
                     let (cfg, variants, opts) = args.select.resolve(config)?;
                     let workload = Workload::from_config(&cfg, &opts)?;
                     let trace = Trace::open(dir)?;
                     let m = plots::observe_at(&trace, args.pid, args.device, at)?;
                     let (v, tensors, a) =
-                        plots::best_variant(&candidates(variants), &workload, &m, args.align)?;
+                        cliff::best_variant(&candidates(variants), &workload, &m, args.align)?;
                     let p =
                         a.observed_bytes.saturating_sub(a.attributed_bytes) + peak(&tensors).bytes;
                     if args.title.is_none() {
@@ -125,10 +122,10 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
                             v.name()
                         ));
                     }
-                    Some(p)
+                    (trace, Some(p))
                 }
             };
-            let plot = plots::timeline(dir, &title, args.capacity, predicted, &args.hide)?;
+            let plot = plots::timeline(&trace, dir, &title, args.capacity, predicted, &args.hide)?;
             plot_timeline(&plot, &args.output)?;
         }
         "breakdown" => {
@@ -137,9 +134,9 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
             let (cfg, variants, opts) = args.select.resolve(config)?;
             let workload = Workload::from_config(&cfg, &opts)?;
             let trace = Trace::open(dir)?;
-            crate::trace::warn_unreadable(&trace);
+            vramtrace::trace::warn_unreadable(&trace);
             let m = plots::observe_at(&trace, args.pid, args.device, at)?;
-            let (v, _, a) = plots::best_variant(&candidates(variants), &workload, &m, args.align)?;
+            let (v, _, a) = cliff::best_variant(&candidates(variants), &workload, &m, args.align)?;
             let mut plot = plots::breakdown(&cfg.display_name(), &args.at, v, &m, &a);
             if let Some(t) = &args.title {
                 plot.title = t.clone();
@@ -163,11 +160,11 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
             if let Some(dir) = &args.trace {
                 let workload = Workload::from_config(&cfg, &opts)?;
                 let trace = Trace::open(dir)?;
-                crate::trace::warn_unreadable(&trace);
+                vramtrace::trace::warn_unreadable(&trace);
                 let m = plots::observe_at(&trace, args.pid, args.device, at)?;
                 let (_, _, a) =
-                    plots::best_variant(&candidates(variants.clone()), &workload, &m, args.align)?;
-                let (r, total) = plots::resident_and_observed(&a);
+                    cliff::best_variant(&candidates(variants.clone()), &workload, &m, args.align)?;
+                let (r, total) = cliff::resident_and_observed(&a);
                 if args.resident == "auto" {
                     resident = r;
                 }

@@ -8,9 +8,9 @@ use std::os::unix::fs::DirBuilderExt;
 
 use anyhow::{Context, bail};
 
-use crate::preload;
-use crate::summary::{SummaryOptions, render, summarize};
-use crate::trace::Trace;
+use crate::launch;
+use vramtrace::summary::{SummaryOptions, render, summarize};
+use vramtrace::trace::Trace;
 use vramtrace_models::units::parse_bytes;
 
 /// Arguments of `vramtrace run`.
@@ -62,16 +62,16 @@ pub struct RunArgs {
 
 /// Runs `vramtrace run`.
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    let preload = preload::locate(args.preload.as_deref())?;
+    let preload = launch::locate(args.preload.as_deref())?;
     let out = match &args.out {
         Some(dir) => prepare_out_dir(dir)?,
         None => new_out_dir(&args.command[0])?,
     };
-    let opts = preload::Options {
+    let opts = launch::Options {
         stacks: !args.no_stacks,
     };
     let mut env = if args.simulate {
-        preload::stand_in_env(&out, args.capacity)?
+        launch::stand_in_env(&out, args.capacity)?
     } else {
         Vec::new()
     };
@@ -80,10 +80,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let pipe = StatusPipe::new()?;
     env.push(pipe.env());
     let status = if args.live && crate::commands::live::terminal_ok() {
-        let cmd = preload::traced_command(&preload, &out, &args.command, &env, opts)?;
+        let cmd = launch::traced_command(&preload, &out, &args.command, &env, opts)?;
         crate::commands::live::run_with_view(cmd, &args.command[0], &out, args.capacity)?
     } else {
-        preload::run_traced(&preload, &out, &args.command, &env, opts)?
+        launch::run_traced(&preload, &out, &args.command, &env, opts)?
     };
     let stopped = pipe.finish();
     let code = report_exit(&args.command[0], status);
@@ -223,7 +223,7 @@ fn torch_probe_env(preload: &Path, args: &RunArgs) -> anyhow::Result<Vec<(OsStri
     };
     let mut env = vec![(
         "PYTHONPATH".into(),
-        preload::searched_first(&dir, "PYTHONPATH"),
+        launch::searched_first(&dir, "PYTHONPATH"),
     )];
     if args.torch_shapes {
         env.push(("VRAMTRACE_TORCH_SHAPES".into(), "1".into()));

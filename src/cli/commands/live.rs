@@ -1,5 +1,5 @@
 //! `vramtrace live DIR` and `vramtrace run --live`: the live terminal view over a trace
-//! directory (see [`crate::live`] for how it is followed).
+//! directory (see [`vramtrace::live`] for how it is followed).
 
 use std::ffi::OsStr;
 use std::io::IsTerminal;
@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::live::{DirSource, LiveOptions};
-use crate::preload;
+use crate::launch;
+use vramtrace::live::{DirSource, LiveOptions};
 use vramtrace_models::units::parse_bytes;
 use vramtrace_viewer::model::{LiveSnapshot, SnapshotQuery, Update};
 use vramtrace_viewer::tui::{self, LiveSource, RunOptions, ViewOptions};
@@ -43,7 +43,7 @@ pub fn run(args: LiveArgs) -> anyhow::Result<i32> {
             args.dir.display()
         );
     }
-    let mut source = DirSource::new(
+    let source = DirSource::new(
         &args.dir,
         LiveOptions {
             top: args.top,
@@ -51,6 +51,12 @@ pub fn run(args: LiveArgs) -> anyhow::Result<i32> {
             ..LiveOptions::default()
         },
     );
+    // NVML is opened only when asked for.
+    let mut source = if args.no_nvml {
+        source
+    } else {
+        source.with_device_memory(crate::nvml::open())
+    };
     view(&mut source, &args.dir, args.capacity)?;
     Ok(0)
 }
@@ -154,7 +160,7 @@ pub fn run_with_view(
         })
     };
     let mut source = RunSource {
-        inner: DirSource::new(dir, LiveOptions::default()),
+        inner: DirSource::new(dir, LiveOptions::default()).with_device_memory(crate::nvml::open()),
         status: status.clone(),
         said: false,
         command: program.to_string_lossy().into_owned(),
@@ -167,7 +173,7 @@ pub fn run_with_view(
             program.to_string_lossy()
         );
     }
-    let _guard = preload::IgnoreInterrupts::start();
+    let _guard = launch::IgnoreInterrupts::start();
     let st = waiter
         .join()
         .map_err(|_| anyhow::anyhow!("the thread waiting for the command panicked"))?

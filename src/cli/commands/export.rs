@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::export::{
-    FlamegraphOptions, Progress, SnapshotOptions, Weight, export_flamegraph, export_parquet,
-    export_perfetto, export_pytorch, has_items,
+use vramtrace::export::{
+    FlamegraphOptions, SnapshotOptions, Weight, export_flamegraph, export_parquet, export_perfetto,
+    export_pytorch, has_items,
 };
-use crate::trace::Trace;
+use vramtrace::trace::Trace;
 
 /// The export formats.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub struct ExportArgs {
     pub pid: Option<u32>,
     /// pytorch: keep only the newest N entries of each device trace, as PyTorch's own history
     /// does (0: keep all; each entry repeats its stack, so a long trace makes a large file).
-    #[arg(long, value_name = "N", default_value_t = crate::export::pytorch::DEFAULT_MAX_ENTRIES)]
+    #[arg(long, value_name = "N", default_value_t = vramtrace::export::pytorch::DEFAULT_MAX_ENTRIES)]
     pub max_entries: u64,
     /// flamegraph: how stacks are weighed.
     #[arg(long, value_enum, default_value = "peak")]
@@ -139,7 +139,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
                 taken.join(", ")
             );
         }
-        let progress = Progress::stderr("parquet");
+        let progress = crate::progress::stderr("parquet");
         let n = export_parquet(&trace, out, &progress)
             .with_context(|| format!("exporting to {}", out.display()))?;
         progress.finish();
@@ -166,7 +166,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let what = match args.format {
         Format::Parquet => unreachable!("handled above"),
         Format::Pytorch => {
-            let progress = Progress::stderr("pytorch");
+            let progress = crate::progress::stderr("pytorch");
             let opts = SnapshotOptions {
                 pid: args.pid,
                 max_entries: (args.max_entries > 0).then_some(args.max_entries),
@@ -190,7 +190,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
             )
         }
         Format::Perfetto => {
-            let progress = Progress::stderr("perfetto");
+            let progress = crate::progress::stderr("perfetto");
             let n = export_perfetto(&trace, &mut w, &progress);
             progress.finish();
             let n = remove_on_error(
@@ -212,7 +212,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
                 folded: args.folded,
                 title: None,
             };
-            let progress = Progress::stderr("flamegraph");
+            let progress = crate::progress::stderr("flamegraph");
             let n = export_flamegraph(&trace, &opts, &mut w, &progress);
             progress.finish();
             let n = remove_on_error(

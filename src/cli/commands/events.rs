@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::events::write_events;
-use crate::trace::Trace;
+use vramtrace::events::write_events;
+use vramtrace::trace::Trace;
 
 /// Arguments of `vramtrace events`.
 #[derive(clap::Args, Debug)]
@@ -21,7 +21,7 @@ pub struct EventsArgs {
 /// Runs `vramtrace events`.
 pub fn run(args: EventsArgs) -> anyhow::Result<i32> {
     let trace = Trace::open(&args.trace)?;
-    crate::trace::warn_unreadable(&trace);
+    vramtrace::trace::warn_unreadable(&trace);
     for p in &trace.processes {
         for prob in &p.problems {
             eprintln!("vramtrace: warning: {}: {prob}", p.path.display());

@@ -1,11 +1,17 @@
 //! The `vramtrace` command line: parse, hand off to one action per subcommand, exit with its code.
 
+mod args;
+mod commands;
+mod launch;
+mod nvml;
+mod progress;
+
 use clap::Parser;
 
 fn main() {
     restore_sigpipe();
-    let cli = vramtrace::cli::Cli::parse();
-    match vramtrace::cli::dispatch(cli) {
+    let cli = crate::args::Cli::parse();
+    match crate::args::dispatch(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("vramtrace: error: {e:#}");

@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::attribution::Moment;
 use crate::commands::model::KernelArgs;
-use crate::observe::ObservedMoment;
-use crate::plots;
-use crate::report::markdown::Images;
-use crate::report::{self, ModelInput, Report, ReportOptions};
-use crate::trace::Trace;
+use vramtrace::attribution::Moment;
+use vramtrace::observe::ObservedMoment;
+use vramtrace::plots;
+use vramtrace::report::markdown::Images;
+use vramtrace::report::{self, ModelInput, Report, ReportOptions};
+use vramtrace::trace::Trace;
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_viewer::model::{BreakdownPlot, BreakdownRow};
 use vramtrace_viewer::plot::{plot_breakdown, plot_cliff, plot_timeline};
@@ -83,7 +83,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             return Ok(1);
         }
     };
-    crate::trace::warn_unreadable(&trace);
+    vramtrace::trace::warn_unreadable(&trace);
     let r = report::build(
         &trace,
         &ReportOptions {
@@ -103,7 +103,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             } else {
                 out.clone()
             };
-            let names = draw(&args, &r, &dir);
+            let names = draw(&args, &trace, &r, &dir);
             if args.html {
                 let inline = |n: Option<String>| {
                     n.and_then(|n| std::fs::read(dir.join(&n)).ok())
@@ -147,13 +147,14 @@ fn write_out(args: &ReportArgs, title: &str, md: &str) -> anyhow::Result<()> {
 }
 
 /// Draws the plots into `dir`; a plot that cannot be drawn is left out with a warning.
-fn draw(args: &ReportArgs, r: &Report, dir: &Path) -> Images {
+fn draw(args: &ReportArgs, trace: &Trace, r: &Report, dir: &Path) -> Images {
     let mut images = Images::default();
     let warn =
         |what: &str, e: anyhow::Error| eprintln!("vramtrace: warning: no {what} plot: {e:#}");
     let capacity = r.capacity.map(|c| c.0).or(args.capacity);
     let title = format!("{}: live device bytes by category", r.title);
-    match plots::timeline(&args.trace, &title, capacity, None, &args.hide)
+    match plots::timeline(trace, &args.trace, &title, capacity, None, &args.hide)
+        .map_err(anyhow::Error::from)
         .and_then(|p| Ok(plot_timeline(&p, &dir.join("timeline.png"))?))
     {
         Ok(()) => images.timeline = Some("timeline.png".into()),
@@ -167,7 +168,7 @@ fn draw(args: &ReportArgs, r: &Report, dir: &Path) -> Images {
         let c = r
             .first_failure()
             .and_then(|f| f.comparison.as_ref())
-            .map(|c| plots::resident_and_observed(&c.attribution).1);
+            .map(|c| vramtrace::cliff::resident_and_observed(&c.attribution).1);
         let observed = c.map(|total| vec![(l.tokens, total)]).unwrap_or_default();
         let title = format!(
             "{} ({}): resident {} + kernel peak vs {}",
@@ -186,6 +187,7 @@ fn draw(args: &ReportArgs, r: &Report, dir: &Path) -> Images {
             l.resident,
             observed,
         )
+        .map_err(anyhow::Error::from)
         .and_then(|c| Ok(plot_cliff(&c, &dir.join("cliff.png"))?))
         {
             Ok(()) => images.cliff = Some("cliff.png".into()),

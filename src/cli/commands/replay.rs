@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use vramtrace_models::units::{fmt_bytes, fmt_secs, parse_bytes};
 
-use crate::symbolize::StackSymbolizer;
-use crate::trace::Trace;
-use crate::whatif::{WhatIf, WhatIfOptions, what_if};
+use vramtrace::symbolize::StackSymbolizer;
+use vramtrace::trace::Trace;
+use vramtrace::whatif::{WhatIf, WhatIfOptions, what_if};
 
 /// Arguments of `vramtrace replay`.
 #[derive(clap::Args, Debug)]

@@ -9,18 +9,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::attribution::{Moment, attribute};
 use crate::commands::compare::render;
 use crate::commands::run::{new_out_dir, prepare_out_dir, report_exit};
-use crate::observe::{At, observe};
-use crate::preload;
-use crate::summary::{SummaryOptions, render as render_summary, summarize};
-use crate::trace::Trace;
+use crate::launch;
+use vramtrace::attribution::{Moment, attribute};
+use vramtrace::observe::{At, observe};
+use vramtrace::summary::{SummaryOptions, render as render_summary, summarize};
+use vramtrace::trace::Trace;
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_models::{ModelConfig, Variant, Workload, WorkloadOptions};
 
 /// The config the demo uses unless told otherwise (shipped in `samples/models/`).
-const QWEN36_27B: &str = include_str!("../../samples/models/Qwen3.6-27B/config.json");
+const QWEN36_27B: &str = include_str!("../../../samples/models/Qwen3.6-27B/config.json");
 /// The workload binary, expected next to `vramtrace`.
 const WORKLOAD: &str = "vramtrace-workload";
 /// The name the workload gives the allocation that shrinks a real card to `--capacity`.
@@ -67,7 +67,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             workload.display()
         );
     }
-    let preload = preload::locate(None)?;
+    let preload = launch::locate(None)?;
     let out = match &args.out {
         Some(d) => prepare_out_dir(d)?,
         None => new_out_dir("demo".as_ref())?,
@@ -108,7 +108,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
             fmt_bytes(args.capacity)
         );
     } else {
-        env = preload::stand_in_env(&out, Some(args.capacity))?;
+        env = launch::stand_in_env(&out, Some(args.capacity))?;
         cmd.push("--simulate".into());
         eprintln!(
             "vramtrace demo: no GPU{}: the same allocations on the stand-in driver, a {} card",
@@ -129,13 +129,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         out.display()
     );
     let started = std::time::Instant::now();
-    let status = preload::run_traced(
-        &preload,
-        &out,
-        &cmd,
-        &env,
-        preload::Options { stacks: true },
-    )?;
+    let status = launch::run_traced(&preload, &out, &cmd, &env, launch::Options { stacks: true })?;
     let code = report_exit(cmd[0].as_os_str(), status);
     eprintln!(
         "vramtrace demo: the workload exited with {code} after {:.1} s",

@@ -1,0 +1,128 @@
+//! The environment (driver, devices, processes) and how to read the report.
+
+use super::*;
+
+pub(super) fn environment(out: &mut String, r: &Report) {
+    let _ = writeln!(out, "## Environment\n");
+    let procs = &r.summary.processes;
+    let hosts: Vec<&str> = {
+        let mut h: Vec<&str> = r
+            .host_names
+            .iter()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
+        h.dedup();
+        h
+    };
+    if !hosts.is_empty() {
+        let _ = writeln!(out, "- Host: {}", hosts.join(", "));
+    }
+    if let Some(s) = &r.started {
+        let _ = writeln!(out, "- Recorded: {s}");
+    }
+    let mut versions: Vec<i32> = procs.iter().filter_map(|p| p.driver_version).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    if versions.is_empty() {
+        let _ = writeln!(out, "- Driver: no process reported its driver version");
+    } else {
+        let _ = writeln!(
+            out,
+            "- Driver: CUDA {} (what `cuDriverGetVersion` reported); the NVIDIA driver's release number is not in the trace",
+            versions
+                .iter()
+                .map(|v| format!("{}.{} ({v})", v / 1000, (v % 1000) / 10))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let mut gpus: Vec<(i32, String, Option<u64>, Vec<u32>)> = Vec::new();
+    for p in procs {
+        for d in &p.devices {
+            let name = d.name.clone().unwrap_or_else(|| "?".into());
+            match gpus
+                .iter_mut()
+                .find(|g| g.0 == d.device && g.1 == name && g.2 == d.total_bytes)
+            {
+                Some(g) => g.3.push(p.pid),
+                None => gpus.push((d.device, name, d.total_bytes, vec![p.pid])),
+            }
+        }
+    }
+    gpus.sort_by_key(|g| g.0);
+    if !gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n| GPU | name | total | used by pids |\n| --- | --- | ---: | --- |"
+        );
+        for (o, n, t, pids) in &gpus {
+            let _ = writeln!(
+                out,
+                "| cuda:{o} | {} | {} | {} |",
+                cell(n),
+                t.map(both).unwrap_or_else(|| "?".into()),
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nOrdinals are as each process saw them (after `CUDA_VISIBLE_DEVICES`); processes that list the same ordinal are taken to share the device."
+        );
+    }
+    if !procs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n| pid | parent | rank / worker | program | trace file |\n| ---: | ---: | --- | --- | --- |"
+        );
+        for p in procs {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                p.pid,
+                p.ppid,
+                rank_of(&p.command).unwrap_or_default(),
+                code(&cell(&program(p))),
+                code(&cell(
+                    std::path::Path::new(&p.file)
+                        .file_name()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                        .as_str()
+                ))
+            );
+        }
+        let _ = writeln!(out, "\nCommand lines:\n\n```text");
+        for p in procs {
+            let _ = writeln!(out, "{}: {}", p.pid, p.command.join(" "));
+        }
+        let _ = writeln!(out, "```\n");
+    }
+    let problems: Vec<(u32, &String)> = procs
+        .iter()
+        .flat_map(|p| p.problems.iter().map(move |x| (p.pid, x)))
+        .collect();
+    if !problems.is_empty() {
+        let _ = writeln!(out, "Trace problems (the rest of each file was read):\n");
+        for (pid, x) in problems {
+            let _ = writeln!(out, "- pid {pid}: {x}");
+        }
+        let _ = writeln!(out);
+    }
+}
+
+pub(super) fn how_to_read(out: &mut String, r: &Report) {
+    let _ = writeln!(
+        out,
+        "## How to read this report\n\n- Bytes are what the CUDA driver was asked for (`cuMemAlloc*`, `cuMemCreate`, ...), recorded by vramtrace's preload; PyTorch's caching allocator asks for segments, so one allocation may hold many tensors.\n- Categories, as in `vramtrace live`: a name or label with `weight`, `embed`, `lm_head` or `param` is weights; `kv` or `cache` (or a label with `_state`, the recurrent state kept between chunks) is KV cache; `ballast`, `capacity` or `reserve` is other; any other name is activations; no name and no label is unnamed. Groups collapse the numbers that index layers and chunks to `#`.\n- Untraced = device total − the driver's free − the live bytes of every traced process on that device: CUDA contexts, loaded modules, and processes that were not traced.\n- Generated by `vramtrace report`."
+    );
+    if r.unsymbolised {
+        let _ = writeln!(
+            out,
+            "- Some frames are addresses only: the files the traced processes loaded are not on the machine this report was made on (or their build ids differ). Run `vramtrace report` where the program ran to name them."
+        );
+    }
+}

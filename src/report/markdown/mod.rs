@@ -1,0 +1,250 @@
+//! The report as GitHub-flavoured Markdown: one screen at the top (what failed, where, why,
+//! what to change), then every section in full, stacks folded in `<details>` blocks. One file
+//! per section; this one holds `render` and the helpers the sections share.
+
+use std::fmt::Write as _;
+
+use vramtrace_models::units::{fmt_bytes, fmt_secs};
+
+use crate::attribution::{Attribution, MatchedBy, Moment};
+use crate::categories::CATEGORIES;
+use crate::evidence::Evidence;
+use crate::report::{
+    Comparison, FailureReport, LiveSet, MAX_COMPARED_FAILURES, MAX_GROUPS, PeakReport, Report,
+    rank_of,
+};
+use crate::summary::ProcessSummary;
+
+mod comparison;
+mod environment;
+mod failures;
+mod peaks;
+mod pytorch;
+mod top;
+
+use comparison::*;
+use environment::*;
+use failures::*;
+use peaks::*;
+use pytorch::*;
+use top::*;
+
+/// Where the plots are: a file name beside the report, or a data URI; `None` when not drawn.
+#[derive(Debug, Clone, Default)]
+pub struct Images {
+    /// The timeline of every device.
+    pub timeline: Option<String>,
+    /// The breakdown at the first failure (or the peak).
+    pub breakdown: Option<String>,
+    /// The cliff of the model on the capacity.
+    pub cliff: Option<String>,
+}
+
+/// `102236160` → `102,236,160`.
+pub fn exact(b: u64) -> String {
+    let s = b.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `97.50 MiB (102,236,160 B)`.
+fn both(b: u64) -> String {
+    if b < 1024 {
+        format!("{b} B")
+    } else {
+        format!("{} ({} B)", fmt_bytes(b), exact(b))
+    }
+}
+
+fn signed(b: i128) -> String {
+    if b < 0 {
+        format!(
+            "−{}",
+            fmt_bytes(b.unsigned_abs().min(u64::MAX as u128) as u64)
+        )
+    } else {
+        fmt_bytes(b.min(u64::MAX as i128) as u64)
+    }
+}
+
+/// A table cell: pipes escaped, newlines flattened.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// Inline code that survives backticks in the text.
+fn code(s: &str) -> String {
+    if s.contains('`') {
+        format!("`` {s} ``")
+    } else {
+        format!("`{s}`")
+    }
+}
+
+fn program(p: &ProcessSummary) -> String {
+    p.command
+        .first()
+        .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
+        .unwrap_or_else(|| "?".into())
+}
+
+fn who(r: &Report, process: usize) -> String {
+    let p = &r.summary.processes[process];
+    let rank = rank_of(&p.command)
+        .map(|x| format!(", {x}"))
+        .unwrap_or_default();
+    format!(
+        "{} pid {} (parent {}{rank})",
+        code(&program(p)),
+        p.pid,
+        p.ppid
+    )
+}
+
+fn device_words(r: &Report, process: usize, device: i32) -> String {
+    match r.device(process, device) {
+        Some(d) => match (&d.name, d.total_bytes) {
+            (Some(n), Some(t)) => format!("cuda:{device} ({n}, {})", fmt_bytes(t)),
+            (Some(n), None) => format!("cuda:{device} ({n})"),
+            _ => format!("cuda:{device}"),
+        },
+        None => format!("cuda:{device}"),
+    }
+}
+
+fn categories_line(live: &LiveSet) -> String {
+    let mut parts: Vec<(u64, String)> = live
+        .by_category
+        .iter()
+        .enumerate()
+        .filter(|(_, (b, _))| *b > 0)
+        .map(|(i, (b, _))| (*b, format!("{} {}", CATEGORIES[i], fmt_bytes(*b))))
+        .collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.0));
+    parts
+        .into_iter()
+        .map(|p| p.1)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The failed request's tensor, when the model names it.
+fn failed_tensor(c: &Comparison) -> Option<String> {
+    let a = &c.attribution;
+    let r = &a.rows[a.failed_tensor?];
+    Some(format!(
+        "{} {} {} of {} ({} predicted), {}",
+        code(&r.name),
+        r.dtype,
+        r.shape,
+        c.variant.name(),
+        fmt_bytes(r.predicted_bytes),
+        code(&r.source)
+    ))
+}
+
+/// Renders the whole report.
+pub fn render(r: &Report, images: &Images) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Memory report: {}\n", r.title);
+    top(&mut out, r);
+    let _ = writeln!(out, "\n---\n");
+    if r.model.is_some() || !r.failures.is_empty() {
+        what_to_do(&mut out, r, images);
+    }
+    failures(&mut out, r, images);
+    failed_calls(&mut out, r);
+    peaks(&mut out, r, images);
+    environment(&mut out, r);
+    how_to_read(&mut out, r);
+    out
+}
+
+fn dtype_name(d: vramtrace_models::DType) -> String {
+    serde_json::to_value(d)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{d:?}"))
+}
+
+fn live_tables(out: &mut String, live: &LiveSet, total: u64) {
+    let _ = writeln!(
+        out,
+        "| category | bytes | allocations | share |\n| --- | ---: | ---: | ---: |"
+    );
+    for (i, (b, n)) in live.by_category.iter().enumerate() {
+        if *n == 0 {
+            continue;
+        }
+        let share = if total == 0 {
+            0.0
+        } else {
+            100.0 * *b as f64 / total as f64
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {n} | {share:.2}% |",
+            CATEGORIES[i],
+            both(*b)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n| group (`#` = any number) | category | allocations | bytes |\n| --- | --- | ---: | ---: |"
+    );
+    for g in live.groups.iter().take(MAX_GROUPS) {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            code(&cell(&g.key)),
+            CATEGORIES[g.category],
+            g.count,
+            both(g.bytes)
+        );
+    }
+    if live.groups.len() > MAX_GROUPS {
+        let rest = &live.groups[MAX_GROUPS..];
+        let _ = writeln!(
+            out,
+            "| {} more groups | | {} | {} |",
+            rest.len(),
+            rest.iter().map(|g| g.count).sum::<usize>(),
+            both(rest.iter().fold(0u64, |a, g| a.saturating_add(g.bytes)))
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn stack_block(out: &mut String, summary: &str, frames: &[String]) {
+    let _ = writeln!(out, "<details><summary>{summary}</summary>\n");
+    if frames.is_empty() {
+        let _ = writeln!(out, "(no stack recorded)\n");
+    } else {
+        let _ = writeln!(out, "```text");
+        for f in frames {
+            let _ = writeln!(out, "at {f}");
+        }
+        let _ = writeln!(out, "```\n");
+    }
+    let _ = writeln!(out, "</details>\n");
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
