@@ -125,6 +125,16 @@ impl Category {
         }
     }
 
+    /// Its position in [`Category::ALL`] (the stacking order).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The name shown ([`Category::title`]).
+    pub fn name(self) -> &'static str {
+        self.title()
+    }
+
     /// The category of a `report --json` name or a title, if any.
     pub fn parse(s: &str) -> Option<Category> {
         Category::ALL
@@ -856,8 +866,10 @@ impl fmt::Display for Evidence {
                 largest_free_block,
             } => write!(
                 f,
-                "{segments} segments of {segment_bytes} B − {tensor_bytes} B of live tensors; \
-                 largest free block {largest_free_block} B"
+                "{segments} segments of {} − {} of live tensors; largest free block {}",
+                fmt_bytes(*segment_bytes),
+                fmt_bytes(*tensor_bytes),
+                fmt_bytes(*largest_free_block)
             ),
             Evidence::Untraced {
                 total,
@@ -865,12 +877,17 @@ impl fmt::Display for Evidence {
                 traced,
             } => write!(
                 f,
-                "untraced: total {total} B − free {free} B − traced {traced} B (the driver's \
-                 figures at the failure)"
+                "untraced: total {} − free {} − traced {} (the driver's figures at the failure)",
+                fmt_bytes(*total),
+                fmt_bytes(*free),
+                fmt_bytes(*traced)
             ),
-            Evidence::Nvml { pid, used, traced } => {
-                write!(f, "NVML: process {pid} uses {used} B, {traced} B traced")
-            }
+            Evidence::Nvml { pid, used, traced } => write!(
+                f,
+                "NVML: process {pid} uses {}, {} traced",
+                fmt_bytes(*used),
+                fmt_bytes(*traced)
+            ),
             Evidence::OtherTraced { pid } => write!(f, "traced in process {pid}"),
             Evidence::Site { site } => write!(f, "no rule; at {site}"),
             Evidence::ConfigSize {
@@ -879,14 +896,21 @@ impl fmt::Display for Evidence {
                 observed,
             } => write!(
                 f,
-                "at {site}: {observed} B, the config gives {expected} B (size against the config)"
+                "at {site}: {}, the config gives {} (size against the config)",
+                fmt_bytes(*observed),
+                fmt_bytes(*expected)
             ),
-            Evidence::Config { expected, observed } => {
-                write!(f, "the config gives {expected} B, {observed} B seen")
-            }
+            Evidence::Config { expected, observed } => write!(
+                f,
+                "the config gives {}, {} seen",
+                fmt_bytes(*expected),
+                fmt_bytes(*observed)
+            ),
         }
     }
 }
+
+use vramtrace_models::units::fmt_bytes;
 
 fn base(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -1875,7 +1899,6 @@ pub const SHOWN_EVIDENCE: usize = 6;
 /// each what it rests on (at most [`SHOWN_EVIDENCE`] lines, the rest summed), every line
 /// starting with `indent`.
 pub fn render(b: &Breakdown, indent: &str) -> String {
-    use vramtrace_models::units::fmt_bytes;
     let mut out = String::new();
     let share = |x: u64| {
         if b.total == 0 {

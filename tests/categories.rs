@@ -113,8 +113,8 @@ fn torch_oom_at_the_failure() {
         evidence(&b, Category::Context),
         [
             (
-                "untraced: total 150109880320 B − free 124880289792 B − traced 24566195972 B \
-                 (the driver's figures at the failure)"
+                "untraced: total 139.80 GiB − free 116.30 GiB − traced 22.88 GiB (the driver's \
+                 figures at the failure)"
                     .to_string(),
                 663_394_556,
                 0
@@ -263,13 +263,13 @@ fn prefill_18gib_against_its_config() {
     let b = breakdown_at(&trace, at, expect).unwrap();
     // The workload loads fewer layers than the config has: the check says so, in numbers.
     assert!(evidence(&b, Category::Weights).contains(&(
-        "the config gives 53791996928 B, 17776688128 B seen".to_string(),
+        "the config gives 50.10 GiB, 16.56 GiB seen".to_string(),
         0,
         0
     )));
     // The GDN state labelled is exactly one sequence's; fla's 3 MiB initial_state is beside it.
     assert!(evidence(&b, Category::State).contains(&(
-        "the config gives 153944064 B, 157089792 B seen".to_string(),
+        "the config gives 146.81 MiB, 149.81 MiB seen".to_string(),
         0,
         0
     )));
