@@ -299,6 +299,9 @@ impl DirSource {
                     Record::Stack { id, frames } => {
                         process.stacks.insert(id, frames);
                     }
+                    Record::PyStack { stack, frames } => {
+                        process.py_stacks.insert(stack, frames);
+                    }
                     Record::Module(m) => process.modules.push(m),
                     Record::Driver { version } => process.driver_version = Some(version),
                     Record::Device(d) => {
