@@ -38,9 +38,13 @@ pub fn category(label: Option<&str>, name: Option<&str>) -> Category {
     .category
 }
 
-/// The category named `s`: a title (`KV cache`) or a `report --json` key (`kv_cache`).
+/// The category named `s`: a title (`KV cache`), a `report --json` key (`kv_cache`), or
+/// `other`, the name the ballast's category had before there were twelve (`other processes`).
 pub fn parse(s: &str) -> Option<Category> {
-    Category::parse(s)
+    Category::parse(s).or_else(|| {
+        s.eq_ignore_ascii_case("other")
+            .then_some(Category::OtherProcess)
+    })
 }
 
 #[cfg(test)]
@@ -54,6 +58,14 @@ mod tests {
             assert_eq!(c.index(), i);
             assert_eq!(c.name(), c.title());
         }
+    }
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(parse("other"), Some(Category::OtherProcess));
+        assert_eq!(parse("other_process"), Some(Category::OtherProcess));
+        assert_eq!(parse("allocator reserve"), Some(Category::AllocatorReserve));
+        assert_eq!(parse("nonsense"), None);
     }
 
     #[test]

@@ -889,6 +889,9 @@ impl fmt::Display for Evidence {
                 fmt_bytes(*traced)
             ),
             Evidence::OtherTraced { pid } => write!(f, "traced in process {pid}"),
+            Evidence::Site { site } if site == "no frames" => {
+                f.write_str("no rule; no frames recorded")
+            }
             Evidence::Site { site } => write!(f, "no rule; at {site}"),
             Evidence::ConfigSize {
                 site,

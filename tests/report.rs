@@ -65,7 +65,12 @@ fn prefill_sample_report_states_the_failure_and_the_levers() {
         "- **Request**: `cuMemAlloc_v2` of **97.50 MiB (102,236,160 B)** failed with CUDA_ERROR_OUT_OF_MEMORY (2); the driver said **73.12 MiB (76,677,120 B)** free of 139.80 GiB, **24.38 MiB short**."
     );
     has("- **What**: `h` bfloat16 [1, 65, 48, 128, 128] of fla-0.6.0 (97.50 MiB predicted)");
-    has("untraced on the device (contexts, modules, other processes): 772.50 MiB.");
+    has(
+        "- **Why**: this process held **138.97 GiB** in 229 allocations; the device's used memory, 139.73 GiB, holds other processes 121.29 GiB, weights 16.56 GiB, KV cache 774.00 MiB, context and modules 772.50 MiB, activations 236.21 MiB, recurrent state 149.81 MiB (see What the memory holds).",
+    );
+    has(
+        "| context and modules | 772.50 MiB (810,021,840 B) | 0.54% | 0 | 772.50 MiB: untraced: total 139.80 GiB − free 73.12 MiB − traced 138.97 GiB (the driver's figures at the failure) |",
+    );
     has(
         "  - the cliff: a prefill chunk of **86191 tokens** or more does not fit (17.57 GiB resident); this one was 4128: keep `--max-num-batched-tokens` at **86190** or below.",
     );

@@ -118,6 +118,96 @@ fn device_words(r: &Report, process: usize, device: i32) -> String {
     }
 }
 
+/// Every byte of the moment the report is about in a category, with what each rests on
+/// ([`crate::categoriser`]).
+fn what_the_memory_holds(out: &mut String, r: &Report) {
+    let Some((process, device, c)) = r.categories() else {
+        return;
+    };
+    let at = match c.at {
+        crate::categoriser::MomentKind::Failure => "at the first out-of-memory",
+        crate::categoriser::MomentKind::Peak => "at the highest peak",
+    };
+    let b = &c.breakdown;
+    let _ = writeln!(
+        out,
+        "## What the memory holds\n\nEvery byte of {} on {} {at}, {} in all, in a category with what it rests on (frames of the libraries that made it, lifetimes, labels, the allocator's segments, the driver's figures); `unnamed` is what no rule covers, by its Python line.\n",
+        who(r, process),
+        device_words(r, process, device),
+        both(b.total)
+    );
+    let _ = writeln!(
+        out,
+        "| category | bytes | share | allocations | what it rests on |\n| --- | ---: | ---: | ---: | --- |"
+    );
+    for row in &b.rows {
+        let share = if b.total == 0 {
+            0.0
+        } else {
+            100.0 * row.bytes as f64 / b.total as f64
+        };
+        let mut why: Vec<String> = row
+            .evidence
+            .iter()
+            .take(crate::categoriser::SHOWN_EVIDENCE)
+            .map(|l| {
+                let what = match (l.bytes, l.count) {
+                    (0, 0) => String::new(),
+                    (b, 0) => format!("{}: ", fmt_bytes(b)),
+                    (b, n) => format!("{} in {n}: ", fmt_bytes(b)),
+                };
+                cell(&format!("{what}{}", l.evidence))
+            })
+            .collect();
+        if row.evidence.len() > crate::categoriser::SHOWN_EVIDENCE {
+            why.push(format!(
+                "and {} more",
+                row.evidence.len() - crate::categoriser::SHOWN_EVIDENCE
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "| {} | {} | {share:.2}% | {} | {} |",
+            row.category.title(),
+            both(row.bytes),
+            row.count,
+            why.join("<br>")
+        );
+    }
+    if let Some(s) = b.segments.first().filter(|s| s.reserve > 0) {
+        let largest = b
+            .segments
+            .iter()
+            .map(|s| s.largest_free_block)
+            .max()
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "\nThe allocator's reserve lies in {} segments; the largest free block of any is {} (the segment with the most reserve: {} at `{:#x}`, {} of it free).",
+            b.segments.len(),
+            fmt_bytes(largest),
+            fmt_bytes(s.size),
+            s.base,
+            fmt_bytes(s.reserve)
+        );
+    }
+    let _ = writeln!(out);
+}
+
+/// The categoriser's rows of the report's moment in one line, largest first (see "What the
+/// memory holds").
+fn rows_line(r: &Report) -> Option<String> {
+    let (_, _, c) = r.categories()?;
+    let mut rows: Vec<&crate::categoriser::Row> = c.breakdown.rows.iter().collect();
+    rows.sort_by_key(|x| std::cmp::Reverse(x.bytes));
+    Some(
+        rows.iter()
+            .map(|x| format!("{} {}", x.category.title(), fmt_bytes(x.bytes)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
+}
+
 fn categories_line(live: &LiveSet) -> String {
     let mut parts: Vec<(u64, String)> = live
         .by_category
@@ -155,6 +245,7 @@ pub fn render(r: &Report, images: &Images) -> String {
     let _ = writeln!(out, "# Memory report: {}\n", r.title);
     top(&mut out, r);
     let _ = writeln!(out, "\n---\n");
+    what_the_memory_holds(&mut out, r);
     if r.model.is_some() || !r.failures.is_empty() {
         what_to_do(&mut out, r, images);
     }
