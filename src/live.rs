@@ -415,7 +415,23 @@ impl DirSource {
         }
         let now = self.timeline.latest_ns();
         let time_s = self.timeline.secs(now);
-        build_snapshot(
+        let traced: Vec<(u32, u64)> = self
+            .procs
+            .iter()
+            .enumerate()
+            .filter_map(|(pi, lp)| {
+                let p = lp.process.as_ref()?;
+                let live = self
+                    .timeline
+                    .book
+                    .replay
+                    .level(pi, device, Pool::Device)
+                    .live;
+                Some((p.pid(), live))
+            })
+            .collect();
+        let panel = self.nvml.panel(query.device);
+        let mut snap = build_snapshot(
             &procs,
             largest,
             cats,
@@ -423,7 +439,11 @@ impl DirSource {
             time_s,
             self.options.top,
             &mut self.frames,
-        )
+        );
+        if let NvmlPanel::Available { processes, .. } = panel {
+            add_untraced(&mut snap.breakdown, &processes, &traced, query.pid);
+        }
+        snap
     }
 
     /// The snapshot at an earlier time: the directory read again up to it.
@@ -495,6 +515,41 @@ fn top_frame(fs: &[crate::symbolize::Frame], shown: &[String]) -> String {
         .or(shown.first())
         .cloned()
         .unwrap_or_default()
+}
+
+/// Adds to a live breakdown what NVML sees beyond the trace: for a traced process, NVML's
+/// figure minus its traced bytes (its context and loaded modules), for any other process its
+/// whole figure; only `pid`'s when the view is about one process.
+fn add_untraced(
+    breakdown: &mut Vec<BreakdownEntry>,
+    nvml: &[vramtrace_viewer::model::NvmlProcess],
+    traced: &[(u32, u64)],
+    pid: Option<u32>,
+) {
+    use crate::categoriser::Category;
+    let (mut context, mut others) = (0u64, 0u64);
+    for n in nvml {
+        if pid.is_some_and(|p| p != n.pid) {
+            continue;
+        }
+        match traced.iter().find(|(p, _)| *p == n.pid) {
+            Some((_, t)) => context += n.used_bytes.saturating_sub(*t),
+            None => others += n.used_bytes,
+        }
+    }
+    for (c, b) in [
+        (Category::Context, context),
+        (Category::OtherProcess, others),
+    ] {
+        if b == 0 {
+            continue;
+        }
+        let label = format!("{} (NVML)", c.title());
+        match breakdown.iter_mut().find(|e| e.label == label) {
+            Some(e) => e.bytes += b,
+            None => breakdown.push(BreakdownEntry { label, bytes: b }),
+        }
+    }
 }
 
 /// Frames of the driver and allocators, skipped when choosing the top frame.
@@ -642,6 +697,39 @@ pub fn read_all(dir: &Path) -> Vec<Update> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvml_adds_context_and_other_processes() {
+        use vramtrace_viewer::model::NvmlProcess;
+        let nvml = [
+            NvmlProcess {
+                pid: 7,
+                used_bytes: 1000,
+            },
+            NvmlProcess {
+                pid: 9,
+                used_bytes: 300,
+            },
+        ];
+        let mut b = vec![BreakdownEntry {
+            label: "weights".into(),
+            bytes: 600,
+        }];
+        add_untraced(&mut b, &nvml, &[(7, 600)], None);
+        let got: Vec<(&str, u64)> = b.iter().map(|e| (e.label.as_str(), e.bytes)).collect();
+        assert_eq!(
+            got,
+            [
+                ("weights", 600),
+                ("context and modules (NVML)", 400),
+                ("other processes (NVML)", 300)
+            ]
+        );
+        let mut one = Vec::new();
+        add_untraced(&mut one, &nvml, &[(7, 600)], Some(7));
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].bytes, 400);
+    }
 
     #[test]
     fn the_top_frame_is_the_python_line() {
