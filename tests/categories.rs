@@ -295,3 +295,48 @@ fn moments_of_every_device() {
         assert_eq!(Some(at), peak(&trace, at.process, at.device).unwrap());
     }
 }
+
+/// `transformers serve --continuous-batching` on the H200 (`samples/h200/hf-serve-cb`, recorded
+/// on main at 656eb47; this test skips, saying so, in a checkout without it): the paged KV cache
+/// by `PagedAttentionCache.__init__`'s two lines, the engine's static buffers by
+/// `_setup_static_tensors`, the weights by `caching_allocator_warmup`, and nothing unnamed. The
+/// numbers are the driver-level reading (a reader that knows the native tensor records may move
+/// a little of each line into the allocator's reserve: within 0.1 %).
+#[test]
+fn transformers_serve_is_every_byte_named() {
+    let dir = sample("hf-serve-cb");
+    if !dir.exists() {
+        println!("SKIPPED: {} is not in this checkout", dir.display());
+        return;
+    }
+    let trace = Trace::open(&dir).unwrap();
+    let at = peak(&trace, 0, 0).unwrap().unwrap();
+    let b = breakdown_at(&trace, at, Expectations::default()).unwrap();
+    sums_to_total(&b);
+    assert!(
+        b.bytes(Category::Unnamed) * 100 < b.total * 5,
+        "{} of {} unnamed",
+        b.bytes(Category::Unnamed),
+        b.total
+    );
+    let near = |x: u64, want: u64| x.abs_diff(want) * 1000 <= want;
+    let kv = b
+        .rows
+        .iter()
+        .find(|r| r.category == Category::KvCache)
+        .unwrap();
+    for line in [251, 252] {
+        let l = kv
+            .evidence
+            .iter()
+            .find(|l| {
+                matches!(&l.evidence, Evidence::Frame { file, function, line: n, .. }
+                    if file.ends_with("continuous_batching/cache.py") && function == "__init__" && *n == line)
+            })
+            .unwrap_or_else(|| panic!("no KV line cache.py:{line} in {kv:?}"));
+        assert_eq!(l.count, 16);
+        assert!(near(l.bytes, 42_479_910_912), "{}", l.bytes);
+    }
+    assert!(near(b.bytes(Category::EngineBuffers), 42_626_711_552));
+    assert!(b.bytes(Category::Weights) >= 1_811_939_328);
+}
