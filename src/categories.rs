@@ -1,80 +1,50 @@
-//! What an allocation holds, as one of a few categories: the stacks of the timeline, the rows
-//! of the breakdown and of the report's live set.
+//! The categories of the stacked timeline, the live view's breakdown and the report: those of
+//! the one categoriser ([`crate::categoriser`]), in its stacking order.
 //!
-//! # The rule
-//! [`category`] sorts an allocation by its range label (NVTX or annotation range) first, then by
-//! its annotated name, lower-cased, by substring:
-//! `weight`, `embed`, `lm_head`, `param` → weights; `kv`, `cache` (and in a label `_state`: the
-//! recurrent state kept between chunks) → KV cache; `ballast`, `capacity`, `reserve` → other;
-//! any other name → activations; no label and no name → unnamed.
+//! Where only a label and an annotated name are at hand (an attribution's observed allocation),
+//! [`category`] asks the categoriser with those alone; where the allocation's stack is known,
+//! [`crate::categoriser::categorise_stack`] adds its Python frames and native modules.
 
-/// One category. The order of [`Category::ALL`] is the stacking order of the timeline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Category {
-    /// Model weights and parameters.
-    Weights,
-    /// The KV cache, and recurrent state kept between chunks.
-    KvCache,
-    /// Any other named allocation.
-    Activations,
-    /// Ballast and reservations that stand in for memory the card does not have.
-    Other,
-    /// No label and no name.
-    Unnamed,
-}
+pub use crate::categoriser::Category;
+use crate::categoriser::{Facts, categorise};
 
-impl Category {
-    /// Every category, in stacking order (index `i` is [`CATEGORIES`]`[i]`).
-    pub const ALL: [Category; 5] = [
-        Category::Weights,
-        Category::KvCache,
-        Category::Activations,
-        Category::Other,
-        Category::Unnamed,
-    ];
+/// How many categories there are.
+pub const N: usize = Category::ALL.len();
 
-    /// The category's position in [`Category::ALL`] and [`CATEGORIES`].
-    pub fn index(self) -> usize {
-        self as usize
-    }
+/// The names of the categories shown to a person, in stacking order (index `i` is
+/// [`Category::ALL`]`[i]`'s [`Category::title`]).
+pub const CATEGORIES: [&str; N] = [
+    "weights",
+    "KV cache",
+    "recurrent state",
+    "activations",
+    "engine buffers",
+    "CUDA graphs",
+    "communication",
+    "autotuning",
+    "allocator reserve",
+    "context and modules",
+    "other processes",
+    "unnamed",
+];
 
-    /// The name shown for the category (as in [`CATEGORIES`]).
-    pub fn name(self) -> &'static str {
-        CATEGORIES[self.index()]
-    }
-}
-
-/// The names of the categories, in stacking order.
-pub const CATEGORIES: [&str; 5] = ["weights", "KV cache", "activations", "other", "unnamed"];
-
-/// The category of an allocation with this range label and annotated name (see the module
-/// documentation for the rule).
+/// The category of an allocation known only by its range label and annotated name.
 pub fn category(label: Option<&str>, name: Option<&str>) -> Category {
-    const WEIGHTS: &[&str] = &["weight", "embed", "lm_head", "param"];
-    const KV: &[&str] = &["kv", "cache"];
-    const OTHER: &[&str] = &["ballast", "capacity", "reserve"];
-    let label = label.filter(|s| !s.is_empty()).map(str::to_ascii_lowercase);
-    let name = name.filter(|s| !s.is_empty()).map(str::to_ascii_lowercase);
-    let has = |s: &Option<String>, words: &[&str]| {
-        s.as_deref()
-            .is_some_and(|s| words.iter().any(|w| s.contains(w)))
-    };
-    for s in [&label, &name] {
-        if has(s, WEIGHTS) {
-            return Category::Weights;
-        }
-        if has(s, KV) || (std::ptr::eq(s, &label) && has(s, &["_state"])) {
-            return Category::KvCache;
-        }
-        if has(s, OTHER) {
-            return Category::Other;
-        }
-    }
-    if label.is_some() || name.is_some() {
-        Category::Activations
-    } else {
-        Category::Unnamed
-    }
+    categorise(&Facts {
+        label,
+        name,
+        ..Default::default()
+    })
+    .category
+}
+
+/// The category named `s`: a title (`KV cache`), a `report --json` key (`kv_cache`), or
+/// `other`, the name the ballast's category had before there were twelve (`other processes`).
+pub fn parse(s: &str) -> Option<Category> {
+    Category::parse(s).or_else(|| {
+        s.eq_ignore_ascii_case("other")
+            .then_some(Category::OtherProcess)
+    })
 }
 
 #[cfg(test)]
@@ -82,7 +52,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn categories_follow_the_documented_rule() {
+    fn names_are_the_categorisers_titles_in_order() {
+        for (i, c) in Category::ALL.into_iter().enumerate() {
+            assert_eq!(CATEGORIES[i], c.title());
+            assert_eq!(c.index(), i);
+            assert_eq!(c.name(), c.title());
+        }
+    }
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(parse("other"), Some(Category::OtherProcess));
+        assert_eq!(parse("other_process"), Some(Category::OtherProcess));
+        assert_eq!(parse("allocator reserve"), Some(Category::AllocatorReserve));
+        assert_eq!(parse("nonsense"), None);
+    }
+
+    #[test]
+    fn labels_alone() {
         let c = |l: Option<&str>, n: Option<&str>| category(l, n).name();
         assert_eq!(
             c(Some("prefill/weights"), Some("layer.0.weights")),
@@ -92,18 +79,18 @@ mod tests {
         assert_eq!(c(Some("prefill/kv_cache"), None), "KV cache");
         assert_eq!(
             c(Some("prefill/gdn_state"), Some("layer.3.ssm_state")),
-            "KV cache"
+            "recurrent state"
         );
         assert_eq!(
             c(Some("prefill/capacity"), Some("capacity ballast")),
-            "other"
+            "other processes"
         );
         assert_eq!(
             c(
                 Some("prefill/chunk.0/layer.3/gdn/inputs"),
                 Some("initial_state")
             ),
-            "activations"
+            "recurrent state"
         );
         assert_eq!(c(Some("forward"), None), "activations");
         assert_eq!(c(None, None), "unnamed");

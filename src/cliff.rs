@@ -72,7 +72,7 @@ pub fn resident_and_observed(a: &Attribution) -> (u64, u64) {
     let mut resident = 0u64;
     let mut total = 0u64;
     for (i, o) in a.observed.iter().enumerate() {
-        if category(o.label.as_deref(), o.name.as_deref()) == Category::Other {
+        if category(o.label.as_deref(), o.name.as_deref()) == Category::OtherProcess {
             continue;
         }
         total = total.saturating_add(o.size);

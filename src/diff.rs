@@ -1,7 +1,7 @@
 //! Peak and live-set differences between two traces (two vLLM versions, two chunk sizes): per
 //! device ordinal, each trace's peak (the process with the highest peak on that ordinal), the
-//! live sets at the two peaks grouped by name and label pattern and by their top symbolised
-//! frames, each group with A bytes, B bytes and the difference, largest differences first; and
+//! live sets at the two peaks grouped by category (the categoriser's, by frames, labels and
+//! names), by name and label pattern and by their top symbolised frames, each group with A bytes, B bytes and the difference, largest differences first; and
 //! the failed allocations of each.
 
 use std::collections::BTreeMap;
@@ -87,6 +87,10 @@ pub struct DeviceDiff {
     pub b: Option<Side>,
     /// B's peak − A's peak.
     pub peak_difference: i128,
+    /// By category: the categoriser's rows at each peak ([`crate::categoriser::breakdown_at`]:
+    /// tensors by frames, labels and lifetimes, the allocator's reserve), largest differences
+    /// first.
+    pub by_category: Vec<Row>,
     /// By name and label pattern, largest differences first.
     pub by_label: Vec<Row>,
     /// By the top frames of the stack, largest differences first.
@@ -128,6 +132,7 @@ pub fn label_key(a: &AllocItem) -> String {
 
 struct Peak {
     side: Side,
+    by_category: BTreeMap<String, (u64, usize)>,
     by_label: BTreeMap<String, (u64, usize)>,
     by_stack: BTreeMap<String, (u64, usize)>,
 }
@@ -168,6 +173,7 @@ fn peaks(trace: &Trace, opts: DiffOptions) -> Result<BTreeMap<i32, Peak>, Error>
         let p = &s.processes[pi];
         let d = &p.devices[di];
         let mut sym = StackSymbolizer::new(&trace.processes[pi]);
+        let mut by_category: BTreeMap<String, (u64, usize)> = BTreeMap::new();
         let mut by_label: BTreeMap<String, (u64, usize)> = BTreeMap::new();
         let mut by_stack: BTreeMap<String, (u64, usize)> = BTreeMap::new();
         let mut stacks: BTreeMap<u32, String> = BTreeMap::new();
@@ -200,6 +206,17 @@ fn peaks(trace: &Trace, opts: DiffOptions) -> Result<BTreeMap<i32, Peak>, Error>
             e.0 = e.0.saturating_add(a.size);
             e.1 += 1;
         }
+        // Every byte of the peak in the categoriser's rows (tensors, lifetimes, reserve).
+        if let Some(at) = crate::categoriser::peak(trace, pi, dev)? {
+            let b = crate::categoriser::breakdown_at(
+                trace,
+                at,
+                crate::categoriser::Expectations::default(),
+            )?;
+            for r in b.rows {
+                by_category.insert(r.category.title().to_string(), (r.bytes, r.count));
+            }
+        }
         let (mut fl, calls) = failures.remove(&dev).unwrap_or_default();
         fl.sort_by(|a, b| a.t_s.total_cmp(&b.t_s).then(a.pid.cmp(&b.pid)));
         out.insert(
@@ -219,6 +236,7 @@ fn peaks(trace: &Trace, opts: DiffOptions) -> Result<BTreeMap<i32, Peak>, Error>
                     failures: fl,
                     failed_calls: calls,
                 },
+                by_category,
                 by_label,
                 by_stack,
             },
@@ -276,6 +294,10 @@ pub fn diff(a: &Trace, b: &Trace, opts: DiffOptions) -> Result<Diff, Error> {
             DeviceDiff {
                 device: dev,
                 peak_difference: i128::from(peak(&y)) - i128::from(peak(&x)),
+                by_category: rows(
+                    x.as_ref().map(|p| &p.by_category),
+                    y.as_ref().map(|p| &p.by_category),
+                ),
                 by_label: rows(
                     x.as_ref().map(|p| &p.by_label),
                     y.as_ref().map(|p| &p.by_label),
@@ -393,6 +415,13 @@ pub fn render(d: &Diff, a_name: &str, b_name: &str, top: usize) -> String {
             signed(dev.peak_difference),
             dev.peak_difference
         );
+        table(
+            &mut out,
+            "at the peak, by category (the categoriser's rows)",
+            &dev.by_category,
+            top,
+        );
+        let _ = writeln!(out);
         table(
             &mut out,
             "live at the peak, by name [label] (# = any number)",

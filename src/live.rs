@@ -40,7 +40,7 @@ use vramtrace_viewer::model::{
 };
 use vramtrace_viewer::tui::LiveSource;
 
-use crate::categories::CATEGORIES;
+use crate::categories::{CATEGORIES, N};
 use crate::replay::{LiveAlloc, Pool};
 use crate::symbolize::StackSymbolizer;
 use crate::timeline::{Book, TimelineFold};
@@ -125,7 +125,7 @@ pub struct DirSource {
     last_scan: Option<Instant>,
     devices: BTreeMap<i32, (String, u64)>,
     nvml: NvmlProbe,
-    frames: HashMap<(u32, u32), Vec<String>>,
+    frames: HashMap<(u32, u32), (Vec<String>, String)>,
     past: Option<(SnapshotQuery, Option<LiveSnapshot>)>,
     said_waiting: bool,
     said_following: bool,
@@ -299,6 +299,9 @@ impl DirSource {
                     Record::Stack { id, frames } => {
                         process.stacks.insert(id, frames);
                     }
+                    Record::PyStack { stack, frames } => {
+                        process.py_stacks.insert(stack, frames);
+                    }
                     Record::Module(m) => process.modules.push(m),
                     Record::Dropped { .. } => {
                         // The first drop only: the ring drops a block every 64 KiB from then on.
@@ -426,7 +429,7 @@ impl DirSource {
                 self.options.top,
             ));
         }
-        let mut cats = [0u64; 5];
+        let mut cats = [0u64; N];
         for &pi in &wanted {
             for (s, x) in cats
                 .iter_mut()
@@ -437,7 +440,23 @@ impl DirSource {
         }
         let now = self.timeline.latest_ns();
         let time_s = self.timeline.secs(now);
-        build_snapshot(
+        let traced: Vec<(u32, u64)> = self
+            .procs
+            .iter()
+            .enumerate()
+            .filter_map(|(pi, lp)| {
+                let p = lp.process.as_ref()?;
+                let live = self
+                    .timeline
+                    .book
+                    .replay
+                    .level(pi, device, Pool::Device)
+                    .live;
+                Some((p.pid(), live))
+            })
+            .collect();
+        let panel = self.nvml.panel(query.device);
+        let mut snap = build_snapshot(
             &procs,
             largest,
             cats,
@@ -445,7 +464,11 @@ impl DirSource {
             time_s,
             self.options.top,
             &mut self.frames,
-        )
+        );
+        if let NvmlPanel::Available { processes, .. } = panel {
+            add_untraced(&mut snap.breakdown, &processes, &traced, query.pid);
+        }
+        snap
     }
 
     /// The snapshot at an earlier time: the directory read again up to it.
@@ -465,7 +488,7 @@ impl DirSource {
             .ok()?;
         let device = query.device as i32;
         let mut largest = Vec::new();
-        let mut cats = [0u64; 5];
+        let mut cats = [0u64; N];
         for (pi, p) in trace.processes.iter().enumerate() {
             if query.pid.is_some_and(|pid| pid != p.pid()) {
                 continue;
@@ -495,6 +518,65 @@ fn describe_problem(p: &Problem) -> String {
     format!("{p:?}")
 }
 
+/// The frame shown for an allocation: its innermost Python line that is neither the probe's
+/// nor PyTorch's machinery (the line the categoriser groups an unnamed allocation by); without
+/// one, the innermost native frame that is not the driver's or an allocator's.
+fn top_frame(fs: &[crate::symbolize::Frame], shown: &[String]) -> String {
+    let python: Vec<crate::categoriser::PyFrame<'_>> = fs
+        .iter()
+        .filter(|f| f.is_python())
+        .map(|f| crate::categoriser::PyFrame {
+            file: f.file.as_deref().unwrap_or("?"),
+            function: f.function.as_deref().unwrap_or("?"),
+            line: f.line.unwrap_or(0),
+        })
+        .collect();
+    if !python.is_empty() {
+        return crate::categoriser::site_of(&python, &[]);
+    }
+    shown
+        .iter()
+        .find(|f| !is_internal(f))
+        .or(shown.first())
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Adds to a live breakdown what NVML sees beyond the trace: for a traced process, NVML's
+/// figure minus its traced bytes (its context and loaded modules), for any other process its
+/// whole figure; only `pid`'s when the view is about one process.
+fn add_untraced(
+    breakdown: &mut Vec<BreakdownEntry>,
+    nvml: &[vramtrace_viewer::model::NvmlProcess],
+    traced: &[(u32, u64)],
+    pid: Option<u32>,
+) {
+    use crate::categoriser::Category;
+    let (mut context, mut others) = (0u64, 0u64);
+    for n in nvml {
+        if pid.is_some_and(|p| p != n.pid) {
+            continue;
+        }
+        match traced.iter().find(|(p, _)| *p == n.pid) {
+            Some((_, t)) => context += n.used_bytes.saturating_sub(*t),
+            None => others += n.used_bytes,
+        }
+    }
+    for (c, b) in [
+        (Category::Context, context),
+        (Category::OtherProcess, others),
+    ] {
+        if b == 0 {
+            continue;
+        }
+        let label = format!("{} (NVML)", c.title());
+        match breakdown.iter_mut().find(|e| e.label == label) {
+            Some(e) => e.bytes += b,
+            None => breakdown.push(BreakdownEntry { label, bytes: b }),
+        }
+    }
+}
+
 /// Frames of the driver and allocators, skipped when choosing the top frame.
 fn is_internal(frame: &str) -> bool {
     const INTERNAL: &[&str] = &[
@@ -504,6 +586,9 @@ fn is_internal(frame: &str) -> bool {
         "libcudart",
         "CUDACachingAllocator",
         "c10::cuda::",
+        "at::detail::empty",
+        "at::empty",
+        "at::native::empty",
     ];
     INTERNAL
         .iter()
@@ -514,11 +599,11 @@ fn is_internal(frame: &str) -> bool {
 fn build_snapshot(
     procs: &[Option<&Process>],
     mut largest: Vec<LiveAlloc>,
-    cats: [u64; 5],
+    cats: [u64; N],
     now_ns: u64,
     time_s: f64,
     top: usize,
-    frames: &mut HashMap<(u32, u32), Vec<String>>,
+    frames: &mut HashMap<(u32, u32), (Vec<String>, String)>,
 ) -> LiveSnapshot {
     largest.sort_by(|a, b| b.size().cmp(&a.size()).then(a.seq.cmp(&b.seq)));
     largest.truncate(top);
@@ -533,26 +618,19 @@ fn build_snapshot(
             None => p.string(a.event.label).unwrap_or("").to_string(),
         };
         let key = (p.pid(), a.event.stack);
-        let stack = match frames.get(&key) {
+        let (stack, top_frame) = match frames.get(&key) {
             Some(s) => s.clone(),
             None => {
-                let s: Vec<String> = symbolizers
+                let fs = symbolizers
                     .entry(a.process)
                     .or_insert_with(|| StackSymbolizer::new(p))
-                    .stack(a.event.stack)
-                    .iter()
-                    .map(|f| f.to_string())
-                    .collect();
-                frames.insert(key, s.clone());
-                s
+                    .stack(a.event.stack);
+                let s: Vec<String> = fs.iter().map(|f| f.to_string()).collect();
+                let top = top_frame(&fs, &s);
+                frames.insert(key, (s.clone(), top.clone()));
+                (s, top)
             }
         };
-        let top_frame = stack
-            .iter()
-            .find(|f| !is_internal(f))
-            .or(stack.first())
-            .cloned()
-            .unwrap_or_default();
         rows.push(LiveAllocation {
             size_bytes: a.size(),
             name,
@@ -646,11 +724,83 @@ mod tests {
     use super::*;
 
     #[test]
+    fn nvml_adds_context_and_other_processes() {
+        use vramtrace_viewer::model::NvmlProcess;
+        let nvml = [
+            NvmlProcess {
+                pid: 7,
+                used_bytes: 1000,
+            },
+            NvmlProcess {
+                pid: 9,
+                used_bytes: 300,
+            },
+        ];
+        let mut b = vec![BreakdownEntry {
+            label: "weights".into(),
+            bytes: 600,
+        }];
+        add_untraced(&mut b, &nvml, &[(7, 600)], None);
+        let got: Vec<(&str, u64)> = b.iter().map(|e| (e.label.as_str(), e.bytes)).collect();
+        assert_eq!(
+            got,
+            [
+                ("weights", 600),
+                ("context and modules (NVML)", 400),
+                ("other processes (NVML)", 300)
+            ]
+        );
+        let mut one = Vec::new();
+        add_untraced(&mut one, &nvml, &[(7, 600)], Some(7));
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].bytes, 400);
+    }
+
+    #[test]
+    fn the_top_frame_is_the_python_line() {
+        use crate::symbolize::{Frame, PYTHON_MODULE};
+        let py = |file: &str, function: &str, line: u32| Frame {
+            addr: String::new(),
+            module: PYTHON_MODULE.into(),
+            function: Some(function.into()),
+            file: Some(file.into()),
+            line: Some(line),
+        };
+        let fs = vec![
+            py(
+                "/opt/torch/.venv/lib/python3.12/site-packages/torch/_ops.py",
+                "__call__",
+                841,
+            ),
+            py(
+                "/opt/torch/.venv/lib/python3.12/site-packages/transformers/generation/continuous_batching/cache.py",
+                "__init__",
+                251,
+            ),
+            Frame {
+                addr: "0x1".into(),
+                module: "libtorch_cpu.so".into(),
+                function: Some("at::detail::empty_generic".into()),
+                file: None,
+                line: None,
+            },
+        ];
+        let shown: Vec<String> = fs.iter().map(|f| f.to_string()).collect();
+        assert_eq!(top_frame(&fs, &shown), "cache.py:251 __init__");
+        assert_eq!(
+            top_frame(&fs[2..], &shown[2..]),
+            "at::detail::empty_generic [libtorch_cpu.so]"
+        );
+    }
+
+    #[test]
     fn internal_frames_are_skipped() {
         assert!(is_internal("cuMemAlloc_v2 (mod.rs:13294)"));
         assert!(is_internal(
             "c10::cuda::CUDACachingAllocator::Native::malloc"
         ));
         assert!(!is_internal("body (prefill.rs:731)"));
+        // The H200's transformers serve: PyTorch's empty tensor factory is not the top frame.
+        assert!(is_internal("at::detail::empty_generic [libtorch_cpu.so]"));
     }
 }

@@ -26,10 +26,11 @@ use crate::error::Error;
 use crate::observe::{At, ObservedMoment, observe};
 use crate::trace::Trace;
 
-/// Refuses a `--hide` that names no category.
+/// Refuses a `--hide` that names no category (a title, `KV cache`, or a `report --json` key,
+/// `kv_cache`).
 pub fn check_hide(hide: &[String]) -> crate::Result<()> {
     for h in hide {
-        if !CATEGORIES.contains(&h.as_str()) {
+        if crate::categories::parse(h).is_none() {
             return Err(Error::Invalid(format!(
                 "--hide {h:?}: the categories are {}",
                 CATEGORIES.join(", ")
@@ -37,6 +38,12 @@ pub fn check_hide(hide: &[String]) -> crate::Result<()> {
         }
     }
     Ok(())
+}
+
+/// True when `--hide` names category index `c`.
+fn hidden(hide: &[String], c: usize) -> bool {
+    hide.iter()
+        .any(|h| crate::categories::parse(h).is_some_and(|x| x.index() == c))
 }
 
 /// The timeline of every device of `trace` (read from `dir`, which messages name), stacked by
@@ -74,7 +81,7 @@ pub fn timeline(
     for (ordinal, pts) in points {
         // Only the categories that ever held bytes.
         let used: Vec<usize> = (0..CATEGORIES.len())
-            .filter(|&c| !hide.iter().any(|h| h == CATEGORIES[c]))
+            .filter(|&c| !hidden(hide, c))
             .filter(|&c| {
                 pts.iter()
                     .any(|p| p.by_category.get(c).is_some_and(|b| *b > 0))

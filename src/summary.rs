@@ -192,6 +192,20 @@ pub struct DeviceSummary {
     /// Tensor-level view (traces with tensor records).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tensors: Option<TensorSummary>,
+    /// Every byte in a category ([`crate::categoriser`]) at its first out-of-memory, else at
+    /// its peak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub categories: Option<DeviceCategories>,
+}
+
+/// What the memory of a device holds at one moment.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeviceCategories {
+    /// Which moment.
+    pub at: crate::categoriser::MomentKind,
+    /// The rows.
+    #[serde(flatten)]
+    pub breakdown: crate::categoriser::Breakdown,
 }
 
 /// One process.
@@ -817,6 +831,21 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
     let failure = |pi: usize, f: &FailureAt| shown.failure(pi, f);
 
     let acc: BTreeMap<(usize, i32), Acc> = acc.into_iter().collect();
+    let mut categories: BTreeMap<(usize, i32), DeviceCategories> = BTreeMap::new();
+    for (at, kind) in crate::categoriser::moments(trace)? {
+        let breakdown = crate::categoriser::breakdown_at(
+            trace,
+            at,
+            crate::categoriser::Expectations::default(),
+        )?;
+        categories.insert(
+            (at.process, at.device),
+            DeviceCategories {
+                at: kind,
+                breakdown,
+            },
+        );
+    }
     let mut processes = Vec::new();
     for (pi, p) in trace.processes.iter().enumerate() {
         let mut devices = Vec::new();
@@ -894,6 +923,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
                         .filter(|_| l.peak > 0)
                         .map(moment),
                 }),
+                categories: categories.remove(&(pi, *dev)),
             });
         }
         processes.push(ProcessSummary {
@@ -1032,6 +1062,31 @@ pub fn render(s: &Summary, detail: bool) -> String {
                 if detail && let Some(m) = &t.at_peak {
                     let _ = writeln!(out, "    at the tensor peak:");
                     render_tensor_moment(&mut out, m, None);
+                }
+            }
+            if let Some(c) = &d.categories {
+                let at = match c.at {
+                    crate::categoriser::MomentKind::Failure => "at the first out-of-memory",
+                    crate::categoriser::MomentKind::Peak => "at the peak",
+                };
+                let _ = writeln!(out, "    what the memory holds {at}:");
+                out.push_str(&crate::categoriser::render(&c.breakdown, "      "));
+                if let Some(s) = c.breakdown.segments.first().filter(|s| s.reserve > 0) {
+                    let _ = writeln!(
+                        out,
+                        "      the allocator's reserve lies in {} segments; the largest free block, {}, in the segment at {:#x} of {}",
+                        c.breakdown.segments.len(),
+                        fmt_bytes(
+                            c.breakdown
+                                .segments
+                                .iter()
+                                .map(|s| s.largest_free_block)
+                                .max()
+                                .unwrap_or(0)
+                        ),
+                        s.base,
+                        fmt_bytes(s.size),
+                    );
                 }
             }
             if detail && !d.peak_live.is_empty() {

@@ -9,14 +9,17 @@
 //! A batch does not send one sample per event: the trace time it covers is cut into at most
 //! [`MAX_BUCKETS`] buckets of at least [`MIN_BUCKET_NS`], and each device touched in a bucket
 //! gets its highest point in the bucket (when above the bucket's end) and its end point, stacked
-//! by [`crate::categories::CATEGORIES`].
+//! by [`crate::categories::CATEGORIES`]. An allocation's category is decided when it is made
+//! ([`crate::categoriser::categorise_stack`]: its Python frames, native modules and label; an
+//! annotation naming it later decides again), once per process, stack and label.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use vramtrace_format::Event;
 use vramtrace_viewer::model::{DeviceInfo, FailedAllocation, TimelinePoint, Update};
 
-use crate::categories::{CATEGORIES, category};
+use crate::categories::{CATEGORIES, N};
+use crate::categoriser::categorise_stack;
 use crate::error::Result;
 use crate::replay::{FastMap, Pool, Replayer, Step};
 use crate::trace::{Item, Process, Trace};
@@ -43,6 +46,7 @@ pub(crate) struct Booked {
     category: u8,
     size: u64,
     label: u32,
+    stack: u32,
 }
 
 /// The replay plus live bytes by category per process and device.
@@ -51,7 +55,9 @@ pub(crate) struct Book {
     pub(crate) replay: Replayer,
     seq: usize,
     booked: FastMap<(usize, u8, u64), Booked>,
-    by_cat: BTreeMap<(usize, i32), [u64; 5]>,
+    by_cat: BTreeMap<(usize, i32), [u64; N]>,
+    /// The category of an allocation as it is made, by process, stack and label.
+    made: FastMap<(usize, u32, u32), u8>,
 }
 
 impl Book {
@@ -81,11 +87,18 @@ impl Book {
                     Step::Allocated { pool } => {
                         self.unbook(key);
                         if *pool == Pool::Device {
+                            let category =
+                                *self.made.entry((pi, e.stack, e.label)).or_insert_with(|| {
+                                    categorise_stack(p, e.stack, e.size, p.string(e.label), None)
+                                        .category
+                                        .index() as u8
+                                });
                             let b = Booked {
                                 device: e.device,
-                                category: category(p.string(e.label), None).index() as u8,
+                                category,
                                 size: e.size,
                                 label: e.label,
+                                stack: e.stack,
                             };
                             self.booked.insert(key, b);
                             self.add(pi, b, true);
@@ -100,7 +113,10 @@ impl Book {
                 if self.replay.annotate(pi, a).is_some()
                     && let Some(mut b) = self.booked.get(&(pi, 0, a.ptr)).copied()
                 {
-                    let c = category(p.string(b.label), p.string(a.name)).index() as u8;
+                    let c =
+                        categorise_stack(p, b.stack, b.size, p.string(b.label), p.string(a.name))
+                            .category
+                            .index() as u8;
                     if c != b.category {
                         self.add(pi, b, false);
                         b.category = c;
@@ -115,8 +131,8 @@ impl Book {
     }
 
     /// Live bytes by category on `device`, of one process or of all.
-    pub(crate) fn device_cats(&self, device: i32, process: Option<usize>) -> [u64; 5] {
-        let mut sum = [0u64; 5];
+    pub(crate) fn device_cats(&self, device: i32, process: Option<usize>) -> [u64; N] {
+        let mut sum = [0u64; N];
         for ((pi, d), v) in &self.by_cat {
             if *d == device && process.is_none_or(|p| p == *pi) {
                 for (s, x) in sum.iter_mut().zip(v) {
@@ -200,7 +216,7 @@ impl TimelineFold {
         let mut bucket = 0u64;
         let mut end_t = first;
         // Per device touched in this bucket: the highest live bytes, when, and their split.
-        let mut high: BTreeMap<i32, (u64, u64, [u64; 5])> = BTreeMap::new();
+        let mut high: BTreeMap<i32, (u64, u64, [u64; N])> = BTreeMap::new();
         for (t, pi, item) in batch {
             let b = (t - first) / width;
             if b != bucket {
@@ -224,7 +240,7 @@ impl TimelineFold {
                     }
                 }
                 Some(Step::Released { freed: Some(f) }) if f.pool == Pool::Device => {
-                    high.entry(f.event.device).or_insert((0, t, [0; 5]));
+                    high.entry(f.event.device).or_insert((0, t, [0; N]));
                 }
                 Some(Step::Failed) => {
                     let device = e.device.max(0);
@@ -243,7 +259,7 @@ impl TimelineFold {
                             .map(str::to_string)
                             .unwrap_or_else(|| crate::cu_result::describe(e.result)),
                     }));
-                    high.entry(device).or_insert((0, t, [0; 5]));
+                    high.entry(device).or_insert((0, t, [0; N]));
                 }
                 _ => {}
             }
@@ -254,7 +270,7 @@ impl TimelineFold {
 
     fn flush(
         &mut self,
-        high: &mut BTreeMap<i32, (u64, u64, [u64; 5])>,
+        high: &mut BTreeMap<i32, (u64, u64, [u64; N])>,
         end_t: u64,
         out: &mut Vec<Update>,
     ) {

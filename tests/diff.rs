@@ -52,6 +52,29 @@ fn two_h200_samples_by_label() {
     assert_eq!(unnamed["b_bytes"], 334_436_352u64);
     // Largest difference first.
     assert_eq!(d["by_label"][0]["key"], "(unnamed, no label)");
+    // By the categoriser's rows at each peak: A's labelled workload tensors are activations
+    // and the recurrent state; B's fla tensors carry no frame, no label: unnamed.
+    let cat = |key: &str| {
+        d["by_category"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == key)
+            .unwrap_or_else(|| panic!("no category row {key}"))
+            .clone()
+    };
+    let u = cat("unnamed");
+    assert_eq!(
+        (u["a_bytes"].as_u64(), u["b_bytes"].as_u64()),
+        (Some(0), Some(334_436_352))
+    );
+    assert_eq!(u["b_count"], 8);
+    let st = cat("recurrent state");
+    assert_eq!(
+        (st["a_bytes"].as_u64(), st["b_bytes"].as_u64()),
+        (Some(3_145_728), Some(3_145_728))
+    );
+    assert_eq!(d["by_category"][0]["key"], "unnamed");
     // And as text.
     let t = Command::new(common::vramtrace())
         .arg("diff")

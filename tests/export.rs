@@ -205,7 +205,8 @@ fn parquet_tables_hold_every_value() {
             "label",
             "name",
             "dtype",
-            "unmatched"
+            "unmatched",
+            "category"
         ]
     );
     let col = |c: &str| ev.iter().map(|r| get(r, c).clone()).collect::<Vec<_>>();
@@ -280,6 +281,19 @@ fn parquet_tables_hold_every_value() {
     assert_eq!(get(&ev[2], "dtype"), &s("bf16"));
     assert_eq!(get(&ev[3], "name"), &null, "A was never named");
     assert_eq!(col("unmatched"), [false; 6].map(Field::Bool).to_vec());
+    // What the categoriser makes of each allocation when it is made: the labelled one by its
+    // label; annotations and frees have none.
+    assert_eq!(
+        col("category"),
+        [
+            s("unnamed"),
+            s("activations"),
+            null.clone(),
+            null.clone(),
+            s("unnamed"),
+            s("unnamed")
+        ]
+    );
 
     let st: Vec<_> = rows(&out.join("stacks.parquet"))
         .iter()

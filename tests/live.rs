@@ -126,7 +126,11 @@ fn follows_a_growing_directory_and_new_files() {
     let (t, live, cats) = last_sample(&u).expect("a sample");
     assert_eq!(live, (1 << 30) + (256 << 20));
     assert_eq!(cats[0], 1 << 30, "the labelled one is weights");
-    assert_eq!(cats[4], 256 << 20, "the other one is unnamed");
+    assert_eq!(
+        cats[vramtrace::categories::Category::Unnamed.index()],
+        256 << 20,
+        "the other one is unnamed"
+    );
     assert!((t - 0.002).abs() < 1e-9, "{t}");
 
     // The file grows: a free, later.

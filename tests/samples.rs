@@ -482,3 +482,71 @@ fn nccl_ranks_leave_no_release_unmatched() {
         "the null free is in the trace"
     );
 }
+
+/// `summary --json` carries what the memory holds, in the categoriser's rows, at the first
+/// out-of-memory: torch-oom (a real allocator OOM under a 24 GiB cap) to the byte, every row
+/// with what it rests on, and what no rule names by its Python line.
+#[test]
+fn summary_puts_every_byte_of_torch_oom_in_a_category() {
+    let v = json(&["summary", "--json", sample("torch-oom").to_str().unwrap()]);
+    let d = v["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == 0)
+        .unwrap()
+        .clone();
+    let c = &d["categories"];
+    assert_eq!(c["at"], "failure");
+    assert_eq!(c["total"], 25_229_590_528u64);
+    let rows: Vec<(String, u64, u64)> = c["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["category"].as_str().unwrap().to_string(),
+                r["bytes"].as_u64().unwrap(),
+                r["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64, u64)> = [
+        ("weights", 11_168_645_120u64, 64u64),
+        ("kv_cache", 6_919_421_952, 102),
+        ("state", 38_862_848, 12),
+        ("activations", 3_189_318_656, 8),
+        ("allocator_reserve", 3_149_126_656, 0),
+        ("context", 730_660_864, 5),
+        ("unnamed", 33_554_432, 1),
+    ]
+    .iter()
+    .map(|(k, b, n)| (k.to_string(), *b, *n))
+    .collect();
+    assert_eq!(rows, want);
+    assert_eq!(
+        c["rows"][0]["evidence"][0]["evidence"],
+        serde_json::json!({"kind": "lifetime", "lifetime": {"kind": "persistent"}})
+    );
+    assert_eq!(
+        c["rows"][6]["evidence"][0]["evidence"],
+        serde_json::json!({"kind": "site", "site": "torch_prefill.py:55 prefill"})
+    );
+    // The reserve per segment, with its largest free block: PyTorch's 887.88 MiB block.
+    assert_eq!(c["segments"][0]["largest_free_block"], 931_004_416u64);
+    // And as text.
+    let o = Command::new(vramtrace())
+        .args(["summary", sample("torch-oom").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    for line in [
+        "    what the memory holds at the first out-of-memory:",
+        "      KV cache              6.44 GiB  27.43% in 102",
+        "          6.44 GiB in 102: lifetime: its line keeps tensors of 25 earlier steps (grows)",
+        "          32.00 MiB in 1: no rule; at torch_prefill.py:55 prefill",
+        "      total                23.50 GiB",
+    ] {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
+}

@@ -124,7 +124,7 @@ pub fn category_of(label: Option<&str>, name: Option<&str>) -> &'static str {
 }
 
 /// Every category [`category_of`] gives, in the timeline's stacking order.
-pub const CATEGORIES: [&str; 5] = crate::categories::CATEGORIES;
+pub const CATEGORIES: [&str; crate::categories::N] = crate::categories::CATEGORIES;
 
 /// The range path open on each thread (`prefill/layer.3/gdn`), as the preload labels the
 /// driver events made inside it: a tensor record carries no label of its own.

@@ -4,7 +4,7 @@
 //!
 //! | file | one row per | columns |
 //! | --- | --- | --- |
-//! | `events.parquet` | event, in time order | `pid`, `tid`, `t_ns`, `kind`, `api`, `mem`, `pool`, `device`, `ptr`, `size`, `result`, `stream`, `aux`, `free_bytes`, `total_bytes`, `stack_id`, `label`, `name`, `dtype`, `unmatched` |
+//! | `events.parquet` | event, in time order | `pid`, `tid`, `t_ns`, `kind`, `api`, `mem`, `pool`, `device`, `ptr`, `size`, `result`, `stream`, `aux`, `free_bytes`, `total_bytes`, `stack_id`, `label`, `name`, `dtype`, `unmatched`, `category` |
 //! | `stacks.parquet` | frame of a recorded stack | `pid`, `stack_id`, `frame` (0 = innermost), `address`, `module`, `symbol`, `file`, `line` |
 //! | `processes.parquet` | traced process | `pid`, `ppid`, `command_line`, `host`, `start_unix_ns`, `start_mono_ns`, `driver_version`, `path`, `problems` |
 //! | `devices.parquet` | device a process reported | `pid`, `ordinal`, `name`, `total_bytes` |
@@ -41,6 +41,9 @@
 //! named allocation; a name given through the annotation ABI is an `annotate` row of its own
 //! (the allocation's `ptr`, `size` and `device`). `pool` is the accounting bucket (`device`,
 //! `managed`, `host`, `address`, `mapped`); buckets are never to be summed together.
+//! `category` is, on an allocation and a failed allocation, what the categoriser makes of it
+//! when it is made ([`crate::categoriser::categorise_stack`]: its frames and label; the
+//! `report --json` key, `kv_cache`), NULL on other rows.
 //!
 //! Rows are written as [`Trace::items`] streams them, [`ROW_GROUP_ROWS`] to a row group (DuckDB
 //! writes 122,880-row groups itself), so a 10 M-event trace exports holding one row group
@@ -104,6 +107,7 @@ const EVENTS_SCHEMA: &str = "message events {
   OPTIONAL BYTE_ARRAY name (UTF8);
   OPTIONAL BYTE_ARRAY dtype (UTF8);
   REQUIRED BOOLEAN unmatched;
+  OPTIONAL BYTE_ARRAY category (UTF8);
 }";
 
 const STACKS_SCHEMA: &str = "message stacks {
@@ -241,6 +245,7 @@ fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, 
         let s = trace.processes[pi].string(id)?;
         Some(interned.entry((pi, id)).or_insert_with(|| bytes(s)).clone())
     };
+    let mut categories: HashMap<(usize, u32, u32), ByteArray> = HashMap::new();
     let mut replay = Replayer::new();
     for (seq, (pi, item)) in trace.items()?.enumerate() {
         if seq % 4096 == 0 {
@@ -268,6 +273,7 @@ fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, 
                 t.str(17, intern(pi, a.name));
                 t.str(18, intern(pi, a.dtype));
                 t.bool(19, hit.is_none());
+                t.str(20, None);
                 t.end_row()?;
             }
             Item::Event(e) => {
@@ -308,6 +314,29 @@ fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, 
                 t.str(17, tensor.as_ref().and_then(|a| intern(pi, a.name)));
                 t.str(18, tensor.as_ref().and_then(|a| intern(pi, a.dtype)));
                 t.bool(19, unmatched);
+                let made = matches!(e.kind, EventKind::Alloc | EventKind::AllocFailed);
+                t.str(
+                    20,
+                    made.then(|| {
+                        categories
+                            .entry((pi, e.stack, e.label))
+                            .or_insert_with(|| {
+                                let p = &trace.processes[pi];
+                                bytes(
+                                    crate::categoriser::categorise_stack(
+                                        p,
+                                        e.stack,
+                                        e.size,
+                                        p.string(e.label),
+                                        None,
+                                    )
+                                    .category
+                                    .key(),
+                                )
+                            })
+                            .clone()
+                    }),
+                );
                 t.end_row()?;
             }
             _ => {}

@@ -5,9 +5,9 @@
 //! (what failed, where, why, what to change) and complete below; [`html::render`] turns that
 //! Markdown into one self-contained HTML file with the plots inline.
 //!
-//! Live allocations are put in the categories of the live view ([`crate::categories::category`]):
-//! weights, KV cache (with the recurrent state kept between chunks), activations, other
-//! (ballast, reservations), unnamed. Within a category they are grouped by name and label with
+//! Live allocations are put in the categoriser's categories ([`crate::categoriser`], by their
+//! stacks, labels and names); the report's "What the memory holds" section shows every byte of
+//! the first failure (else the highest peak) in a category with what it rests on. Within a category they are grouped by name and label with
 //! the numbers that index layers and chunks collapsed ([`crate::names::pattern`]).
 
 pub mod figures;
@@ -122,8 +122,10 @@ pub fn tensor_name(t: &str) -> &str {
 }
 
 impl LiveSet {
-    /// Sums `items` by category and group.
-    pub fn of(items: &[AllocItem]) -> LiveSet {
+    /// Sums `items` by category and group; with the process they belong to, each is
+    /// categorised by its stack as well as its label and name
+    /// ([`crate::categoriser::categorise_stack`]).
+    pub fn of(items: &[AllocItem], process: Option<&crate::trace::Process>) -> LiveSet {
         let mut s = LiveSet {
             by_category: vec![(0, 0); CATEGORIES.len()],
             ..LiveSet::default()
@@ -131,7 +133,18 @@ impl LiveSet {
         let mut groups: BTreeMap<(usize, String), (usize, u64)> = BTreeMap::new();
         for a in items {
             let name = a.tensor.as_deref().map(tensor_name);
-            let c = category(a.label.as_deref(), name).index();
+            let c = match process {
+                Some(p) => crate::categoriser::categorise_stack(
+                    p,
+                    a.stack,
+                    a.size,
+                    a.label.as_deref(),
+                    name,
+                )
+                .category
+                .index(),
+                None => category(a.label.as_deref(), name).index(),
+            };
             let e = &mut s.by_category[c];
             e.0 = e.0.saturating_add(a.size);
             e.1 += 1;
@@ -337,6 +350,21 @@ impl Report {
     }
 
     /// The summary of one process and device.
+    /// Every byte in a category at the first failure, else at the highest peak: the process
+    /// and device, and the categoriser's rows ([`crate::categoriser`]).
+    pub fn categories(&self) -> Option<(usize, i32, &crate::summary::DeviceCategories)> {
+        let (process, device) = match self.first_failure() {
+            Some(f) => (f.process, f.device),
+            None => {
+                let p = self.highest_peak()?;
+                (p.process, p.device)
+            }
+        };
+        let c = self.device(process, device)?.categories.as_ref()?;
+        Some((process, device, c))
+    }
+
+    /// The process, device and its summary.
     pub fn device(&self, process: usize, device: i32) -> Option<&crate::summary::DeviceSummary> {
         self.summary
             .processes
@@ -387,7 +415,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
                 peaks.push(PeakReport {
                     process: pi,
                     device: d.device,
-                    live: LiveSet::of(&d.peak_live),
+                    live: LiveSet::of(&d.peak_live, Some(&trace.processes[pi])),
                     top: d
                         .peak_live
                         .iter()
@@ -404,7 +432,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
                     device: d.device,
                     index: n,
                     failure: f.clone(),
-                    live: LiveSet::of(&f.live),
+                    live: LiveSet::of(&f.live, Some(&trace.processes[pi])),
                     traced_by_process: across.get(&(pi, d.device, n)).cloned().unwrap_or_default(),
                     frames,
                     named_frames,

@@ -56,7 +56,8 @@ pub struct PlotArgs {
     /// Cliff: the prompt lengths to draw, T0..T1 (default: up to twice the cliff).
     #[arg(long, value_name = "T0..T1")]
     pub sweep: Option<String>,
-    /// Timeline: leave a category out of the stack (e.g. `other`, a ballast); repeatable.
+    /// Timeline: leave a category out of the stack, by its name or key (e.g. `other_process`,
+    /// a ballast; `other` still works); repeatable.
     #[arg(long, value_name = "CATEGORY")]
     pub hide: Vec<String>,
     /// The plot's title (default: what it shows).

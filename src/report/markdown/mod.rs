@@ -120,6 +120,20 @@ fn device_words(r: &Report, process: usize, device: i32) -> String {
     }
 }
 
+/// The categoriser's rows of the report's moment in one line, largest first (see "What the
+/// memory holds").
+fn rows_line(r: &Report) -> Option<String> {
+    let (_, _, c) = r.categories()?;
+    let mut rows: Vec<&crate::categoriser::Row> = c.breakdown.rows.iter().collect();
+    rows.sort_by_key(|x| std::cmp::Reverse(x.bytes));
+    Some(
+        rows.iter()
+            .map(|x| format!("{} {}", x.category.title(), fmt_bytes(x.bytes)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
+}
+
 fn categories_line(live: &LiveSet) -> String {
     let mut parts: Vec<(u64, String)> = live
         .by_category

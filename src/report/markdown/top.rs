@@ -25,7 +25,7 @@ pub(super) fn top(out: &mut String, r: &Report) {
                     both(d.peak_bytes),
                     fmt_secs(d.peak_t_s),
                     d.peak_live_count,
-                    categories_line(&p.live)
+                    rows_line(r).unwrap_or_else(|| categories_line(&p.live))
                 );
             }
             None => {
@@ -122,13 +122,26 @@ pub(super) fn top(out: &mut String, r: &Report) {
             )
         })
         .unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "- **Why**: this process held **{}** in {} allocations: {}{untraced}.",
-        fmt_bytes(fl.live_bytes),
-        fl.live_count,
-        categories_line(&f.live)
-    );
+    match (rows_line(r), r.categories()) {
+        (Some(rows), Some((_, _, c))) => {
+            let _ = writeln!(
+                out,
+                "- **Why**: this process held **{}** in {} allocations; the device's used memory, {}, holds {rows} (see What the memory holds).",
+                fmt_bytes(fl.live_bytes),
+                fl.live_count,
+                fmt_bytes(c.breakdown.total),
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "- **Why**: this process held **{}** in {} allocations: {}{untraced}.",
+                fmt_bytes(fl.live_bytes),
+                fl.live_count,
+                categories_line(&f.live)
+            );
+        }
+    }
     levers_brief(out, r);
     unreadable(out, r);
 }
