@@ -123,6 +123,22 @@ pub fn category_of(label: Option<&str>, name: Option<&str>) -> &'static str {
     CATEGORIES[crate::categories::category(label, name).index()]
 }
 
+/// The category of a tensor or allocation made with this stack, range label and name: the
+/// categoriser's reading of its Python frames and native modules as well
+/// ([`crate::categoriser::categorise_stack`]), as the timeline decides when an allocation is
+/// made.
+pub fn category_of_stack(
+    p: &crate::trace::Process,
+    stack: u32,
+    bytes: u64,
+    label: Option<&str>,
+    name: Option<&str>,
+) -> &'static str {
+    CATEGORIES[crate::categoriser::categorise_stack(p, stack, bytes, label, name)
+        .category
+        .index()]
+}
+
 /// Every category [`category_of`] gives, in the timeline's stacking order.
 pub const CATEGORIES: [&str; crate::categories::N] = crate::categories::CATEGORIES;
 

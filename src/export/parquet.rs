@@ -19,8 +19,8 @@
 //! names it (`chunk_o.py:565 chunk_fwd_o`: the innermost frame that is the program's own, with
 //! `file`, `line_no` and `function`; a `free` carries its allocation's, so bytes group by the
 //! line that allocated them); `name` the name given to the tensor (an annotation); `label` the
-//! range path open on the thread at the allocation; `category` what
-//! [`super::category_of`] makes of the label and name; `alloc_t_ns` on a `free`, when it was
+//! range path open on the thread at the allocation; `category` what the categoriser makes of
+//! the allocation's frames, label and name ([`super::category_of_stack`]); `alloc_t_ns` on a `free`, when it was
 //! allocated. `free_bytes`, `allocated_bytes` and `reserved_bytes` are the driver's free memory
 //! and the allocator's bytes at an `alloc_failed`. Grouping the bytes by line:
 //!
@@ -495,7 +495,13 @@ fn write_tensors(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64,
         t.opt_i64(8, segment.map(|s| s as i64));
         t.str(
             9,
-            Some(b(super::category_of(label.as_deref(), name.as_deref()))),
+            Some(b(super::category_of_stack(
+                p,
+                of.stack,
+                of.size,
+                label.as_deref(),
+                name.as_deref(),
+            ))),
         );
         t.str(10, loc.as_ref().map(|l| b(&l.to_string())));
         t.str(11, loc.as_ref().map(|l| b(&l.file)));

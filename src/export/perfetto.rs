@@ -16,8 +16,8 @@
 //!   What is still live when the trace ends closes there with `"live_at_end": true`.
 //! - **Tensors** (when PyTorch's are recorded; see [`crate::torch_replay`]): a counter track per
 //!   process and device, `tensor bytes: device 0`, whose args are the live tensor bytes of each
-//!   category ([`super::CATEGORIES`] by [`super::category_of`]: the range label open at the
-//!   allocation and the tensor's name; a name given later moves its bytes then), stacked in
+//!   category ([`super::CATEGORIES`] by [`super::category_of_stack`]: the allocation's frames,
+//!   the range label open at it and the tensor's name; a name given later moves its bytes then), stacked in
 //!   `chrome://tracing`, one track per category in Perfetto; and a slice per tensor, from its
 //!   allocation to its free, on lanes of their own (`device 0 tensors`), named by the tensor's
 //!   name, else its Python line (`chunk_o.py:565 chunk_fwd_o`), else `tensor`; `args` hold
@@ -74,8 +74,14 @@ struct LiveTensor {
 /// The live tensor bytes of one process and device, by category.
 type ByCategory = [u64; super::CATEGORIES.len()];
 
-fn category_index(label: Option<&str>, name: Option<&str>) -> usize {
-    let c = super::category_of(label, name);
+fn category_index(
+    p: &crate::trace::Process,
+    stack: u32,
+    size: u64,
+    label: Option<&str>,
+    name: Option<&str>,
+) -> usize {
+    let c = super::category_of_stack(p, stack, size, label, name);
     super::CATEGORIES
         .iter()
         .position(|x| *x == c)
@@ -236,7 +242,7 @@ pub fn export_perfetto(
                 replay.annotate(pi, &a);
                 if let Some((device, t)) = tensors.get_mut(&(pi, a.ptr)) {
                     let name = p.tensor_name(&a);
-                    let c = category_index(t.label.as_deref(), Some(&name));
+                    let c = category_index(p, t.stack, t.size, t.label.as_deref(), Some(&name));
                     t.name = Some(name);
                     if c != t.category {
                         let by = tensor_bytes.entry((pi, *device)).or_default();
@@ -286,7 +292,7 @@ pub fn export_perfetto(
                                     "tid": tid, "args": {"sort_index": tid}}))?;
                 }
                 let label = ranges.label(pi, t.tid);
-                let category = category_index(label.as_deref(), None);
+                let category = category_index(p, t.stack, t.size, label.as_deref(), None);
                 let live = LiveTensor {
                     t_ns: t.t_ns,
                     size: t.size,
