@@ -39,22 +39,11 @@ pub fn is_probe_frame(file: &str, function: &str) -> bool {
         || (function == "fire_callbacks" && file.ends_with("torch/_utils.py"))
 }
 
-/// True for a frame of PyTorch's own machinery: a file of the `torch` package outside
-/// `torch/nn` (whose modules' `forward` say what the program was doing). Operator calls and
-/// dispatch modes run through such frames (`torch/_ops.py` `__call__`, `torch/_compile.py`
-/// `inner` on the H200); they never say where the program allocated.
-///
-/// The package is the `torch` folder of an installation (`site-packages/torch/`,
-/// `dist-packages/torch/`), or of a source checkout when the path has no installation folder:
-/// a `torch` folder elsewhere in an installed path (the H200's venv is `/opt/torch/.venv`) holds
-/// the program's own libraries (transformers, fla, Triton), which do say where it allocated.
-pub fn is_torch_machinery(file: &str) -> bool {
-    let package = match file.rfind("-packages/") {
-        Some(i) => file[i..].strip_prefix("-packages/torch/"),
-        None => file.rfind("/torch/").map(|i| &file[i + "/torch/".len()..]),
-    };
-    package.is_some_and(|rest| !rest.starts_with("nn/"))
-}
+/// PyTorch's own machinery, as the categoriser defines it (a file of an installation's `torch`
+/// package outside `torch/nn`): operator calls and dispatch modes run through such frames
+/// (`torch/_ops.py` `__call__`, `torch/_compile.py` `inner` on the H200); they never say where
+/// the program allocated.
+pub use crate::categoriser::is_torch_machinery;
 
 /// The Python frames of a stack id, innermost first, as `file.py:LINE function` (base name),
 /// the probe's own frames skipped; at most `n`.
