@@ -641,9 +641,14 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     let moment = match failure {
         Some(f) => format!("the first failure ({:.3} s)", f.failure.t_s),
         None => match on_peak {
-            Some((t_ns, _)) => format!(
-                "the highest peak ({:.3} s, where PyTorch's live tensors were highest on it)",
-                t_ns.saturating_sub(trace.start_ns()) as f64 / 1e9
+            Some((t_ns, tensors)) => format!(
+                "the highest peak ({:.3} s{})",
+                t_ns.saturating_sub(trace.start_ns()) as f64 / 1e9,
+                if tensors > 0 {
+                    ", where PyTorch's live tensors were highest on it"
+                } else {
+                    ""
+                }
             ),
             None => "the highest peak".to_string(),
         },
