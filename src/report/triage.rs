@@ -182,6 +182,8 @@ pub struct PeakFit {
     pub differs: Vec<String>,
     /// What was given from the trace and what was checked, one sentence each.
     pub notes: Vec<String>,
+    /// The limit the frontier is against (the card, `--capacity`, or the budget given).
+    pub limit: Limit,
 }
 
 /// How close the whole-step model must come to an observed peak to be said to agree (the
@@ -1348,14 +1350,10 @@ fn peak_model(
     let context_frontier = model
         .largest_context_at(&shape, &limit, max_ctx)
         .map_err(|e| e.to_string())?;
-    // The largest chunk at the largest context that fits at this chunk (the step's own context
-    // when none does).
-    let at_context = context_frontier
-        .largest_context
-        .unwrap_or(tokens)
-        .max(tokens);
+    // The largest chunk at the step's own context (for one forward, chunk = context: the
+    // largest prompt in one forward is computed below).
     let chunk_frontier = model
-        .largest_chunk_at(&shape.with_context(at_context), &limit, &floor)
+        .largest_chunk_at(&shape, &limit, &floor)
         .map_err(|e| e.to_string())?;
     let one_forward = largest_single_forward(&model, &shape, &limit, max_ctx);
     if let Some(n) = one_forward {
@@ -1387,6 +1385,7 @@ fn peak_model(
             within_tolerance: within,
             differs,
             notes,
+            limit,
         }),
     })
 }

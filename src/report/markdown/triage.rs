@@ -395,7 +395,7 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
     let kf = &m.chunk_frontier;
     let _ = writeln!(
         out,
-        "- the frontier on {} ({}): at a chunk of {} tokens, contexts up to **{}** tokens fit{}; at a context of {} tokens, chunks up to **{}** tokens{}.\n",
+        "- the frontier on {} ({}): at a chunk of {} tokens, contexts up to **{}** tokens fit{}{}{}.\n",
         fmt_bytes(cf.limit_bytes),
         match r.capacity {
             Some((_, true)) => "given with --capacity",
@@ -406,8 +406,18 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
             .map(exact)
             .unwrap_or_else(|| "none".into()),
         if cf.capped { " (the search's cap)" } else { "" },
-        exact(kf.context_tokens),
-        kf.largest_chunk.map(exact).unwrap_or_else(|| "none".into()),
+        match kf.largest_chunk {
+            Some(c) if c >= kf.context_tokens => String::new(),
+            Some(c) => format!(
+                "; at the step's context of {} tokens, chunks up to **{}** tokens",
+                exact(kf.context_tokens),
+                exact(c)
+            ),
+            None => format!(
+                "; at the step's context of {} tokens, no chunk fits",
+                exact(kf.context_tokens)
+            ),
+        },
         if cf.limited_by_pool {
             "; the context is bounded by the KV pool"
         } else {
