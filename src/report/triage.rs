@@ -1344,7 +1344,8 @@ fn peak_model(
         vramtrace_models::kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)
             .map_or(0, |k| p / k.bytes_per_token.max(1))
     });
-    let max_ctx = MAX_SEARCHED_CONTEXT
+    // A peak has no failing context to stay near: search far enough to reach the card.
+    let max_ctx = (1u64 << 28)
         .max(tokens.saturating_mul(4))
         .max(pool_slots.saturating_add(1));
     let context_frontier = model
