@@ -104,7 +104,7 @@ fn transformers_prefill_every_byte_named_and_the_model_within_5_percent() {
         ]
     );
     let share = named_share(&r);
-    assert!(share >= 95.0 && share < 100.0, "{share}");
+    assert!((95.0..100.0).contains(&share), "{share}");
     // The step, read from the embedding's output live at the peak.
     assert_eq!(r["step"]["chunk_tokens"], 16_384);
     let m = &r["model"];

@@ -1247,17 +1247,26 @@ fn peak_model(
         ));
         let per = vramtrace_models::kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)
             .map_err(|e| e.to_string())?;
-        if per.bytes_per_token > 0 {
-            let slots = bytes / per.bytes_per_token;
+        let transformers_cb = why.contains("continuous_batching");
+        if let Some(slots) = bytes.checked_div(per.bytes_per_token) {
             let rest = bytes - slots * per.bytes_per_token;
             notes.push(if rest == 0 {
                 format!(
-                    "the pool holds exactly {slots} token slots × {} B per token (the config's K and V over {} attention layers, {} B per layer); at transformers' default block of 32 tokens, {} blocks{}",
+                    "the pool holds exactly {slots} token slots × {} B per token (the config's K and V over {} attention layers, {} B per layer){}",
                     per.bytes_per_token,
                     per.layers,
                     per.bytes_per_layer,
-                    slots / 32,
-                    if slots % 32 == 0 { "" } else { " and a partial one" }
+                    if transformers_cb {
+                        // transformers/generation/continuous_batching/cache.py: block_size
+                        // defaults to 32 (generation_config.block_size).
+                        format!(
+                            "; at transformers' default block of 32 tokens, {} blocks{}",
+                            slots / 32,
+                            if slots % 32 == 0 { "" } else { " and a partial one" }
+                        )
+                    } else {
+                        String::new()
+                    }
                 )
             } else {
                 format!(
