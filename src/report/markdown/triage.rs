@@ -395,17 +395,21 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
     let kf = &m.chunk_frontier;
     let _ = writeln!(
         out,
-        "- the frontier on {} ({}): at a chunk of {} tokens, contexts up to **{}** tokens fit{}{}{}.\n",
+        "- the frontier on {} ({}): at a chunk of {} tokens, {}{}{}.\n",
         fmt_bytes(cf.limit_bytes),
         match r.capacity {
             Some((_, true)) => "given with --capacity",
             _ => "the device's total; pass --capacity for another card",
         },
         cf.chunk_tokens,
-        cf.largest_context
-            .map(exact)
-            .unwrap_or_else(|| "none".into()),
-        if cf.capped { " (the search's cap)" } else { "" },
+        match cf.largest_context {
+            Some(l) => format!(
+                "contexts up to **{}** tokens fit{}",
+                exact(l),
+                if cf.capped { " (the search's cap)" } else { "" }
+            ),
+            None => "**no context fits**: the weights and the parts given from the trace (the engine's pool and buffers, the reserve, the context) already take more than that".to_string(),
+        },
         match kf.largest_chunk {
             Some(c) if c >= kf.context_tokens => String::new(),
             Some(c) => format!(
