@@ -265,7 +265,12 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
         } else {
             String::new()
         },
-        p.named_percent,
+        // A few unnamed bytes never read as 100.00%.
+        if p.named_bytes < p.bytes {
+            p.named_percent.min(99.99)
+        } else {
+            p.named_percent
+        },
         if p.named_bytes < p.bytes {
             format!(", {} unnamed", fmt_bytes(p.bytes - p.named_bytes))
         } else {
