@@ -1368,10 +1368,15 @@ fn peak_model(
     let one_forward = largest_single_forward(&model, &shape, &limit, max_ctx);
     if let Some(n) = one_forward {
         notes.push(format!(
-            "the largest prompt that fits in one forward (chunk = context) on {}: **{n}** tokens{}",
+            "the largest prompt that fits in one forward (chunk = context) on {}: **{n}** tokens{}{}",
             gib(limit.bytes().unwrap_or(0)),
             if n >= max_ctx {
                 " (the search's cap)"
+            } else {
+                ""
+            },
+            if runtime == Runtime::Transformers {
+                " (the model computes logits for every token, as `logits_to_keep=0` does; a program that keeps fewer fits more)"
             } else {
                 ""
             }
