@@ -201,12 +201,19 @@ fn a_peak_without_failure_shows_the_model_table_with_its_evidence() {
     );
     has("Size and order alone do not show that these allocations are the model's tensors");
     assert!(!peak.contains("failed request"), "{peak}");
-    // The table comes once, and the levers are computed from the same comparison.
+    // The table comes once; the first screen leads with the peak by category, not with one
+    // kernel's cliff.
     assert_eq!(md.matches("The model at").count(), 1);
+    let top = &md[..md.find("\n---\n").expect("the first screen ends")];
     assert!(
-        md.contains("Resident: **84.76 MiB (88,876,032 B)** live at the highest peak"),
-        "{md}"
+        top.contains("**403.70 MiB (423,312,384 B)** at 564.5 ms; **21.00%** of it is in a named category, 318.94 MiB unnamed."),
+        "{top}"
     );
+    assert!(
+        top.contains("| unnamed | 318.94 MiB (334,436,352 B) | 79.00% |"),
+        "{top}"
+    );
+    assert!(!md.contains("the cliff"), "{md}");
 }
 
 /// A real PyTorch OOM with the probe's Python frames: matches backed by a frame in the modelled

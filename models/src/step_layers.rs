@@ -686,7 +686,9 @@ const TF_RES: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen
 const TF_Z: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: z = self.in_proj_z(hidden_states)";
 const TF_BA: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: b = self.in_proj_b(..); a = self.in_proj_a(..)";
 const TF_CONV: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: mixed_qkv = causal_conv1d_fn(..) (in_proj_qkv's output is released as the name is rebound)";
-const TF_REP: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: query/key .repeat_interleave(..) when fla_needs_equal_qk_heads()";
+const TF_REP: &str = "transformers 5.17 src/transformers/models/qwen3_5/modeling_qwen3_5.py:621/622 Qwen3_5GatedDeltaNet.forward: query/key .repeat_interleave(..) to the value heads (traced with fla 0.6.0: samples/h200/hf-prefill-qwen35)";
+const TF_CONTIG: &str = "fla 0.6.0 fla/utils/decorators.py:93 _contiguous_if_needed (from fla/ops/gated_delta_rule/chunk.py:571): a copy of each input that is a strided view of mixed_qkv";
+const TF_EMB: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5TextModel.forward: inputs_embeds = self.embed_tokens(input_ids), bound through every layer";
 const TF_BETA: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: beta = b.sigmoid()";
 const TF_G: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: g = -A_log.float().exp() * softplus(a.float() + dt_bias)";
 const TF_ATT: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5Attention.forward: q_proj (with gate), k_proj, v_proj";
@@ -697,25 +699,31 @@ const TF_MLP: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen
 const TF_LOGITS: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5ForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]) (logits_to_keep=0: every token)";
 
 /// One GDN layer of transformers' Qwen3.5 with fla (`Qwen3_5GatedDeltaNet.forward`, read at
-/// transformers commit `009e78d6`): the residual stream, `z`, `b`, `a`, the conv output (the
-/// qkv projection is released when `mixed_qkv` is rebound), `beta` and the fp32 `g`, q and k
-/// repeated to the value heads only when the fla kernel needs equal heads (fla 0.4.2 here; fla
-/// 0.6.0 takes grouped value heads), then fla's kernel with in-kernel l2norm. Not modelled: the
-/// conv state's concatenation in `update_conv_state` (three tokens more than the chunk), the
-/// gated norm and `out_proj` after the kernel.
+/// transformers commit `009e78d6` and checked against the tensors of transformers 5.17 traced
+/// with fla 0.6.0, `samples/h200/hf-prefill-qwen35`): the embedding's output (bound by the
+/// model's forward through every layer) and the residual stream, `z`, `b`, `a`, the conv output
+/// (the qkv projection is released when `mixed_qkv` is rebound), `beta` and the fp32 `g`, q and
+/// k repeated to the value heads whenever there are fewer key heads (5.17 repeats with fla 0.6.0
+/// too: its lines 621/622 allocate `[1, T, HV, K]` each, and fla's l2norm copies are at HV
+/// heads), fla's contiguous copy of each input still a strided view of `mixed_qkv` (v; q and k
+/// too when not repeated), then fla's kernel with in-kernel l2norm. Not modelled: the rotary
+/// `cos`/`sin` (`[1, T, rotary dim]` each; the config's partial rotary factor is not read), the
+/// conv state's concatenation in `update_conv_state`, the gated norm and `out_proj` after the
+/// kernel.
 fn transformers_gdn(
     cfg: &ModelConfig,
     v: &StepVariants,
     s: &ServingShape,
     d: &Dims,
 ) -> Result<Vec<Tensor>, ModelError> {
-    let repeat = v.gdn == Variant::GdnFla042;
+    let repeat = v.gdn == Variant::GdnFla042 || d.hv > d.hk;
     let g = gdn_shape(cfg, v, s, repeat)?;
     let (t, dt) = (d.t, d.dt);
     let key_dim = d.hk * d.kd;
     let value_dim = d.hv * d.vd;
     let mut tl = Timeline::new();
     let mut ids = vec![
+        tl.alloc("inputs_embeds", &[1, t, d.hidden], dt, TF_EMB),
         tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES),
         tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES),
         tl.alloc("z", &[1, t, value_dim], dt, TF_Z),
@@ -733,7 +741,11 @@ fn transformers_gdn(
     if repeat {
         ids.push(tl.alloc("query (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP));
         ids.push(tl.alloc("key (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP));
+    } else {
+        ids.push(tl.alloc("query (contiguous)", &[1, t, d.hk, d.kd], dt, TF_CONTIG));
+        ids.push(tl.alloc("key (contiguous)", &[1, t, d.hk, d.kd], dt, TF_CONTIG));
     }
+    ids.push(tl.alloc("value (contiguous)", &[1, t, d.hv, d.vd], dt, TF_CONTIG));
     ids.extend(splice(&mut tl, &gdn_kernel(v.gdn, &g)?));
     free_all(&mut tl, ids);
     tl.finish()
@@ -747,6 +759,7 @@ fn transformers_attention(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     let hd = d.head_dim;
     let mut tl = Timeline::new();
     let mut ids = vec![
+        tl.alloc("inputs_embeds", &[1, t, d.hidden], dt, TF_EMB),
         tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES),
         tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES),
         tl.alloc(
@@ -788,6 +801,7 @@ fn transformers_attention(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
 fn transformers_mlp(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     let (t, dt) = (d.t, d.dt);
     let mut tl = Timeline::new();
+    let emb = tl.alloc("inputs_embeds", &[1, t, d.hidden], dt, TF_EMB);
     let hs = tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES);
     let res = tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES);
     let gate = tl.alloc("gate_proj(x)", &[1, t, d.inter], dt, TF_MLP);
@@ -797,7 +811,7 @@ fn transformers_mlp(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     let prod = tl.alloc("act * up", &[1, t, d.inter], dt, TF_MLP);
     free_all(&mut tl, [act, up]);
     let down = tl.alloc("down_proj", &[1, t, d.hidden], dt, TF_MLP);
-    free_all(&mut tl, [prod, down, hs, res]);
+    free_all(&mut tl, [prod, down, hs, res, emb]);
     tl.finish()
 }
 
@@ -805,8 +819,9 @@ fn transformers_mlp(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
 /// `[1, T, vocab]` in the model dtype, beside the final hidden states.
 fn transformers_logits(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     let mut tl = Timeline::new();
+    let emb = tl.alloc("inputs_embeds", &[1, d.t, d.hidden], d.dt, TF_EMB);
     let hs = tl.alloc("hidden_states", &[1, d.t, d.hidden], d.dt, TF_RES);
     let logits = tl.alloc("logits", &[1, d.t, d.vocab], d.dt, TF_LOGITS);
-    free_all(&mut tl, [hs, logits]);
+    free_all(&mut tl, [emb, hs, logits]);
     tl.finish()
 }

@@ -420,9 +420,13 @@ fn a_dense_model_steps_without_gdn_layers() {
         kinds,
         [StepLayer::Attention, StepLayer::Mlp, StepLayer::Logits]
     );
-    // Logits for 2048 tokens x 151,936 in bf16, beside the hidden states.
+    // Logits for 2048 tokens x 151,936 in bf16, beside the hidden states and the embedding's
+    // output.
     assert_eq!(b.activations.kind, StepLayer::Logits);
-    assert_eq!(b.activations.bytes, 2048 * 151_936 * 2 + 2048 * 4096 * 2);
+    assert_eq!(
+        b.activations.bytes,
+        2048 * 151_936 * 2 + 2 * 2048 * 4096 * 2
+    );
 }
 
 /// `samples/h200/prefill-uncapped`: the same workload on the H200 without a limit, 4 chunks of

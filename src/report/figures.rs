@@ -87,12 +87,18 @@ fn spaced(lo: u64, hi: u64) -> Vec<u64> {
     v
 }
 
-/// The whole-step cliff; `None` without the model beside a failure.
+/// The whole-step cliff; `None` without the whole-step model beside a failure or a peak.
 pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
     let t = r.triage.as_ref()?;
     let m = t.model.as_ref()?;
     let mi = r.model.as_ref()?;
-    let limit = t.limit.as_ref()?;
+    // Beside a failure, its enforced limit and the failing step marked; at a peak without one,
+    // the limit the frontier was computed against and no mark.
+    let (limit, limit_bytes, failing) = match (&t.limit, &m.peak_fit) {
+        (Some(l), _) => (l.limit, l.bytes, true),
+        (None, Some(fit)) => (fit.limit, fit.limit.bytes().ok()?, false),
+        (None, None) => return None,
+    };
     let model = StepModel::new(
         mi.cfg.clone(),
         StepVariants::for_runtime(m.runtime, &mi.cfg),
@@ -104,7 +110,7 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
         let frontier_ctx = m.context_frontier.largest_context;
         let hi_ctx = context.max(frontier_ctx.unwrap_or(0)).saturating_mul(5) / 4;
         let contexts = spaced(chunk, hi_ctx.max(chunk * 2));
-        let ctx_curve = model.context_curve(&m.shape, &limit.limit, &contexts)?;
+        let ctx_curve = model.context_curve(&m.shape, &limit, &contexts)?;
         let floor = m.chunk_frontier.floor.multiple.max(1);
         let chunks: Vec<u64> = spaced(1, chunk.saturating_mul(3) / 2)
             .into_iter()
@@ -113,29 +119,29 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
             .collect::<std::collections::BTreeSet<u64>>()
             .into_iter()
             .collect();
-        let chunk_curve = model.chunk_curve(&m.shape, &limit.limit, &chunks)?;
+        let chunk_curve = model.chunk_curve(&m.shape, &limit, &chunks)?;
         Ok(CliffPanels {
             title: format!(
                 "{} ({}): the step against the {} of {}",
                 mi.cfg.display_name(),
                 m.runtime.name(),
-                limit_label(&limit.limit),
-                vramtrace_models::units::fmt_bytes(limit.bytes)
+                limit_label(&limit),
+                vramtrace_models::units::fmt_bytes(limit_bytes)
             ),
-            limit_bytes: limit.bytes,
-            limit_label: limit_label(&limit.limit).to_string(),
+            limit_bytes,
+            limit_label: limit_label(&limit).to_string(),
             panels: vec![
                 CliffPanel {
                     x_desc: format!("context tokens at a chunk of {chunk}"),
                     curve: ctx_curve,
                     frontier: frontier_ctx,
-                    failure: Some((context, m.counted)),
+                    failure: failing.then_some((context, m.counted)),
                 },
                 CliffPanel {
                     x_desc: format!("chunk tokens at a context of {context}"),
                     curve: chunk_curve,
                     frontier: m.chunk_frontier.largest_chunk,
-                    failure: Some((chunk, m.counted)),
+                    failure: failing.then_some((chunk, m.counted)),
                 },
             ],
         })

@@ -161,6 +161,54 @@ pub struct ModelView {
     pub chunk_frontier: ChunkFrontier,
     /// The largest context that fits at the step's chunk.
     pub context_frontier: ContextFrontier,
+    /// Without a failure: the model's peak beside the observed one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_fit: Option<PeakFit>,
+}
+
+/// The whole-step model's predicted peak beside the observed one, for a run without a failure.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeakFit {
+    /// The model's peak: every part, predicted or given from the trace.
+    pub predicted: u64,
+    /// The observed peak: every category at the moment, `unnamed` included.
+    pub observed: u64,
+    /// `(predicted − observed) / observed`, in percent.
+    pub difference_percent: f64,
+    /// Whether the prediction is within [`PEAK_TOLERANCE_PERCENT`] of the observation.
+    pub within_tolerance: bool,
+    /// The parts that differ most (largest |residual| first), each with its likely cause, when
+    /// the prediction is off by more than the tolerance.
+    pub differs: Vec<String>,
+    /// What was given from the trace and what was checked, one sentence each.
+    pub notes: Vec<String>,
+    /// The limit the frontier is against (the card, `--capacity`, or the budget given).
+    pub limit: Limit,
+}
+
+/// How close the whole-step model must come to an observed peak to be said to agree (the
+/// issue's bar: 5 %).
+pub const PEAK_TOLERANCE_PERCENT: f64 = 5.0;
+
+/// The highest peak of a run where nothing failed: the moment its categories are of.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeakView {
+    /// The process.
+    pub pid: u32,
+    /// The device.
+    pub device: i32,
+    /// Seconds from the trace's start.
+    pub t_s: f64,
+    /// The device bytes of the process at the moment (the sum of the categories).
+    pub bytes: u64,
+    /// PyTorch's live tensors then (0 when the process reported none).
+    pub tensor_bytes: u64,
+    /// Bytes in a category other than `unnamed`.
+    pub named_bytes: u64,
+    /// `named_bytes / bytes` in percent.
+    pub named_percent: f64,
+    /// How the moment was chosen, in words.
+    pub moment: String,
 }
 
 /// One lever and what the model predicts it does.
@@ -193,9 +241,12 @@ pub struct Triage {
     /// The request that tipped it over.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tipping: Option<Tipping>,
-    /// The failing step's chunk and context.
+    /// The failing step's chunk and context (without a failure: the step at the peak).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<StepPosition>,
+    /// Without a failure: the highest peak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak: Option<PeakView>,
     /// Every byte of the moment in a category.
     pub categories: Vec<CategoryRow>,
     /// The categoriser's breakdown (segments included), for the tables and plots.
@@ -570,10 +621,17 @@ fn inside_limit(b: &Breakdown, device_total: u64, limit: &Limit) -> (u64, u64) {
 /// Computes the triage of `report` (built from `trace`).
 pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Result<Triage> {
     let failure = report.first_failure();
+    let mut on_peak: Option<(u64, u64)> = None;
     let at = match failure {
         Some(_) => categoriser::first_failure(trace)?,
         None => match report.highest_peak() {
-            Some(p) => categoriser::peak(trace, p.process, p.device)?,
+            Some(p) => match peak_moment(trace, p.process, p.device)? {
+                Some((at, t_ns, tensors)) => {
+                    on_peak = Some((t_ns, tensors));
+                    Some(at)
+                }
+                None => None,
+            },
             None => None,
         },
     };
@@ -584,7 +642,18 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     let categories = breakdown.as_ref().map(rows_of).unwrap_or_default();
     let moment = match failure {
         Some(f) => format!("the first failure ({:.3} s)", f.failure.t_s),
-        None => "the highest peak".to_string(),
+        None => match on_peak {
+            Some((t_ns, tensors)) => format!(
+                "the highest peak ({:.3} s{})",
+                t_ns.saturating_sub(trace.start_ns()) as f64 / 1e9,
+                if tensors > 0 {
+                    ", where PyTorch's live tensors were highest on it"
+                } else {
+                    ""
+                }
+            ),
+            None => "the highest peak".to_string(),
+        },
     };
     let mut t = Triage {
         verdict: Verdict {
@@ -596,6 +665,7 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         shortfall: None,
         tipping: None,
         step: None,
+        peak: None,
         categories,
         breakdown: breakdown.clone(),
         model: None,
@@ -604,6 +674,10 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         pytorch_message: None,
         inside_limit: None,
     };
+    if let (None, Some(at), Some(b), Some((t_ns, tensors))) = (failure, at, &breakdown, on_peak) {
+        no_failure(trace, opts, &mut t, at, b, t_ns, tensors)?;
+        return Ok(t);
+    }
     let (Some(f), Some(at), Some(b)) = (failure, at, breakdown) else {
         t.verdict.evidence.push(match report.highest_peak() {
             Some(_) => "no allocation failed; the categories are those of the highest peak".into(),
@@ -938,6 +1012,502 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     Ok(t)
 }
 
+/// The moment of the highest peak of one process and device: its highest device bytes and,
+/// among the moments at that level (a peak is a plateau under a caching allocator), the one
+/// where PyTorch's live tensors were highest — the step's own peak. The moment, its time and
+/// the live tensor bytes then.
+fn peak_moment(
+    trace: &Trace,
+    process: usize,
+    device: i32,
+) -> crate::Result<Option<(At, u64, u64)>> {
+    let mut r = crate::replay::Replayer::new();
+    let mut tensors: HashMap<u64, u64> = HashMap::new();
+    let mut live = 0u64;
+    let mut best: Option<(u64, u64, usize, u64)> = None;
+    let mut i = 0usize;
+    trace.for_each_item(|pi, it| {
+        let mine = pi == process;
+        match &it {
+            Item::Event(e) => {
+                r.apply(pi, i, e);
+            }
+            Item::Tensor(t) if mine && t.device == device => match t.action {
+                TensorAction::Alloc => {
+                    if let Some(old) = tensors.insert(t.ptr, t.size) {
+                        live = live.saturating_sub(old);
+                    }
+                    live += t.size;
+                }
+                TensorAction::Free => {
+                    live = live.saturating_sub(tensors.remove(&t.ptr).unwrap_or(0));
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        if mine {
+            let level = r.level(process, device, crate::replay::Pool::Device).live;
+            if level > 0 && best.is_none_or(|(l, tb, _, _)| (level, live) > (l, tb)) {
+                best = Some((level, live, i, it.t_ns()));
+            }
+        }
+        i += 1;
+        ControlFlow::Continue(())
+    })?;
+    Ok(best.map(|(_, tb, seq, t_ns)| {
+        (
+            At {
+                process,
+                device,
+                seq,
+            },
+            t_ns,
+            tb,
+        )
+    }))
+}
+
+/// The step live at a moment without a failure, from the embedding's output (the step's input
+/// hidden states, `tokens × hidden × dtype` bytes) among the live tensors: the tokens of the
+/// forward that was running.
+fn step_at_peak(trace: &Trace, at: At, cfg: &ModelConfig) -> crate::Result<Option<StepPosition>> {
+    let p = &trace.processes[at.process];
+    let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
+    let mut i = 0usize;
+    trace.for_each_item(|pi, it| {
+        if i > at.seq {
+            return ControlFlow::Break(());
+        }
+        i += 1;
+        if let Item::Tensor(t) = &it
+            && pi == at.process
+            && t.device == at.device
+        {
+            match t.action {
+                TensorAction::Alloc => {
+                    live.insert(t.ptr, (t.size, t.stack));
+                }
+                TensorAction::Free => {
+                    live.remove(&t.ptr);
+                }
+                _ => {}
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    let per_token = cfg.hidden_size * cfg.dtype.size_bytes();
+    if per_token == 0 {
+        return Ok(None);
+    }
+    let mut found: Option<(u64, String)> = None;
+    for &(size, stack) in live.values() {
+        let py = py_frames(p, stack);
+        let Some(f) = py
+            .iter()
+            .find(|f| f.function == "embedding" && f.file.ends_with("functional.py"))
+        else {
+            continue;
+        };
+        // The allocator rounds blocks up to 512 bytes.
+        let tokens = size / per_token;
+        if tokens == 0 || size - tokens * per_token >= 512 {
+            continue;
+        }
+        if found.as_ref().is_none_or(|(t, _)| tokens > *t) {
+            let site = format!(
+                "{}:{} {}",
+                f.file.rsplit('/').next().unwrap_or(f.file),
+                f.line,
+                f.function
+            );
+            found = Some((
+                tokens,
+                format!(
+                    "the embedding's output live at the peak ({site}): {size} B = {tokens} tokens × {per_token} B (hidden size × dtype)"
+                ),
+            ));
+        }
+    }
+    Ok(found.map(|(tokens, source)| StepPosition {
+        chunk_index: 0,
+        chunk_tokens: Some(tokens),
+        context_tokens: Some(tokens),
+        source,
+    }))
+}
+
+/// Whether the KV cache row is a pool an engine preallocates (transformers' continuous-batching
+/// `PagedAttentionCache`, vLLM's KV cache tensors), not a cache that grows with the context.
+fn kv_pool_of(b: &Breakdown) -> Option<(u64, String)> {
+    let row = b.rows.iter().find(|r| r.category == Category::KvCache)?;
+    let pooled = row.evidence.iter().any(|l| {
+        let e = l.evidence.to_string();
+        e.contains("continuous_batching") || e.contains("PagedAttentionCache") || e.contains("vllm")
+    });
+    pooled.then(|| {
+        (
+            row.bytes,
+            row.evidence
+                .first()
+                .map(|l| l.evidence.to_string())
+                .unwrap_or_default(),
+        )
+    })
+}
+
+/// The triage of a run where nothing failed: the peak, its categories, and with a model the
+/// whole-step model's peak beside the observed one, part by part, and its frontier.
+#[allow(clippy::too_many_arguments)]
+fn no_failure(
+    trace: &Trace,
+    opts: &TriageOptions,
+    t: &mut Triage,
+    at: At,
+    b: &Breakdown,
+    t_ns: u64,
+    tensors: u64,
+) -> crate::Result<()> {
+    let p = &trace.processes[at.process];
+    let unnamed = b.bytes(Category::Unnamed);
+    let named = b.total.saturating_sub(unnamed);
+    let percent = |x: u64| {
+        if b.total == 0 {
+            0.0
+        } else {
+            100.0 * x as f64 / b.total as f64
+        }
+    };
+    t.peak = Some(PeakView {
+        pid: p.pid(),
+        device: at.device,
+        t_s: t_ns.saturating_sub(trace.start_ns()) as f64 / 1e9,
+        bytes: b.total,
+        tensor_bytes: tensors,
+        named_bytes: named,
+        named_percent: percent(named),
+        moment: "the process's highest device bytes; of the moments at that level, the one with the most live PyTorch tensors (the step's own peak)".into(),
+    });
+    t.verdict.evidence.push(format!(
+        "no allocation failed; the highest peak, {}, has {:.2}% of its bytes in a named category",
+        gib(b.total),
+        percent(named)
+    ));
+    let Some(m) = &opts.model else {
+        return Ok(());
+    };
+    t.step = step_at_peak(trace, at, &m.cfg)?;
+    match peak_model(trace, opts, m, t, b) {
+        Ok(v) => t.model = Some(v),
+        Err(e) => t.model_error = Some(e),
+    }
+    Ok(())
+}
+
+/// The whole-step model at a peak without a failure: the step read from the trace, the parts a
+/// config cannot give (the engine's KV pool and static buffers, the allocator's reserve, the
+/// context, graphs, NCCL, autotuning) taken from the moment's categories, the rest predicted.
+fn peak_model(
+    trace: &Trace,
+    opts: &TriageOptions,
+    m: &ModelInput,
+    t: &Triage,
+    b: &Breakdown,
+) -> Result<ModelView, String> {
+    let runtime = opts.runtime.or_else(|| detect_runtime(trace)).ok_or(
+        "the trace does not say which program ran the step; pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
+    )?;
+    let tokens = t
+        .step
+        .as_ref()
+        .and_then(|s| s.chunk_tokens)
+        .ok_or("no embedding output of the config's hidden size is live at the peak, so the step's tokens are not known; is the config the traced model's?")?;
+    let nz = |c: Category| Some(b.bytes(c)).filter(|&x| x > 0);
+    let pool = kv_pool_of(b);
+    let cfg = &m.cfg;
+    let mut notes = Vec::new();
+    let known = KnownParts {
+        engine_buffers: nz(Category::EngineBuffers),
+        cuda_graphs: nz(Category::CudaGraphs),
+        communication: nz(Category::Communication),
+        autotune: nz(Category::Autotune),
+        kv_pool: pool.as_ref().map(|(bytes, _)| *bytes),
+        allocator_reserve: runtime
+            .uses_pytorch_allocator()
+            .then(|| b.bytes(Category::AllocatorReserve)),
+        context: Some(b.bytes(Category::Context)),
+        other_process: nz(Category::OtherProcess),
+    };
+    let mut shape = ServingShape::prefill(cfg, tokens, tokens);
+    shape.tp = m.opts.tp.max(1);
+    if let Some((bytes, why)) = &pool {
+        notes.push(format!(
+            "the KV pool ({}) is the engine's decision (sized from its memory heuristics, not from the context), so it is taken from the trace ({why}), not predicted",
+            gib(*bytes)
+        ));
+        let per = vramtrace_models::kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)
+            .map_err(|e| e.to_string())?;
+        let transformers_cb = why.contains("continuous_batching");
+        if let Some(slots) = bytes.checked_div(per.bytes_per_token) {
+            let rest = bytes - slots * per.bytes_per_token;
+            notes.push(if rest == 0 {
+                format!(
+                    "the pool holds exactly {slots} token slots × {} B per token (the config's K and V over {} attention layers, {} B per layer){}",
+                    per.bytes_per_token,
+                    per.layers,
+                    per.bytes_per_layer,
+                    if transformers_cb {
+                        // transformers/generation/continuous_batching/cache.py: block_size
+                        // defaults to 32 (generation_config.block_size).
+                        format!(
+                            "; at transformers' default block of 32 tokens, {} blocks{}",
+                            slots / 32,
+                            if slots % 32 == 0 { "" } else { " and a partial one" }
+                        )
+                    } else {
+                        String::new()
+                    }
+                )
+            } else {
+                format!(
+                    "the pool is not a whole number of tokens at {} B per token ({slots} slots and {rest} B more): the cache's dtype or heads differ from the config",
+                    per.bytes_per_token
+                )
+            });
+        }
+    }
+    if pool
+        .as_ref()
+        .is_some_and(|(_, why)| why.contains("continuous_batching"))
+    {
+        notes.push("the step's activations are modelled as transformers' eager forward (SDPA over K/V repeated to the query heads), not the paged attention kernel continuous batching runs: read the activations row as an estimate".into());
+    }
+    if let Some(e) = known.engine_buffers {
+        notes.push(format!(
+            "the engine's static buffers ({}) are its decision too (sized for its largest batch), so they are taken from the trace",
+            gib(e)
+        ));
+    }
+    notes.push(format!(
+        "the allocator's reserve ({}) and the context ({}) are taken from the trace at the moment",
+        gib(b.bytes(Category::AllocatorReserve)),
+        gib(b.bytes(Category::Context))
+    ));
+    let model = StepModel::new(
+        cfg.clone(),
+        StepVariants::for_runtime(runtime, cfg),
+        known.clone(),
+    );
+    let device_total = trace
+        .processes
+        .iter()
+        .flat_map(|p| p.devices.iter())
+        .find(|d| d.ordinal == b_device(t))
+        .map(|d| d.total_bytes)
+        .unwrap_or(0);
+    let capacity = opts.capacity.unwrap_or(device_total);
+    let limit = match opts.gpu_memory_utilization {
+        Some(fraction) => Limit::GpuMemoryUtilization { capacity, fraction },
+        None => Limit::Card { capacity },
+    };
+    let step = model.check(&shape, &limit).map_err(|e| e.to_string())?;
+    let lc = step.limit.clone().ok_or("the model was not checked")?;
+    let mut observed: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &b.rows {
+        if r.bytes > 0 {
+            *observed.entry(r.category.key().to_string()).or_default() += r.bytes;
+        }
+    }
+    let mut res = residuals(&step, &observed).map_err(|e| e.to_string())?;
+    peak_causes(&mut res, &step, &known);
+    let diff = if res.observed_total == 0 {
+        0.0
+    } else {
+        100.0 * res.total_residual as f64 / res.observed_total as f64
+    };
+    let within = diff.abs() <= PEAK_TOLERANCE_PERCENT;
+    let mut parts: Vec<_> = res.parts.iter().filter(|p| p.residual != 0).collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.residual.unsigned_abs()));
+    let differs = parts
+        .iter()
+        .take(if within { 0 } else { 3 })
+        .map(|p| {
+            format!(
+                "{}: predicted {}, observed {} ({}): {}",
+                p.category.name(),
+                p.predicted.map_or("—".into(), gib),
+                gib(p.observed),
+                signed_bytes(p.residual),
+                p.likely_cause
+            )
+        })
+        .collect();
+    let hybrid = cfg.layer_types.contains(&LayerKind::LinearAttention);
+    let floor = if hybrid && matches!(runtime, Runtime::Vllm | Runtime::Workload) {
+        ChunkFloor::vllm_mamba_align(opts.block_size.unwrap_or(tokens))
+    } else {
+        ChunkFloor::none()
+    };
+    // With a pool, the context is bounded by it: search past it.
+    let pool_slots = known.kv_pool.map_or(0, |p| {
+        vramtrace_models::kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)
+            .map_or(0, |k| p / k.bytes_per_token.max(1))
+    });
+    // A peak has no failing context to stay near: search far enough to reach the card.
+    let max_ctx = (1u64 << 28)
+        .max(tokens.saturating_mul(4))
+        .max(pool_slots.saturating_add(1));
+    let context_frontier = model
+        .largest_context_at(&shape, &limit, max_ctx)
+        .map_err(|e| e.to_string())?;
+    // The largest chunk at the step's own context (for one forward, chunk = context: the
+    // largest prompt in one forward is computed below).
+    let chunk_frontier = model
+        .largest_chunk_at(&shape, &limit, &floor)
+        .map_err(|e| e.to_string())?;
+    let one_forward = largest_single_forward(&model, &shape, &limit, max_ctx);
+    if let Some(n) = one_forward {
+        notes.push(format!(
+            "the largest prompt that fits in one forward (chunk = context) on {}: **{n}** tokens{}{}",
+            gib(limit.bytes().unwrap_or(0)),
+            if n >= max_ctx {
+                " (the search's cap)"
+            } else {
+                ""
+            },
+            if runtime == Runtime::Transformers {
+                " (the model computes logits for every token, as `logits_to_keep=0` does; a program that keeps fewer fits more)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(ModelView {
+        runtime,
+        shape,
+        failure_fits: None,
+        before_fits: None,
+        headroom: lc.headroom,
+        counted: lc.counted,
+        known,
+        residuals: res.clone(),
+        chunk_frontier,
+        context_frontier,
+        peak_fit: Some(PeakFit {
+            predicted: res.predicted_total,
+            observed: res.observed_total,
+            difference_percent: diff,
+            within_tolerance: within,
+            differs,
+            notes,
+            limit,
+        }),
+    })
+}
+
+/// The largest `T` whose step of `T` new tokens with `T` held fits `limit` (one forward of a
+/// whole prompt), up to `max`; `None` when not even one token fits.
+fn largest_single_forward(
+    model: &StepModel,
+    shape: &ServingShape,
+    limit: &Limit,
+    max: u64,
+) -> Option<u64> {
+    let fits = |n: u64| {
+        model
+            .check(&shape.with_chunk(n).with_context(n), limit)
+            .ok()
+            .and_then(|s| s.fits())
+            .unwrap_or(false)
+    };
+    if !fits(1) {
+        return None;
+    }
+    let (mut lo, mut hi) = (1u64, max);
+    if fits(hi) {
+        return Some(hi);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// The likely causes of a peak's residuals where the generic ones (written for a failure) do
+/// not say what the trace shows: the step's KV counted whole although the peak came in an
+/// earlier layer, GDN states that transformers keeps in its cache (and the categoriser counts
+/// there), and cuBLAS's workspace, which PyTorch allocates at the first matmul and the
+/// categoriser names by that matmul's line.
+fn peak_causes(res: &mut Residuals, step: &vramtrace_models::StepBreakdown, known: &KnownParts) {
+    use vramtrace_models::Category as M;
+    let get = |res: &Residuals, c: M| res.parts.iter().find(|p| p.category == c).cloned();
+    let state = get(res, M::State);
+    let kv = get(res, M::KvCache);
+    let engine = get(res, M::EngineBuffers);
+    let state_in_kv = state
+        .as_ref()
+        .is_some_and(|s| s.observed == 0 && s.predicted.unwrap_or(0) > 0)
+        && kv.as_ref().is_some_and(|k| k.observed > 0);
+    let cublas = known.engine_buffers.is_none()
+        && engine.as_ref().is_some_and(|e| {
+            e.observed == 0 && e.predicted == Some(vramtrace_models::CUBLAS_WORKSPACE_SM90)
+        });
+    let mib = |b: i64| format!("{:.2} MiB", b.unsigned_abs() as f64 / (1u64 << 20) as f64);
+    for p in &mut res.parts {
+        let by = if p.residual > 0 {
+            format!("the model is {} above the trace", mib(p.residual))
+        } else {
+            format!("the model is {} below the trace", mib(p.residual))
+        };
+        match p.category {
+            M::KvCache if known.kv_pool.is_none() && p.residual != 0 => {
+                p.likely_cause = format!(
+                    "{by}: the model counts every attention layer's K/V for the step's {} tokens; the peak came in the {} layer, before the later attention layers had stored theirs{}",
+                    step.shape.context_tokens,
+                    step.activations.kind,
+                    if state_in_kv {
+                        "; and the categoriser counts the GDN layers' recurrent and conv states here (transformers keeps them in the same cache: cache_utils.py lazy_initialization), so read this row with the state row"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            M::State if state_in_kv => {
+                p.likely_cause = format!(
+                    "{by}: the categoriser counts these states under kv_cache (transformers keeps them in its cache, cache_utils.py lazy_initialization / update_recurrent_state); read this row with the kv_cache row"
+                );
+            }
+            M::EngineBuffers if cublas => {
+                p.likely_cause = format!(
+                    "{by}: the model predicts cuBLAS's {} workspace, which PyTorch allocates through its caching allocator at the first matmul; no category rule names it, so the trace counts it by that matmul's Python line (under activations)",
+                    mib(vramtrace_models::CUBLAS_WORKSPACE_SM90 as i64)
+                );
+            }
+            M::Activations if cublas && p.residual < 0 => {
+                p.likely_cause = format!(
+                    "{by}: of that, {} is likely cuBLAS's workspace (the model counts it under engine_buffers); the rest: tensors the model does not carry (the rotary cos/sin, small projections) or the allocator's rounding",
+                    mib(vramtrace_models::CUBLAS_WORKSPACE_SM90 as i64)
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+fn b_device(t: &Triage) -> i32 {
+    t.peak.as_ref().map_or(0, |p| p.device)
+}
+
+/// `−1.50 GiB` / `+32.00 MiB`.
+fn signed_bytes(r: i64) -> String {
+    format!("{}{}", if r < 0 { "−" } else { "+" }, gib(r.unsigned_abs()))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn whole_step(
     trace: &Trace,
@@ -1032,6 +1602,7 @@ fn whole_step(
         residuals: res,
         chunk_frontier,
         context_frontier,
+        peak_fit: None,
     })
 }
 

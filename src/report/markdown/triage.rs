@@ -17,6 +17,12 @@ fn yes_no(b: Option<bool>) -> &'static str {
 /// The first screen when an allocation failed; `false` when there is nothing to say this way
 /// (no failure, or no triage).
 pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
+    if let (Some(t), None) = (&r.triage, r.first_failure())
+        && t.peak.is_some()
+    {
+        peak_top(out, r, t);
+        return true;
+    }
     let (Some(t), Some(f)) = (&r.triage, r.first_failure()) else {
         return false;
     };
@@ -233,6 +239,203 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
     true
 }
 
+/// The first screen when nothing failed: the peak, where its bytes were by category, and with
+/// a model the whole-step model's peak beside the observed one, part by part, with the
+/// frontier.
+fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
+    let Some(p) = &t.peak else { return };
+    let process = r
+        .summary
+        .processes
+        .iter()
+        .position(|x| x.pid == p.pid)
+        .unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "**No allocation failed.** The highest peak: {} on {}, **{}** at {}{}; **{:.2}%** of it is in a named category{}.\n",
+        who(r, process),
+        device_words(r, process, p.device),
+        both(p.bytes),
+        fmt_secs(p.t_s),
+        if p.tensor_bytes > 0 {
+            format!(
+                " (its moment with the most live PyTorch tensors, {})",
+                fmt_bytes(p.tensor_bytes)
+            )
+        } else {
+            String::new()
+        },
+        // A few unnamed bytes never read as 100.00%.
+        if p.named_bytes < p.bytes {
+            p.named_percent.min(99.99)
+        } else {
+            p.named_percent
+        },
+        if p.named_bytes < p.bytes {
+            format!(", {} unnamed", fmt_bytes(p.bytes - p.named_bytes))
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        out,
+        "| where the peak's bytes were | bytes | share | what it rests on (largest first) |\n| --- | ---: | ---: | --- |"
+    );
+    let mut rows: Vec<_> = t.categories.iter().filter(|c| c.bytes > 0).collect();
+    rows.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+    for c in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2}% | {}{} |",
+            c.category,
+            both(c.bytes),
+            if p.bytes == 0 {
+                0.0
+            } else {
+                100.0 * c.bytes as f64 / p.bytes as f64
+            },
+            cell(c.evidence.first().map_or("", String::as_str)),
+            if c.evidence.len() > 1 {
+                format!(" (and {} more)", c.evidence.len() - 1)
+            } else {
+                String::new()
+            }
+        );
+    }
+    let _ = writeln!(out);
+    let (m, fit) = match (&t.model, &r.model) {
+        (Some(m), _) => match &m.peak_fit {
+            Some(fit) => (m, fit),
+            None => return,
+        },
+        (None, Some(_)) => {
+            if let Some(e) = &t.model_error {
+                let _ = writeln!(
+                    out,
+                    "The whole-step model is not set beside the peak: {e}.\n"
+                );
+            }
+            return;
+        }
+        (None, None) => {
+            let _ = writeln!(
+                out,
+                "Pass `--model config.json` for the whole-step model's prediction of this peak, part by part, and the frontier.\n"
+            );
+            return;
+        }
+    };
+    let name = r
+        .model
+        .as_ref()
+        .map_or(String::new(), |mi| mi.cfg.display_name());
+    let _ = writeln!(
+        out,
+        "**The whole-step model** of {name} as {} runs it predicts **{}** for this peak against **{}** observed: **{:+.2}%**{}. The step: {} tokens in one forward, TP {}{}.\n",
+        m.runtime.name(),
+        both(fit.predicted),
+        both(fit.observed),
+        fit.difference_percent,
+        if fit.within_tolerance {
+            format!(
+                " (within {}%)",
+                crate::report::triage::PEAK_TOLERANCE_PERCENT
+            )
+        } else {
+            format!(
+                " — more than {}% off; the parts that differ are below",
+                crate::report::triage::PEAK_TOLERANCE_PERCENT
+            )
+        },
+        m.shape.chunk_tokens,
+        m.shape.tp,
+        t.step
+            .as_ref()
+            .map(|s| format!(" ({})", s.source))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        out,
+        "| part | predicted | observed | predicted − observed | likely cause |\n| --- | ---: | ---: | ---: | --- |"
+    );
+    for p in &m.residuals.parts {
+        let given = matches!(p.category, vramtrace_models::Category::KvCache)
+            && m.known.kv_pool.is_some()
+            || match p.category {
+                vramtrace_models::Category::EngineBuffers => m.known.engine_buffers.is_some(),
+                vramtrace_models::Category::CudaGraphs => m.known.cuda_graphs.is_some(),
+                vramtrace_models::Category::Communication => m.known.communication.is_some(),
+                vramtrace_models::Category::Autotune => m.known.autotune.is_some(),
+                vramtrace_models::Category::AllocatorReserve => m.known.allocator_reserve.is_some(),
+                vramtrace_models::Category::Context => m.known.context.is_some(),
+                vramtrace_models::Category::OtherProcess => m.known.other_process.is_some(),
+                _ => false,
+            };
+        let _ = writeln!(
+            out,
+            "| {}{} | {} | {} | {} | {} |",
+            p.category.name(),
+            if given { " (given from the trace)" } else { "" },
+            p.predicted.map(both).unwrap_or_else(|| "—".into()),
+            both(p.observed),
+            signed(i128::from(p.residual)),
+            cell(&p.likely_cause)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| **total** | **{}** | **{}** | **{}** ({:+.2}%) | |\n",
+        both(fit.predicted),
+        both(fit.observed),
+        signed(i128::from(m.residuals.total_residual)),
+        fit.difference_percent
+    );
+    for n in &fit.notes {
+        let _ = writeln!(out, "- {n}");
+    }
+    for d in &fit.differs {
+        let _ = writeln!(out, "- differs: {d}");
+    }
+    let cf = &m.context_frontier;
+    let kf = &m.chunk_frontier;
+    let _ = writeln!(
+        out,
+        "- the frontier on {} ({}): at a chunk of {} tokens, {}{}{}.\n",
+        fmt_bytes(cf.limit_bytes),
+        match r.capacity {
+            Some((_, true)) => "given with --capacity",
+            _ => "the device's total; pass --capacity for another card",
+        },
+        cf.chunk_tokens,
+        match cf.largest_context {
+            Some(l) => format!(
+                "contexts up to **{}** tokens fit{}",
+                exact(l),
+                if cf.capped { " (the search's cap)" } else { "" }
+            ),
+            None => "**no context fits**: the weights and the parts given from the trace (the engine's pool and buffers, the reserve, the context) already take more than that".to_string(),
+        },
+        match kf.largest_chunk {
+            Some(c) if c >= kf.context_tokens => String::new(),
+            Some(c) => format!(
+                "; at the step's context of {} tokens, chunks up to **{}** tokens",
+                exact(kf.context_tokens),
+                exact(c)
+            ),
+            None => format!(
+                "; at the step's context of {} tokens, no chunk fits",
+                exact(kf.context_tokens)
+            ),
+        },
+        if cf.limited_by_pool {
+            "; the context is bounded by the KV pool"
+        } else {
+            ""
+        }
+    );
+    unreadable(out, r);
+}
+
 /// The sections the triage adds below the first screen.
 pub(super) fn triage_sections(out: &mut String, r: &Report) {
     let Some(t) = &r.triage else {
@@ -273,7 +476,9 @@ pub(super) fn triage_sections(out: &mut String, r: &Report) {
             );
         }
     }
-    if let Some(m) = &t.model {
+    if let Some(m) = &t.model
+        && m.peak_fit.is_none()
+    {
         let _ = writeln!(
             out,
             "## The whole-step model beside the failing step\n\nA step of {} new tokens with {} tokens held, batch {}, TP {}, modelled as {} runs it; the parts a config cannot give were given from the trace: {}.\n",
