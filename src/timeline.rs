@@ -113,14 +113,14 @@ impl Book {
         // first record on, a refusal included.
         self.tensor_cats.entry((pi, te.device)).or_default();
         let allocated = matches!(step, TensorStep::Allocated | TensorStep::Restated(true));
-        if allocated || matches!(step, TensorStep::Released(_)) {
-            if let Some((device, cat, size)) = self.tensor_booked.remove(&(pi, te.ptr)) {
-                add_to(
-                    &mut self.tensor_cats.entry((pi, device)).or_default()[cat as usize],
-                    size,
-                    false,
-                );
-            }
+        if (allocated || matches!(step, TensorStep::Released(_)))
+            && let Some((device, cat, size)) = self.tensor_booked.remove(&(pi, te.ptr))
+        {
+            add_to(
+                &mut self.tensor_cats.entry((pi, device)).or_default()[cat as usize],
+                size,
+                false,
+            );
         }
         if allocated {
             let cat = *self.tensor_made.entry((pi, te.stack)).or_insert_with(|| {
@@ -213,6 +213,24 @@ impl Book {
             }
             _ => None,
         }
+    }
+
+    /// Whether process `pi` has tensor records on `device` (its stack is at the tensor level).
+    pub(crate) fn has_tensors(&self, pi: usize, device: i32) -> bool {
+        self.tensor_cats.contains_key(&(pi, device))
+    }
+
+    /// Whether the allocation made at `stack` with `label` by process `pi` is one of PyTorch's
+    /// segments (known once one such allocation was made).
+    pub(crate) fn is_segment(&self, pi: usize, stack: u32, label: u32) -> bool {
+        self.made.get(&(pi, stack, label)).is_some_and(|m| m.1)
+    }
+
+    /// The category a tensor made at `stack` by process `pi` was put in.
+    pub(crate) fn tensor_category(&self, pi: usize, stack: u32) -> Option<Category> {
+        self.tensor_made
+            .get(&(pi, stack))
+            .map(|&i| Category::ALL[i as usize])
     }
 
     /// Live bytes by category on `device`, of one process or of all (see the module's

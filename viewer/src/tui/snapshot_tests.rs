@@ -141,6 +141,7 @@ fn app() -> App {
                 bytes: GIB,
             },
         ],
+        ..Default::default()
     }));
     app
 }
