@@ -168,7 +168,7 @@ impl LiveModel {
     ) -> Result<Forecast, String> {
         let (capacity, label) = match (self.capacity, device_total) {
             (Some(c), _) => (c, "--capacity"),
-            (None, Some(t)) if t > 0 => (t, "the card's"),
+            (None, Some(t)) if t > 0 => (t, "the card"),
             _ => {
                 return Err(
                     "no limit to forecast against: give --capacity (the trace names no device)"

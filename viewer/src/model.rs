@@ -165,7 +165,7 @@ pub struct Forecast {
     pub next_step_bytes: u64,
     /// The limit's bytes.
     pub limit_bytes: u64,
-    /// How the limit is named (`card`, `--capacity`, ...).
+    /// How the limit is named after its bytes (`--capacity`, `the card`).
     pub limit_label: String,
     /// The largest context whose modelled step fits (`None`: not even the next chunk fits).
     pub largest_context: Option<u64>,

@@ -12,7 +12,7 @@ mod run;
 mod source;
 mod stack;
 mod status;
-mod tables;
+pub(crate) mod tables;
 mod theme;
 mod ui;
 

@@ -83,7 +83,10 @@ pub fn render_model(app: &App, area: Rect, buf: &mut Buffer) {
         let (modelled, diff) = match p.modelled_bytes {
             Some(b) => (
                 format_bytes(b),
-                format_signed_bytes(i128::from(p.observed_bytes) - i128::from(b)),
+                match i128::from(p.observed_bytes) - i128::from(b) {
+                    d if d > 0 => format!("+{}", format_bytes(d as u64)),
+                    d => format_signed_bytes(d),
+                },
             ),
             None => ("–".into(), "–".into()),
         };
@@ -110,18 +113,17 @@ pub fn render_model(app: &App, area: Rect, buf: &mut Buffer) {
 /// and the tokens left before the cliff.
 pub fn forecast_text(f: &Forecast) -> String {
     let head = format!(
-        "context {} tok (KV ÷ {}/tok) · next chunk of {}: {} of {} {}, ",
+        "context {} tok · next chunk ({} tok) {} of {} {}",
         format_count(f.context_tokens),
-        format_bytes(f.kv_bytes_per_token),
         format_count(f.chunk_tokens),
         format_bytes(f.next_step_bytes),
-        f.limit_label,
         format_bytes(f.limit_bytes),
+        f.limit_label,
     );
     let headroom = f.headroom_bytes();
     if headroom < 0 {
         return format!(
-            "{head}short by {} — the next chunk is modelled not to fit",
+            "{head} · short by {}: the next chunk is modelled not to fit",
             format_bytes(headroom.unsigned_abs() as u64)
         );
     }
@@ -134,7 +136,10 @@ pub fn forecast_text(f: &Forecast) -> String {
         ),
         None => "cliff now".into(),
     };
-    format!("{head}headroom {} · {cliff}", format_bytes(headroom as u64))
+    format!(
+        "{head} · headroom {} · {cliff}",
+        format_bytes(headroom as u64)
+    )
 }
 
 /// Draws the forecast line (only called with a model at the cursor).
