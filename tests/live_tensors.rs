@@ -56,7 +56,10 @@ fn fla_at_its_tensor_peak() {
     let mut s = source("pytorch-gdn-cache");
     let updates = drain(&mut s);
     // A trace from another host whose file stands still: its process is gone.
-    assert!(updates.contains(&Update::Exited { pid: 636 }), "{updates:?}");
+    assert!(
+        updates.contains(&Update::Exited { pid: 636 }),
+        "{updates:?}"
+    );
     let reserve = Category::AllocatorReserve as usize;
     let peak = updates
         .iter()
@@ -90,7 +93,10 @@ fn fla_at_its_tensor_peak() {
     let first = &snap.largest[0];
     assert_eq!(first.size_bytes, 256 * MIB);
     assert_eq!(first.driver_function, "tensor, autotuning");
-    assert_eq!(first.top_frame, "driver.py:761 get_empty_cache_for_benchmark");
+    assert_eq!(
+        first.top_frame,
+        "driver.py:761 get_empty_cache_for_benchmark"
+    );
     let reserve_row = snap
         .breakdown
         .iter()
