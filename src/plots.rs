@@ -58,6 +58,13 @@ pub fn timeline(
 ) -> crate::Result<TimelinePlot> {
     check_hide(hide)?;
     let updates = crate::timeline::fold(trace)?;
+    let (marks, enforced) = marks_and_limit(trace)?;
+    // Without --capacity, the limit the trace says was enforced (PyTorch's memory fraction).
+    let (capacity, capacity_label) = match (capacity, enforced) {
+        (Some(c), _) => (Some(c), None),
+        (None, Some(l)) => (Some(l), Some("enforced limit (PyTorch)".to_string())),
+        (None, None) => (None, None),
+    };
     let mut infos: BTreeMap<u32, DeviceInfo> = BTreeMap::new();
     let mut points: BTreeMap<u32, Vec<TimelinePoint>> = BTreeMap::new();
     let mut failures = Vec::new();
@@ -90,7 +97,9 @@ pub fn timeline(
         let mut t = Timeline::new(DEFAULT_MAX_POINTS)
             .with_categories(used.iter().map(|&c| CATEGORIES[c].to_string()).collect())
             .with_capacity_bytes(capacity)
-            .with_predicted_peak_bytes(predicted_peak);
+            .with_capacity_label(capacity_label.clone())
+            .with_predicted_peak_bytes(predicted_peak)
+            .with_marks(marks.clone());
         for p in pts {
             let parts = used
                 .iter()
@@ -111,6 +120,44 @@ pub fn timeline(
         title: title.to_string(),
         devices,
     })
+}
+
+/// Where each chunk begins, from the trace's range labels (`prefill/chunk.3/…`: the first
+/// range of each chunk, as `chunk 3`, in seconds since the trace began), and the limit PyTorch's
+/// caching allocator enforced (`set_per_process_memory_fraction`: the tensor records' `limit`,
+/// when one was set below the device).
+pub fn marks_and_limit(trace: &Trace) -> crate::Result<(Vec<(f64, String)>, Option<u64>)> {
+    let t0 = trace.start_ns();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut marks = Vec::new();
+    let mut limit: Option<u64> = None;
+    for (pi, it) in trace.items()? {
+        match &it {
+            crate::trace::Item::RangePush { t_ns, name, .. } => {
+                let Some(n) = trace.processes[pi]
+                    .string(*name)
+                    .and_then(crate::report::triage::chunk_of_label)
+                else {
+                    continue;
+                };
+                if seen.insert(n) {
+                    marks.push((t_ns.saturating_sub(t0) as f64 / 1e9, format!("chunk {n}")));
+                }
+            }
+            crate::trace::Item::Tensor(te) if te.limit > 0 => {
+                let total = trace.processes[pi]
+                    .devices
+                    .iter()
+                    .find(|d| d.ordinal == te.device)
+                    .map(|d| d.total_bytes);
+                if total.is_none_or(|t| te.limit < t) {
+                    limit = Some(limit.map_or(te.limit, |l| l.min(te.limit)));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((marks, limit))
 }
 
 /// Observed beside predicted bytes per tensor at a moment.

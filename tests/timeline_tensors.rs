@@ -76,3 +76,27 @@ fn transformers_serve_is_stacked_by_tensor() {
     assert_eq!(peak.1[Category::Unnamed as usize], 0);
     assert!(peak.1[RESERVE] > 0);
 }
+
+/// The timeline plot's second axis and limit: the chunks the labels name
+/// (`samples/h200/prefill-18gib`: the reference workload's `prefill/chunk.N/…` ranges) and the
+/// limit PyTorch enforced (`samples/h200/torch-oom`: `set_per_process_memory_fraction` to
+/// 24 GiB).
+#[test]
+fn chunks_and_the_enforced_limit() {
+    let open = |name: &str| {
+        Trace::open(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("samples/h200")
+                .join(name),
+        )
+        .unwrap()
+    };
+    let (marks, limit) = vramtrace::plots::marks_and_limit(&open("prefill-18gib")).unwrap();
+    let names: Vec<&str> = marks.iter().map(|m| m.1.as_str()).collect();
+    assert_eq!(names, ["chunk 0", "chunk 1", "chunk 2"]);
+    assert!(marks.windows(2).all(|w| w[0].0 < w[1].0));
+    assert_eq!(limit, None);
+    let (marks, limit) = vramtrace::plots::marks_and_limit(&open("torch-oom")).unwrap();
+    assert!(marks.is_empty());
+    assert_eq!(limit, Some(24 << 30));
+}
