@@ -122,11 +122,14 @@ pub fn timeline(
     })
 }
 
+/// A mark on the time axis: seconds since the trace began, and its name.
+pub type Mark = (f64, String);
+
 /// Where each chunk begins, from the trace's range labels (`prefill/chunk.3/…`: the first
 /// range of each chunk, as `chunk 3`, in seconds since the trace began), and the limit PyTorch's
 /// caching allocator enforced (`set_per_process_memory_fraction`: the tensor records' `limit`,
 /// when one was set below the device).
-pub fn marks_and_limit(trace: &Trace) -> crate::Result<(Vec<(f64, String)>, Option<u64>)> {
+pub fn marks_and_limit(trace: &Trace) -> crate::Result<(Vec<Mark>, Option<u64>)> {
     let t0 = trace.start_ns();
     let mut seen = std::collections::BTreeSet::new();
     let mut marks = Vec::new();
