@@ -109,7 +109,7 @@ fn fla_at_its_tensor_peak() {
 /// model of its config with the context read from the KV cache's bytes.
 #[test]
 fn transformers_serve_with_its_model() {
-    let cfg = ModelConfig::from_path(&sample("hf-serve-cb").join("config.json")).unwrap();
+    let cfg = ModelConfig::from_path(sample("hf-serve-cb").join("config.json")).unwrap();
     let per_token = vramtrace_models::kv_cache_per_token(&cfg, 1, cfg.dtype)
         .unwrap()
         .bytes_per_token;
