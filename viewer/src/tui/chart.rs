@@ -58,10 +58,7 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
         .collect();
     // The allocator's reserve as its own band: the bytes in use drawn under the live line
     // (segments cached by PyTorch hold their bytes while the tensors in them come and go).
-    let reserve = timeline
-        .categories()
-        .iter()
-        .position(|c| c == RESERVE);
+    let reserve = timeline.categories().iter().position(|c| c == RESERVE);
     let in_use: Vec<(f64, f64)> = match reserve {
         Some(r)
             if timeline

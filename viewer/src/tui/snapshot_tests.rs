@@ -673,3 +673,40 @@ fn forecast_line_and_model_table() {
         "context 0 tok · next chunk (4,128 tok) 1.00 GiB of 24.00 GiB --capacity · headroom 23.00 GiB · no cliff up to 16,777,216 tok"
     );
 }
+
+/// With segments cached the live bytes stand still while the tensors in them come and go: the
+/// bytes in use are drawn under the live line, the reserve the gap between them.
+#[test]
+fn the_reserve_band_under_the_live_line() {
+    let mut app = App::new(ViewOptions::default());
+    app.apply([Update::Categories {
+        device: 0,
+        names: vec!["activations".into(), "allocator reserve".into()],
+    }]);
+    let points = [
+        (0.0, 0, 0),
+        (1.0, 2, 6),
+        (2.0, 6, 2),
+        (3.0, 1, 7),
+        (4.0, 8, 0),
+    ];
+    app.apply(points.iter().map(|&(t, used, reserve)| Update::Sample {
+        device: 0,
+        point: TimelinePoint::stacked(t, vec![used * GIB, reserve * GIB]),
+    }));
+    assert_lines(
+        render(60, 10, |area, buf| chart::render(&app, area, buf)),
+        &[
+            "┌ Live bytes, cuda:0 ──────────────────────────────────────┐",
+            "│10 GiB│                                                   │",
+            "│      │           ⡠⠔•⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⡠⠔│",
+            "│      │        ⣀⠔⠊           ⣀⡠⠤⠒⠢⢄⡀                ⢀⡠⠒⠉  │",
+            "│5 GiB │     ⢀⠤⠊        ⢀⣀⠤⠔⠊⠉      ⠈⠑⠢⢄⡀         ⢀⡠⠒⠁     │",
+            "│      │  ⢀⡠⠒⠁   ⣀⣀⡠⠤⠔⠒⠉⠁               ⠈⠑⠢⢄⡀  ⢀⠤⠒⠁        │",
+            "│0     │⣀⡠⠤⠤⠒⠒⠊⠉⠉                           ⠈⠑⠊⠁           │",
+            "│      └───────────────────────────────────────────────────│",
+            "│ 0.00 s                       2.00 s                4.00 s│",
+            "└ ━ live  ━ in use (reserve between)  • peak 8.00 GiB  ────┘",
+        ],
+    );
+}
