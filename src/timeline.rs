@@ -113,6 +113,18 @@ impl Book {
         // first record on, a refusal included.
         self.tensor_cats.entry((pi, te.device)).or_default();
         let allocated = matches!(step, TensorStep::Allocated | TensorStep::Restated(true));
+        // The driver allocation a tensor names as its segment is one, whatever its stack says
+        // (an imported snapshot's or an attached process's segments have no native frames).
+        if allocated
+            && te.segment != 0
+            && let Some(b) = self.booked.get_mut(&(pi, 0, te.segment))
+            && !b.segment
+        {
+            b.segment = true;
+            let b = *b;
+            let c = &mut self.seg_by_cat.entry((pi, b.device)).or_default()[b.category as usize];
+            add_to(c, b.size, true);
+        }
         if (allocated || matches!(step, TensorStep::Released(_)))
             && let Some((device, cat, size)) = self.tensor_booked.remove(&(pi, te.ptr))
         {
@@ -238,22 +250,23 @@ impl Book {
     pub(crate) fn device_cats(&self, device: i32, process: Option<usize>) -> [u64; N] {
         let mut sum = [0u64; N];
         let none = [0u64; N];
-        let keys: BTreeSet<(usize, i32)> = self
-            .by_cat
+        let wanted = |pi: usize, d: i32| d == device && process.is_none_or(|p| p == pi);
+        // Every (process, device) with driver bytes, then those with tensors only (a trace
+        // whose segments were made before recording began); no allocation per call.
+        let with_driver = self.by_cat.iter().filter(|((pi, d), _)| wanted(*pi, *d));
+        let tensors_only = self
+            .tensor_cats
             .keys()
-            .chain(self.tensor_cats.keys())
-            .filter(|(pi, d)| *d == device && process.is_none_or(|p| p == *pi))
-            .copied()
-            .collect();
-        for key in keys {
-            let driver = self.by_cat.get(&key).unwrap_or(&none);
-            let Some(tensors) = self.tensor_cats.get(&key) else {
+            .filter(|(pi, d)| wanted(*pi, *d) && !self.by_cat.contains_key(&(*pi, *d)))
+            .map(|k| (k, &none));
+        for (key, driver) in with_driver.chain(tensors_only) {
+            let Some(tensors) = self.tensor_cats.get(key) else {
                 for (s, x) in sum.iter_mut().zip(driver) {
                     *s = s.saturating_add(*x);
                 }
                 continue;
             };
-            let segments = self.seg_by_cat.get(&key).unwrap_or(&none);
+            let segments = self.seg_by_cat.get(key).unwrap_or(&none);
             for i in 0..N {
                 sum[i] = sum[i]
                     .saturating_add(driver[i].saturating_sub(segments[i]))
