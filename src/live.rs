@@ -90,6 +90,8 @@ struct LiveProc {
     grew: Instant,
     /// Said to have exited.
     exited: bool,
+    /// Its last read found nothing new (the reader is at its end).
+    caught_up: bool,
 }
 
 /// How long a file must stand still before its process is looked for.
@@ -260,6 +262,7 @@ impl DirSource {
                     problems: 0,
                     grew: Instant::now(),
                     exited: false,
+                    caught_up: false,
                 }),
                 Err(e) => out.push(Update::Notice(format!("skipped {}: {e}", path.display()))),
             }
@@ -273,7 +276,11 @@ impl DirSource {
             )));
         }
         for lp in &mut self.procs {
-            if lp.exited || lp.skipped || lp.grew.elapsed() < self.options.exit_quiet {
+            if lp.exited
+                || lp.skipped
+                || !lp.caught_up
+                || lp.grew.elapsed() < self.options.exit_quiet
+            {
                 continue;
             }
             if let Some(h) = lp.follower.header()
@@ -312,6 +319,7 @@ impl DirSource {
                     continue;
                 }
             };
+            lp.caught_up = records.is_empty();
             if !records.is_empty() {
                 lp.grew = Instant::now();
             }
