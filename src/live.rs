@@ -686,7 +686,13 @@ fn build_snapshot(
         let tensors = book.has_tensors(pi, device);
         // Every live driver allocation of a process without tensors is a candidate; with
         // tensors, only those that are not segments (few: the context's, NCCL's).
-        let driver = book.replay.largest(pi, device, Pool::Device, usize::MAX);
+        // (Without tensors only the `top` largest are sorted: the live set may be large.)
+        let driver = book.replay.largest(
+            pi,
+            device,
+            Pool::Device,
+            if tensors { usize::MAX } else { top },
+        );
         rows.extend(
             driver
                 .into_iter()
