@@ -701,11 +701,18 @@ fn build_snapshot(
                 .map(Row::Driver),
         );
         if tensors {
+            // Many tensors share a stack: its line is read once.
+            let mut line_of: HashMap<u32, String> = HashMap::new();
             for t in book.tensors.live_set(pi, device) {
-                let line = crate::torch_replay::python_locations(p, t.event.stack)
-                    .first()
-                    .map(|l| l.to_string())
-                    .unwrap_or_else(|| "no Python frame".to_string());
+                let line = line_of
+                    .entry(t.event.stack)
+                    .or_insert_with(|| {
+                        crate::torch_replay::python_locations(p, t.event.stack)
+                            .first()
+                            .map(|l| l.to_string())
+                            .unwrap_or_else(|| "no Python frame".to_string())
+                    })
+                    .clone();
                 let g = lines.entry(line).or_default();
                 g.0 += 1;
                 g.1 += t.event.size;
