@@ -122,6 +122,68 @@ pub fn timeline(
     })
 }
 
+/// The tensors live at the highest tensor peak of `trace` (the process and device whose
+/// PyTorch tensors peaked highest) grouped by Python line, most bytes first, at most `top`
+/// lines (the rest in one row); `None` when the trace has no tensor records.
+pub fn lines(trace: &Trace, title: Option<&str>, top: usize) -> crate::Result<BreakdownPlot> {
+    let s = crate::summary::summarize(
+        trace,
+        crate::summary::SummaryOptions {
+            top: usize::MAX,
+            frames: 0,
+        },
+    )?;
+    let best = s
+        .processes
+        .iter()
+        .flat_map(|p| p.devices.iter().map(move |d| (p, d)))
+        .filter_map(|(p, d)| Some((p, d, d.tensors.as_ref()?)))
+        .max_by_key(|(_, _, t)| t.peak_bytes);
+    let Some((p, d, t)) = best else {
+        return Err(Error::Unanswerable(
+            "the trace has no tensor records (PyTorch's tensors were not recorded): `plot --kind timeline` draws the driver's allocations".into(),
+        ));
+    };
+    let mut by_line: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+    for x in t.at_peak.iter().flat_map(|m| &m.tensors) {
+        let e = by_line
+            .entry(x.line.clone().unwrap_or_else(|| "(no Python frame)".into()))
+            .or_default();
+        e.0 += x.size;
+        e.1 += 1;
+    }
+    let mut v: Vec<(String, (u64, usize))> = by_line.into_iter().collect();
+    v.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(&b.0)));
+    let rest: Vec<(String, (u64, usize))> = v.split_off(top.min(v.len()));
+    let mut rows: Vec<BreakdownRow> = v
+        .into_iter()
+        .map(|(line, (bytes, n))| BreakdownRow {
+            tensor: format!("{line} ×{n}"),
+            predicted_bytes: None,
+            observed_bytes: Some(bytes),
+        })
+        .collect();
+    if !rest.is_empty() {
+        rows.push(BreakdownRow {
+            tensor: format!("{} more lines", rest.len()),
+            predicted_bytes: None,
+            observed_bytes: Some(rest.iter().map(|r| r.1.0).sum()),
+        });
+    }
+    Ok(BreakdownPlot {
+        title: title.map(str::to_string).unwrap_or_else(|| {
+            format!(
+                "pid {} cuda:{}: {} of tensors at their peak ({:.3} s), by Python line",
+                p.pid,
+                d.device,
+                fmt_bytes(t.peak_bytes),
+                t.peak_t_s
+            )
+        }),
+        rows,
+    })
+}
+
 /// A mark on the time axis: seconds since the trace began, and its name.
 pub type Mark = (f64, String);
 

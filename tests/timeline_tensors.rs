@@ -100,3 +100,42 @@ fn chunks_and_the_enforced_limit() {
     assert!(marks.is_empty());
     assert_eq!(limit, Some(24 << 30));
 }
+
+/// `plot --kind lines`: the tensors at their peak by Python line (`samples/h200/hf-serve-cb`:
+/// 120.95 GiB of tensors at 5.012 s, `summary`).
+#[test]
+fn tensors_by_line_plot() {
+    let trace =
+        Trace::open(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/hf-serve-cb"))
+            .unwrap();
+    let p = vramtrace::plots::lines(&trace, None, 20).unwrap();
+    assert_eq!(
+        p.rows[0].tensor,
+        "input_outputs.py:185 _setup_static_tensors ×1"
+    );
+    assert_eq!(p.rows[1].tensor, "cache.py:251 __init__ ×16");
+    assert!(p.rows.iter().all(|r| r.predicted_bytes.is_none()));
+    let total: u64 = p.rows.iter().filter_map(|r| r.observed_bytes).sum();
+    assert_eq!(total, 129_872_910_848);
+    // At most `top` lines, the rest in one row.
+    let short = vramtrace::plots::lines(&trace, None, 3).unwrap();
+    assert_eq!(short.rows.len(), 4);
+    assert!(
+        short.rows[3].tensor.ends_with("more lines"),
+        "{:?}",
+        short.rows[3]
+    );
+    assert_eq!(
+        short
+            .rows
+            .iter()
+            .filter_map(|r| r.observed_bytes)
+            .sum::<u64>(),
+        129_872_910_848
+    );
+    // A trace without tensor records says so.
+    let none =
+        Trace::open(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/prefill-18gib"))
+            .unwrap();
+    assert!(vramtrace::plots::lines(&none, None, 20).is_err());
+}
