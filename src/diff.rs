@@ -2,7 +2,8 @@
 //! device ordinal, each trace's peak (the process with the highest peak on that ordinal), the
 //! live sets at the two peaks grouped by category (the categoriser's, by frames, labels and
 //! names), by name and label pattern and by their top symbolised frames, each group with A bytes, B bytes and the difference, largest differences first; and
-//! the failed allocations of each.
+//! the failed allocations of each. With tensor records, the tensors live at each trace's tensor
+//! peak by Python line and by tensor (operator, shape pattern, dtype and line).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -95,6 +96,14 @@ pub struct DeviceDiff {
     pub by_label: Vec<Row>,
     /// By the top frames of the stack, largest differences first.
     pub by_stack: Vec<Row>,
+    /// The tensors live at each trace's tensor peak (PyTorch's caching allocator, traces with
+    /// tensor records) by their Python line, largest differences first; empty without tensors.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_line: Vec<Row>,
+    /// The same tensors by operator, shape pattern and dtype (`empty [#, #] bf16`, numbers
+    /// collapsed to #) and their Python line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_tensor: Vec<Row>,
 }
 
 /// The whole difference.
@@ -135,6 +144,13 @@ struct Peak {
     by_category: BTreeMap<String, (u64, usize)>,
     by_label: BTreeMap<String, (u64, usize)>,
     by_stack: BTreeMap<String, (u64, usize)>,
+    by_line: BTreeMap<String, (u64, usize)>,
+    by_tensor: BTreeMap<String, (u64, usize)>,
+}
+
+/// The line of a tensor as grouped: its Python line, or a placeholder.
+fn line_key(t: &crate::torch_replay::TensorItem) -> String {
+    t.line.clone().unwrap_or_else(|| "(no Python frame)".into())
 }
 
 fn peaks(trace: &Trace, opts: DiffOptions) -> Result<BTreeMap<i32, Peak>, Error> {
@@ -217,6 +233,23 @@ fn peaks(trace: &Trace, opts: DiffOptions) -> Result<BTreeMap<i32, Peak>, Error>
                 by_category.insert(r.category.title().to_string(), (r.bytes, r.count));
             }
         }
+        // The tensors at the tensor peak, by line and by tensor.
+        let mut by_line: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+        let mut by_tensor: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+        if let Some(m) = d.tensors.as_ref().and_then(|t| t.at_peak.as_ref()) {
+            for t in &m.tensors {
+                let line = line_key(t);
+                let what = t.tensor.as_deref().map_or("tensor".into(), pattern);
+                for (map, key) in [
+                    (&mut by_line, line.clone()),
+                    (&mut by_tensor, format!("{what} @ {line}")),
+                ] {
+                    let e = map.entry(key).or_default();
+                    e.0 = e.0.saturating_add(t.size);
+                    e.1 += 1;
+                }
+            }
+        }
         let (mut fl, calls) = failures.remove(&dev).unwrap_or_default();
         fl.sort_by(|a, b| a.t_s.total_cmp(&b.t_s).then(a.pid.cmp(&b.pid)));
         out.insert(
@@ -239,6 +272,8 @@ fn peaks(trace: &Trace, opts: DiffOptions) -> Result<BTreeMap<i32, Peak>, Error>
                 by_category,
                 by_label,
                 by_stack,
+                by_line,
+                by_tensor,
             },
         );
     }
@@ -305,6 +340,14 @@ pub fn diff(a: &Trace, b: &Trace, opts: DiffOptions) -> Result<Diff, Error> {
                 by_stack: rows(
                     x.as_ref().map(|p| &p.by_stack),
                     y.as_ref().map(|p| &p.by_stack),
+                ),
+                by_line: rows(
+                    x.as_ref().map(|p| &p.by_line),
+                    y.as_ref().map(|p| &p.by_line),
+                ),
+                by_tensor: rows(
+                    x.as_ref().map(|p| &p.by_tensor),
+                    y.as_ref().map(|p| &p.by_tensor),
                 ),
                 a: x.map(|p| p.side),
                 b: y.map(|p| p.side),
@@ -435,6 +478,22 @@ pub fn render(d: &Diff, a_name: &str, b_name: &str, top: usize) -> String {
             &dev.by_stack,
             top,
         );
+        if !dev.by_line.is_empty() {
+            let _ = writeln!(out);
+            table(
+                &mut out,
+                "tensors at the tensor peak, by Python line",
+                &dev.by_line,
+                top,
+            );
+            let _ = writeln!(out);
+            table(
+                &mut out,
+                "tensors at the tensor peak, by tensor (# = any number) @ line",
+                &dev.by_tensor,
+                top,
+            );
+        }
     }
     out
 }

@@ -49,6 +49,7 @@ mod error;
 pub mod events;
 pub mod evidence;
 pub mod export;
+pub mod forecast;
 pub mod import;
 pub mod live;
 pub mod names;

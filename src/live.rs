@@ -35,12 +35,13 @@ use std::time::{Duration, Instant};
 
 use vramtrace_format::{FILE_EXTENSION, Follower, Problem, Record};
 use vramtrace_viewer::model::{
-    BreakdownEntry, DeviceInfo, LiveAllocation, LiveSnapshot, NvmlPanel, ProcessInfo,
+    BreakdownEntry, DeviceInfo, LineGroup, LiveAllocation, LiveSnapshot, NvmlPanel, ProcessInfo,
     SnapshotQuery, Update,
 };
 use vramtrace_viewer::tui::LiveSource;
 
 use crate::categories::{CATEGORIES, N};
+use crate::forecast::LiveModel;
 use crate::replay::{LiveAlloc, Pool};
 use crate::symbolize::StackSymbolizer;
 use crate::timeline::{Book, TimelineFold};
@@ -60,6 +61,9 @@ pub struct LiveOptions {
     pub poll_budget: Duration,
     /// How often the device memory reader is asked.
     pub nvml_every: Duration,
+    /// How long a file must stand still before its process is looked for (and, gone, said to
+    /// have exited).
+    pub exit_quiet: Duration,
 }
 
 impl Default for LiveOptions {
@@ -70,6 +74,7 @@ impl Default for LiveOptions {
             rescan: Duration::from_millis(250),
             poll_budget: Duration::from_millis(40),
             nvml_every: Duration::from_secs(1),
+            exit_quiet: EXIT_QUIET,
         }
     }
 }
@@ -81,6 +86,32 @@ struct LiveProc {
     process: Option<Process>,
     skipped: bool,
     problems: usize,
+    /// When records were last read from it.
+    grew: Instant,
+    /// Said to have exited.
+    exited: bool,
+    /// Its last read found nothing new (the reader is at its end).
+    caught_up: bool,
+}
+
+/// How long a file must stand still before its process is looked for.
+const EXIT_QUIET: Duration = Duration::from_secs(1);
+
+/// Whether the process that writes a trace with this header still runs: on this host, a
+/// process with its pid whose command starts as the header's; a trace from another host is
+/// not followed live, and is taken as finished.
+fn still_runs(h: &vramtrace_format::Header) -> bool {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    if !h.hostname.is_empty() && host.trim() != h.hostname {
+        return false;
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", h.pid)) else {
+        return false;
+    };
+    let first = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+    h.cmdline
+        .first()
+        .is_none_or(|c| c.as_bytes() == first || first.ends_with(c.as_bytes()))
 }
 
 /// Reads a device's memory as the driver sees it, for the live view's panel: the binary gives
@@ -129,6 +160,7 @@ pub struct DirSource {
     past: Option<(SnapshotQuery, Option<LiveSnapshot>)>,
     said_waiting: bool,
     said_following: bool,
+    model: Option<LiveModel>,
 }
 
 /// At most this many problems of one file are reported as notices.
@@ -150,7 +182,14 @@ impl DirSource {
             past: None,
             said_waiting: false,
             said_following: false,
+            model: None,
         }
+    }
+
+    /// Shows `model` beside the observed bytes in every snapshot, with the live forecast.
+    pub fn with_model(mut self, model: LiveModel) -> Self {
+        self.model = Some(model);
+        self
     }
 
     /// Reads device memory with `reader` (or says why there is none), when
@@ -221,6 +260,9 @@ impl DirSource {
                     process: None,
                     skipped: false,
                     problems: 0,
+                    grew: Instant::now(),
+                    exited: false,
+                    caught_up: false,
                 }),
                 Err(e) => out.push(Update::Notice(format!("skipped {}: {e}", path.display()))),
             }
@@ -232,6 +274,22 @@ impl DirSource {
                 self.procs.len(),
                 self.dir.display()
             )));
+        }
+        for lp in &mut self.procs {
+            if lp.exited
+                || lp.skipped
+                || !lp.caught_up
+                || lp.grew.elapsed() < self.options.exit_quiet
+            {
+                continue;
+            }
+            if let Some(h) = lp.follower.header()
+                && lp.process.is_some()
+                && !still_runs(h)
+            {
+                lp.exited = true;
+                out.push(Update::Exited { pid: h.pid });
+            }
         }
         if self.files.is_empty() && !self.said_waiting {
             out.push(Update::Notice(format!(
@@ -261,6 +319,10 @@ impl DirSource {
                     continue;
                 }
             };
+            lp.caught_up = records.is_empty();
+            if !records.is_empty() {
+                lp.grew = Instant::now();
+            }
             for p in problems {
                 lp.problems += 1;
                 if lp.problems <= MAX_PROBLEM_NOTICES {
@@ -411,33 +473,18 @@ impl DirSource {
     /// The snapshot at the live edge, from the live replay.
     fn live_snapshot(&mut self, query: &SnapshotQuery) -> LiveSnapshot {
         let device = query.device as i32;
-        let mut wanted = Vec::new();
-        for (pi, lp) in self.procs.iter().enumerate() {
-            if let Some(p) = &lp.process
-                && query.pid.is_none_or(|pid| pid == p.pid())
-            {
-                wanted.push(pi);
-            }
-        }
+        let wanted: Vec<usize> = self
+            .procs
+            .iter()
+            .enumerate()
+            .filter(|(_, lp)| {
+                lp.process
+                    .as_ref()
+                    .is_some_and(|p| query.pid.is_none_or(|pid| pid == p.pid()))
+            })
+            .map(|(pi, _)| pi)
+            .collect();
         let procs: Vec<Option<&Process>> = self.procs.iter().map(|l| l.process.as_ref()).collect();
-        let mut largest: Vec<LiveAlloc> = Vec::new();
-        for &pi in &wanted {
-            largest.extend(self.timeline.book.replay.largest(
-                pi,
-                device,
-                Pool::Device,
-                self.options.top,
-            ));
-        }
-        let mut cats = [0u64; N];
-        for &pi in &wanted {
-            for (s, x) in cats
-                .iter_mut()
-                .zip(self.timeline.book.device_cats(device, Some(pi)))
-            {
-                *s += x;
-            }
-        }
         let now = self.timeline.latest_ns();
         let time_s = self.timeline.secs(now);
         let traced: Vec<(u32, u64)> = self
@@ -457,9 +504,10 @@ impl DirSource {
             .collect();
         let panel = self.nvml.panel(query.device);
         let mut snap = build_snapshot(
+            &self.timeline.book,
             &procs,
-            largest,
-            cats,
+            &wanted,
+            device,
             now,
             time_s,
             self.options.top,
@@ -467,6 +515,10 @@ impl DirSource {
         );
         if let NvmlPanel::Available { processes, .. } = panel {
             add_untraced(&mut snap.breakdown, &processes, &traced, query.pid);
+        }
+        let total = self.devices.get(&device).map(|d| d.1);
+        if let Some(m) = &mut self.model {
+            snap.model = Some(m.at(&snap.breakdown, total));
         }
         snap
     }
@@ -487,30 +539,25 @@ impl DirSource {
             })
             .ok()?;
         let device = query.device as i32;
-        let mut largest = Vec::new();
-        let mut cats = [0u64; N];
-        for (pi, p) in trace.processes.iter().enumerate() {
-            if query.pid.is_some_and(|pid| pid != p.pid()) {
-                continue;
-            }
-            largest.extend(
-                book.replay
-                    .largest(pi, device, Pool::Device, self.options.top),
-            );
-            for (s, x) in cats.iter_mut().zip(book.device_cats(device, Some(pi))) {
-                *s += x;
-            }
-        }
+        let wanted: Vec<usize> = (0..trace.processes.len())
+            .filter(|&pi| query.pid.is_none_or(|pid| pid == trace.processes[pi].pid()))
+            .collect();
         let procs: Vec<Option<&Process>> = trace.processes.iter().map(Some).collect();
-        Some(build_snapshot(
+        let mut snap = build_snapshot(
+            &book,
             &procs,
-            largest,
-            cats,
+            &wanted,
+            device,
             target,
             query.time_s,
             self.options.top,
             &mut self.frames,
-        ))
+        );
+        let total = self.devices.get(&device).map(|d| d.1);
+        if let Some(m) = &mut self.model {
+            snap.model = Some(m.at(&snap.breakdown, total));
+        }
+        Some(snap)
     }
 }
 
@@ -596,49 +643,139 @@ fn is_internal(frame: &str) -> bool {
         || frame.contains("CachingAllocator")
 }
 
+/// One row of the largest-live table before it is shown: a tensor or a driver allocation.
+enum Row {
+    Tensor(usize, vramtrace_format::TensorEvent),
+    Driver(LiveAlloc),
+}
+
+impl Row {
+    fn size(&self) -> u64 {
+        match self {
+            Row::Tensor(_, t) => t.size,
+            Row::Driver(a) => a.size(),
+        }
+    }
+}
+
+/// The snapshot of `wanted` processes on `device` from a replay `book`: for a process with
+/// tensor records its live tensors (their operator and shape, their Python line) and its driver
+/// allocations that are not PyTorch's segments (whose free bytes are the reserve band); for
+/// any other process its driver allocations. The live tensors are also grouped by Python line.
+#[allow(clippy::too_many_arguments)]
 fn build_snapshot(
+    book: &Book,
     procs: &[Option<&Process>],
-    mut largest: Vec<LiveAlloc>,
-    cats: [u64; N],
+    wanted: &[usize],
+    device: i32,
     now_ns: u64,
     time_s: f64,
     top: usize,
     frames: &mut HashMap<(u32, u32), (Vec<String>, String)>,
 ) -> LiveSnapshot {
-    largest.sort_by(|a, b| b.size().cmp(&a.size()).then(a.seq.cmp(&b.seq)));
-    largest.truncate(top);
-    let mut rows = Vec::with_capacity(largest.len());
-    let mut symbolizers: HashMap<usize, StackSymbolizer<'_>> = HashMap::new();
-    for a in largest {
-        let Some(p) = procs.get(a.process).copied().flatten() else {
+    let mut rows: Vec<Row> = Vec::new();
+    let mut lines: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut cats = [0u64; N];
+    for &pi in wanted {
+        let Some(p) = procs.get(pi).copied().flatten() else {
             continue;
         };
-        let name = match &a.annotation {
-            Some(ann) => p.tensor_name(ann),
-            None => p.string(a.event.label).unwrap_or("").to_string(),
-        };
-        let key = (p.pid(), a.event.stack);
-        let (stack, top_frame) = match frames.get(&key) {
-            Some(s) => s.clone(),
-            None => {
-                let fs = symbolizers
-                    .entry(a.process)
-                    .or_insert_with(|| StackSymbolizer::new(p))
-                    .stack(a.event.stack);
-                let s: Vec<String> = fs.iter().map(|f| f.to_string()).collect();
-                let top = top_frame(&fs, &s);
-                frames.insert(key, (s.clone(), top.clone()));
-                (s, top)
+        for (s, x) in cats.iter_mut().zip(book.device_cats(device, Some(pi))) {
+            *s += x;
+        }
+        let tensors = book.has_tensors(pi, device);
+        // Every live driver allocation of a process without tensors is a candidate; with
+        // tensors, only those that are not segments (few: the context's, NCCL's).
+        // (Without tensors only the `top` largest are sorted: the live set may be large.)
+        let driver = book.replay.largest(
+            pi,
+            device,
+            Pool::Device,
+            if tensors { usize::MAX } else { top },
+        );
+        rows.extend(
+            driver
+                .into_iter()
+                .filter(|a| !tensors || !book.is_segment(pi, a.event.stack, a.event.label))
+                .take(top)
+                .map(Row::Driver),
+        );
+        if tensors {
+            // Many tensors share a stack: its line is read once.
+            let mut line_of: HashMap<u32, String> = HashMap::new();
+            for t in book.tensors.live_set(pi, device) {
+                let line = line_of
+                    .entry(t.event.stack)
+                    .or_insert_with(|| {
+                        crate::torch_replay::python_locations(p, t.event.stack)
+                            .first()
+                            .map(|l| l.to_string())
+                            .unwrap_or_else(|| "no Python frame".to_string())
+                    })
+                    .clone();
+                let g = lines.entry(line).or_default();
+                g.0 += 1;
+                g.1 += t.event.size;
+                rows.push(Row::Tensor(pi, t.event));
             }
-        };
-        rows.push(LiveAllocation {
-            size_bytes: a.size(),
-            name,
-            driver_function: a.event.api.name().to_string(),
-            age_s: now_ns.saturating_sub(a.event.t_ns) as f64 / 1e9,
-            top_frame,
-            stack,
-        });
+        }
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.size()));
+    rows.truncate(top);
+    let mut shown = Vec::with_capacity(rows.len());
+    let mut symbolizers: HashMap<usize, StackSymbolizer<'_>> = HashMap::new();
+    for r in rows {
+        match r {
+            Row::Tensor(pi, t) => {
+                let Some(p) = procs.get(pi).copied().flatten() else {
+                    continue;
+                };
+                let locations = crate::torch_replay::python_locations(p, t.stack);
+                let category = book
+                    .tensor_category(pi, t.stack)
+                    .map(|c| c.title())
+                    .unwrap_or("unnamed");
+                shown.push(LiveAllocation {
+                    size_bytes: t.size,
+                    name: crate::torch_replay::describe(p, &t).unwrap_or_default(),
+                    driver_function: format!("tensor, {category}"),
+                    age_s: now_ns.saturating_sub(t.t_ns) as f64 / 1e9,
+                    top_frame: locations.first().map(|l| l.to_string()).unwrap_or_default(),
+                    stack: locations.iter().map(|l| l.to_string()).collect(),
+                });
+            }
+            Row::Driver(a) => {
+                let Some(p) = procs.get(a.process).copied().flatten() else {
+                    continue;
+                };
+                let name = match &a.annotation {
+                    Some(ann) => p.tensor_name(ann),
+                    None => p.string(a.event.label).unwrap_or("").to_string(),
+                };
+                let key = (p.pid(), a.event.stack);
+                let (stack, top_frame) = match frames.get(&key) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let fs = symbolizers
+                            .entry(a.process)
+                            .or_insert_with(|| StackSymbolizer::new(p))
+                            .stack(a.event.stack);
+                        let s: Vec<String> = fs.iter().map(|f| f.to_string()).collect();
+                        let top = top_frame(&fs, &s);
+                        frames.insert(key, (s.clone(), top.clone()));
+                        (s, top)
+                    }
+                };
+                shown.push(LiveAllocation {
+                    size_bytes: a.size(),
+                    name,
+                    driver_function: a.event.api.name().to_string(),
+                    age_s: now_ns.saturating_sub(a.event.t_ns) as f64 / 1e9,
+                    top_frame,
+                    stack,
+                });
+            }
+        }
     }
     let breakdown = CATEGORIES
         .iter()
@@ -649,10 +786,18 @@ fn build_snapshot(
             bytes: b,
         })
         .collect();
+    let mut by_line: Vec<LineGroup> = lines
+        .into_iter()
+        .map(|(line, (count, bytes))| LineGroup { line, count, bytes })
+        .collect();
+    by_line.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.line.cmp(&b.line)));
+    by_line.truncate(top);
     LiveSnapshot {
         time_s,
-        largest: rows,
+        largest: shown,
         breakdown,
+        by_line,
+        model: None,
     }
 }
 

@@ -58,6 +58,13 @@ pub fn timeline(
 ) -> crate::Result<TimelinePlot> {
     check_hide(hide)?;
     let updates = crate::timeline::fold(trace)?;
+    let (marks, enforced) = marks_and_limit(trace)?;
+    // Without --capacity, the limit the trace says was enforced (PyTorch's memory fraction).
+    let (capacity, capacity_label) = match (capacity, enforced) {
+        (Some(c), _) => (Some(c), None),
+        (None, Some(l)) => (Some(l), Some("enforced limit (PyTorch)".to_string())),
+        (None, None) => (None, None),
+    };
     let mut infos: BTreeMap<u32, DeviceInfo> = BTreeMap::new();
     let mut points: BTreeMap<u32, Vec<TimelinePoint>> = BTreeMap::new();
     let mut failures = Vec::new();
@@ -90,7 +97,9 @@ pub fn timeline(
         let mut t = Timeline::new(DEFAULT_MAX_POINTS)
             .with_categories(used.iter().map(|&c| CATEGORIES[c].to_string()).collect())
             .with_capacity_bytes(capacity)
-            .with_predicted_peak_bytes(predicted_peak);
+            .with_capacity_label(capacity_label.clone())
+            .with_predicted_peak_bytes(predicted_peak)
+            .with_marks(marks.clone());
         for p in pts {
             let parts = used
                 .iter()
@@ -111,6 +120,109 @@ pub fn timeline(
         title: title.to_string(),
         devices,
     })
+}
+
+/// The tensors live at the highest tensor peak of `trace` (the process and device whose
+/// PyTorch tensors peaked highest) grouped by Python line, most bytes first, at most `top`
+/// lines (the rest in one row); `None` when the trace has no tensor records.
+pub fn lines(trace: &Trace, title: Option<&str>, top: usize) -> crate::Result<BreakdownPlot> {
+    let s = crate::summary::summarize(
+        trace,
+        crate::summary::SummaryOptions {
+            top: usize::MAX,
+            frames: 0,
+        },
+    )?;
+    let best = s
+        .processes
+        .iter()
+        .flat_map(|p| p.devices.iter().map(move |d| (p, d)))
+        .filter_map(|(p, d)| Some((p, d, d.tensors.as_ref()?)))
+        .max_by_key(|(_, _, t)| t.peak_bytes);
+    let Some((p, d, t)) = best else {
+        return Err(Error::Unanswerable(
+            "the trace has no tensor records (PyTorch's tensors were not recorded): `plot --kind timeline` draws the driver's allocations".into(),
+        ));
+    };
+    let mut by_line: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+    for x in t.at_peak.iter().flat_map(|m| &m.tensors) {
+        let e = by_line
+            .entry(x.line.clone().unwrap_or_else(|| "(no Python frame)".into()))
+            .or_default();
+        e.0 += x.size;
+        e.1 += 1;
+    }
+    let mut v: Vec<(String, (u64, usize))> = by_line.into_iter().collect();
+    v.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(&b.0)));
+    let rest: Vec<(String, (u64, usize))> = v.split_off(top.min(v.len()));
+    let mut rows: Vec<BreakdownRow> = v
+        .into_iter()
+        .map(|(line, (bytes, n))| BreakdownRow {
+            tensor: format!("{line} ×{n}"),
+            predicted_bytes: None,
+            observed_bytes: Some(bytes),
+        })
+        .collect();
+    if !rest.is_empty() {
+        rows.push(BreakdownRow {
+            tensor: format!("{} more lines", rest.len()),
+            predicted_bytes: None,
+            observed_bytes: Some(rest.iter().map(|r| r.1.0).sum()),
+        });
+    }
+    Ok(BreakdownPlot {
+        title: title.map(str::to_string).unwrap_or_else(|| {
+            format!(
+                "pid {} cuda:{}: {} of tensors at their peak ({:.3} s), by Python line",
+                p.pid,
+                d.device,
+                fmt_bytes(t.peak_bytes),
+                t.peak_t_s
+            )
+        }),
+        rows,
+    })
+}
+
+/// A mark on the time axis: seconds since the trace began, and its name.
+pub type Mark = (f64, String);
+
+/// Where each chunk begins, from the trace's range labels (`prefill/chunk.3/…`: the first
+/// range of each chunk, as `chunk 3`, in seconds since the trace began), and the limit PyTorch's
+/// caching allocator enforced (`set_per_process_memory_fraction`: the tensor records' `limit`,
+/// when one was set below the device).
+pub fn marks_and_limit(trace: &Trace) -> crate::Result<(Vec<Mark>, Option<u64>)> {
+    let t0 = trace.start_ns();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut marks = Vec::new();
+    let mut limit: Option<u64> = None;
+    for (pi, it) in trace.items()? {
+        match &it {
+            crate::trace::Item::RangePush { t_ns, name, .. } => {
+                let Some(n) = trace.processes[pi]
+                    .string(*name)
+                    .and_then(crate::report::triage::chunk_of_label)
+                else {
+                    continue;
+                };
+                if seen.insert(n) {
+                    marks.push((t_ns.saturating_sub(t0) as f64 / 1e9, format!("chunk {n}")));
+                }
+            }
+            crate::trace::Item::Tensor(te) if te.limit > 0 => {
+                let total = trace.processes[pi]
+                    .devices
+                    .iter()
+                    .find(|d| d.ordinal == te.device)
+                    .map(|d| d.total_bytes);
+                if total.is_none_or(|t| te.limit < t) {
+                    limit = Some(limit.map_or(te.limit, |l| l.min(te.limit)));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((marks, limit))
 }
 
 /// Observed beside predicted bytes per tensor at a moment.

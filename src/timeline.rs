@@ -15,13 +15,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use vramtrace_format::Event;
+use vramtrace_format::{Event, TensorAction, TensorEvent};
 use vramtrace_viewer::model::{DeviceInfo, FailedAllocation, TimelinePoint, Update};
 
 use crate::categories::{CATEGORIES, N};
-use crate::categoriser::categorise_stack;
+use crate::categoriser::{Category, categorise_stack};
 use crate::error::Result;
 use crate::replay::{FastMap, Pool, Replayer, Step};
+use crate::torch_replay::{TensorReplay, TensorStep};
 use crate::trace::{Item, Process, Trace};
 
 /// The most trace time one bucket of samples covers at least.
@@ -47,6 +48,22 @@ pub(crate) struct Booked {
     size: u64,
     label: u32,
     stack: u32,
+    /// A segment of PyTorch's caching allocator.
+    segment: bool,
+}
+
+/// True when the native stack `stack` of `p` passes through PyTorch's caching allocator
+/// (a frame in `libc10_cuda`): the allocation is one of its segments.
+fn is_segment_stack(p: &Process, stack: u32) -> bool {
+    p.stacks.get(&stack).is_some_and(|addrs| {
+        addrs.iter().any(|&a| {
+            p.modules
+                .iter()
+                .rev()
+                .find(|m| m.start <= a && a < m.end)
+                .is_some_and(|m| crate::categoriser::base(&m.path).starts_with("libc10_cuda"))
+        })
+    })
 }
 
 /// The replay plus live bytes by category per process and device.
@@ -56,18 +73,82 @@ pub(crate) struct Book {
     seq: usize,
     booked: FastMap<(usize, u8, u64), Booked>,
     by_cat: BTreeMap<(usize, i32), [u64; N]>,
-    /// The category of an allocation as it is made, by process, stack and label.
-    made: FastMap<(usize, u32, u32), u8>,
+    /// The category of an allocation as it is made, and whether it is a segment, by process,
+    /// stack and label.
+    made: FastMap<(usize, u32, u32), (u8, bool)>,
+    /// The part of `by_cat` that is PyTorch's segments.
+    seg_by_cat: BTreeMap<(usize, i32), [u64; N]>,
+    /// The tensor-level live set.
+    pub(crate) tensors: TensorReplay,
+    /// Live tensor bytes by category, per process and device with tensor records.
+    tensor_cats: BTreeMap<(usize, i32), [u64; N]>,
+    /// Live tensors: (process, pointer) to (device, category, bytes).
+    tensor_booked: FastMap<(usize, u64), (i32, u8, u64)>,
+    /// The category of a tensor as it is made, by process and stack.
+    tensor_made: FastMap<(usize, u32), u8>,
+}
+
+fn add_to(v: &mut u64, by: u64, sign: bool) {
+    *v = if sign {
+        v.saturating_add(by)
+    } else {
+        v.saturating_sub(by)
+    };
 }
 
 impl Book {
     fn add(&mut self, pi: usize, b: Booked, sign: bool) {
         let c = &mut self.by_cat.entry((pi, b.device)).or_default()[b.category as usize];
-        *c = if sign {
-            c.saturating_add(b.size)
-        } else {
-            c.saturating_sub(b.size)
-        };
+        add_to(c, b.size, sign);
+        if b.segment {
+            let c = &mut self.seg_by_cat.entry((pi, b.device)).or_default()[b.category as usize];
+            add_to(c, b.size, sign);
+        }
+    }
+
+    /// Applies a tensor record of process `pi`.
+    fn apply_tensor(&mut self, pi: usize, seq: usize, te: &TensorEvent, p: &Process) -> TensorStep {
+        let step = self.tensors.apply(pi, seq, te);
+        // A process and device with tensor records is stacked at the tensor level from its
+        // first record on, a refusal included.
+        self.tensor_cats.entry((pi, te.device)).or_default();
+        let allocated = matches!(step, TensorStep::Allocated | TensorStep::Restated(true));
+        // The driver allocation a tensor names as its segment is one, whatever its stack says
+        // (an imported snapshot's or an attached process's segments have no native frames).
+        if allocated
+            && te.segment != 0
+            && let Some(b) = self.booked.get_mut(&(pi, 0, te.segment))
+            && !b.segment
+        {
+            b.segment = true;
+            let b = *b;
+            let c = &mut self.seg_by_cat.entry((pi, b.device)).or_default()[b.category as usize];
+            add_to(c, b.size, true);
+        }
+        if (allocated || matches!(step, TensorStep::Released(_)))
+            && let Some((device, cat, size)) = self.tensor_booked.remove(&(pi, te.ptr))
+        {
+            add_to(
+                &mut self.tensor_cats.entry((pi, device)).or_default()[cat as usize],
+                size,
+                false,
+            );
+        }
+        if allocated {
+            let cat = *self.tensor_made.entry((pi, te.stack)).or_insert_with(|| {
+                categorise_stack(p, te.stack, te.size, None, None)
+                    .category
+                    .index() as u8
+            });
+            self.tensor_booked
+                .insert((pi, te.ptr), (te.device, cat, te.size));
+            add_to(
+                &mut self.tensor_cats.entry((pi, te.device)).or_default()[cat as usize],
+                te.size,
+                true,
+            );
+        }
+        step
     }
 
     fn unbook(&mut self, key: (usize, u8, u64)) {
@@ -87,11 +168,20 @@ impl Book {
                     Step::Allocated { pool } => {
                         self.unbook(key);
                         if *pool == Pool::Device {
-                            let category =
+                            let (category, segment) =
                                 *self.made.entry((pi, e.stack, e.label)).or_insert_with(|| {
-                                    categorise_stack(p, e.stack, e.size, p.string(e.label), None)
+                                    (
+                                        categorise_stack(
+                                            p,
+                                            e.stack,
+                                            e.size,
+                                            p.string(e.label),
+                                            None,
+                                        )
                                         .category
-                                        .index() as u8
+                                        .index() as u8,
+                                        is_segment_stack(p, e.stack),
+                                    )
                                 });
                             let b = Booked {
                                 device: e.device,
@@ -99,6 +189,7 @@ impl Book {
                                 size: e.size,
                                 label: e.label,
                                 stack: e.stack,
+                                segment,
                             };
                             self.booked.insert(key, b);
                             self.add(pi, b, true);
@@ -126,19 +217,67 @@ impl Book {
                 }
                 None
             }
+            Item::Tensor(te) => {
+                let seq = self.seq;
+                self.seq += 1;
+                self.apply_tensor(pi, seq, te, p);
+                None
+            }
             _ => None,
         }
     }
 
-    /// Live bytes by category on `device`, of one process or of all.
+    /// Whether process `pi` has tensor records on `device` (its stack is at the tensor level).
+    pub(crate) fn has_tensors(&self, pi: usize, device: i32) -> bool {
+        self.tensor_cats.contains_key(&(pi, device))
+    }
+
+    /// Whether the allocation made at `stack` with `label` by process `pi` is one of PyTorch's
+    /// segments (known once one such allocation was made).
+    pub(crate) fn is_segment(&self, pi: usize, stack: u32, label: u32) -> bool {
+        self.made.get(&(pi, stack, label)).is_some_and(|m| m.1)
+    }
+
+    /// The category a tensor made at `stack` by process `pi` was put in.
+    pub(crate) fn tensor_category(&self, pi: usize, stack: u32) -> Option<Category> {
+        self.tensor_made
+            .get(&(pi, stack))
+            .map(|&i| Category::ALL[i as usize])
+    }
+
+    /// Live bytes by category on `device`, of one process or of all (see the module's
+    /// documentation for a process with tensor records).
     pub(crate) fn device_cats(&self, device: i32, process: Option<usize>) -> [u64; N] {
         let mut sum = [0u64; N];
-        for ((pi, d), v) in &self.by_cat {
-            if *d == device && process.is_none_or(|p| p == *pi) {
-                for (s, x) in sum.iter_mut().zip(v) {
+        let none = [0u64; N];
+        let wanted = |pi: usize, d: i32| d == device && process.is_none_or(|p| p == pi);
+        // Every (process, device) with driver bytes, then those with tensors only (a trace
+        // whose segments were made before recording began); no allocation per call.
+        let with_driver = self.by_cat.iter().filter(|((pi, d), _)| wanted(*pi, *d));
+        let tensors_only = self
+            .tensor_cats
+            .keys()
+            .filter(|(pi, d)| wanted(*pi, *d) && !self.by_cat.contains_key(&(*pi, *d)))
+            .map(|k| (k, &none));
+        for (key, driver) in with_driver.chain(tensors_only) {
+            let Some(tensors) = self.tensor_cats.get(key) else {
+                for (s, x) in sum.iter_mut().zip(driver) {
                     *s = s.saturating_add(*x);
                 }
+                continue;
+            };
+            let segments = self.seg_by_cat.get(key).unwrap_or(&none);
+            for i in 0..N {
+                sum[i] = sum[i]
+                    .saturating_add(driver[i].saturating_sub(segments[i]))
+                    .saturating_add(tensors[i]);
             }
+            let reserve = segments
+                .iter()
+                .sum::<u64>()
+                .saturating_sub(tensors.iter().sum());
+            let r = &mut sum[Category::AllocatorReserve.index()];
+            *r = r.saturating_add(reserve);
         }
         sum
     }
@@ -215,7 +354,9 @@ impl TimelineFold {
         let width = (span / buckets).max(1) + 1;
         let mut bucket = 0u64;
         let mut end_t = first;
-        // Per device touched in this bucket: the highest live bytes, when, and their split.
+        // Per device touched in this bucket: the highest bytes in use (live bytes less the
+        // allocator's reserve: with segments cached the live bytes stand still while tensors
+        // come and go), when, and their split.
         let mut high: BTreeMap<i32, (u64, u64, [u64; N])> = BTreeMap::new();
         for (t, pi, item) in batch {
             let b = (t - first) / width;
@@ -228,12 +369,16 @@ impl TimelineFold {
                 continue;
             };
             let step = self.book.apply(pi, &item, process);
+            if let Item::Tensor(te) = &item {
+                self.tensor_sample(t, te, process, &mut high, out);
+                continue;
+            }
             let Item::Event(e) = &item else { continue };
             self.events += 1;
             match step {
                 Some(Step::Allocated { pool: Pool::Device }) => {
                     let cats = self.book.device_cats(e.device, None);
-                    let total: u64 = cats.iter().sum();
+                    let total = in_use(&cats);
                     let h = high.entry(e.device).or_insert((0, t, cats));
                     if total >= h.0 {
                         *h = (total, t, cats);
@@ -268,6 +413,35 @@ impl TimelineFold {
         self.latest_ns = self.latest_ns.max(last);
     }
 
+    /// A tensor record moves its device's stack (inside cached segments the driver sees
+    /// nothing); an allocator refusal is a failure.
+    fn tensor_sample(
+        &mut self,
+        t: u64,
+        te: &TensorEvent,
+        process: &Process,
+        high: &mut BTreeMap<i32, (u64, u64, [u64; N])>,
+        out: &mut Vec<Update>,
+    ) {
+        let cats = self.book.device_cats(te.device, None);
+        let total = in_use(&cats);
+        let h = high.entry(te.device).or_insert((0, t, cats));
+        if total >= h.0 {
+            *h = (total, t, cats);
+        }
+        if te.action == TensorAction::AllocFailed {
+            out.push(Update::Failure(FailedAllocation {
+                time_s: self.secs(t),
+                device: te.device.max(0) as u32,
+                pid: process.pid(),
+                request_bytes: te.size,
+                free_bytes: (te.free != 0).then_some(te.free),
+                label: crate::torch_replay::describe(process, te).unwrap_or_default(),
+                error: "PyTorch's allocator raised out of memory".into(),
+            }));
+        }
+    }
+
     fn flush(
         &mut self,
         high: &mut BTreeMap<i32, (u64, u64, [u64; N])>,
@@ -285,7 +459,7 @@ impl TimelineFold {
                 });
             }
             let cats = self.book.device_cats(device, None);
-            let now: u64 = cats.iter().sum();
+            let now = in_use(&cats);
             let end_s = self.secs(end_t.max(self.latest_ns));
             if max > now && max_t < end_t {
                 out.push(Update::Sample {
@@ -299,6 +473,11 @@ impl TimelineFold {
             });
         }
     }
+}
+
+/// Bytes in use: live bytes less the allocator's reserve.
+fn in_use(cats: &[u64; N]) -> u64 {
+    cats.iter().sum::<u64>() - cats[Category::AllocatorReserve.index()]
 }
 
 /// The whole of `trace` folded: its devices ([`Update::Device`]), then the categories, samples

@@ -216,3 +216,50 @@ fn a_device_only_one_trace_uses() {
     assert_eq!(d.devices[0].peak_difference, -(228 * MIB as i128));
     assert!(d.devices[0].by_label.iter().all(|r| r.b_bytes == 0));
 }
+
+/// fla's GDN against PyTorch's FlashAttention, both recorded with tensor records on the H200:
+/// the tensors at each tensor peak by Python line (`summary` gives A's as 659.70 MiB in 15
+/// tensors).
+#[test]
+fn two_h200_samples_by_python_line() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200");
+    let a = Trace::open(&dir.join("pytorch-gdn-cache")).unwrap();
+    let b = Trace::open(&dir.join("pytorch-fa-cache")).unwrap();
+    let d = diff(&a, &b, DiffOptions::default()).unwrap();
+    let dev = &d.devices[0];
+    let a_total: u64 = dev.by_line.iter().map(|r| r.a_bytes).sum();
+    let a_count: usize = dev.by_line.iter().map(|r| r.a_count).sum();
+    assert_eq!((a_total, a_count), (691_747_840, 15));
+    let row = |key: &str| dev.by_line.iter().find(|r| r.key == key).unwrap().clone();
+    assert_eq!(
+        row("driver.py:761 get_empty_cache_for_benchmark"),
+        Row {
+            key: "driver.py:761 get_empty_cache_for_benchmark".into(),
+            a_bytes: 256 << 20,
+            a_count: 1,
+            b_bytes: 0,
+            b_count: 0,
+            difference: -(256 << 20),
+        }
+    );
+    let fa = row("model_vs_torch.py:170 call");
+    assert_eq!((fa.a_count, fa.b_count, fa.b_bytes), (0, 4, 51_122_176));
+    // The largest difference first.
+    assert_eq!(
+        dev.by_line[0].key,
+        "driver.py:761 get_empty_cache_for_benchmark"
+    );
+    // By tensor: operator, shape pattern and dtype at the line.
+    assert!(
+        dev.by_tensor.iter().any(|r| r.key
+            == "input q bfloat16[#, #, #] @ model_vs_torch.py:160 fa"
+            && r.b_bytes == 50_724_864),
+        "{:?}",
+        dev.by_tensor
+    );
+    let text = vramtrace::diff::render(&d, "A", "B", 3);
+    assert!(
+        text.contains("tensors at the tensor peak, by Python line"),
+        "{text}"
+    );
+}

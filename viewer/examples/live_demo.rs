@@ -119,6 +119,7 @@ impl LiveSource for Demo {
                     bytes: act,
                 },
             ],
+            ..Default::default()
         })
     }
 }

@@ -120,6 +120,82 @@ pub struct LiveSnapshot {
     pub largest: Vec<LiveAllocation>,
     /// Live bytes by label or category.
     pub breakdown: Vec<BreakdownEntry>,
+    /// The live tensors grouped by their Python line, most bytes first (empty without tensor
+    /// records).
+    pub by_line: Vec<LineGroup>,
+    /// The whole-step model at this moment, when the view was given one (`--model`).
+    pub model: Option<ModelAtCursor>,
+}
+
+/// The live tensors allocated at one Python line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineGroup {
+    /// `file.py:LINE function` (the innermost frame that is the program's own).
+    pub line: String,
+    /// Tensors live.
+    pub count: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// One part of the whole-step model beside the bytes observed in its category.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelPart {
+    /// The category (`weights`, `KV cache`, ...).
+    pub category: String,
+    /// The model's bytes for it, `None` where it is not modelled.
+    pub modelled_bytes: Option<u64>,
+    /// The bytes observed in the category at the cursor.
+    pub observed_bytes: u64,
+    /// What the modelled figure rests on (`config`, `the trace, given`, ...).
+    pub rests_on: String,
+}
+
+/// The live forecast: the next prefill chunk's modelled peak at the current context against the
+/// limit, and how much more context fits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forecast {
+    /// The context read from the trace (the KV cache's bytes ÷ the model's K/V per token).
+    pub context_tokens: u64,
+    /// The model's K/V bytes per token the context was read with.
+    pub kv_bytes_per_token: u64,
+    /// The next chunk's tokens.
+    pub chunk_tokens: u64,
+    /// The modelled step's bytes counted against the limit at the next chunk.
+    pub next_step_bytes: u64,
+    /// The limit's bytes.
+    pub limit_bytes: u64,
+    /// How the limit is named after its bytes (`--capacity`, `the card`).
+    pub limit_label: String,
+    /// The largest context whose modelled step fits (`None`: not even the next chunk fits).
+    pub largest_context: Option<u64>,
+    /// Whether `largest_context` is only the search's cap (the cliff lies beyond it).
+    pub capped: bool,
+}
+
+impl Forecast {
+    /// `limit − next step`: negative when the next chunk is modelled not to fit.
+    pub fn headroom_bytes(&self) -> i128 {
+        i128::from(self.limit_bytes) - i128::from(self.next_step_bytes)
+    }
+
+    /// Tokens of context that still fit after the current one (0 when the next chunk does not).
+    pub fn tokens_left(&self) -> u64 {
+        self.largest_context
+            .map_or(0, |l| l.saturating_sub(self.context_tokens))
+    }
+}
+
+/// The whole-step model at the cursor: its parts beside the observed categories, and the
+/// forecast when the context could be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelAtCursor {
+    /// The model and serving shape, e.g. `Qwen3.5-9B (transformers), chunk 4128`.
+    pub title: String,
+    /// The parts, in stacking order.
+    pub parts: Vec<ModelPart>,
+    /// The forecast; `None` with the reason when it cannot be made.
+    pub forecast: Result<Forecast, String>,
 }
 
 /// Which snapshot the view needs: the CLI answers it from its replay.
@@ -190,6 +266,11 @@ pub enum Update {
     },
     /// A line for the status bar: "waiting for traces in DIR", a skipped file, ...
     Notice(String),
+    /// A traced process is gone (its file stopped growing and no such process runs).
+    Exited {
+        /// Its pid.
+        pid: u32,
+    },
 }
 
 /// Observed beside predicted bytes of one tensor, for the breakdown plot.

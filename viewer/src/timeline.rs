@@ -26,7 +26,9 @@ pub struct Timeline {
     failures: Vec<FailedAllocation>,
     failures_total: u64,
     capacity_bytes: Option<u64>,
+    capacity_label: Option<String>,
     predicted_peak_bytes: Option<u64>,
+    marks: Vec<(f64, String)>,
 }
 
 impl Default for Timeline {
@@ -46,7 +48,9 @@ impl Timeline {
             failures: Vec::new(),
             failures_total: 0,
             capacity_bytes: None,
+            capacity_label: None,
             predicted_peak_bytes: None,
+            marks: Vec::new(),
         }
     }
 
@@ -59,6 +63,20 @@ impl Timeline {
     /// Draws a capacity line (e.g. `--capacity 24GiB`).
     pub fn with_capacity_bytes(mut self, bytes: Option<u64>) -> Self {
         self.capacity_bytes = bytes;
+        self
+    }
+
+    /// Names the capacity line (`PyTorch's memory fraction`); without a name it is the
+    /// capacity.
+    pub fn with_capacity_label(mut self, label: Option<String>) -> Self {
+        self.capacity_label = label;
+        self
+    }
+
+    /// Marks on the time axis (`chunk 3` where the trace's labels say a chunk began), in time
+    /// order.
+    pub fn with_marks(mut self, marks: Vec<(f64, String)>) -> Self {
+        self.marks = marks;
         self
     }
 
@@ -153,6 +171,16 @@ impl Timeline {
     /// The capacity line, if any.
     pub fn capacity_bytes(&self) -> Option<u64> {
         self.capacity_bytes
+    }
+
+    /// The capacity line's name, if one was given.
+    pub fn capacity_label(&self) -> Option<&str> {
+        self.capacity_label.as_deref()
+    }
+
+    /// The marks on the time axis.
+    pub fn marks(&self) -> &[(f64, String)] {
+        &self.marks
     }
 
     /// The predicted peak line, if any.

@@ -39,6 +39,43 @@ pub struct LiveArgs {
     /// Do not ask NVML for device memory.
     #[arg(long)]
     pub no_nvml: bool,
+    /// The model's config.json: the view shows the whole-step model beside the observed bytes
+    /// (the `t` key) and a forecast line: the next chunk's modelled peak at the current context
+    /// against the limit, and how many more tokens of context fit.
+    #[arg(long, value_name = "CONFIG")]
+    pub model: Option<PathBuf>,
+    /// The program that runs the model: transformers, vllm-0.20.1, workload or
+    /// torch-prefill-script.
+    #[arg(long, default_value = "transformers", requires = "model")]
+    pub runtime: String,
+    /// Prefill chunk in tokens (vLLM's --max-num-batched-tokens).
+    #[arg(long, default_value_t = 4128, requires = "model")]
+    pub chunk: u64,
+    /// KV cache block size in tokens.
+    #[arg(long, default_value_t = 1, requires = "model")]
+    pub kv_block_size: u64,
+}
+
+/// The live model of `--model` and its serving shape.
+fn live_model(args: &LiveArgs) -> anyhow::Result<Option<vramtrace::forecast::LiveModel>> {
+    let Some(path) = &args.model else {
+        return Ok(None);
+    };
+    let cfg = vramtrace_models::ModelConfig::from_path(path)
+        .with_context(|| format!("cannot read the model config {}", path.display()))?;
+    let Some(runtime) = vramtrace_models::Runtime::from_name(&args.runtime) else {
+        bail!(
+            "--runtime {} is not one the models know; give transformers, vllm-0.20.1, workload or torch-prefill-script",
+            args.runtime
+        );
+    };
+    Ok(Some(vramtrace::forecast::LiveModel::new(
+        cfg,
+        runtime,
+        args.chunk,
+        args.kv_block_size,
+        args.capacity,
+    )?))
 }
 
 /// Runs `vramtrace live`.
@@ -51,14 +88,18 @@ pub fn run(args: LiveArgs) -> anyhow::Result<i32> {
     if let Some(pid) = args.attach {
         return super::attach::live(pid, args.dir.as_deref(), options, args.capacity);
     }
-    let dir = args.dir.unwrap_or_default();
+    let model = live_model(&args)?;
+    let dir = args.dir.clone().unwrap_or_default();
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!(
             "vramtrace live draws in a terminal; stdin and stdout must be one. For text, use `vramtrace summary {}`",
             dir.display()
         );
     }
-    let source = DirSource::new(&dir, options);
+    let mut source = DirSource::new(&dir, options);
+    if let Some(m) = model {
+        source = source.with_model(m);
+    }
     // NVML is opened only when asked for.
     let mut source = if args.no_nvml {
         source

@@ -22,7 +22,8 @@ pub struct PlotArgs {
     /// A trace directory or file (optional for --kind cliff).
     pub trace: Option<PathBuf>,
     /// Which plot.
-    #[arg(long, value_parser = ["timeline", "breakdown", "cliff"])]
+    /// (`lines`: the tensors at their peak by Python line, for a trace with PyTorch's tensors.)
+    #[arg(long, value_parser = ["timeline", "breakdown", "cliff", "lines"])]
     pub kind: String,
     /// The file to write: `.png` or `.svg`.
     #[arg(long, short)]
@@ -142,6 +143,13 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
             if let Some(t) = &args.title {
                 plot.title = t.clone();
             }
+            plot_breakdown(&plot, &args.output)?;
+        }
+        "lines" => {
+            let dir = needs_trace()?;
+            let trace = Trace::open(dir)?;
+            vramtrace::trace::warn_unreadable(&trace);
+            let plot = plots::lines(&trace, args.title.as_deref(), 20)?;
             plot_breakdown(&plot, &args.output)?;
         }
         "cliff" => {

@@ -76,7 +76,12 @@ impl Figure for BreakdownPlot {
             ("predicted", style::PREDICTED, 0.52, 0.88),
             ("observed", style::OBSERVED, 0.12, 0.48),
         ];
+        // Without any prediction (tensors by line, say) only the observed bars are drawn.
+        let predicted = self.rows.iter().any(|r| r.predicted_bytes.is_some());
         for (k, (name, color, lo, hi)) in bars.into_iter().enumerate() {
+            if k == 0 && !predicted {
+                continue;
+            }
             let value = |r: &crate::model::BreakdownRow| {
                 if k == 0 {
                     r.predicted_bytes

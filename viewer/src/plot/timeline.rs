@@ -61,6 +61,9 @@ impl Figure for TimelinePlot {
     }
 }
 
+/// At most this many mark labels along the time axis.
+const MAX_MARK_LABELS: usize = 12;
+
 /// `(time, bytes)` pairs as a step function: bytes hold until the next point.
 fn steps(points: impl Iterator<Item = (f64, f64)>) -> Vec<(f64, f64)> {
     let mut out: Vec<(f64, f64)> = Vec::new();
@@ -162,7 +165,11 @@ where
         );
         chart
             .draw_series(line)?
-            .label(format!("capacity {}", format_bytes(capacity)))
+            .label(format!(
+                "{} {}",
+                timeline.capacity_label().unwrap_or("capacity"),
+                format_bytes(capacity)
+            ))
             .legend(|(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], style::CAPACITY.stroke_width(2))
             });
@@ -180,6 +187,26 @@ where
             .legend(|(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], style::PREDICTED.stroke_width(2))
             });
+    }
+
+    // The chunks the labels name, as a second axis along the bottom: a light line where each
+    // begins, its name on every k-th so that labels do not overlap.
+    let marks = timeline.marks();
+    if !marks.is_empty() {
+        chart.draw_series(
+            marks
+                .iter()
+                .map(|(t, _)| PathElement::new(vec![(*t, 0.0), (*t, top)], style::GRID.mix(0.9))),
+        )?;
+        let every = marks.len().div_ceil(MAX_MARK_LABELS).max(1);
+        chart.draw_series(marks.iter().step_by(every).map(|(t, name)| {
+            EmptyElement::at((*t, 0.0))
+                + Text::new(
+                    name.clone(),
+                    (3, -4),
+                    text(13.0).pos(Pos::new(HPos::Left, VPos::Bottom)),
+                )
+        }))?;
     }
 
     let failures = timeline.failures();

@@ -41,6 +41,17 @@ pub enum Overlay {
     FilterInput,
 }
 
+/// What the table under the timeline lists (the `t` key cycles through them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// The largest live allocations (tensors when they were recorded).
+    Largest,
+    /// The live tensors grouped by Python line.
+    ByLine,
+    /// The whole-step model's parts beside the observed categories (with `--model`).
+    Model,
+}
+
 /// What the event loop should do after a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -108,6 +119,8 @@ pub struct App {
     snapshot: Option<LiveSnapshot>,
     notices: VecDeque<String>,
     flash_ticks: u32,
+    exited: std::collections::BTreeSet<u32>,
+    table: Table,
 }
 
 impl App {
@@ -129,6 +142,8 @@ impl App {
             snapshot: None,
             notices: VecDeque::new(),
             flash_ticks: 0,
+            exited: std::collections::BTreeSet::new(),
+            table: Table::Largest,
         }
     }
 
@@ -179,6 +194,9 @@ impl App {
                     self.notices.pop_front();
                 }
                 self.notices.push_back(text);
+            }
+            Update::Exited { pid } => {
+                self.exited.insert(pid);
             }
         }
     }
@@ -307,6 +325,16 @@ impl App {
                 Some(a) => self.overlay = Overlay::Stack(Box::new(a.clone())),
                 None => return Action::None,
             },
+            KeyCode::Char('t') => {
+                self.table = match self.table {
+                    Table::Largest => Table::ByLine,
+                    Table::ByLine if self.snapshot.as_ref().is_some_and(|s| s.model.is_some()) => {
+                        Table::Model
+                    }
+                    Table::ByLine | Table::Model => Table::Largest,
+                };
+                self.selected_row = 0;
+            }
             KeyCode::Char('/') => self.overlay = Overlay::FilterInput,
             KeyCode::Char('?') | KeyCode::Char('h') => self.overlay = Overlay::Help,
             _ => return Action::None,
@@ -401,6 +429,24 @@ impl App {
     /// All processes, by pid.
     pub fn processes(&self) -> &[ProcessInfo] {
         &self.processes
+    }
+
+    /// Whether the traced process `pid` has exited.
+    pub fn exited(&self, pid: u32) -> bool {
+        self.exited.contains(&pid)
+    }
+
+    /// Whether every traced process the view is about (the selected one, or all) has exited.
+    pub fn all_exited(&self) -> bool {
+        match self.process() {
+            Some(p) => self.exited(p.pid),
+            None => !self.processes.is_empty() && self.processes.iter().all(|p| self.exited(p.pid)),
+        }
+    }
+
+    /// What the table under the timeline lists.
+    pub fn table(&self) -> Table {
+        self.table
     }
 
     /// The selected process, or `None` for all processes.
@@ -605,6 +651,7 @@ mod tests {
                 })
                 .collect(),
             breakdown: Vec::new(),
+            ..Default::default()
         }));
         app.on_key(key(KeyCode::Char('/')));
         assert_eq!(app.overlay(), &Overlay::FilterInput);

@@ -12,6 +12,9 @@ use crate::tui::app::{App, Mode};
 use crate::tui::theme;
 use crate::units::{ByteUnit, format_bytes, format_seconds, nice_ceil};
 
+/// The category whose bytes are PyTorch's segments' reserve.
+const RESERVE: &str = "allocator reserve";
+
 /// Draws the selected device's timeline into `area`.
 pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
     let title = match app.device() {
@@ -53,6 +56,27 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
         .iter()
         .map(|p| (p.time_s, y(p.live_bytes)))
         .collect();
+    // The allocator's reserve as its own band: the bytes in use drawn under the live line
+    // (segments cached by PyTorch hold their bytes while the tensors in them come and go).
+    let reserve = timeline.categories().iter().position(|c| c == RESERVE);
+    let in_use: Vec<(f64, f64)> = match reserve {
+        Some(r)
+            if timeline
+                .points()
+                .iter()
+                .any(|p| p.by_category.get(r).is_some_and(|b| *b > 0)) =>
+        {
+            timeline
+                .points()
+                .iter()
+                .map(|p| {
+                    let held = p.by_category.get(r).copied().unwrap_or(0);
+                    (p.time_s, y(p.live_bytes.saturating_sub(held)))
+                })
+                .collect()
+        }
+        _ => Vec::new(),
+    };
     let hline = |bytes: u64| vec![(start, y(bytes)), (end, y(bytes))];
     let capacity = timeline.capacity_bytes().map(hline);
     let predicted = timeline.predicted_peak_bytes().map(hline);
@@ -73,6 +97,10 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
     };
     let mut datasets = vec![line(&live, theme::LIVE)];
     let mut items = vec![("━", theme::LIVE, "live".to_string())];
+    if !in_use.is_empty() {
+        datasets.push(line(&in_use, theme::IN_USE));
+        items.push(("━", theme::IN_USE, "in use (reserve between)".to_string()));
+    }
     if let (Some(data), Some(bytes)) = (&capacity, timeline.capacity_bytes()) {
         datasets.push(line(data, theme::CAPACITY));
         items.push((

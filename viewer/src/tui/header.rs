@@ -99,6 +99,9 @@ fn processes_line(app: &App) -> Line<'static> {
             format!("{} {}", p.pid, shorten(&p.command, 40)),
             style,
         ));
+        if app.exited(p.pid) {
+            spans.push(Span::styled(" (exited)", theme::DIM));
+        }
     }
     Line::from(spans)
 }

@@ -8,7 +8,7 @@ use ratatui::widgets::{Block, Clear, Paragraph, Widget};
 use crate::tui::theme;
 
 /// The keys and what they do, as the overlay lists them.
-pub const KEYS: [(&str, &str); 15] = [
+pub const KEYS: [(&str, &str); 16] = [
     ("space", "pause / follow the newest data"),
     ("f, End", "follow"),
     ("← →", "scrub back / forward one step"),
@@ -20,6 +20,7 @@ pub const KEYS: [(&str, &str); 15] = [
     ("Tab", "next process (then all)"),
     ("↑ ↓, k j", "select an allocation"),
     ("Enter", "show its full stack"),
+    ("t", "table: largest / by line / model"),
     ("/", "filter by label (Esc clears)"),
     ("?, h", "this help"),
     ("Esc", "close / clear the filter"),

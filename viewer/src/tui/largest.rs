@@ -40,6 +40,13 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
         return;
     }
     let header = Row::new(["Size", "Name", "Function", "Age", "Top frame"]).style(theme::TITLE);
+    // Tensors say their category beside the word (`tensor, engine buffers`).
+    let function_width = rows
+        .iter()
+        .map(|a| a.driver_function.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(18, 24) as u16;
     let table_rows = rows.iter().map(|a| {
         let name = if a.name.is_empty() {
             "unnamed"
@@ -57,7 +64,7 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
     let widths = [
         Constraint::Length(10),
         Constraint::Fill(1),
-        Constraint::Length(18),
+        Constraint::Length(function_width),
         Constraint::Length(9),
         Constraint::Fill(2),
     ];

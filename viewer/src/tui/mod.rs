@@ -12,14 +12,16 @@ mod run;
 mod source;
 mod stack;
 mod status;
+pub(crate) mod tables;
 mod theme;
 mod ui;
 
 #[cfg(test)]
 mod snapshot_tests;
 
-pub use app::{Action, App, DeviceView, FLASH_TICKS, Mode, Overlay, ViewOptions};
+pub use app::{Action, App, DeviceView, FLASH_TICKS, Mode, Overlay, Table, ViewOptions};
 pub use help::KEYS;
 pub use run::{KeyInput, RunOptions, TerminalKeys, run, run_loop};
 pub use source::{LiveSource, ScriptedSource};
+pub use tables::forecast_text;
 pub use ui::{MIN_HEIGHT, MIN_WIDTH};

@@ -8,7 +8,7 @@ use ratatui::widgets::{Block, Paragraph, Widget, Wrap};
 use crate::model::NvmlPanel;
 use crate::tui::app::App;
 use crate::tui::theme;
-use crate::units::{format_bytes, format_signed_bytes};
+use crate::units::format_bytes;
 
 /// Draws the NVML panel of the selected device into `area`.
 pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
@@ -45,9 +45,31 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
                 row("total", format_bytes(*total_bytes), theme::DIM),
                 traced_row,
             ];
-            if let Some(traced) = traced {
+            // NVML reads the present: once the traced processes are gone it has no figure of
+            // theirs, and used − traced would be negative.
+            let listed = |pid: u32| processes.iter().any(|n| n.pid == pid);
+            let in_nvml = match app.process() {
+                Some(p) => listed(p.pid),
+                None => app.processes().iter().any(|p| listed(p.pid)),
+            };
+            if app.all_exited() {
+                lines.push(Line::styled(
+                    "untraced: no figure, the traced process exited",
+                    theme::DIM,
+                ));
+            } else if let Some(traced) = traced {
                 let untraced = *used_bytes as i128 - traced as i128;
-                lines.push(row("untraced", format_signed_bytes(untraced), theme::PEAK));
+                let why = if !in_nvml && !app.processes().is_empty() {
+                    Some("untraced: no figure, NVML does not list the traced process")
+                } else if untraced < 0 {
+                    Some("untraced: no figure, NVML's reading is older than the trace")
+                } else {
+                    None
+                };
+                match why {
+                    None => lines.push(row("untraced", format_bytes(untraced as u64), theme::PEAK)),
+                    Some(why) => lines.push(Line::styled(why, theme::DIM)),
+                }
             }
             let selected = app.process().map(|p| p.pid);
             for p in processes {

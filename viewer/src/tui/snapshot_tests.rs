@@ -8,11 +8,13 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::layout::Rect;
 
 use crate::model::{
-    BreakdownEntry, DeviceInfo, FailedAllocation, LiveAllocation, LiveSnapshot, NvmlPanel,
-    NvmlProcess, ProcessInfo, TimelinePoint, Update,
+    BreakdownEntry, DeviceInfo, FailedAllocation, Forecast, LineGroup, LiveAllocation,
+    LiveSnapshot, ModelAtCursor, ModelPart, NvmlPanel, NvmlProcess, ProcessInfo, TimelinePoint,
+    Update,
 };
 use crate::tui::app::{App, ViewOptions};
-use crate::tui::{breakdown, chart, header, largest, nvml, status};
+use crate::tui::tables::forecast_text;
+use crate::tui::{breakdown, chart, header, largest, nvml, status, tables};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -141,6 +143,7 @@ fn app() -> App {
                 bytes: GIB,
             },
         ],
+        ..Default::default()
     }));
     app
 }
@@ -319,19 +322,19 @@ fn help_overlay() {
         render(60, 20, |area, buf| (&app).render_into(area, buf)),
         &[
             "Processes  all · 4242 vllm serve Qwen/Qwen3.6-27B · 4243 wor",
-            "Devices    cuda:0 NVIDIA H200 (140.00 GiB)                  ",
-            "Peak  ┌ Keys ────────────────────────────────────────┐      ",
-            "  ✗ 9.│ space     pause / follow the newest data     │4.00 G",
-            "┌ Live│ f, End    follow                             │─────┐",
-            "│30 Gi│ ← →       scrub back / forward one step      │GiB  │",
-            "│15 Gi│ [ ]       halve / double the step            │GiB  │",
-            "│     │ Home      go to the start                    │GiB  │",
-            "│ 0.00│ p         jump to the peak                   │GiB  │",
-            "└ ━ li│ n         jump to the next failure           │─────┘",
-            "┌ Larg│ d         next device                        │─────┐",
-            "│  Siz│ Tab       next process (then all)            │rame │",
-            "│▶   8│ ↑ ↓, k j  select an allocation               │weigh│",
-            "│    3│ Enter     show its full stack                │ate_k│",
+            "Device┌ Keys ────────────────────────────────────────┐      ",
+            "Peak  │ space     pause / follow the newest data     │      ",
+            "  ✗ 9.│ f, End    follow                             │4.00 G",
+            "┌ Live│ ← →       scrub back / forward one step      │─────┐",
+            "│30 Gi│ [ ]       halve / double the step            │GiB  │",
+            "│15 Gi│ Home      go to the start                    │GiB  │",
+            "│     │ p         jump to the peak                   │GiB  │",
+            "│ 0.00│ n         jump to the next failure           │GiB  │",
+            "└ ━ li│ d         next device                        │─────┘",
+            "┌ Larg│ Tab       next process (then all)            │─────┐",
+            "│  Siz│ ↑ ↓, k j  select an allocation               │rame │",
+            "│▶   8│ Enter     show its full stack                │weigh│",
+            "│    3│ t         table: largest / by line / model   │ate_k│",
             "│    1│ /         filter by label (Esc clears)       │_fwd │",
             "└─────│ ?, h      this help                          │─────┘",
             "┌ Live│ Esc       close / clear the filter           │─────┐",
@@ -422,4 +425,288 @@ impl RenderInto for &App {
     fn render_into(self, area: Rect, buf: &mut Buffer) {
         ratatui::widgets::Widget::render(self, area, buf);
     }
+}
+
+/// The H200's bug: after the traced process exited NVML listed none of it (used 0 B) and the
+/// panel said "untraced −1.05 GiB". Now the header says exited and NVML's panel has no figure.
+#[test]
+fn an_exited_process_has_no_untraced_figure() {
+    let mut app = app();
+    app.apply([
+        Update::Exited { pid: 4242 },
+        Update::Exited { pid: 4243 },
+        Update::Nvml {
+            device: 0,
+            panel: NvmlPanel::Available {
+                used_bytes: 0,
+                total_bytes: 140 * GIB,
+                processes: Vec::new(),
+            },
+        },
+    ]);
+    assert_lines(
+        render(25, 9, |area, buf| nvml::render(&app, area, buf)),
+        &[
+            "┌ NVML ─────────────────┐",
+            "│used              0 B  │",
+            "│total      140.00 GiB  │",
+            "│traced      12.00 GiB  │",
+            "│untraced: no figure,   │",
+            "│the traced process     │",
+            "│exited                 │",
+            "│                       │",
+            "└───────────────────────┘",
+        ],
+    );
+    assert_lines(
+        render(100, 1, |area, buf| header::render(&app, area, buf)),
+        &[
+            "Processes  all · 4242 vllm serve Qwen/Qwen3.6-27B (exited) · 4243 worker (exited)                   ",
+        ],
+    );
+}
+
+/// One process still running but missing from NVML's list (another container's pid
+/// namespace, or NVML lagging): no figure either, and why.
+#[test]
+fn nvml_without_the_traced_process_has_no_untraced_figure() {
+    let mut app = app();
+    app.apply([Update::Nvml {
+        device: 0,
+        panel: NvmlPanel::Available {
+            used_bytes: 8 * GIB,
+            total_bytes: 140 * GIB,
+            processes: vec![NvmlProcess {
+                pid: 77,
+                used_bytes: 8 * GIB,
+            }],
+        },
+    }]);
+    assert_lines(
+        render(25, 9, |area, buf| nvml::render(&app, area, buf)),
+        &[
+            "┌ NVML ─────────────────┐",
+            "│used         8.00 GiB  │",
+            "│total      140.00 GiB  │",
+            "│traced      12.00 GiB  │",
+            "│untraced: no figure,   │",
+            "│NVML does not list the │",
+            "│traced process         │",
+            "│pid 77       8.00 GiB  │",
+            "└───────────────────────┘",
+        ],
+    );
+}
+
+fn tensor_snapshot() -> LiveSnapshot {
+    let tensor = |size_bytes: u64, name: &str, top: &str| LiveAllocation {
+        size_bytes,
+        name: name.into(),
+        driver_function: "tensor, activations".into(),
+        age_s: 0.5,
+        top_frame: top.into(),
+        stack: vec![top.into()],
+    };
+    LiveSnapshot {
+        time_s: 10.0,
+        largest: vec![
+            tensor(256 * MIB, "", "driver.py:761 get_empty_cache_for_benchmark"),
+            tensor(
+                97 * MIB + 512 * MIB / 1024,
+                "empty [1, 4128, 48, 128] bf16",
+                "chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h",
+            ),
+        ],
+        breakdown: vec![
+            BreakdownEntry {
+                label: "activations".into(),
+                bytes: 334_436_352,
+            },
+            BreakdownEntry {
+                label: "autotuning".into(),
+                bytes: 256 * MIB,
+            },
+            BreakdownEntry {
+                label: "allocator reserve".into(),
+                bytes: 260_359_168,
+            },
+        ],
+        by_line: vec![
+            LineGroup {
+                line: "driver.py:761 get_empty_cache_for_benchmark".into(),
+                count: 1,
+                bytes: 256 * MIB,
+            },
+            LineGroup {
+                line: "wy_fast.py:273 recompute_w_u_fwd".into(),
+                count: 2,
+                bytes: 97 * MIB,
+            },
+        ],
+        model: None,
+    }
+}
+
+/// The tensors grouped by Python line, the `t` key's first table.
+#[test]
+fn tensors_by_python_line() {
+    let mut app = app();
+    app.set_snapshot(Some(tensor_snapshot()));
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.table(), crate::tui::Table::ByLine);
+    assert_lines(
+        render(70, 5, |area, buf| tables::render_by_line(&app, area, buf)),
+        &[
+            "┌ Live tensors by Python line at 10.00 s ────────────────────────────┐",
+            "│Bytes      Tensors  Python line                                     │",
+            "│ 256.0 MiB        1 driver.py:761 get_empty_cache_for_benchmark     │",
+            "│  97.0 MiB        2 wy_fast.py:273 recompute_w_u_fwd                │",
+            "└────────────────────────────────────────────────────────────────────┘",
+        ],
+    );
+    // Without a model the key goes back to the largest-live table.
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.table(), crate::tui::Table::Largest);
+    // A trace with no tensor records says so.
+    app.set_snapshot(Some(LiveSnapshot::default()));
+    key(&mut app, KeyCode::Char('t'));
+    assert_lines(
+        render(70, 3, |area, buf| tables::render_by_line(&app, area, buf)),
+        &[
+            "┌ Live tensors by Python line at 10.00 s ────────────────────────────┐",
+            "│   no tensor records: the trace has only the driver's allocations   │",
+            "└────────────────────────────────────────────────────────────────────┘",
+        ],
+    );
+}
+
+/// The tensor rows of the largest-live table: the Python line as the top frame, the category
+/// beside the word tensor.
+#[test]
+fn largest_live_tensors() {
+    let mut app = app();
+    app.set_snapshot(Some(tensor_snapshot()));
+    assert_lines(
+        render(110, 5, |area, buf| largest::render(&app, area, buf)),
+        &[
+            "┌ Largest live at 10.00 s (cuda:0, all processes) ───────────────────────────────────────────────────────────┐",
+            "│  Size       Name                  Function            Age       Top frame                                  │",
+            "│▶  256.0 MiB unnamed               tensor, activations  500.0 ms driver.py:761 get_empty_cache_for_benchmark│",
+            "│    97.5 MiB empty [1, 4128, 48, 1 tensor, activations  500.0 ms chunk_delta_h.py:722 chunk_gated_delta_rule│",
+            "└────────────────────────────────────────────────────────────────────────────────────────────────────────────┘",
+        ],
+    );
+}
+
+fn forecast(context: u64, next: u64, largest: Option<u64>) -> Forecast {
+    Forecast {
+        context_tokens: context,
+        kv_bytes_per_token: 32 * 1024,
+        chunk_tokens: 4128,
+        next_step_bytes: next,
+        limit_bytes: 24 * GIB,
+        limit_label: "--capacity".into(),
+        largest_context: largest,
+        capped: false,
+    }
+}
+
+/// The forecast line and the model table of `--model`.
+#[test]
+fn forecast_line_and_model_table() {
+    let mut app = app();
+    let mut snap = tensor_snapshot();
+    snap.model = Some(ModelAtCursor {
+        title: "Qwen3-0.6B (transformers), chunk 4128, KV block 16".into(),
+        parts: vec![
+            ModelPart {
+                category: "weights".into(),
+                modelled_bytes: Some(1_812_082_688),
+                observed_bytes: 1_812_091_904,
+                rests_on: "config: parameters and their format".into(),
+            },
+            ModelPart {
+                category: "engine buffers".into(),
+                modelled_bytes: Some(40 * GIB),
+                observed_bytes: 40 * GIB,
+                rests_on: "the trace, given as it stands".into(),
+            },
+            ModelPart {
+                category: "unnamed".into(),
+                modelled_bytes: None,
+                observed_bytes: MIB,
+                rests_on: "never modelled".into(),
+            },
+        ],
+        forecast: Ok(forecast(12_288, 22 * GIB, Some(20_188))),
+    });
+    app.set_snapshot(Some(snap));
+    assert_lines(
+        render(140, 1, |area, buf| tables::render_forecast(&app, area, buf)),
+        &[
+            " Forecast context 12,288 tok · next chunk (4,128 tok) 22.00 GiB of 24.00 GiB --capacity · headroom 2.00 GiB · cliff in 7,900 tok (at 20,188)",
+        ],
+    );
+    key(&mut app, KeyCode::Char('t'));
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.table(), crate::tui::Table::Model);
+    assert_lines(
+        render(100, 6, |area, buf| tables::render_model(&app, area, buf)),
+        &[
+            "┌ Qwen3-0.6B (transformers), chunk 4128, KV block 16 at 10.00 s ───────────────────────────────────┐",
+            "│Category             Modelled    Observed    Differs     Rests on                                 │",
+            "│weights                 1.69 GiB    1.69 GiB    +9.0 KiB config: parameters and their format      │",
+            "│engine buffers         40.00 GiB   40.00 GiB         0 B the trace, given as it stands            │",
+            "│unnamed                        –     1.0 MiB           – never modelled                           │",
+            "└──────────────────────────────────────────────────────────────────────────────────────────────────┘",
+        ],
+    );
+    assert_eq!(
+        forecast_text(&forecast(40_000, 25 * GIB, None)),
+        "context 40,000 tok · next chunk (4,128 tok) 25.00 GiB of 24.00 GiB --capacity · short by 1.00 GiB: the next chunk is modelled not to fit"
+    );
+    assert_eq!(
+        forecast_text(&Forecast {
+            capped: true,
+            ..forecast(0, GIB, Some(1 << 24))
+        }),
+        "context 0 tok · next chunk (4,128 tok) 1.00 GiB of 24.00 GiB --capacity · headroom 23.00 GiB · no cliff up to 16,777,216 tok"
+    );
+}
+
+/// With segments cached the live bytes stand still while the tensors in them come and go: the
+/// bytes in use are drawn under the live line, the reserve the gap between them.
+#[test]
+fn the_reserve_band_under_the_live_line() {
+    let mut app = App::new(ViewOptions::default());
+    app.apply([Update::Categories {
+        device: 0,
+        names: vec!["activations".into(), "allocator reserve".into()],
+    }]);
+    let points = [
+        (0.0, 0, 0),
+        (1.0, 2, 6),
+        (2.0, 6, 2),
+        (3.0, 1, 7),
+        (4.0, 8, 0),
+    ];
+    app.apply(points.iter().map(|&(t, used, reserve)| Update::Sample {
+        device: 0,
+        point: TimelinePoint::stacked(t, vec![used * GIB, reserve * GIB]),
+    }));
+    assert_lines(
+        render(60, 10, |area, buf| chart::render(&app, area, buf)),
+        &[
+            "┌ Live bytes, cuda:0 ──────────────────────────────────────┐",
+            "│10 GiB│                                                   │",
+            "│      │           ⡠⠔•⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⠒⡠⠔│",
+            "│      │        ⣀⠔⠊           ⣀⡠⠤⠒⠢⢄⡀                ⢀⡠⠒⠉  │",
+            "│5 GiB │     ⢀⠤⠊        ⢀⣀⠤⠔⠊⠉      ⠈⠑⠢⢄⡀         ⢀⡠⠒⠁     │",
+            "│      │  ⢀⡠⠒⠁   ⣀⣀⡠⠤⠔⠒⠉⠁               ⠈⠑⠢⢄⡀  ⢀⠤⠒⠁        │",
+            "│0     │⣀⡠⠤⠤⠒⠒⠊⠉⠉                           ⠈⠑⠊⠁           │",
+            "│      └───────────────────────────────────────────────────│",
+            "│ 0.00 s                       2.00 s                4.00 s│",
+            "└ ━ live  ━ in use (reserve between)  • peak 8.00 GiB  ────┘",
+        ],
+    );
 }

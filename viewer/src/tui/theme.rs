@@ -12,6 +12,8 @@ pub const DIM: Style = Style::new().fg(Color::DarkGray);
 pub const SELECTED: Style = Style::new().fg(Color::Black).bg(Color::Cyan);
 /// The live-bytes curve.
 pub const LIVE: Style = Style::new().fg(Color::Green);
+/// Bytes in use (live less the allocator's reserve).
+pub const IN_USE: Style = Style::new().fg(Color::Blue);
 /// The peak marker and value.
 pub const PEAK: Style = Style::new().fg(Color::Magenta).add_modifier(Modifier::BOLD);
 /// Failed allocations.

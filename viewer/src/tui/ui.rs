@@ -5,8 +5,8 @@ use ratatui::layout::{Alignment, Constraint, Layout, Rect};
 use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Widget, Wrap};
 
-use crate::tui::app::{App, Overlay};
-use crate::tui::{breakdown, chart, header, help, largest, nvml, stack, status};
+use crate::tui::app::{App, Overlay, Table};
+use crate::tui::{breakdown, chart, header, help, largest, nvml, stack, status, tables};
 
 /// The smallest screen the panels are laid out on.
 pub const MIN_WIDTH: u16 = 60;
@@ -57,12 +57,25 @@ impl Widget for &App {
             return;
         }
         let [head, body, table, bar, foot] = split(area, header::height(self));
+        // With a model, the forecast takes the bar's top line.
+        let bar = if self.snapshot().is_some_and(|s| s.model.is_some()) && bar.height > 3 {
+            let [line, rest] =
+                Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(bar);
+            tables::render_forecast(self, line, buf);
+            rest
+        } else {
+            bar
+        };
         let [timeline, nvml_area] =
             Layout::horizontal([Constraint::Min(30), Constraint::Length(NVML_WIDTH)]).areas(body);
         header::render(self, head, buf);
         chart::render(self, timeline, buf);
         nvml::render(self, nvml_area, buf);
-        largest::render(self, table, buf);
+        match self.table() {
+            Table::Largest => largest::render(self, table, buf),
+            Table::ByLine => tables::render_by_line(self, table, buf),
+            Table::Model => tables::render_model(self, table, buf),
+        }
         breakdown::render(self, bar, buf);
         status::render(self, foot, buf);
         match self.overlay() {

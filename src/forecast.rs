@@ -1,0 +1,198 @@
+//! The whole-step model in the live view, and the live forecast (issue 20 item 3).
+//!
+//! At a moment of the trace the observed bytes by category ([`crate::categories`]) are set
+//! beside the whole-step model ([`vramtrace_models::StepModel`]) of the same step. The current
+//! context is read from the trace: the KV cache category's bytes ÷ the model's K/V bytes per
+//! token (with a preallocated KV pool, as `transformers serve --continuous-batching` and vLLM
+//! make, that is the pool's room in tokens, not the tokens held). What the config cannot know
+//! (engine buffers, CUDA graphs, NCCL, autotuning, the allocator's reserve, the context, other
+//! processes) is taken from the trace as it stands and said to be.
+//!
+//! The forecast is the next prefill chunk's modelled step at the current context (context +
+//! chunk tokens at its end) against the limit, and the largest context whose modelled step
+//! still fits ([`StepModel::largest_context_at`]): the cliff, before it happens.
+
+use vramtrace_models::{
+    Category as ModelCategory, KnownParts, Limit, ModelConfig, Runtime, ServingShape, StepModel,
+    StepVariants,
+};
+use vramtrace_viewer::model::{BreakdownEntry, Forecast, ModelAtCursor, ModelPart};
+
+use crate::categories::{self, CATEGORIES, Category, N};
+
+/// The longest context the cliff search looks at (tokens): beyond it the cliff is "beyond".
+pub const MAX_CONTEXT: u64 = 1 << 24;
+
+/// The model the live view compares with, and the serving shape of its steps.
+#[derive(Debug, Clone)]
+pub struct LiveModel {
+    model: StepModel,
+    shape: ServingShape,
+    capacity: Option<u64>,
+    kv_per_token: u64,
+    title: String,
+    /// The last answer and the observed bytes it was made for.
+    last: Option<([u64; N], Option<u64>, ModelAtCursor)>,
+}
+
+impl LiveModel {
+    /// The model of `cfg` run by `runtime`, prefilling chunks of `chunk` tokens into a KV cache
+    /// of `block_size`-token blocks, against `capacity` (else the device's total memory).
+    pub fn new(
+        cfg: ModelConfig,
+        runtime: Runtime,
+        chunk: u64,
+        block_size: u64,
+        capacity: Option<u64>,
+    ) -> crate::Result<LiveModel> {
+        let variants = StepVariants::for_runtime(runtime, &cfg);
+        let title = format!(
+            "{} ({}), chunk {chunk}, KV block {block_size}",
+            cfg.display_name(),
+            runtime.name()
+        );
+        let mut shape = ServingShape::prefill(&cfg, chunk, chunk);
+        let model = StepModel::new(cfg, variants, KnownParts::default());
+        // K/V bytes per token, whatever the runtime stores: the payload's growth by one token
+        // without block rounding.
+        shape.block_size = 1;
+        let kv =
+            |l: u64| -> crate::Result<u64> { Ok(model.step(&shape.with_context(l))?.kv_payload) };
+        let kv_per_token = kv(chunk + 1)? - kv(chunk)?;
+        shape.block_size = block_size;
+        Ok(LiveModel {
+            model,
+            shape,
+            capacity,
+            kv_per_token,
+            title,
+            last: None,
+        })
+    }
+
+    /// The model's K/V bytes per token.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.kv_per_token
+    }
+
+    /// The model beside `observed` (a snapshot's breakdown: category titles, NVML's rows with
+    /// ` (NVML)` after the title), against the capacity given, else `device_total`.
+    pub fn at(&mut self, observed: &[BreakdownEntry], device_total: Option<u64>) -> ModelAtCursor {
+        let mut bytes = [0u64; N];
+        for e in observed {
+            let title = e.label.strip_suffix(" (NVML)").unwrap_or(&e.label);
+            if let Some(c) = categories::parse(title) {
+                bytes[c.index()] += e.bytes;
+            }
+        }
+        if let Some((b, t, m)) = &self.last
+            && *b == bytes
+            && *t == device_total
+        {
+            return m.clone();
+        }
+        let m = self.compute(&bytes, device_total);
+        self.last = Some((bytes, device_total, m.clone()));
+        m
+    }
+
+    fn compute(&self, bytes: &[u64; N], device_total: Option<u64>) -> ModelAtCursor {
+        let given = |c: Category| Some(bytes[c.index()]).filter(|&b| b > 0);
+        let known = KnownParts {
+            engine_buffers: given(Category::EngineBuffers),
+            cuda_graphs: given(Category::CudaGraphs),
+            communication: given(Category::Communication),
+            autotune: given(Category::Autotune),
+            kv_pool: None,
+            allocator_reserve: given(Category::AllocatorReserve),
+            context: given(Category::Context),
+            other_process: given(Category::OtherProcess),
+        };
+        let model = StepModel {
+            known,
+            ..self.model.clone()
+        };
+        let kv = bytes[Category::KvCache.index()];
+        let context = kv / self.kv_per_token.max(1);
+        let chunk = self.shape.chunk_tokens;
+        // The step that holds the current context (at least one chunk).
+        let now_shape = self.shape.with_context(context.max(chunk));
+        let now = model.step(&now_shape);
+        let parts = Category::ALL
+            .iter()
+            .map(|&c| {
+                let mc = ModelCategory::from_name(c.key());
+                let modelled = match (&now, mc) {
+                    (Ok(b), Some(m)) => b.part(m),
+                    _ => None,
+                };
+                let rests_on = match c {
+                    Category::Weights => "config: parameters and their format".to_string(),
+                    Category::KvCache => {
+                        format!("config: K/V of {context} tokens (read from this row)")
+                    }
+                    Category::State => "config: GDN state of one sequence".to_string(),
+                    Category::Activations => match &now {
+                        Ok(b) => format!(
+                            "config: the {} layer's peak at a chunk of {chunk}",
+                            b.activations.kind
+                        ),
+                        Err(e) => format!("not modelled: {e}"),
+                    },
+                    Category::Unnamed => "never modelled".to_string(),
+                    _ if modelled.is_some() => "the trace, given as it stands".to_string(),
+                    _ => "not modelled, nothing observed".to_string(),
+                };
+                ModelPart {
+                    category: CATEGORIES[c.index()].to_string(),
+                    modelled_bytes: modelled,
+                    observed_bytes: bytes[c.index()],
+                    rests_on,
+                }
+            })
+            .filter(|p| p.modelled_bytes.is_some() || p.observed_bytes > 0)
+            .collect();
+        let forecast = self.forecast(&model, context, device_total);
+        ModelAtCursor {
+            title: self.title.clone(),
+            parts,
+            forecast,
+        }
+    }
+
+    fn forecast(
+        &self,
+        model: &StepModel,
+        context: u64,
+        device_total: Option<u64>,
+    ) -> Result<Forecast, String> {
+        let (capacity, label) = match (self.capacity, device_total) {
+            (Some(c), _) => (c, "--capacity"),
+            (None, Some(t)) if t > 0 => (t, "the card"),
+            _ => {
+                return Err(
+                    "no limit to forecast against: give --capacity (the trace names no device)"
+                        .into(),
+                );
+            }
+        };
+        let limit = Limit::Card { capacity };
+        let chunk = self.shape.chunk_tokens;
+        let next = self.shape.with_context(context.saturating_add(chunk));
+        let checked = model.check(&next, &limit).map_err(|e| e.to_string())?;
+        let counted = checked.limit.as_ref().map_or(checked.total, |l| l.counted);
+        let frontier = model
+            .largest_context_at(&self.shape, &limit, MAX_CONTEXT.max(next.context_tokens))
+            .map_err(|e| e.to_string())?;
+        Ok(Forecast {
+            context_tokens: context,
+            kv_bytes_per_token: self.kv_per_token,
+            chunk_tokens: chunk,
+            next_step_bytes: counted,
+            limit_bytes: capacity,
+            limit_label: label.to_string(),
+            largest_context: frontier.largest_context,
+            capped: frontier.capped,
+        })
+    }
+}

@@ -1,0 +1,168 @@
+//! The other two tables under the timeline (the `t` key): the live tensors grouped by Python
+//! line, and the whole-step model's parts beside the observed categories; plus the forecast line.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::{Alignment, Constraint, Rect};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Cell, Paragraph, Row, StatefulWidget, Table, TableState, Widget};
+
+use crate::model::Forecast;
+use crate::tui::app::App;
+use crate::tui::theme;
+use crate::units::{format_bytes, format_count, format_seconds, format_signed_bytes};
+
+fn right(text: String) -> Cell<'static> {
+    Cell::from(Line::from(text).alignment(Alignment::Right))
+}
+
+fn empty(block: Block<'_>, text: &str, area: Rect, buf: &mut Buffer) {
+    Paragraph::new(Line::styled(text.to_string(), theme::DIM))
+        .alignment(Alignment::Center)
+        .block(block)
+        .render(area, buf);
+}
+
+/// The live tensors grouped by Python line at the cursor.
+pub fn render_by_line(app: &App, area: Rect, buf: &mut Buffer) {
+    let title = format!(
+        " Live tensors by Python line at {} ",
+        format_seconds(app.cursor_time())
+    );
+    let block = Block::bordered().title(Span::styled(title, theme::TITLE));
+    let groups: Vec<_> = app
+        .snapshot()
+        .map(|s| {
+            s.by_line
+                .iter()
+                .filter(|g| app.matches_filter(&g.line))
+                .collect()
+        })
+        .unwrap_or_default();
+    if groups.is_empty() {
+        let text = match app.snapshot() {
+            None => "no snapshot from the trace yet",
+            Some(s) if s.by_line.is_empty() => {
+                "no tensor records: the trace has only the driver's allocations"
+            }
+            Some(_) => "no line matches the filter",
+        };
+        return empty(block, text, area, buf);
+    }
+    let header = Row::new(["Bytes", "Tensors", "Python line"]).style(theme::TITLE);
+    let rows = groups.iter().map(|g| {
+        Row::new([
+            right(format_bytes(g.bytes)),
+            right(format_count(g.count as u64)),
+            Cell::from(g.line.clone()),
+        ])
+    });
+    let widths = [
+        Constraint::Length(10),
+        Constraint::Length(8),
+        Constraint::Fill(1),
+    ];
+    let table = Table::new(rows, widths)
+        .header(header)
+        .block(block)
+        .row_highlight_style(theme::SELECTED);
+    let mut state = TableState::default().with_selected(Some(app.selected_row()));
+    StatefulWidget::render(table, area, buf, &mut state);
+}
+
+/// The whole-step model's parts beside the observed categories at the cursor.
+pub fn render_model(app: &App, area: Rect, buf: &mut Buffer) {
+    let Some(m) = app.snapshot().and_then(|s| s.model.as_ref()) else {
+        let block = Block::bordered().title(Span::styled(" Model ", theme::TITLE));
+        return empty(block, "no model: give --model CONFIG", area, buf);
+    };
+    let title = format!(" {} at {} ", m.title, format_seconds(app.cursor_time()));
+    let block = Block::bordered().title(Span::styled(title, theme::TITLE));
+    let header =
+        Row::new(["Category", "Modelled", "Observed", "Differs", "Rests on"]).style(theme::TITLE);
+    let rows = m.parts.iter().map(|p| {
+        let (modelled, diff) = match p.modelled_bytes {
+            Some(b) => (
+                format_bytes(b),
+                match i128::from(p.observed_bytes) - i128::from(b) {
+                    d if d > 0 => format!("+{}", format_bytes(d as u64)),
+                    d => format_signed_bytes(d),
+                },
+            ),
+            None => ("–".into(), "–".into()),
+        };
+        Row::new([
+            Cell::from(p.category.clone()),
+            right(modelled),
+            right(format_bytes(p.observed_bytes)),
+            right(diff),
+            Cell::from(p.rests_on.clone()),
+        ])
+    });
+    let widths = [
+        Constraint::Length(20),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Fill(1),
+    ];
+    let table = Table::new(rows, widths).header(header).block(block);
+    Widget::render(table, area, buf);
+}
+
+/// The forecast as one line: the context, the next chunk's modelled peak against the limit,
+/// and the tokens left before the cliff.
+pub fn forecast_text(f: &Forecast) -> String {
+    let head = format!(
+        "context {} tok · next chunk ({} tok) {} of {} {}",
+        format_count(f.context_tokens),
+        format_count(f.chunk_tokens),
+        format_bytes(f.next_step_bytes),
+        format_bytes(f.limit_bytes),
+        f.limit_label,
+    );
+    let headroom = f.headroom_bytes();
+    if headroom < 0 {
+        return format!(
+            "{head} · short by {}: the next chunk is modelled not to fit",
+            format_bytes(headroom.unsigned_abs() as u64)
+        );
+    }
+    let cliff = match f.largest_context {
+        Some(l) if f.capped => format!("no cliff up to {} tok", format_count(l)),
+        Some(l) => format!(
+            "cliff in {} tok (at {})",
+            format_count(f.tokens_left()),
+            format_count(l)
+        ),
+        None => "cliff now".into(),
+    };
+    format!(
+        "{head} · headroom {} · {cliff}",
+        format_bytes(headroom as u64)
+    )
+}
+
+/// Draws the forecast line (only called with a model at the cursor).
+pub fn render_forecast(app: &App, area: Rect, buf: &mut Buffer) {
+    let Some(m) = app.snapshot().and_then(|s| s.model.as_ref()) else {
+        return;
+    };
+    let line = match &m.forecast {
+        Ok(f) => {
+            let style = if f.headroom_bytes() < 0 {
+                theme::FAILURE
+            } else {
+                theme::PREDICTED
+            };
+            Line::from(vec![
+                Span::styled(" Forecast ", theme::TITLE),
+                Span::styled(forecast_text(f), style),
+            ])
+        }
+        Err(why) => Line::from(vec![
+            Span::styled(" Forecast ", theme::TITLE),
+            Span::styled(why.clone(), theme::DIM),
+        ]),
+    };
+    Paragraph::new(line).render(area, buf);
+}
