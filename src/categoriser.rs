@@ -44,10 +44,13 @@ mod steps;
 
 pub use breakdown::{
     Breakdown, CONFIG_TOLERANCE, DeviceMemory, EvidenceLine, Expectations, LiveAllocation,
-    LiveTensor, MomentFacts, NvmlProcess, Row, SHOWN_EVIDENCE, SegmentReserve, categorise_moment,
-    render,
+    LiveTensor, MomentFacts, NvmlProcess, Placed, Row, SHOWN_EVIDENCE, SegmentReserve,
+    categorise_moment, categorise_moment_placing, render,
 };
-pub use moment::{At, MomentKind, breakdown_at, categorise_stack, first_failure, moments, peak};
+pub use moment::{
+    At, MomentKind, StackCategories, breakdown_at, categorise_stack, first_failure, moments, peak,
+    stack_categories,
+};
 pub use rules::{ACTIVATION_RULES, FRAME_RULES, FrameRule, LABEL_RULES, NATIVE_RULES, NativeRule};
 pub use steps::{Steps, phase_of};
 

@@ -11,7 +11,10 @@
 //! gets its highest point in the bucket (when above the bucket's end) and its end point, stacked
 //! by [`crate::categories::CATEGORIES`]. An allocation's category is decided when it is made
 //! ([`crate::categoriser::categorise_stack`]: its Python frames, native modules and label; an
-//! annotation naming it later decides again), once per process, stack and label.
+//! annotation naming it later decides again), once per process, stack and label. Offline
+//! ([`fold`], [`TimelineFold::with_categories`]) a stack the categoriser saw live at the
+//! report's moment takes its verdict there ([`crate::categoriser::stack_categories`]: lifetimes
+//! included) at every time, so the plot agrees with the report's breakdown.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,7 +22,7 @@ use vramtrace_format::{Event, TensorAction, TensorEvent};
 use vramtrace_viewer::model::{DeviceInfo, FailedAllocation, TimelinePoint, Update};
 
 use crate::categories::{CATEGORIES, N};
-use crate::categoriser::{Category, categorise_stack};
+use crate::categoriser::{Category, StackCategories, categorise_stack};
 use crate::error::Result;
 use crate::replay::{FastMap, Pool, Replayer, Step};
 use crate::torch_replay::{TensorReplay, TensorStep};
@@ -86,6 +89,9 @@ pub(crate) struct Book {
     tensor_booked: FastMap<(usize, u64), (i32, u8, u64)>,
     /// The category of a tensor as it is made, by process and stack.
     tensor_made: FastMap<(usize, u32), u8>,
+    /// Verdicts by process and stack that win over [`categorise_stack`] (offline: those of the
+    /// report's moment).
+    categories: StackCategories,
 }
 
 fn add_to(v: &mut u64, by: u64, sign: bool) {
@@ -135,9 +141,11 @@ impl Book {
             );
         }
         if allocated {
+            let fixed = &self.categories;
             let cat = *self.tensor_made.entry((pi, te.stack)).or_insert_with(|| {
-                categorise_stack(p, te.stack, te.size, None, None)
-                    .category
+                fixed
+                    .tensor(pi, te.stack)
+                    .unwrap_or_else(|| categorise_stack(p, te.stack, te.size, None, None).category)
                     .index() as u8
             });
             self.tensor_booked
@@ -168,18 +176,23 @@ impl Book {
                     Step::Allocated { pool } => {
                         self.unbook(key);
                         if *pool == Pool::Device {
+                            let fixed = &self.categories;
                             let (category, segment) =
                                 *self.made.entry((pi, e.stack, e.label)).or_insert_with(|| {
                                     (
-                                        categorise_stack(
-                                            p,
-                                            e.stack,
-                                            e.size,
-                                            p.string(e.label),
-                                            None,
-                                        )
-                                        .category
-                                        .index() as u8,
+                                        fixed
+                                            .allocation(pi, e.stack)
+                                            .unwrap_or_else(|| {
+                                                categorise_stack(
+                                                    p,
+                                                    e.stack,
+                                                    e.size,
+                                                    p.string(e.label),
+                                                    None,
+                                                )
+                                                .category
+                                            })
+                                            .index() as u8,
                                         is_segment_stack(p, e.stack),
                                     )
                                 });
@@ -201,8 +214,10 @@ impl Book {
                 Some(step)
             }
             Item::Annotate(a) => {
+                // A stack with a fixed verdict keeps it (the verdict saw the name).
                 if self.replay.annotate(pi, a).is_some()
                     && let Some(mut b) = self.booked.get(&(pi, 0, a.ptr)).copied()
+                    && self.categories.allocation(pi, b.stack).is_none()
                 {
                     let c =
                         categorise_stack(p, b.stack, b.size, p.string(b.label), p.string(a.name))
@@ -294,9 +309,19 @@ pub struct TimelineFold {
 }
 
 impl TimelineFold {
-    /// An empty fold; time 0 is set by [`TimelineFold::start_at`].
+    /// An empty fold; time 0 is set by [`TimelineFold::start_at`]. Each tensor and allocation
+    /// is categorised as it is made ([`categorise_stack`]).
     pub fn new() -> TimelineFold {
         TimelineFold::default()
+    }
+
+    /// An empty fold that puts every tensor and allocation whose process and stack `categories`
+    /// names in that category, at any time (offline: the categoriser's verdicts at the report's
+    /// moment, [`crate::categoriser::stack_categories`]); other stacks as [`TimelineFold::new`].
+    pub fn with_categories(categories: StackCategories) -> TimelineFold {
+        let mut f = TimelineFold::default();
+        f.book.categories = categories;
+        f
     }
 
     /// A process started at `t_ns` (`CLOCK_MONOTONIC`): time 0 is the earliest start seen.
@@ -481,10 +506,19 @@ fn in_use(cats: &[u64; N]) -> u64 {
 }
 
 /// The whole of `trace` folded: its devices ([`Update::Device`]), then the categories, samples
-/// and failures of [`TimelineFold::ingest`] over every item of [`Trace::items`].
+/// and failures of [`TimelineFold::ingest`] over every item of [`Trace::items`], each stack
+/// live at the report's moment in the categoriser's verdict there
+/// ([`crate::categoriser::stack_categories`], [`TimelineFold::with_categories`]).
 pub fn fold(trace: &Trace) -> Result<Vec<Update>> {
+    fold_with(trace, crate::categoriser::stack_categories(trace)?)
+}
+
+/// [`fold`] with the verdicts of `categories` ([`TimelineFold::with_categories`]); with none
+/// (`StackCategories::default()`), every allocation is categorised as it is made, as the live
+/// view does.
+pub fn fold_with(trace: &Trace, categories: StackCategories) -> Result<Vec<Update>> {
     let mut out = Vec::new();
-    let mut fold = TimelineFold::new();
+    let mut fold = TimelineFold::with_categories(categories);
     let mut devices: BTreeMap<i32, (String, u64)> = BTreeMap::new();
     // Devices in the order the live source meets them: files by path.
     let mut by_path: Vec<&Process> = trace.processes.iter().collect();

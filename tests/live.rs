@@ -326,9 +326,10 @@ fn a_finished_sample_trace_replays_to_its_end() {
     );
 }
 
-/// The timeline plot folds a whole trace (`timeline::fold`) as the live source folds what it
-/// reads: the same devices, categories, samples and failures, update for update, on samples
-/// with one process, several processes, and failures.
+/// The timeline plot folds a whole trace (`timeline::fold_with`, categorised as made) as the
+/// live source folds what it reads: the same devices, categories, samples and failures, update
+/// for update, on samples with one process, several processes, and failures; with the
+/// categories of the report's moment (`timeline::fold`), the same samples' times and totals.
 #[test]
 fn the_timeline_fold_matches_the_live_source() {
     for name in [
@@ -356,7 +357,7 @@ fn the_timeline_fold_matches_the_live_source() {
             .filter(keep)
             .collect();
         let trace = vramtrace::Trace::open(&dir).unwrap();
-        let folded: Vec<Update> = vramtrace::timeline::fold(&trace)
+        let folded: Vec<Update> = vramtrace::timeline::fold_with(&trace, Default::default())
             .unwrap()
             .into_iter()
             .filter(keep)
@@ -366,5 +367,20 @@ fn the_timeline_fold_matches_the_live_source() {
             "{name}: no samples"
         );
         assert_eq!(folded, live, "{name}");
+        let totals = |us: Vec<Update>| {
+            us.into_iter()
+                .filter_map(|u| match u {
+                    Update::Sample { device, point } => {
+                        Some((device, point.time_s, point.by_category.iter().sum::<u64>()))
+                    }
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            totals(vramtrace::timeline::fold(&trace).unwrap()),
+            totals(live),
+            "{name}"
+        );
     }
 }

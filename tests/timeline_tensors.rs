@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use vramtrace::categories::Category;
-use vramtrace::timeline::fold;
+use vramtrace::timeline::{fold, fold_with};
 use vramtrace::trace::Trace;
 use vramtrace_viewer::model::Update;
 
@@ -44,7 +44,10 @@ fn fla_with_caching_on_is_stacked_by_tensor() {
     assert_eq!(in_use(&peak.1), 691_747_840); // 659.70 MiB of tensors
     assert_eq!(peak.1[RESERVE], 260_359_168); // 248.30 MiB
     assert_eq!(peak.1.iter().sum::<u64>(), 952_107_008); // the segments, 908 MiB
-    assert_eq!(peak.1[Category::Activations as usize], 334_436_352);
+    // The activations of the breakdown at the peak (400.70 MiB, `summary`): the script's own
+    // inputs are activations by their lifetimes there, not unnamed as when they were made.
+    assert_eq!(peak.1[Category::Activations as usize], 420_166_656);
+    assert_eq!(peak.1[Category::Unnamed as usize], 0);
     assert_eq!(peak.1[Category::Autotune as usize], 268_435_456);
     // Every tensor freed at the end: the segments are all reserve.
     let last = s.last().unwrap();
@@ -138,4 +141,93 @@ fn tensors_by_line_plot() {
         Trace::open(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/prefill-18gib"))
             .unwrap();
     assert!(vramtrace::plots::lines(&none, None, 20).is_err());
+}
+
+/// The samples of device 0 in `updates`: time and bytes by category.
+fn device0(updates: Vec<Update>) -> Vec<(f64, Vec<u64>)> {
+    updates
+        .into_iter()
+        .filter_map(|u| match u {
+            Update::Sample { device: 0, point } => Some((point.time_s, point.by_category)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The failure of `samples/h200/torch-oom` (tensors of the script's own lines, which frames
+/// alone leave unnamed): the timeline's bytes per category at the failure's time are the
+/// report's breakdown there (which knows their lifetimes), and the unnamed band never holds
+/// more than the breakdown's.
+#[test]
+fn torch_oom_timeline_agrees_with_the_breakdown() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/torch-oom");
+    let trace = Trace::open(&dir).unwrap();
+    let at = vramtrace::categoriser::first_failure(&trace)
+        .unwrap()
+        .unwrap();
+    let b = vramtrace::categoriser::breakdown_at(
+        &trace,
+        at,
+        vramtrace::categoriser::Expectations::default(),
+    )
+    .unwrap();
+    let updates = fold(&trace).unwrap();
+    let failed_at = updates
+        .iter()
+        .find_map(|u| match u {
+            Update::Failure(f) => Some(f.time_s),
+            _ => None,
+        })
+        .unwrap();
+    let s = device0(updates);
+    let at_failure = &s.iter().rfind(|p| p.0 == failed_at).unwrap().1;
+    // The breakdown's rows (`summary`: weights 10.40 GiB, KV cache 6.44 GiB, recurrent state
+    // 37.06 MiB, activations 2.97 GiB), byte for byte.
+    let expected = [
+        (Category::Weights, 11_168_645_120),
+        (Category::KvCache, 6_919_421_952),
+        (Category::State, 38_862_848),
+        (Category::Activations, 3_189_318_656),
+        (Category::AllocatorReserve, 3_149_126_656),
+        (Category::Unnamed, 33_554_432),
+    ];
+    for (c, bytes) in expected {
+        assert_eq!(b.bytes(c), bytes, "{c:?} in the breakdown");
+        assert_eq!(at_failure[c as usize], bytes, "{c:?} in the timeline");
+    }
+    // Categorised as made, the same live set was nearly all unnamed.
+    let made = device0(fold_with(&trace, Default::default()).unwrap());
+    let made_at_failure = &made.iter().rfind(|p| p.0 == failed_at).unwrap().1;
+    assert!(made_at_failure[Category::Unnamed as usize] > 10 << 30);
+    assert_eq!(made_at_failure[Category::KvCache as usize], 0);
+    // Stacks not live at the failure keep their category as made: counted on this sample, the
+    // unnamed band is at most 638.58 MiB (categorised as made: 20.98 GiB).
+    let unnamed_max =
+        |s: &[(f64, Vec<u64>)]| s.iter().map(|p| p.1[Category::Unnamed as usize]).max();
+    assert_eq!(unnamed_max(&s), Some(669_597_696));
+    assert_eq!(unnamed_max(&made), Some(22_528_992_256));
+}
+
+/// The verdicts at the moment only move bytes between categories: every sample of
+/// `samples/h200/hf-serve-cb` and `samples/h200/torch-oom` has the same time and total as when
+/// categorised as made.
+#[test]
+fn the_moment_s_categories_keep_the_totals() {
+    for name in ["hf-serve-cb", "torch-oom"] {
+        let trace = Trace::open(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("samples/h200")
+                .join(name),
+        )
+        .unwrap();
+        let total = |s: Vec<(f64, Vec<u64>)>| {
+            s.into_iter()
+                .map(|(t, c)| (t, c.iter().sum::<u64>(), c[RESERVE]))
+                .collect::<Vec<_>>()
+        };
+        let now = total(device0(fold(&trace).unwrap()));
+        let made = total(device0(fold_with(&trace, Default::default()).unwrap()));
+        assert!(!now.is_empty());
+        assert_eq!(now, made, "{name}");
+    }
 }

@@ -247,23 +247,45 @@ fn group_key(e: &Evidence) -> String {
 /// [`Category::Context`] (NVML's processes split it, when known); other traced processes are
 /// [`Category::OtherProcess`].
 pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
+    categorise_moment_placing(m, &mut |_| {})
+}
+
+/// Where [`categorise_moment`] put one live thing of its [`MomentFacts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placed {
+    /// The tensor at this index of [`MomentFacts::tensors`] went to the category.
+    Tensor(usize, Category),
+    /// The allocation at this index of [`MomentFacts::allocations`] went to the category by its
+    /// own facts (a PyTorch segment is not placed: its tensors and reserve are).
+    Allocation(usize, Category),
+}
+
+/// [`categorise_moment`], telling `place` the category of every tensor and of every allocation
+/// categorised by its own facts.
+pub fn categorise_moment_placing(m: &MomentFacts<'_>, place: &mut dyn FnMut(Placed)) -> Breakdown {
     let mut acc: BTreeMap<Category, Acc> = BTreeMap::new();
-    let mut allocs: Vec<&LiveAllocation<'_>> = m.allocations.iter().filter(|a| !a.handle).collect();
-    allocs.sort_by_key(|a| a.ptr);
+    let mut allocs: Vec<(usize, &LiveAllocation<'_>)> = m
+        .allocations
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !a.handle)
+        .collect();
+    allocs.sort_by_key(|(_, a)| a.ptr);
     let mut inside: Vec<Vec<&LiveTensor<'_>>> = vec![Vec::new(); allocs.len()];
     let mut outside_tensors: Vec<&LiveTensor<'_>> = Vec::new();
     for t in &m.tensors {
-        let i = allocs.partition_point(|a| a.ptr <= t.ptr);
+        let i = allocs.partition_point(|(_, a)| a.ptr <= t.ptr);
         match i.checked_sub(1) {
-            Some(i) if t.ptr < allocs[i].ptr.saturating_add(allocs[i].facts.bytes) => {
+            Some(i) if t.ptr < allocs[i].1.ptr.saturating_add(allocs[i].1.facts.bytes) => {
                 inside[i].push(t)
             }
             _ => outside_tensors.push(t),
         }
     }
     // Tensors: every one by its own facts.
-    for t in &m.tensors {
+    for (ti, t) in m.tensors.iter().enumerate() {
         let v = categorise(&t.facts);
+        place(Placed::Tensor(ti, v.category));
         acc.entry(v.category)
             .or_default()
             .add(v.evidence, t.facts.bytes, 1);
@@ -271,11 +293,12 @@ pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
     // Allocations: a segment's reserve, or the allocation by its own facts.
     let mut segments = Vec::new();
     let mut traced = 0u64;
-    for (a, ts) in allocs.iter().zip(inside.iter_mut()) {
+    for (&(ai, a), ts) in allocs.iter().zip(inside.iter_mut()) {
         traced += a.facts.bytes;
         let segment = m.tensors_recorded && (!ts.is_empty() || is_pytorch_segment(&a.facts));
         if !segment {
             let v = categorise(&a.facts);
+            place(Placed::Allocation(ai, v.category));
             acc.entry(v.category)
                 .or_default()
                 .add(v.evidence, a.facts.bytes, 1);
@@ -302,9 +325,10 @@ pub fn categorise_moment(m: &MomentFacts<'_>) -> Breakdown {
         });
     }
     // Handles not mapped: bytes by their own facts.
-    for a in m.allocations.iter().filter(|a| a.handle) {
+    for (ai, a) in m.allocations.iter().enumerate().filter(|(_, a)| a.handle) {
         traced += a.facts.bytes;
         let v = categorise(&a.facts);
+        place(Placed::Allocation(ai, v.category));
         acc.entry(v.category)
             .or_default()
             .add(v.evidence, a.facts.bytes, 1);

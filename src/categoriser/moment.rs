@@ -9,8 +9,9 @@ use std::ops::ControlFlow;
 use vramtrace_format::{EventKind, TensorAction};
 
 use super::{
-    Breakdown, DeviceMemory, Expectations, Facts, Lifetime, LiveAllocation, LiveTensor,
-    MomentFacts, NativeFrame, PyFrame, Steps, Verdict, categorise, categorise_moment,
+    Breakdown, Category, DeviceMemory, Expectations, Facts, Lifetime, LiveAllocation, LiveTensor,
+    MomentFacts, NativeFrame, Placed, PyFrame, Steps, Verdict, categorise,
+    categorise_moment_placing,
 };
 use crate::Error;
 use crate::replay::{Pool, Replayer};
@@ -143,6 +144,8 @@ pub fn moments(trace: &Trace) -> Result<Vec<(At, MomentKind)>, Error> {
 /// One live thing with owned frames and strings, before it is borrowed as [`Facts`].
 struct Owned {
     ptr: u64,
+    /// The stack id it was made at.
+    stack: u32,
     bytes: u64,
     frames: Vec<Frame>,
     label: Option<String>,
@@ -201,6 +204,83 @@ fn py_frames(p: &Process, stack: u32) -> Vec<PyFrame<'_>> {
 
 /// The rows of the moment `at`: one replay of `trace` up to it.
 pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Breakdown, Error> {
+    Ok(breakdown_placing(trace, at, expect)?.0)
+}
+
+/// The categoriser's verdicts at each moment of a trace ([`moments`]: the first failure, else
+/// the peak) by process and stack: what an offline timeline stacks every tensor and allocation
+/// made at the same stack by, at any time, so it agrees with the breakdown at the moment
+/// (lifetimes included, which [`categorise_stack`] cannot know when a tensor is made).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StackCategories {
+    tensors: HashMap<(usize, u32), Category>,
+    allocations: HashMap<(usize, u32), Category>,
+}
+
+impl StackCategories {
+    /// The category of the tensors process `process` made at `stack`, when some were live at
+    /// a moment.
+    pub fn tensor(&self, process: usize, stack: u32) -> Option<Category> {
+        self.tensors.get(&(process, stack)).copied()
+    }
+
+    /// The category of the driver allocations process `process` made at `stack`, when one
+    /// categorised by its own facts (not a PyTorch segment) was live at a moment.
+    pub fn allocation(&self, process: usize, stack: u32) -> Option<Category> {
+        self.allocations.get(&(process, stack)).copied()
+    }
+
+    /// True when no stack has a verdict.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty() && self.allocations.is_empty()
+    }
+}
+
+/// The [`StackCategories`] of `trace`: one replay per moment of [`moments`]. A stack whose live
+/// things at a moment went to several categories (their labels or names differ) takes the
+/// one with the most bytes; a stack live at several moments takes its first moment's.
+pub fn stack_categories(trace: &Trace) -> Result<StackCategories, Error> {
+    let mut out = StackCategories::default();
+    for (at, _) in moments(trace)? {
+        let (_, placed) = breakdown_placing(trace, at, Expectations::default())?;
+        // Bytes by category per (is a tensor, stack), in a fixed order.
+        let mut by: std::collections::BTreeMap<
+            (bool, u32),
+            std::collections::BTreeMap<Category, u64>,
+        > = Default::default();
+        for (tensor, stack, bytes, c) in placed {
+            *by.entry((tensor, stack)).or_default().entry(c).or_default() += bytes;
+        }
+        for ((tensor, stack), cats) in by {
+            let mut best: Option<(Category, u64)> = None;
+            for (c, b) in cats {
+                if best.is_none_or(|(_, bb)| b > bb) {
+                    best = Some((c, b));
+                }
+            }
+            let map = if tensor {
+                &mut out.tensors
+            } else {
+                &mut out.allocations
+            };
+            if let Some((c, _)) = best {
+                map.entry((at.process, stack)).or_insert(c);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Where the things of one moment went: (a tensor, stack id, bytes, category).
+type PlacedByStack = Vec<(bool, u32, u64, Category)>;
+
+/// [`breakdown_at`], with the category of every live tensor and allocation categorised by its
+/// own facts, by stack.
+fn breakdown_placing(
+    trace: &Trace,
+    at: At,
+    expect: Expectations,
+) -> Result<(Breakdown, PlacedByStack), Error> {
     let p = &trace.processes[at.process];
     let mut r = Replayer::new();
     let mut t = TensorReplay::new();
@@ -325,6 +405,7 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
         allocs.push((
             Owned {
                 ptr: a.event.ptr,
+                stack: a.event.stack,
                 bytes: a.event.size,
                 frames: sym.stack(a.event.stack),
                 label: label(a.event.label),
@@ -357,6 +438,7 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
         allocs.push((
             Owned {
                 ptr: a.event.ptr,
+                stack: a.event.stack,
                 bytes: a.event.size,
                 frames: sym.stack(a.event.stack),
                 label: label(a.event.label),
@@ -373,6 +455,7 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
         allocs.push((
             Owned {
                 ptr: h.event.ptr,
+                stack: h.event.stack,
                 bytes: h.event.size,
                 frames: sym.stack(h.event.stack),
                 label: label(h.event.label),
@@ -387,6 +470,7 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
         .into_iter()
         .map(|lt| Owned {
             ptr: lt.event.ptr,
+            stack: lt.event.stack,
             bytes: lt.event.size,
             frames: sym.stack(lt.event.stack),
             label: tensor_label.get(&lt.event.ptr).and_then(|&l| label(l)),
@@ -430,7 +514,12 @@ pub fn breakdown_at(trace: &Trace, at: At, expect: Expectations) -> Result<Break
         nvml: Vec::new(),
         expect,
     };
-    Ok(categorise_moment(&m))
+    let mut placed = Vec::new();
+    let b = categorise_moment_placing(&m, &mut |pl| match pl {
+        Placed::Tensor(i, c) => placed.push((true, tensors[i].stack, tensors[i].bytes, c)),
+        Placed::Allocation(i, c) => placed.push((false, allocs[i].0.stack, allocs[i].0.bytes, c)),
+    });
+    Ok((b, placed))
 }
 
 /// The category of an allocation as it is made, from what is known then: its Python frames,
