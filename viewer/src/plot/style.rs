@@ -26,14 +26,21 @@ pub const PEAK: RGBColor = RGBColor(150, 30, 160);
 /// Failed allocations.
 pub const FAILURE: RGBColor = RGBColor(220, 0, 0);
 
-/// Fills of stacked categories, in order (then repeated).
-pub const CATEGORY_FILLS: [RGBColor; 6] = [
+/// Fills of stacked categories, in order: twelve distinct ones, as many as the categoriser has
+/// (a plot that used six had weights and "context and modules" in the same blue).
+pub const CATEGORY_FILLS: [RGBColor; 12] = [
     RGBColor(110, 160, 220),
     RGBColor(240, 170, 90),
     RGBColor(130, 195, 120),
     RGBColor(200, 140, 200),
     RGBColor(160, 160, 160),
     RGBColor(230, 210, 100),
+    RGBColor(110, 200, 205),
+    RGBColor(230, 125, 125),
+    RGBColor(175, 135, 95),
+    RGBColor(150, 150, 235),
+    RGBColor(95, 145, 95),
+    RGBColor(245, 195, 215),
 ];
 
 /// Registers the embedded DejaVu Sans once per process.
