@@ -12,31 +12,11 @@
 use serde::Serialize;
 
 use crate::error::fit_bytes;
-use crate::step_layers::{self, StepLayer};
+use crate::step_layers::{self, LayerPeak};
 use crate::{
     Category, DType, KnownParts, Limit, ModelConfig, ModelError, Runtime, ServingShape,
-    StepVariants, Tensor, gdn_state_per_seq, kv_cache_per_token, tp_split, weight_bytes,
+    StepVariants, gdn_state_per_seq, kv_cache_per_token, tp_split, weight_bytes,
 };
-
-/// The peak of one layer kind within the step.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LayerPeak {
-    /// Which layer kind.
-    pub kind: StepLayer,
-    /// Bytes live at its peak (the tensors of `tensors` live at `live`).
-    pub bytes: u64,
-    /// The layer's tensors in allocation order, those carried in from earlier layers first.
-    pub tensors: Vec<Tensor>,
-    /// Indices into `tensors` of those live at the peak.
-    pub live: Vec<usize>,
-}
-
-impl LayerPeak {
-    /// The tensors live at the peak.
-    pub fn live_tensors(&self) -> impl Iterator<Item = &Tensor> {
-        self.live.iter().map(|&i| &self.tensors[i])
-    }
-}
 
 /// The step checked against a limit.
 #[derive(Clone, Debug, PartialEq, Serialize)]

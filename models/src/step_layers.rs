@@ -14,13 +14,32 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::step::LayerPeak;
 use crate::{
     DType, FaShape, FfnShape, GdnShape, ModelConfig, ModelError, Runtime, ServingShape,
     StepVariants, Tensor, TensorId, Timeline, Variant, events, fa_dao_2_5_9, fa_dao_2_8_3,
     fa_pytorch, ffn, gdn_fla_0_4_2, gdn_fla_0_6_0, gdn_vllm_0_10_2, gdn_vllm_0_20_1, peak,
     tp_split,
 };
+
+/// The peak of one layer kind within the step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LayerPeak {
+    /// Which layer kind.
+    pub kind: StepLayer,
+    /// Bytes live at its peak (the tensors of `tensors` live at `live`).
+    pub bytes: u64,
+    /// The layer's tensors in allocation order, those carried in from earlier layers first.
+    pub tensors: Vec<Tensor>,
+    /// Indices into `tensors` of those live at the peak.
+    pub live: Vec<usize>,
+}
+
+impl LayerPeak {
+    /// The tensors live at the peak.
+    pub fn live_tensors(&self) -> impl Iterator<Item = &Tensor> {
+        self.live.iter().map(|&i| &self.tensors[i])
+    }
+}
 
 /// A layer kind of a step, as the activation peak names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
