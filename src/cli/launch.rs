@@ -410,3 +410,21 @@ mod tests {
         );
     }
 }
+
+/// The probe's `autostart` directory: `VRAMTRACE_PYTHON_PROBE`, else `python/autostart` beside
+/// the preload (an install), else the source tree's `probes/python/autostart` (a build in
+/// `target/<profile>/`).
+pub fn torch_probe_dir(preload: &Path) -> Option<PathBuf> {
+    let lib_dir = preload.parent()?;
+    let candidates = [
+        std::env::var_os("VRAMTRACE_PYTHON_PROBE").map(PathBuf::from),
+        Some(lib_dir.join("python/autostart")),
+        Some(lib_dir.join("../share/vramtrace/python/autostart")),
+        Some(lib_dir.join("../../probes/python/autostart")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("sitecustomize.py").is_file())
+        .and_then(|d| std::path::absolute(d).ok())
+}

@@ -5,6 +5,7 @@ mod commands;
 mod launch;
 mod nvml;
 mod progress;
+mod trace_dir;
 
 use clap::Parser;
 

@@ -162,13 +162,13 @@ fn start(
     let facts = vramtrace::attach::target_facts(pid)?;
     vramtrace::attach::may_attach(pid, &facts, &vramtrace::attach::self_facts(pid))?;
     let out = match out {
-        Some(dir) => super::run::prepare_out_dir(dir)?,
-        None => super::run::new_out_dir(std::ffi::OsStr::new(&format!("attach-{pid}")))?,
+        Some(dir) => crate::trace_dir::prepare_out_dir(dir)?,
+        None => crate::trace_dir::new_out_dir(std::ffi::OsStr::new(&format!("attach-{pid}")))?,
     };
     let out =
         std::path::absolute(&out).with_context(|| format!("cannot resolve {}", out.display()))?;
     let nvml = nvml_at_attach(pid);
-    let python_probe = super::run::torch_probe_dir(&preload)
+    let python_probe = crate::launch::torch_probe_dir(&preload)
         .and_then(|autostart| autostart.parent().map(Path::to_path_buf))
         .filter(|dir| dir.join(vramtrace::torch_replay::PROBE_FILE).is_file());
     let attached = match without_job_control(|| {

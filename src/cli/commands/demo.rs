@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::commands::compare::render;
-use crate::commands::run::{new_out_dir, prepare_out_dir, report_exit};
+use crate::commands::run::report_exit;
 use crate::launch;
+use crate::trace_dir::{new_out_dir, prepare_out_dir};
 use vramtrace::attribution::{Moment, attribute};
 use vramtrace::observe::{At, observe};
 use vramtrace::summary::{SummaryOptions, render as render_summary, summarize};

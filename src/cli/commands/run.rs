@@ -4,8 +4,6 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use std::os::unix::fs::DirBuilderExt;
-
 use anyhow::{Context, bail};
 
 use crate::launch;
@@ -80,8 +78,8 @@ pub struct RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let preload = launch::locate(args.preload.as_deref())?;
     let out = match &args.out {
-        Some(dir) => prepare_out_dir(dir)?,
-        None => new_out_dir(&args.command[0])?,
+        Some(dir) => crate::trace_dir::prepare_out_dir(dir)?,
+        None => crate::trace_dir::new_out_dir(&args.command[0])?,
     };
     let opts = launch::Options {
         stacks: !args.no_stacks,
@@ -232,7 +230,7 @@ fn torch_probe_env(preload: &Path, args: &RunArgs) -> anyhow::Result<Vec<(OsStri
     if args.no_torch_probe {
         return Ok(vec![("VRAMTRACE_TORCH_PROBE".into(), "0".into())]);
     }
-    let Some(dir) = torch_probe_dir(preload) else {
+    let Some(dir) = crate::launch::torch_probe_dir(preload) else {
         if args.torch_shapes {
             bail!(
                 "--torch-shapes needs the Python probe (probes/python/autostart), which is not beside {}: \
@@ -250,24 +248,6 @@ fn torch_probe_env(preload: &Path, args: &RunArgs) -> anyhow::Result<Vec<(OsStri
         env.push(("VRAMTRACE_TORCH_SHAPES".into(), "1".into()));
     }
     Ok(env)
-}
-
-/// The probe's `autostart` directory: `VRAMTRACE_PYTHON_PROBE`, else `python/autostart` beside
-/// the preload (an install), else the source tree's `probes/python/autostart` (a build in
-/// `target/<profile>/`).
-pub fn torch_probe_dir(preload: &Path) -> Option<PathBuf> {
-    let lib_dir = preload.parent()?;
-    let candidates = [
-        std::env::var_os("VRAMTRACE_PYTHON_PROBE").map(PathBuf::from),
-        Some(lib_dir.join("python/autostart")),
-        Some(lib_dir.join("../share/vramtrace/python/autostart")),
-        Some(lib_dir.join("../../probes/python/autostart")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|d| d.join("sitecustomize.py").is_file())
-        .and_then(|d| std::path::absolute(d).ok())
 }
 
 /// Refuses a trace directory this process cannot create files in (an existing directory of
@@ -320,86 +300,4 @@ pub fn report_exit(cmd: &std::ffi::OsStr, status: std::process::ExitStatus) -> i
         cmd.to_string_lossy()
     );
     128 + sig
-}
-
-/// Uses `dir` as the trace directory: created if absent, refused if it holds anything.
-pub fn prepare_out_dir(dir: &Path) -> anyhow::Result<PathBuf> {
-    if dir.exists() {
-        if !dir.is_dir() {
-            bail!("{} exists and is not a directory", dir.display());
-        }
-        let mut entries =
-            std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-        if entries.next().is_some() {
-            bail!(
-                "{} is not empty; vramtrace never overwrites a trace. Choose another --out or remove it.",
-                dir.display()
-            );
-        }
-    } else {
-        // 0700, as the recorder makes it: traces hold command lines, paths and stacks.
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    std::path::absolute(dir).with_context(|| format!("cannot resolve {}", dir.display()))
-}
-
-/// Creates a fresh directory named after the program and the time; never reuses one.
-pub fn new_out_dir(cmd: &std::ffi::OsStr) -> anyhow::Result<PathBuf> {
-    let prog: String = Path::new(cmd)
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "program".into())
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let stamp = utc_stamp(std::time::SystemTime::now());
-    for n in 0..1000 {
-        let name = if n == 0 {
-            format!("vramtrace-{prog}-{stamp}")
-        } else {
-            format!("vramtrace-{prog}-{stamp}-{n}")
-        };
-        let p = PathBuf::from(&name);
-        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
-            Ok(()) => {
-                return std::path::absolute(&p).with_context(|| format!("cannot resolve {name}"));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("cannot create {name} in the current directory"));
-            }
-        }
-    }
-    bail!("could not find a free directory name for the trace; pass --out")
-}
-
-/// `YYYYmmdd-HHMMSS` in UTC (the epoch for a clock set before it).
-fn utc_stamp(t: std::time::SystemTime) -> String {
-    jiff::Timestamp::try_from(t)
-        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
-        .strftime("%Y%m%d-%H%M%S")
-        .to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utc_stamps() {
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_941_234);
-        assert_eq!(utc_stamp(t), "20261129-083354");
-        assert_eq!(utc_stamp(std::time::UNIX_EPOCH), "19700101-000000");
-    }
 }
