@@ -31,7 +31,7 @@ pub enum Error {
     Model(#[from] vramtrace_models::ModelError),
     /// An export failed (its own error says which part).
     #[error(transparent)]
-    Export(Box<crate::export::ExportError>),
+    Export(Box<ExportError>),
     /// An import failed (its own error says which part).
     #[error(transparent)]
     Import(#[from] crate::import::ImportError),
@@ -60,8 +60,8 @@ pub enum Error {
     Unanswerable(String),
 }
 
-impl From<crate::export::ExportError> for Error {
-    fn from(e: crate::export::ExportError) -> Error {
+impl From<ExportError> for Error {
+    fn from(e: ExportError) -> Error {
         Error::Export(Box::new(e))
     }
 }
@@ -79,4 +79,27 @@ pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
         source = c.source();
     }
     s
+}
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] Error),
+    /// Writing the output failed.
+    #[error("cannot write {0}")]
+    Write(std::path::PathBuf, #[source] std::io::Error),
+    /// Writing the output failed (a stream with no path).
+    #[error("cannot write the output")]
+    Io(#[from] std::io::Error),
+    /// The Parquet encoder refused something.
+    #[error("cannot encode Parquet")]
+    Parquet(#[from] ::parquet::errors::ParquetError),
+    /// The pickle encoder refused something.
+    #[error("cannot encode the pickle")]
+    Pickle(#[from] serde_pickle::Error),
+    /// The trace holds nothing this format can show.
+    #[error("{0}")]
+    Nothing(String),
 }

@@ -14,7 +14,6 @@
 //! the stack table and (Parquet) one row group, never the whole trace.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use crate::trace::Trace;
 
@@ -28,28 +27,7 @@ pub use self::parquet::{ParquetTables, export_parquet};
 pub use self::perfetto::export_perfetto;
 pub use self::pytorch::{SnapshotCounts, SnapshotOptions, export_pytorch};
 
-/// Why an export failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    /// The trace could not be read.
-    #[error(transparent)]
-    Trace(#[from] crate::Error),
-    /// Writing the output failed.
-    #[error("cannot write {0}")]
-    Write(PathBuf, #[source] std::io::Error),
-    /// Writing the output failed (a stream with no path).
-    #[error("cannot write the output")]
-    Io(#[from] std::io::Error),
-    /// The Parquet encoder refused something.
-    #[error("cannot encode Parquet")]
-    Parquet(#[from] ::parquet::errors::ParquetError),
-    /// The pickle encoder refused something.
-    #[error("cannot encode the pickle")]
-    Pickle(#[from] serde_pickle::Error),
-    /// The trace holds nothing this format can show.
-    #[error("{0}")]
-    Nothing(String),
-}
+pub use crate::error::ExportError;
 
 /// Where an export's progress goes (the binary draws a spinner on stderr).
 pub trait ProgressSink {
