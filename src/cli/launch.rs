@@ -350,6 +350,24 @@ impl Drop for IgnoreInterrupts {
     }
 }
 
+/// The probe's `autostart` directory: `VRAMTRACE_PYTHON_PROBE`, else `python/autostart` beside
+/// the preload (an install), else the source tree's `probes/python/autostart` (a build in
+/// `target/<profile>/`).
+pub fn torch_probe_dir(preload: &Path) -> Option<PathBuf> {
+    let lib_dir = preload.parent()?;
+    let candidates = [
+        std::env::var_os("VRAMTRACE_PYTHON_PROBE").map(PathBuf::from),
+        Some(lib_dir.join("python/autostart")),
+        Some(lib_dir.join("../share/vramtrace/python/autostart")),
+        Some(lib_dir.join("../../probes/python/autostart")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("sitecustomize.py").is_file())
+        .and_then(|d| std::path::absolute(d).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,22 +427,4 @@ mod tests {
             "/a.so:/x/libvramtrace_preload.so"
         );
     }
-}
-
-/// The probe's `autostart` directory: `VRAMTRACE_PYTHON_PROBE`, else `python/autostart` beside
-/// the preload (an install), else the source tree's `probes/python/autostart` (a build in
-/// `target/<profile>/`).
-pub fn torch_probe_dir(preload: &Path) -> Option<PathBuf> {
-    let lib_dir = preload.parent()?;
-    let candidates = [
-        std::env::var_os("VRAMTRACE_PYTHON_PROBE").map(PathBuf::from),
-        Some(lib_dir.join("python/autostart")),
-        Some(lib_dir.join("../share/vramtrace/python/autostart")),
-        Some(lib_dir.join("../../probes/python/autostart")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|d| d.join("sitecustomize.py").is_file())
-        .and_then(|d| std::path::absolute(d).ok())
 }
