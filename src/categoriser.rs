@@ -49,7 +49,7 @@ pub use breakdown::{
 };
 pub use moment::{
     At, MomentKind, StackCategories, breakdown_at, categorise_stack, first_failure, moments, peak,
-    stack_categories,
+    py_frames, stack_categories,
 };
 pub use rules::{ACTIVATION_RULES, FRAME_RULES, FrameRule, LABEL_RULES, NATIVE_RULES, NativeRule};
 pub use steps::{Steps, phase_of};

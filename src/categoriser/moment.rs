@@ -187,7 +187,7 @@ impl Owned {
 }
 
 /// The Python frames of a stack id straight from the process's tables (no symbolising).
-fn py_frames(p: &Process, stack: u32) -> Vec<PyFrame<'_>> {
+pub fn py_frames(p: &Process, stack: u32) -> Vec<PyFrame<'_>> {
     p.py_stacks
         .get(&stack)
         .map(|fs| {

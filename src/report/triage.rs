@@ -17,12 +17,10 @@ use vramtrace_models::{
     Residuals, Runtime, ServingShape, StepModel, StepVariants, residuals,
 };
 
-use crate::categoriser::{
-    self, At, Breakdown, Category, Evidence, Expectations, PyFrame, breakdown_at,
-};
+use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, breakdown_at};
 use crate::report::{FailureReport, ModelInput, Report};
 use crate::torch_replay::TorchOom;
-use crate::trace::{Item, Process, Trace};
+use crate::trace::{Item, Trace};
 
 /// The longest context the context frontier searches (tokens per sequence).
 const MAX_SEARCHED_CONTEXT: u64 = 1 << 20;
@@ -422,21 +420,6 @@ fn step_from_labels(f: &FailureReport) -> Option<StepPosition> {
     })
 }
 
-fn py_frames(p: &Process, stack: u32) -> Vec<PyFrame<'_>> {
-    p.py_stacks
-        .get(&stack)
-        .map(|fs| {
-            fs.iter()
-                .map(|f| PyFrame {
-                    file: p.string(f.file).unwrap_or("?"),
-                    function: p.string(f.function).unwrap_or("?"),
-                    line: f.line,
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The step of an unlabelled PyTorch run, from the Python lines of its tensors: a step begins
 /// each time the latest phase's first line allocates again ([`categoriser::Steps`]' rule); the
 /// step's first tensor is its input, `tokens × hidden × dtype` bytes of the config's hidden size.
@@ -469,7 +452,7 @@ fn step_from_tensors(
             return ControlFlow::Continue(());
         }
         let place = by_stack.entry(t.stack).or_insert_with(|| {
-            let py = py_frames(p, t.stack);
+            let py = crate::categoriser::py_frames(p, t.stack);
             if py
                 .iter()
                 .all(|f| categoriser::is_probe_frame(f.file, f.function))
@@ -1102,7 +1085,7 @@ fn step_at_peak(trace: &Trace, at: At, cfg: &ModelConfig) -> crate::Result<Optio
     }
     let mut found: Option<(u64, String)> = None;
     for &(size, stack) in live.values() {
-        let py = py_frames(p, stack);
+        let py = crate::categoriser::py_frames(p, stack);
         let Some(f) = py
             .iter()
             .find(|f| f.function == "embedding" && f.file.ends_with("functional.py"))
