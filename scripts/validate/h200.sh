@@ -9,7 +9,7 @@
 # tars it into $OUT/results-<first step>.tar.gz.
 # Each step runs on its own; a failing step is logged and the run goes on.
 #
-# Usage: scripts/validate/h200.sh [STEP...]   (default: every step)
+# Usage: scripts/validate/h200.sh [STEP...]   (default: every step; `pack` alone: only the tar)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=$ROOT/.device/bin
@@ -602,10 +602,39 @@ report_versions() {
   head -30 "$d-report/report.md"
 }
 
+decode_bench() {
+  # Issue 19 item 3: the decode case (transformers hybrid, 8 layers, 1,024-token prompt, 128 new
+  # tokens), bare / PyTorch's recorder / vramtrace alternated, 3 rounds.
+  DECODE_CONFIG=${DECODE_CONFIG:-$ROOT/.device/hybrid-config.json} \
+    DECODE_MODES=${DECODE_MODES:-bare history vramtrace} WORK=$W bash "$VAL/torch_native.sh" decode
+}
+
+ring_decode() {
+  # Issue 19 item 4: bytes per decode step, and a 64 MiB budget on 192 decode steps.
+  WORK=$W bash "$VAL/ring_decode.sh" "${RING_MODEL_TYPE:-qwen3_next}"
+}
+
+serve_bench() {
+  # Issue 19 item 3: a transformers serve batch, bare / recorder / vramtrace, 3 rounds.
+  WORK=$W bash "$VAL/serve_bench.sh" "${SERVE_ROUNDS:-3}"
+}
+
+live_serve() {
+  # Issue 20 items 2 and 3: the live view under tmux on a running transformers serve.
+  WORK=$W bash "$VAL/live_serve.sh"
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del
-for s in $STEPS; do run_step "$s" "$s"; done
+for s in $STEPS; do [ "$s" = pack ] || run_step "$s" "$s"; done
+# PACK=0 leaves the packing to a later `h200.sh pack` (steps run one by one under `timeout`);
+# PACK_NAME names the tar (default: the first step).
+[ "${PACK:-1}" = 0 ] && [ "$STEPS" != pack ] && exit 0
 step "pack"
-first=${STEPS%% *}
-tar -C "$(dirname "$W")" -czf "$OUT/results-$first.tar.gz" --exclude=models "$(basename "$W")" && ls -la "$OUT/results-$first.tar.gz"
+first=${PACK_NAME:-${STEPS%% *}}
+# Files over PACK_MAX (default 6M) stay behind, listed in left-out.txt: what comes back from the
+# machine is limited in size.
+(cd "$(dirname "$W")" && find "$(basename "$W")" -path '*/models' -prune -o -type f -size +"${PACK_MAX:-6M}" -print) > "$W/left-out.txt"
+sed 's/^/left out (size): /' "$W/left-out.txt"
+tar -C "$(dirname "$W")" -czf "$OUT/results-$first.tar.gz" --exclude=models -X "$W/left-out.txt" "$(basename "$W")" && ls -la "$OUT/results-$first.tar.gz"

@@ -2,7 +2,9 @@
 # The cost of recording a real server (issue 19, item 3): `transformers serve --continuous-batching`
 # with a random-weight dense Qwen3 (scripts/validate/hf_models.py), one batch of 16 concurrent
 # chat completions of 1,500 prompt tokens and 96 new tokens, timed by serve_load.py after a
-# warm-up batch. Modes, alternated within each round, each a fresh server:
+# warm-up batch: BATCHES such batches (default 3) one after the other per server, the server's
+# figure being their median. Modes (MODES, default "bare recorder vramtrace"), alternated within
+# each round, each a fresh server:
 #   bare       no recorder
 #   recorder   PyTorch's torch.cuda.memory._record_memory_history(stacks="python"), switched on
 #              by a sitecustomize after `import torch` (as a user would, in-process)
@@ -46,9 +48,12 @@ one() { # MODE ROUND
   [ "$mode" = recorder ] && export PYTHONPATH=$PYTHONPATH_SAVE
   python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 --wait 240 > /dev/null
   local line
-  line=$(python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 --wait 10 | grep round)
-  echo "$mode round $r: $line"
-  echo "$mode $r $(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')" >> "$W/serve-bench.tsv"
+  line=$(python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
+    --rounds "${BATCHES:-3}" --wait 10 | grep round)
+  echo "$line" | sed "s/^/$mode round $r: /"
+  local times
+  times=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p' | sort -n | tr '\n' ' ')
+  echo "$mode $r $(echo $times | awk '{print $(int((NF + 1) / 2))}') $times" >> "$W/serve-bench.tsv"
   pkill -INT -f "transformers serve"; sleep 3; pkill -KILL -f "transformers serve"
   wait $pid 2>/dev/null
   sleep 1
@@ -56,22 +61,24 @@ one() { # MODE ROUND
 
 rm -f "$W/serve-bench.tsv"
 for r in $(seq 1 "$ROUNDS"); do
-  for mode in bare recorder vramtrace noprobe; do one $mode $r; done
+  for mode in ${MODES:-bare recorder vramtrace}; do one $mode $r; done
 done
 python3 - "$W/serve-bench.tsv" <<'PY'
-import sys, collections
+import sys, collections, statistics
 t = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    m, r, s = (line.split() + ["", "", ""])[:3]
-    if s:
-        t[m].append(float(s))
-bare = min(t["bare"]) if t["bare"] else None
-print("mode       rounds (s)                      best   vs bare")
+    f = line.split()
+    if len(f) >= 3:
+        t[f[0]].append(float(f[2]))
+bare = t.get("bare")
+print("| mode | per server: median batch (s), each round | best | median | best / best bare | median / median bare |")
+print("| --- | --- | ---: | ---: | ---: | ---: |")
 for m in ("bare", "recorder", "vramtrace", "noprobe"):
-    v = t[m]
+    v = t.get(m)
     if not v:
-        print(f"{m:10} no result"); continue
-    rel = f"{(min(v) / bare - 1) * 100:+.1f}%" if bare else "?"
-    print(f"{m:10} {' '.join(f'{x:.3f}' for x in v):30}  {min(v):.3f}  {rel}")
+        continue
+    rb = f"{min(v) / min(bare):.3f}" if bare else "?"
+    rm = f"{statistics.median(v) / statistics.median(bare):.3f}" if bare else "?"
+    print(f"| {m} | {', '.join(f'{x:.3f}' for x in v)} | {min(v):.3f} | {statistics.median(v):.3f} | {rb} | {rm} |")
 PY
 [ -d "$W/serve-bench-vramtrace" ] && cp -r "$W/serve-bench-vramtrace" "$W/serve-bench-vt"

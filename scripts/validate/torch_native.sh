@@ -10,7 +10,7 @@
 #           _record_memory_history(stacks="python"), vramtrace with the callbacks
 #           (VRAMTRACE_TORCH_CAPTURE=callbacks), vramtrace native; 3 alternating rounds.
 #   decode  decode_bench.py (transformers, random weights, 8 layers, 1,024-token prompt, 128 new
-#           tokens; wall time of generate): bare, _record_memory_history(stacks="python"),
+#           tokens; wall time of generate, best of 3 after a same-shape warm-up): bare, _record_memory_history(stacks="python"),
 #           `vramtrace run` (native), `vramtrace run` with the callbacks, `vramtrace run
 #           --no-torch-probe`; 3 alternating rounds, then a table. DECODE_CONFIG=path/config.json
 #           uses that model's shape (8 layers) instead of the built-in Llama one.
@@ -83,11 +83,14 @@ for line in open(sys.argv[1]):
     m = re.search(r"round (\d+) (\S+) .*generate_s ([\d.]+)", line)
     if m:
         runs.setdefault(m.group(2), []).append(float(m.group(3)))
+import statistics
 bare = min(runs.get("bare", [float("nan")]))
-print("\n| mode | generate (s), each round | best | best / best bare |")
-print("| --- | --- | ---: | ---: |")
+mbare = statistics.median(runs.get("bare", [float("nan")]))
+print("\n| mode | generate (s), best of each round's repeats | best | best / best bare | median / median bare |")
+print("| --- | --- | ---: | ---: | ---: |")
 for mode, ts in runs.items():
-    print(f"| {mode} | {', '.join(f'{t:.2f}' for t in ts)} | {min(ts):.2f} | {min(ts) / bare:.3f} |")
+    print(f"| {mode} | {', '.join(f'{t:.2f}' for t in ts)} | {min(ts):.2f} | {min(ts) / bare:.3f} "
+          f"| {statistics.median(ts) / mbare:.3f} |")
 PY
 }
 
