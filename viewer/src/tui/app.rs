@@ -294,7 +294,12 @@ impl App {
             KeyCode::Home => self.pause_at(f64::NEG_INFINITY),
             KeyCode::Char('[') => self.step_s = (self.step_s / 2.0).max(MIN_STEP_S),
             KeyCode::Char(']') => self.step_s = (self.step_s * 2.0).min(MAX_STEP_S),
-            KeyCode::Char('p') => match self.device().and_then(|d| d.timeline.peak()) {
+            // With a reserve (PyTorch's cached segments) the peak of the bytes in use: the
+            // live bytes plateau while the tensors in the segments come and go.
+            KeyCode::Char('p') => match self
+                .device()
+                .and_then(|d| d.timeline.in_use_peak().or(d.timeline.peak()))
+            {
                 Some(peak) => self.pause_at(peak.time_s),
                 None => return Action::None,
             },

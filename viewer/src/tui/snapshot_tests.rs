@@ -639,6 +639,7 @@ fn forecast_line_and_model_table() {
             },
         ],
         forecast: Ok(forecast(12_288, 22 * GIB, Some(20_188))),
+        tensors: Err("no live set read".into()),
     });
     app.set_snapshot(Some(snap));
     assert_lines(
