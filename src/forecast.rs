@@ -13,7 +13,7 @@
 //! still fits ([`StepModel::largest_context_at`]): the cliff, before it happens.
 //!
 //! The modelled step's tensors are set beside the live allocations at the cursor
-//! ([`tensors`]): `vramtrace compare` at the cursor.
+//! (`forecast/tensors.rs`): `vramtrace compare` at the cursor.
 
 mod tensors;
 

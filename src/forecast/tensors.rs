@@ -67,13 +67,14 @@ fn rows(layer: &LayerPeak, a: &Attribution) -> Vec<ModelTensor> {
                 // The frame in the cited file (`modeling_qwen3_5.py:568 forward` rather than
                 // torch's `linear.py:134 forward` under it).
                 (Some(_), Some(Evidence::Frame { frame })) => frame.clone(),
-                (Some(o), _) => o
-                    .frames
-                    .first()
-                    .or(o.name.as_ref())
-                    .or(o.label.as_ref())
-                    .cloned()
-                    .unwrap_or_else(|| format!("{} {}", o.api, o.ptr)),
+                (Some(o), _) => match (o.frames.first(), &o.label, &o.name) {
+                    (Some(f), _, _) => f.clone(),
+                    // The range it was made in says where (`prefill/chunk.3/layer.0/gdn`).
+                    (None, Some(l), Some(n)) if l != n => format!("{l}: {n}"),
+                    (None, Some(l), _) => l.clone(),
+                    (None, None, Some(n)) => n.clone(),
+                    (None, None, None) => format!("{} {}", o.api, o.ptr),
+                },
                 (None, Some(Evidence::Contradicted { frame, .. })) => frame.clone(),
                 (None, _) => {
                     let source = layer.tensors[r.tensor].source;
