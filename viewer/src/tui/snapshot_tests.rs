@@ -735,16 +735,16 @@ fn model_tensors_table() {
     key(&mut app, KeyCode::Down);
     assert_eq!(app.selected_row(), 1);
     let expected = [
-        "┌ Model tensors: gdn layer's peak, chunk 16,384 at context 16,384 at 10.00 s ───────────────────────────────────┐",
-        "│Tensor             Modelled   Observed   Line                                               Matched by         │",
-        "│h                   256.0 MiB  256.0 MiB chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h  frame at its line  │",
-        "│z                   128.0 MiB  128.0 MiB modeling_qwen3_5.py:568 forward                    frame in its file  │",
-        "│o                   128.0 MiB          – model: fla/ops/common/chunk_o.py:565               unmatched          │",
-        "│matched 384.0 MiB of 512.0 MiB modelled (2 of 3 tensors) · live 153 allocations, 3.38 GiB                      │",
-        "└───────────────────────────────────────────────────────────────────────────────────────────────────────────────┘",
+        "┌ Model tensors: gdn layer's peak, chunk 16,384 at context 16,384 at 10.00 s ─────────────────────────────────────┐",
+        "│Tensor               Modelled   Observed   Line                                               Matched by         │",
+        "│h                     256.0 MiB  256.0 MiB chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h  frame at its line  │",
+        "│z                     128.0 MiB  128.0 MiB modeling_qwen3_5.py:568 forward                    frame in its file  │",
+        "│o                     128.0 MiB          – model: fla/ops/common/chunk_o.py:565               unmatched          │",
+        "│matched 384.0 MiB of 512.0 MiB modelled (2 of 3 tensors) · live 153 allocations, 3.38 GiB                        │",
+        "└─────────────────────────────────────────────────────────────────────────────────────────────────────────────────┘",
     ];
     assert_lines(
-        render(113, 7, |area, buf| tables::render_tensors(&app, area, buf)),
+        render(115, 7, |area, buf| tables::render_tensors(&app, area, buf)),
         &expected,
     );
     // `p` and `n` move the cursor; the table stays, and shows the snapshot the source gives

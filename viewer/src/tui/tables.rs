@@ -151,7 +151,7 @@ pub fn render_tensors(app: &App, area: Rect, buf: &mut Buffer) {
         .style(style)
     });
     let widths = [
-        Constraint::Length(18),
+        Constraint::Length(20),
         Constraint::Length(10),
         Constraint::Length(10),
         Constraint::Fill(1),
