@@ -197,7 +197,10 @@ impl std::fmt::Display for PythonSite<'_> {
 /// The Python site a model cites for a tensor (`fla-0.6.0 fla/ops/common/chunk_o.py:565 ...` →
 /// `fla/ops/common/chunk_o.py`, line 565); `None` when it cites no Python file: only then can
 /// the allocation's Python frames confirm or contradict the model (a tensor allocated in C++
-/// has only its caller's frames).
+/// has only its caller's frames). A citation of a repository's file in the `src/` layout
+/// (`transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py`) names the module
+/// `transformers/models/qwen3_5/modeling_qwen3_5.py`: that is the path an installed package
+/// has, `src/` is only the repository's folder.
 pub fn python_site(source: &str) -> Option<PythonSite<'_>> {
     let word = source.split_whitespace().find(|w| {
         let path = w.split(':').next().unwrap_or(w);
@@ -207,6 +210,7 @@ pub fn python_site(source: &str) -> Option<PythonSite<'_>> {
         Some((p, l)) => (p, l.parse().ok()),
         None => (word, None),
     };
+    let path = path.strip_prefix("src/").unwrap_or(path);
     Some(PythonSite { path, line })
 }
 
@@ -229,6 +233,23 @@ pub fn frame_file(frame: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repository_src_folder_is_not_part_of_the_module_path() {
+        let hf = python_site(
+            "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5DecoderLayer.forward",
+        )
+        .unwrap();
+        assert_eq!(
+            hf.to_string(),
+            "transformers/models/qwen3_5/modeling_qwen3_5.py"
+        );
+        assert!(hf.is(
+            "/opt/torch/.venv/lib/python3.12/site-packages/transformers/models/qwen3_5/modeling_qwen3_5.py",
+            Some(912)
+        ));
+        assert!(!hf.is("/site/other/models/qwen3_5/modeling_qwen3_5.py", Some(912)));
+    }
 
     #[test]
     fn a_site_is_its_module_path_at_a_component_boundary_and_its_line() {

@@ -11,13 +11,19 @@
 //! The forecast is the next prefill chunk's modelled step at the current context (context +
 //! chunk tokens at its end) against the limit, and the largest context whose modelled step
 //! still fits ([`StepModel::largest_context_at`]): the cliff, before it happens.
+//!
+//! The modelled step's tensors are set beside the live allocations at the cursor
+//! (`forecast/tensors.rs`): `vramtrace compare` at the cursor.
+
+mod tensors;
 
 use vramtrace_models::{
     Category as ModelCategory, KnownParts, Limit, ModelConfig, Runtime, ServingShape, StepModel,
     StepVariants,
 };
-use vramtrace_viewer::model::{BreakdownEntry, Forecast, ModelAtCursor, ModelPart};
+use vramtrace_viewer::model::{BreakdownEntry, Forecast, ModelAtCursor, ModelPart, ModelTensors};
 
+use crate::attribution::Observed;
 use crate::categories::{self, CATEGORIES, Category, N};
 
 /// The longest context the cliff search looks at (tokens): beyond it the cliff is "beyond".
@@ -33,6 +39,8 @@ pub struct LiveModel {
     title: String,
     /// The last answer and the observed bytes it was made for.
     last: Option<([u64; N], Option<u64>, ModelAtCursor)>,
+    /// The last tensor table, the context and the live set's key it was made for.
+    last_tensors: Option<(u64, u64, Result<ModelTensors, String>)>,
 }
 
 impl LiveModel {
@@ -67,6 +75,7 @@ impl LiveModel {
             kv_per_token,
             title,
             last: None,
+            last_tensors: None,
         })
     }
 
@@ -76,8 +85,17 @@ impl LiveModel {
     }
 
     /// The model beside `observed` (a snapshot's breakdown: category titles, NVML's rows with
-    /// ` (NVML)` after the title), against the capacity given, else `device_total`.
-    pub fn at(&mut self, observed: &[BreakdownEntry], device_total: Option<u64>) -> ModelAtCursor {
+    /// ` (NVML)` after the title), against the capacity given, else `device_total`; and its
+    /// tensors beside the live allocations at the cursor, which `live` reads (in time order)
+    /// only when `live_key` (anything that changes when the live set may have) or the context
+    /// changed since the last call: a steady live set costs nothing.
+    pub fn at(
+        &mut self,
+        observed: &[BreakdownEntry],
+        device_total: Option<u64>,
+        live_key: u64,
+        live: impl FnOnce() -> Vec<Observed>,
+    ) -> ModelAtCursor {
         let mut bytes = [0u64; N];
         for e in observed {
             let title = e.label.strip_suffix(" (NVML)").unwrap_or(&e.label);
@@ -85,15 +103,50 @@ impl LiveModel {
                 bytes[c.index()] += e.bytes;
             }
         }
-        if let Some((b, t, m)) = &self.last
-            && *b == bytes
-            && *t == device_total
-        {
-            return m.clone();
-        }
-        let m = self.compute(&bytes, device_total);
-        self.last = Some((bytes, device_total, m.clone()));
+        let mut m = match &self.last {
+            Some((b, t, m)) if *b == bytes && *t == device_total => m.clone(),
+            _ => {
+                let m = self.compute(&bytes, device_total);
+                self.last = Some((bytes, device_total, m.clone()));
+                m
+            }
+        };
+        m.tensors = self.tensors(self.context(&bytes), live_key, live);
         m
+    }
+
+    /// The current context: the KV cache's bytes ÷ the model's K/V bytes per token.
+    fn context(&self, bytes: &[u64; N]) -> u64 {
+        bytes[Category::KvCache.index()] / self.kv_per_token.max(1)
+    }
+
+    /// The step that holds `context` (at least one chunk).
+    fn step_shape(&self, context: u64) -> ServingShape {
+        self.shape
+            .with_context(context.max(self.shape.chunk_tokens))
+    }
+
+    /// The tensor table at `context`, kept while the context and the live set stay.
+    fn tensors(
+        &mut self,
+        context: u64,
+        live_key: u64,
+        live: impl FnOnce() -> Vec<Observed>,
+    ) -> Result<ModelTensors, String> {
+        if let Some((c, k, t)) = &self.last_tensors
+            && *c == context
+            && *k == live_key
+        {
+            return t.clone();
+        }
+        let shape = self.step_shape(context);
+        let t = self
+            .model
+            .step(&shape)
+            .map(|step| tensors::table(&step, shape.chunk_tokens, shape.context_tokens, live()))
+            .map_err(|e| format!("not modelled: {e}"));
+        self.last_tensors = Some((context, live_key, t.clone()));
+        t
     }
 
     fn compute(&self, bytes: &[u64; N], device_total: Option<u64>) -> ModelAtCursor {
@@ -112,12 +165,9 @@ impl LiveModel {
             known,
             ..self.model.clone()
         };
-        let kv = bytes[Category::KvCache.index()];
-        let context = kv / self.kv_per_token.max(1);
+        let context = self.context(bytes);
         let chunk = self.shape.chunk_tokens;
-        // The step that holds the current context (at least one chunk).
-        let now_shape = self.shape.with_context(context.max(chunk));
-        let now = model.step(&now_shape);
+        let now = model.step(&self.step_shape(context));
         let parts = Category::ALL
             .iter()
             .map(|&c| {
@@ -157,6 +207,8 @@ impl LiveModel {
             title: self.title.clone(),
             parts,
             forecast,
+            // Filled by `at`, which has the live set.
+            tensors: Err("no live set read".into()),
         }
     }
 

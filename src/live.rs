@@ -40,6 +40,7 @@ use vramtrace_viewer::model::{
 };
 use vramtrace_viewer::tui::LiveSource;
 
+use crate::attribution::Observed;
 use crate::categories::{CATEGORIES, N};
 use crate::forecast::LiveModel;
 use crate::replay::{LiveAlloc, Pool};
@@ -518,7 +519,11 @@ impl DirSource {
         }
         let total = self.devices.get(&device).map(|d| d.1);
         if let Some(m) = &mut self.model {
-            snap.model = Some(m.at(&snap.breakdown, total));
+            let book = &self.timeline.book;
+            let key = live_key(true, book, procs.len(), &wanted, device);
+            snap.model = Some(m.at(&snap.breakdown, total, key, || {
+                live_observed(book, &procs, &wanted, device)
+            }));
         }
         snap
     }
@@ -555,10 +560,59 @@ impl DirSource {
         );
         let total = self.devices.get(&device).map(|d| d.1);
         if let Some(m) = &mut self.model {
-            snap.model = Some(m.at(&snap.breakdown, total));
+            let key = live_key(false, &book, procs.len(), &wanted, device);
+            snap.model = Some(m.at(&snap.breakdown, total, key, || {
+                live_observed(&book, &procs, &wanted, device)
+            }));
         }
         Some(snap)
     }
+}
+
+/// A key for the live set of `wanted` on `device` in `book`: it changes when the set may have
+/// (the book replays one more record; another device or process is asked for; the live edge's
+/// book or one read again up to an earlier time; a process file more).
+fn live_key(edge: bool, book: &Book, processes: usize, wanted: &[usize], device: i32) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (edge, book.replayed(), processes, wanted, device).hash(&mut h);
+    h.finish()
+}
+
+/// The live allocations of `wanted` on `device` as `compare` observes them, in time order: a
+/// process's tensors where it recorded them, else its driver allocations. Names given through
+/// the annotation ABI are not read here (the book keeps none), so matches rest on frames,
+/// order and size.
+fn live_observed(
+    book: &Book,
+    procs: &[Option<&Process>],
+    wanted: &[usize],
+    device: i32,
+) -> Vec<Observed> {
+    let mut out: Vec<(u64, usize, Observed)> = Vec::new();
+    for &pi in wanted {
+        let Some(p) = procs.get(pi).copied().flatten() else {
+            continue;
+        };
+        if book.has_tensors(pi, device) {
+            // Many tensors share a stack: its frames are read once.
+            let mut frames: HashMap<u32, (Vec<String>, Vec<String>)> = HashMap::new();
+            for t in book.tensors.live_set(pi, device) {
+                let (f, files) = frames
+                    .entry(t.event.stack)
+                    .or_insert_with(|| crate::observe::python_frames(p, t.event.stack))
+                    .clone();
+                let o = crate::observe::live_tensor(p, &t.event, None, f, files);
+                out.push((t.event.t_ns, t.seq, o));
+            }
+        } else {
+            for a in book.replay.largest(pi, device, Pool::Device, usize::MAX) {
+                out.push((a.event.t_ns, a.seq, crate::observe::observed_alloc(p, &a)));
+            }
+        }
+    }
+    out.sort_by_key(|(t, seq, _)| (*t, *seq));
+    out.into_iter().map(|(_, _, o)| o).collect()
 }
 
 fn describe_problem(p: &Problem) -> String {

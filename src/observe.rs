@@ -69,7 +69,7 @@ pub struct ObservedMoment {
 /// The innermost Python frames of a stack (at most 8, the probe's own skipped) as
 /// `file.py:LINE function`, and the path of each: what an observation carries for
 /// [`crate::attribution::weigh`] to weigh against the model's citation.
-fn python_frames(p: &crate::trace::Process, stack: u32) -> (Vec<String>, Vec<String>) {
+pub(crate) fn python_frames(p: &crate::trace::Process, stack: u32) -> (Vec<String>, Vec<String>) {
     crate::torch_replay::python_locations(p, stack)
         .into_iter()
         .take(8)
@@ -95,7 +95,12 @@ fn failed_request(p: &crate::trace::Process, e: &Event) -> Observed {
 }
 
 fn observed_of(trace: &Trace, a: &LiveAlloc) -> Observed {
-    let p = &trace.processes[a.process];
+    observed_alloc(&trace.processes[a.process], a)
+}
+
+/// A live driver allocation of process `p` as an observation (also the live view's tensor
+/// table, [`crate::forecast`]).
+pub(crate) fn observed_alloc(p: &crate::trace::Process, a: &LiveAlloc) -> Observed {
     let (name, op) = naming(p, a.annotation.as_ref());
     let (frames, frame_files) = python_frames(p, a.event.stack);
     Observed {
@@ -127,18 +132,26 @@ fn observed_tensor(
     note: Option<&vramtrace_format::Annotation>,
 ) -> Observed {
     let p = &trace.processes[t.process];
-    let (name, op) = naming(p, note);
     let (frames, frame_files) = python_frames(p, t.event.stack);
+    live_tensor(p, &t.event, note, frames, frame_files)
+}
+
+/// A live tensor of process `p` as an observation, with its Python frames and their paths
+/// (read once per stack by the caller; also the live view's tensor table, [`crate::forecast`]).
+pub(crate) fn live_tensor(
+    p: &crate::trace::Process,
+    t: &TensorEvent,
+    note: Option<&vramtrace_format::Annotation>,
+    frames: Vec<String>,
+    frame_files: Vec<String>,
+) -> Observed {
+    let (name, op) = naming(p, note);
     Observed {
         // What the program asked for: the block can be larger (512-byte granules, unsplit
         // large blocks). Traces recorded before the probe reported it give the block.
-        size: if t.event.requested > 0 {
-            t.event.requested
-        } else {
-            t.event.size
-        },
-        t_ns: t.event.t_ns,
-        ptr: format!("{:#x}", t.event.ptr),
+        size: if t.requested > 0 { t.requested } else { t.size },
+        t_ns: t.t_ns,
+        ptr: format!("{:#x}", t.ptr),
         api: PYTORCH_BLOCK_API,
         name,
         label: None,

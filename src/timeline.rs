@@ -243,6 +243,11 @@ impl Book {
     }
 
     /// Whether process `pi` has tensor records on `device` (its stack is at the tensor level).
+    /// Driver events and tensor records replayed so far: the live sets change only with it.
+    pub(crate) fn replayed(&self) -> usize {
+        self.seq
+    }
+
     pub(crate) fn has_tensors(&self, pi: usize, device: i32) -> bool {
         self.tensor_cats.contains_key(&(pi, device))
     }

@@ -74,7 +74,49 @@ fn the_live_cliff_falls_in_the_chunk_that_failed() {
             time_s: failure.time_s,
         })
         .unwrap();
-    let f = snap.model.unwrap().forecast.unwrap();
+    let m = snap.model.unwrap();
+    // The model's tensors at the failure: the workload names every allocation, so the GDN
+    // layer's tensors made before the request that failed match by name, each of the model's
+    // bytes; the request (fla's `h`) and what comes after it were never allocated.
+    let t = m.tensors.as_ref().expect("the step is modelled");
+    assert_eq!(
+        t.title,
+        format!(
+            "gdn layer's peak, chunk 4,128 at context {}",
+            vramtrace_viewer::format_count((failed_chunk + 1) * CHUNK)
+        )
+    );
+    assert!(
+        failure.label.ends_with("chunk_gated_delta_rule_fwd_h"),
+        "{}",
+        failure.label
+    );
+    let (made, not_yet) = t.rows.split_at(t.rows.len() - 4);
+    assert_eq!(made.len(), 17);
+    for r in made {
+        assert_eq!(r.basis, "name", "{r:?}");
+        assert_eq!(r.observed_bytes, Some(r.modelled_bytes), "{r:?}");
+        assert!(
+            r.line
+                .starts_with(&format!("prefill/chunk.{failed_chunk}/layer.0/gdn/")),
+            "{r:?}"
+        );
+    }
+    let names: Vec<(&str, &str)> = not_yet
+        .iter()
+        .map(|r| (r.name.as_str(), r.basis.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("h", "unmatched"),
+            ("final_state", "unmatched"),
+            ("v_new", "unmatched"),
+            ("o", "unmatched"),
+        ]
+    );
+    assert_eq!(t.matched_observed_bytes(), t.matched_modelled_bytes());
+    let f = m.forecast.unwrap();
     // At the failure the failing chunk's K/V is already allocated: the context read holds it.
     assert_eq!(f.context_tokens, (failed_chunk + 1) * CHUNK);
     assert!(f.headroom_bytes() < 0, "{f:?}");

@@ -131,6 +131,25 @@ fn transformers_serve_with_its_model() {
     assert_eq!(l[1].0, "cache.py:251 __init__");
     assert_eq!(l[1].1, 16);
     let m = snap.model.expect("a model was given");
+    // Serving's paged path allocates none of the tensors of the modelled prefill step: at the
+    // live edge (the server idle, its KV pool and static buffers live) nothing is forced.
+    let t = m.tensors.as_ref().expect("the step is modelled");
+    assert_eq!(
+        t.title,
+        "attention layer's peak, chunk 4,128 at context 2,592,768"
+    );
+    assert_eq!(t.rows.len(), 9);
+    assert!(
+        t.rows
+            .iter()
+            .all(|r| r.observed_bytes.is_none() && r.basis == "unmatched"),
+        "{t:#?}"
+    );
+    assert_eq!(
+        t.rows[6].line,
+        "model: transformers/integrations/sdpa_attention.py"
+    );
+    assert_eq!(t.matched_observed_bytes(), 0);
     let kv = m.parts.iter().find(|p| p.category == "KV cache").unwrap();
     assert_eq!(kv.observed_bytes, 84_959_821_824);
     let f = m.forecast.expect("the device's total is the limit");
@@ -144,4 +163,265 @@ fn transformers_serve_with_its_model() {
             .is_some_and(|l| l >= f.context_tokens + f.chunk_tokens),
         "{f:?}"
     );
+}
+
+/// `samples/h200/hf-prefill-qwen35` (transformers 5.17, fla 0.6.0, 16,384 tokens in one
+/// forward) with its config: `p` puts the cursor on the peak, and there the table sets the
+/// modelled GDN layer's peak beside the live tensors, as `compare` would.
+#[test]
+fn transformers_prefill_tensors_at_the_peak() {
+    use vramtrace_viewer::tui::{App, ViewOptions};
+    let cfg = ModelConfig::from_path(sample("hf-prefill-qwen35").join("config.json")).unwrap();
+    let model = LiveModel::new(cfg, Runtime::Transformers, 16_384, 1, None).unwrap();
+    let mut s = source("hf-prefill-qwen35").with_model(model);
+    let mut app = App::new(ViewOptions::default());
+    app.apply(drain(&mut s));
+    // Where `p` puts the cursor: the peak of the bytes in use (the key itself is the viewer's
+    // test). PyTorch's segments hold the live bytes flat at 4,020,397,828 B from before this
+    // moment; the tensors in them peak here.
+    let timeline = &app.device().unwrap().timeline;
+    assert_eq!(timeline.peak().unwrap().bytes, 4_020_397_828);
+    let peak = timeline.in_use_peak().unwrap();
+    assert_eq!(peak.bytes, 4_020_397_828 - 323_403_776);
+    let snap = s
+        .snapshot(&SnapshotQuery {
+            device: 0,
+            pid: None,
+            time_s: peak.time_s,
+        })
+        .unwrap();
+    let total: u64 = snap.breakdown.iter().map(|e| e.bytes).sum();
+    assert_eq!(total, 4_020_397_828); // the device's peak, as `summary` gives it
+    let m = snap.model.expect("a model was given");
+    let t = m.tensors.expect("the step is modelled");
+    // The context read from the KV cache (44,433,408 B ÷ 4,096 B a token = 10,848) is less
+    // than a chunk: the step that holds it is the first chunk, 16,384 tokens.
+    assert_eq!(t.title, "gdn layer's peak, chunk 16,384 at context 16,384");
+    // PyTorch's 153 live tensors, by the bytes the program asked for (their blocks, 7,680 B
+    // more in 512-byte granules, are 3,629,727,744 B: PyTorch's printed peak).
+    assert_eq!((t.live_count, t.live_bytes), (153, 3_629_720_064));
+    let rows: Vec<(&str, u64, Option<u64>, &str, &str)> = t
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r.name.as_str(),
+                r.modelled_bytes,
+                r.observed_bytes,
+                r.line.as_str(),
+                r.basis.as_str(),
+            )
+        })
+        .collect();
+    const MB64: u64 = 64 * MIB;
+    const MB128: u64 = 128 * MIB;
+    let file = "frame in its file";
+    let line = "frame at its line";
+    assert_eq!(
+        rows,
+        [
+            // transformers' own tensors: the model cites modeling_qwen3_5.py without a line,
+            // so a frame in that file among the allocation's innermost eight (under torch's
+            // embedding, linear and silu; the line shown is that frame) and the size back
+            // them; the three 64 MiB hidden-state tensors pair in time order.
+            (
+                "inputs_embeds",
+                MB64,
+                Some(MB64),
+                "modeling_qwen3_5.py:1254 forward",
+                file
+            ),
+            (
+                "hidden_states",
+                MB64,
+                Some(MB64),
+                "modeling_qwen3_5.py:912 forward",
+                file
+            ),
+            (
+                "residual",
+                MB64,
+                Some(MB64),
+                "modeling_qwen3_5.py:855 forward",
+                file
+            ),
+            (
+                "z",
+                MB128,
+                Some(MB128),
+                "modeling_qwen3_5.py:568 forward",
+                file
+            ),
+            ("b", MIB, Some(MIB), "modeling_qwen3_5.py:571 forward", file),
+            ("a", MIB, Some(MIB), "modeling_qwen3_5.py:572 forward", file),
+            // The causal conv's torch fallback, defined in the same file.
+            (
+                "mixed_qkv (conv)",
+                2 * MB128,
+                Some(2 * MB128),
+                "modeling_qwen3_5.py:288 causal_conv1d_fn",
+                file
+            ),
+            // The lines transformers 5.17 allocates them at.
+            (
+                "beta",
+                MIB,
+                Some(MIB),
+                "modeling_qwen3_5.py:617 forward",
+                line
+            ),
+            (
+                "g",
+                2 * MIB,
+                Some(2 * MIB),
+                "modeling_qwen3_5.py:619 forward",
+                line
+            ),
+            // Cited as `:621/622`, which is no one line: the file backs them.
+            (
+                "query (repeated)",
+                MB128,
+                Some(MB128),
+                "modeling_qwen3_5.py:621 forward",
+                file
+            ),
+            (
+                "key (repeated)",
+                MB128,
+                Some(MB128),
+                "modeling_qwen3_5.py:622 forward",
+                file
+            ),
+            // fla 0.6.0's kernels, each at the line the model cites.
+            (
+                "value (contiguous)",
+                MB128,
+                Some(MB128),
+                "decorators.py:93 _contiguous_if_needed",
+                line
+            ),
+            (
+                "q (l2norm)",
+                MB128,
+                Some(MB128),
+                "l2norm.py:117 l2norm_fwd",
+                line
+            ),
+            (
+                "q_rstd",
+                2 * MIB,
+                Some(2 * MIB),
+                "l2norm.py:128 l2norm_fwd",
+                line
+            ),
+            (
+                "k (l2norm)",
+                MB128,
+                Some(MB128),
+                "l2norm.py:117 l2norm_fwd",
+                line
+            ),
+            (
+                "k_rstd",
+                2 * MIB,
+                Some(2 * MIB),
+                "l2norm.py:128 l2norm_fwd",
+                line
+            ),
+            (
+                "g (cumsum)",
+                2 * MIB,
+                Some(2 * MIB),
+                "cumsum.py:278 chunk_local_cumsum_scalar",
+                line
+            ),
+            (
+                "A",
+                MB64,
+                Some(MB64),
+                "chunk_fwd.py:385 chunk_gated_delta_rule_fwd_intra",
+                line
+            ),
+            (
+                "w",
+                MB128,
+                Some(MB128),
+                "wy_fast.py:273 recompute_w_u_fwd",
+                line
+            ),
+            (
+                "u",
+                MB128,
+                Some(MB128),
+                "wy_fast.py:274 recompute_w_u_fwd",
+                line
+            ),
+            (
+                "h",
+                2 * MB128,
+                Some(2 * MB128),
+                "chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h",
+                line
+            ),
+            (
+                "final_state",
+                2 * MIB,
+                Some(2 * MIB),
+                "chunk_delta_h.py:723 chunk_gated_delta_rule_fwd_h",
+                line
+            ),
+            (
+                "v_new",
+                MB128,
+                Some(MB128),
+                "chunk_delta_h.py:725 chunk_gated_delta_rule_fwd_h",
+                line
+            ),
+            ("o", MB128, Some(MB128), "chunk_o.py:565 chunk_fwd_o", line),
+        ]
+    );
+    // Every modelled tensor of the layer's peak is live, to the byte: 2,161,115,136 B, the
+    // model's activations at this step (the figure `report` sets beside the trace).
+    assert_eq!(t.modelled_bytes(), 2_161_115_136);
+    assert_eq!(t.matched_modelled_bytes(), t.modelled_bytes());
+    assert_eq!(t.matched_observed_bytes(), t.modelled_bytes());
+}
+
+/// The table is made once per live set: asked again with the same key and context, the live
+/// set is not read; a new key reads it.
+#[test]
+fn the_tensor_table_is_kept_while_the_live_set_stays() {
+    use vramtrace::attribution::Observed;
+    use vramtrace_viewer::model::BreakdownEntry;
+    let cfg = ModelConfig::from_path(sample("hf-prefill-qwen35").join("config.json")).unwrap();
+    let mut model = LiveModel::new(cfg, Runtime::Transformers, 16_384, 1, None).unwrap();
+    let breakdown = [BreakdownEntry {
+        label: "activations".into(),
+        bytes: 128 * MIB,
+    }];
+    // fla 0.6.0's `o`, made where the model cites it.
+    let o = || Observed {
+        size: 128 * MIB,
+        t_ns: 1,
+        ptr: "0x7f0000000000".into(),
+        api: vramtrace::attribution::PYTORCH_BLOCK_API,
+        name: None,
+        label: None,
+        failed: false,
+        frames: vec!["chunk_o.py:565 chunk_fwd_o".into()],
+        frame_files: vec!["/site/fla/ops/common/chunk_o.py".into()],
+        op: None,
+    };
+    let first = model.at(&breakdown, None, 1, || vec![o()]);
+    let t = first.tensors.as_ref().unwrap();
+    let row = t.rows.iter().find(|r| r.name == "o").unwrap();
+    assert_eq!(row.observed_bytes, Some(128 * MIB));
+    assert_eq!(row.basis, "frame at its line");
+    assert_eq!(t.matched_observed_bytes(), 128 * MIB);
+    let again = model.at(&breakdown, None, 1, || {
+        panic!("the live set was read again")
+    });
+    assert_eq!(again, first);
+    let empty = model.at(&breakdown, None, 2, Vec::new);
+    assert_eq!(empty.tensors.unwrap().matched_observed_bytes(), 0);
 }

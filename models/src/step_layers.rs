@@ -708,8 +708,11 @@ const TF_CONV: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/mod
 const TF_REP: &str = "transformers 5.17 src/transformers/models/qwen3_5/modeling_qwen3_5.py:621/622 Qwen3_5GatedDeltaNet.forward: query/key .repeat_interleave(..) to the value heads (traced with fla 0.6.0: samples/h200/hf-prefill-qwen35)";
 const TF_CONTIG: &str = "fla 0.6.0 fla/utils/decorators.py:93 _contiguous_if_needed (from fla/ops/gated_delta_rule/chunk.py:571): a copy of each input that is a strided view of mixed_qkv";
 const TF_EMB: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5TextModel.forward: inputs_embeds = self.embed_tokens(input_ids), bound through every layer";
-const TF_BETA: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: beta = b.sigmoid()";
-const TF_G: &str = "transformers@009e78d6 src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5GatedDeltaNet.forward: g = -A_log.float().exp() * softplus(a.float() + dt_bias)";
+// The lines of beta and g are transformers 5.17's, as traced (samples/h200/hf-prefill-qwen35):
+// cited by file alone, g's 2 MiB took the rotary embedding's same-size block at line 202 of the
+// same file in the live view's tensor table.
+const TF_BETA: &str = "transformers 5.17 src/transformers/models/qwen3_5/modeling_qwen3_5.py:617 Qwen3_5GatedDeltaNet.forward: beta = b.sigmoid() (line traced: samples/h200/hf-prefill-qwen35)";
+const TF_G: &str = "transformers 5.17 src/transformers/models/qwen3_5/modeling_qwen3_5.py:619 Qwen3_5GatedDeltaNet.forward: g = -A_log.float().exp() * softplus(a.float() + dt_bias) (line traced: samples/h200/hf-prefill-qwen35)";
 const TF_ATT: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5Attention.forward: q_proj (with gate), k_proj, v_proj";
 const TF_CACHE: &str = "transformers src/transformers/cache_utils.py DynamicLayer.update: torch.cat([keys, key_states])";
 const TF_REPKV: &str = "transformers src/transformers/integrations/sdpa_attention.py repeat_kv (GQA not passed to SDPA)";

@@ -7,7 +7,11 @@
 #   01-follow.txt        following, the largest-live table (tensors, their Python lines)
 #   02-by-line.txt       `t`: the live tensors grouped by Python line
 #   03-model.txt         `t` again: the whole-step model beside the observed categories
-#   04-peak.txt          `p`: paused at the peak
+#   03b-tensors.txt      `t` again: the modelled step's tensors beside the live ones (the
+#                        serving path's tensors are not the prefill step's: expect `unmatched`)
+#   04-peak.txt          `t` (back to the largest-live table) and `p`: paused at the peak of
+#                        the bytes in use
+#   04b-peak-tensors.txt `t` three times: the tensors table at that peak
 #   05-exited.txt        after the server stopped: the process marked exited, NVML's panel
 #                        without an untraced figure
 #   06-fla-loop.txt      an fla loop with caching on (scripts/validate/model_vs_torch.py): the
@@ -41,7 +45,9 @@ LOAD=$!
 cap 01-follow.txt 5
 tmux send-keys -t vtlive t; cap 02-by-line.txt 2
 tmux send-keys -t vtlive t; cap 03-model.txt 2
+tmux send-keys -t vtlive t; cap 03b-tensors.txt 2
 tmux send-keys -t vtlive t p; cap 04-peak.txt 3
+tmux send-keys -t vtlive t t t; cap 04b-peak-tensors.txt 2
 wait $LOAD
 kill -INT $SERVER 2> /dev/null; sleep 5; kill -KILL $SERVER 2> /dev/null
 tmux send-keys -t vtlive f; cap 05-exited.txt 4

@@ -196,6 +196,61 @@ pub struct ModelAtCursor {
     pub parts: Vec<ModelPart>,
     /// The forecast; `None` with the reason when it cannot be made.
     pub forecast: Result<Forecast, String>,
+    /// The modelled step's tensors beside the live allocations they match; the reason when the
+    /// step could not be modelled.
+    pub tensors: Result<ModelTensors, String>,
+}
+
+/// The tensors of one layer's peak of the modelled step beside the live allocations at the
+/// cursor (what `vramtrace compare` prints, at the cursor).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelTensors {
+    /// Which peak and step, e.g. `gdn layer's peak, chunk 16,384 at context 16,384`.
+    pub title: String,
+    /// The modelled tensors live at that peak, in the model's allocation order.
+    pub rows: Vec<ModelTensor>,
+    /// Live allocations at the cursor that were compared (tensors where they were recorded).
+    pub live_count: usize,
+    /// Their bytes.
+    pub live_bytes: u64,
+}
+
+impl ModelTensors {
+    /// The modelled bytes of all rows.
+    pub fn modelled_bytes(&self) -> u64 {
+        self.rows.iter().map(|r| r.modelled_bytes).sum()
+    }
+
+    /// The modelled bytes of the rows that matched a live allocation.
+    pub fn matched_modelled_bytes(&self) -> u64 {
+        self.rows
+            .iter()
+            .filter(|r| r.observed_bytes.is_some())
+            .map(|r| r.modelled_bytes)
+            .sum()
+    }
+
+    /// The observed bytes of the allocations the rows matched.
+    pub fn matched_observed_bytes(&self) -> u64 {
+        self.rows.iter().filter_map(|r| r.observed_bytes).sum()
+    }
+}
+
+/// One modelled tensor beside the live allocation it matched, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelTensor {
+    /// The tensor's name in the upstream code (`o`, `h`, `softmax_lse`).
+    pub name: String,
+    /// The model's bytes.
+    pub modelled_bytes: u64,
+    /// The matched allocation's bytes; `None` when nothing live matched.
+    pub observed_bytes: Option<u64>,
+    /// The matched allocation's innermost Python line (or its name), or for an unmatched
+    /// tensor the line the model cites.
+    pub line: String,
+    /// What the match rests on (`name`, `frame at its line`, `order and size`, `size only`),
+    /// or why there is none (`unmatched`, `unmatched: 3 alike`, `unmatched: other code`).
+    pub basis: String,
 }
 
 /// Which snapshot the view needs: the CLI answers it from its replay.

@@ -8,6 +8,9 @@ pub const DEFAULT_MAX_POINTS: usize = 4096;
 /// Failures a timeline keeps exactly; later ones are only counted.
 pub const MAX_KEPT_FAILURES: usize = 1024;
 
+/// The category whose bytes are PyTorch's segments' reserve: held, not in use.
+pub const RESERVE_CATEGORY: &str = "allocator reserve";
+
 /// Live bytes of one device over time, with its peak, its failures and the
 /// lines drawn across it (capacity, predicted peak).
 ///
@@ -23,6 +26,8 @@ pub struct Timeline {
     points: Vec<TimelinePoint>,
     max_points: usize,
     peak: Option<Peak>,
+    in_use_peak: Option<Peak>,
+    held_reserve: bool,
     failures: Vec<FailedAllocation>,
     failures_total: u64,
     capacity_bytes: Option<u64>,
@@ -45,6 +50,8 @@ impl Timeline {
             points: Vec::new(),
             max_points: max_points.max(8),
             peak: None,
+            in_use_peak: None,
+            held_reserve: false,
             failures: Vec::new(),
             failures_total: 0,
             capacity_bytes: None,
@@ -110,6 +117,20 @@ impl Timeline {
                 bytes: point.live_bytes,
             });
         }
+        let held = self
+            .categories
+            .iter()
+            .position(|c| c == RESERVE_CATEGORY)
+            .and_then(|r| point.by_category.get(r).copied())
+            .unwrap_or(0);
+        let in_use = point.live_bytes.saturating_sub(held);
+        self.held_reserve |= held > 0;
+        if self.in_use_peak.is_none_or(|p| in_use > p.bytes) {
+            self.in_use_peak = Some(Peak {
+                time_s: point.time_s,
+                bytes: in_use,
+            });
+        }
         self.points.push(point);
         if self.points.len() > self.max_points {
             self.thin_older_half();
@@ -156,6 +177,13 @@ impl Timeline {
     /// The highest live bytes seen, exact (never thinned).
     pub fn peak(&self) -> Option<Peak> {
         self.peak
+    }
+
+    /// The highest bytes in use (live bytes less the allocator's reserve), exact; `None` while
+    /// no point has held a reserve. With PyTorch's segments cached the live bytes stand still
+    /// while the tensors in them come and go: this is the tensors' peak inside that plateau.
+    pub fn in_use_peak(&self) -> Option<Peak> {
+        self.in_use_peak.filter(|_| self.held_reserve)
     }
 
     /// The failures kept (the first [`MAX_KEPT_FAILURES`]).
@@ -229,6 +257,41 @@ mod tests {
             label: "o".into(),
             error: "CUDA_ERROR_OUT_OF_MEMORY".into(),
         }
+    }
+
+    /// Cached segments hold the live bytes flat from 1 s; the tensors in them peak at 3 s.
+    #[test]
+    fn the_peak_of_bytes_in_use_inside_a_plateau_of_segments() {
+        let mut t =
+            Timeline::new(64).with_categories(vec!["activations".into(), RESERVE_CATEGORY.into()]);
+        assert_eq!(t.in_use_peak(), None);
+        for (time_s, used, held) in [
+            (0.0, 0, 0),
+            (1.0, 2, 8),
+            (2.0, 5, 5),
+            (3.0, 9, 1),
+            (4.0, 1, 9),
+        ] {
+            t.push(TimelinePoint::stacked(time_s, vec![used, held]));
+        }
+        assert_eq!(
+            t.peak(),
+            Some(Peak {
+                time_s: 1.0,
+                bytes: 10
+            })
+        );
+        assert_eq!(
+            t.in_use_peak(),
+            Some(Peak {
+                time_s: 3.0,
+                bytes: 9
+            })
+        );
+        // Without a reserve there is no separate peak of bytes in use.
+        let mut plain = Timeline::new(64);
+        plain.push(TimelinePoint::new(0.0, 7));
+        assert_eq!(plain.in_use_peak(), None);
     }
 
     #[test]

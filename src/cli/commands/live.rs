@@ -40,8 +40,9 @@ pub struct LiveArgs {
     #[arg(long)]
     pub no_nvml: bool,
     /// The model's config.json: the view shows the whole-step model beside the observed bytes
-    /// (the `t` key) and a forecast line: the next chunk's modelled peak at the current context
-    /// against the limit, and how many more tokens of context fit.
+    /// and its tensors beside the live ones with what each match rests on (the `t` key), and a
+    /// forecast line: the next chunk's modelled peak at the current context against the limit,
+    /// and how many more tokens of context fit.
     #[arg(long, value_name = "CONFIG")]
     pub model: Option<PathBuf>,
     /// The program that runs the model: transformers, vllm-0.20.1, workload or

@@ -50,6 +50,20 @@ pub enum Table {
     ByLine,
     /// The whole-step model's parts beside the observed categories (with `--model`).
     Model,
+    /// The modelled step's tensors beside the live allocations they match (with `--model`).
+    Tensors,
+}
+
+impl Table {
+    /// The table's name in the status line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Largest => "largest",
+            Table::ByLine => "lines",
+            Table::Model => "model",
+            Table::Tensors => "tensors",
+        }
+    }
 }
 
 /// What the event loop should do after a key.
@@ -241,7 +255,7 @@ impl App {
     /// Stores the source's answer to [`App::snapshot_query`].
     pub fn set_snapshot(&mut self, snapshot: Option<LiveSnapshot>) {
         self.snapshot = snapshot;
-        let rows = self.visible_largest().len();
+        let rows = self.table_rows();
         self.selected_row = self.selected_row.min(rows.saturating_sub(1));
     }
 
@@ -294,7 +308,12 @@ impl App {
             KeyCode::Home => self.pause_at(f64::NEG_INFINITY),
             KeyCode::Char('[') => self.step_s = (self.step_s / 2.0).max(MIN_STEP_S),
             KeyCode::Char(']') => self.step_s = (self.step_s * 2.0).min(MAX_STEP_S),
-            KeyCode::Char('p') => match self.device().and_then(|d| d.timeline.peak()) {
+            // With a reserve (PyTorch's cached segments) the peak of the bytes in use: the
+            // live bytes plateau while the tensors in the segments come and go.
+            KeyCode::Char('p') => match self
+                .device()
+                .and_then(|d| d.timeline.in_use_peak().or(d.timeline.peak()))
+            {
                 Some(peak) => self.pause_at(peak.time_s),
                 None => return Action::None,
             },
@@ -318,20 +337,21 @@ impl App {
                 self.selected_row = self.selected_row.saturating_sub(1)
             }
             KeyCode::Down | KeyCode::Char('j') => {
-                let rows = self.visible_largest().len();
+                let rows = self.table_rows();
                 self.selected_row = (self.selected_row + 1).min(rows.saturating_sub(1));
             }
+            KeyCode::Enter if self.table != Table::Largest => return Action::None,
             KeyCode::Enter => match self.selected_allocation() {
                 Some(a) => self.overlay = Overlay::Stack(Box::new(a.clone())),
                 None => return Action::None,
             },
             KeyCode::Char('t') => {
+                let model = self.snapshot.as_ref().is_some_and(|s| s.model.is_some());
                 self.table = match self.table {
                     Table::Largest => Table::ByLine,
-                    Table::ByLine if self.snapshot.as_ref().is_some_and(|s| s.model.is_some()) => {
-                        Table::Model
-                    }
-                    Table::ByLine | Table::Model => Table::Largest,
+                    Table::ByLine if model => Table::Model,
+                    Table::Model if model => Table::Tensors,
+                    Table::ByLine | Table::Model | Table::Tensors => Table::Largest,
                 };
                 self.selected_row = 0;
             }
@@ -474,9 +494,28 @@ impl App {
         self.snapshot.as_ref()
     }
 
-    /// Index of the selected row among [`App::visible_largest`].
+    /// Index of the selected row of the table shown.
     pub fn selected_row(&self) -> usize {
         self.selected_row
+    }
+
+    /// Rows of the table shown (what the selection moves over).
+    fn table_rows(&self) -> usize {
+        let snap = self.snapshot.as_ref();
+        let model = snap.and_then(|s| s.model.as_ref());
+        match self.table {
+            Table::Largest => self.visible_largest().len(),
+            Table::ByLine => snap.map_or(0, |s| {
+                s.by_line
+                    .iter()
+                    .filter(|g| self.matches_filter(&g.line))
+                    .count()
+            }),
+            Table::Model => model.map_or(0, |m| m.parts.len()),
+            Table::Tensors => model
+                .and_then(|m| m.tensors.as_ref().ok())
+                .map_or(0, |t| t.rows.len()),
+        }
     }
 
     /// Whether a label passes the filter.

@@ -14,13 +14,13 @@ pub const KEYS: [(&str, &str); 16] = [
     ("← →", "scrub back / forward one step"),
     ("[ ]", "halve / double the step"),
     ("Home", "go to the start"),
-    ("p", "jump to the peak"),
+    ("p", "jump to the peak of bytes in use"),
     ("n", "jump to the next failure"),
     ("d", "next device"),
     ("Tab", "next process (then all)"),
     ("↑ ↓, k j", "select an allocation"),
     ("Enter", "show its full stack"),
-    ("t", "table: largest / by line / model"),
+    ("t", "table: largest / lines / model / tensors"),
     ("/", "filter by label (Esc clears)"),
     ("?, h", "this help"),
     ("Esc", "close / clear the filter"),
@@ -30,7 +30,7 @@ pub const KEYS: [(&str, &str); 16] = [
 /// Draws the help box centred in `area`.
 pub fn render(area: Rect, buf: &mut Buffer) {
     let height = KEYS.len() as u16 + 2;
-    let width = 48;
+    let width = 54;
     let rect = area.centered(Constraint::Length(width), Constraint::Length(height));
     let lines: Vec<Line> = KEYS
         .iter()

@@ -9,8 +9,8 @@ use ratatui::layout::Rect;
 
 use crate::model::{
     BreakdownEntry, DeviceInfo, FailedAllocation, Forecast, LineGroup, LiveAllocation,
-    LiveSnapshot, ModelAtCursor, ModelPart, NvmlPanel, NvmlProcess, ProcessInfo, TimelinePoint,
-    Update,
+    LiveSnapshot, ModelAtCursor, ModelPart, ModelTensor, ModelTensors, NvmlPanel, NvmlProcess,
+    ProcessInfo, TimelinePoint, Update,
 };
 use crate::tui::app::{App, ViewOptions};
 use crate::tui::tables::forecast_text;
@@ -269,7 +269,7 @@ fn status_bar_shows_mode_filter_and_notice() {
     assert_lines(
         render(100, 1, |area, buf| status::render(&app, area, buf)),
         &[
-            " PAUSED  t=10.00 s step 1.00 s /k▏ Enter keeps, Esc clears ? help  q quit │ /tmp/run │ skipped notes",
+            " PAUSED  t=10.00 s step 1.00 s /k▏ Enter keeps, Esc clears t:largest  ? help  q quit │ /tmp/run │ sk",
         ],
     );
 }
@@ -309,7 +309,7 @@ fn whole_screen() {
             "│█████████████████████████████████████████████████████████████████▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▓▒▒▒▒▒▒▒▒│",
             "│█ weights 8.00 GiB 67%  ▓ KV cache 3.00 GiB 25%  ▒ unnamed 1.00 GiB 8%                            │",
             "└──────────────────────────────────────────────────────────────────────────────────────────────────┘",
-            " FOLLOW  t=10.00 s step 1.00 s ? help  q quit │ /tmp/run │ skipped notes.txt: not a vramtrace trace ",
+            " FOLLOW  t=10.00 s step 1.00 s t:largest  ? help  q quit │ /tmp/run │ skipped notes.txt: not a vramt",
         ],
     );
 }
@@ -322,25 +322,25 @@ fn help_overlay() {
         render(60, 20, |area, buf| (&app).render_into(area, buf)),
         &[
             "Processes  all · 4242 vllm serve Qwen/Qwen3.6-27B · 4243 wor",
-            "Device┌ Keys ────────────────────────────────────────┐      ",
-            "Peak  │ space     pause / follow the newest data     │      ",
-            "  ✗ 9.│ f, End    follow                             │4.00 G",
-            "┌ Live│ ← →       scrub back / forward one step      │─────┐",
-            "│30 Gi│ [ ]       halve / double the step            │GiB  │",
-            "│15 Gi│ Home      go to the start                    │GiB  │",
-            "│     │ p         jump to the peak                   │GiB  │",
-            "│ 0.00│ n         jump to the next failure           │GiB  │",
-            "└ ━ li│ d         next device                        │─────┘",
-            "┌ Larg│ Tab       next process (then all)            │─────┐",
-            "│  Siz│ ↑ ↓, k j  select an allocation               │rame │",
-            "│▶   8│ Enter     show its full stack                │weigh│",
-            "│    3│ t         table: largest / by line / model   │ate_k│",
-            "│    1│ /         filter by label (Esc clears)       │_fwd │",
-            "└─────│ ?, h      this help                          │─────┘",
-            "┌ Live│ Esc       close / clear the filter           │─────┐",
-            "│█████│ q         quit                               │▒▒▒▒▒│",
-            "└─────└──────────────────────────────────────────────┘─────┘",
-            " FOLLOW  t=10.00 s step 1.00 s ? help  q quit │ /tmp/run │ s",
+            "Dev┌ Keys ──────────────────────────────────────────────┐   ",
+            "Pea│ space     pause / follow the newest data           │   ",
+            "  ✗│ f, End    follow                                   │0 G",
+            "┌ L│ ← →       scrub back / forward one step            │──┐",
+            "│30│ [ ]       halve / double the step                  │  │",
+            "│15│ Home      go to the start                          │  │",
+            "│  │ p         jump to the peak of bytes in use         │  │",
+            "│ 0│ n         jump to the next failure                 │  │",
+            "└ ━│ d         next device                              │──┘",
+            "┌ L│ Tab       next process (then all)                  │──┐",
+            "│  │ ↑ ↓, k j  select an allocation                     │e │",
+            "│▶ │ Enter     show its full stack                      │gh│",
+            "│  │ t         table: largest / lines / model / tensors │_k│",
+            "│  │ /         filter by label (Esc clears)             │d │",
+            "└──│ ?, h      this help                                │──┘",
+            "┌ L│ Esc       close / clear the filter                 │──┐",
+            "│██│ q         quit                                     │▒▒│",
+            "└──└────────────────────────────────────────────────────┘──┘",
+            " FOLLOW  t=10.00 s step 1.00 s t:largest  ? help  q quit │ /",
         ],
     );
 }
@@ -371,7 +371,7 @@ fn stack_overlay_shows_the_selected_allocation() {
             "┌ L│                                                    │──┐",
             "│██└ Esc closes ────────────────────────────────────────┘▒▒│",
             "└──────────────────────────────────────────────────────────┘",
-            " FOLLOW  t=10.00 s step 1.00 s ? help  q quit │ /tmp/run │ s",
+            " FOLLOW  t=10.00 s step 1.00 s t:largest  ? help  q quit │ /",
         ],
     );
 }
@@ -401,7 +401,7 @@ fn empty_view_waits_and_a_small_terminal_gets_a_message() {
             "┌ Live by label at 0.00 s ─────────────────────────────────┐",
             "│                 nothing to break down yet                │",
             "└──────────────────────────────────────────────────────────┘",
-            " FOLLOW  t=0.00 s step 1.00 s ? help  q quit                ",
+            " FOLLOW  t=0.00 s step 1.00 s t:largest  ? help  q quit     ",
         ],
     );
     assert_lines(
@@ -639,6 +639,7 @@ fn forecast_line_and_model_table() {
             },
         ],
         forecast: Ok(forecast(12_288, 22 * GIB, Some(20_188))),
+        tensors: Err("no live set read".into()),
     });
     app.set_snapshot(Some(snap));
     assert_lines(
@@ -672,6 +673,104 @@ fn forecast_line_and_model_table() {
         }),
         "context 0 tok · next chunk (4,128 tok) 1.00 GiB of 24.00 GiB --capacity · headroom 23.00 GiB · no cliff up to 16,777,216 tok"
     );
+}
+
+/// The model's tensors beside the live allocations (the `t` key's fourth table): matched rows
+/// with their line and basis, an unmatched one dimmed with the line the model cites, the
+/// footer's matched share; `p` and `n` move the cursor and the table keeps its place.
+#[test]
+fn model_tensors_table() {
+    let mut app = app();
+    let mut snap = tensor_snapshot();
+    let row =
+        |name: &str, bytes: u64, observed: Option<u64>, line: &str, basis: &str| ModelTensor {
+            name: name.into(),
+            modelled_bytes: bytes,
+            observed_bytes: observed,
+            line: line.into(),
+            basis: basis.into(),
+        };
+    snap.model = Some(ModelAtCursor {
+        title: "Qwen3.5 (transformers), chunk 16384, KV block 1".into(),
+        parts: Vec::new(),
+        forecast: Err("no limit".into()),
+        tensors: Ok(ModelTensors {
+            title: "gdn layer's peak, chunk 16,384 at context 16,384".into(),
+            rows: vec![
+                row(
+                    "h",
+                    256 * MIB,
+                    Some(256 * MIB),
+                    "chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h",
+                    "frame at its line",
+                ),
+                row(
+                    "z",
+                    128 * MIB,
+                    Some(128 * MIB),
+                    "modeling_qwen3_5.py:568 forward",
+                    "frame in its file",
+                ),
+                row(
+                    "o",
+                    128 * MIB,
+                    None,
+                    "model: fla/ops/common/chunk_o.py:565",
+                    "unmatched",
+                ),
+            ],
+            live_count: 153,
+            live_bytes: 3_629_720_064,
+        }),
+    });
+    app.set_snapshot(Some(snap.clone()));
+    for _ in 0..3 {
+        key(&mut app, KeyCode::Char('t'));
+    }
+    assert_eq!(app.table(), crate::tui::Table::Tensors);
+    assert_eq!(
+        tables::tensors_footer(snap.model.as_ref().unwrap().tensors.as_ref().unwrap()),
+        "matched 384.0 MiB of 512.0 MiB modelled (2 of 3 tensors) · live 153 allocations, 3.38 GiB"
+    );
+    key(&mut app, KeyCode::Down);
+    assert_eq!(app.selected_row(), 1);
+    let expected = [
+        "┌ Model tensors: gdn layer's peak, chunk 16,384 at context 16,384 at 10.00 s ─────────────────────────────────────┐",
+        "│Tensor               Modelled   Observed   Line                                               Matched by         │",
+        "│h                     256.0 MiB  256.0 MiB chunk_delta_h.py:722 chunk_gated_delta_rule_fwd_h  frame at its line  │",
+        "│z                     128.0 MiB  128.0 MiB modeling_qwen3_5.py:568 forward                    frame in its file  │",
+        "│o                     128.0 MiB          – model: fla/ops/common/chunk_o.py:565               unmatched          │",
+        "│matched 384.0 MiB of 512.0 MiB modelled (2 of 3 tensors) · live 153 allocations, 3.38 GiB                        │",
+        "└─────────────────────────────────────────────────────────────────────────────────────────────────────────────────┘",
+    ];
+    assert_lines(
+        render(115, 7, |area, buf| tables::render_tensors(&app, area, buf)),
+        &expected,
+    );
+    // `p` and `n` move the cursor; the table stays, and shows the snapshot the source gives
+    // for the new cursor.
+    key(&mut app, KeyCode::Char('p'));
+    assert_eq!(app.cursor_time(), 8.0);
+    assert_eq!(app.table(), crate::tui::Table::Tensors);
+    assert_eq!(app.snapshot_query().unwrap().time_s, 8.0);
+    key(&mut app, KeyCode::Char('n'));
+    assert_eq!(app.cursor_time(), 9.0);
+    assert_eq!(app.table(), crate::tui::Table::Tensors);
+    // A step that could not be modelled says why; the key goes back to the largest table.
+    if let Some(m) = snap.model.as_mut() {
+        m.tensors = Err("not modelled: the context is past the model's window".into());
+    }
+    app.set_snapshot(Some(snap));
+    assert_lines(
+        render(70, 3, |area, buf| tables::render_tensors(&app, area, buf)),
+        &[
+            "┌ Model tensors ─────────────────────────────────────────────────────┐",
+            "│        not modelled: the context is past the model's window        │",
+            "└────────────────────────────────────────────────────────────────────┘",
+        ],
+    );
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.table(), crate::tui::Table::Largest);
 }
 
 /// With segments cached the live bytes stand still while the tensors in them come and go: the

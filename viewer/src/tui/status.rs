@@ -29,7 +29,10 @@ pub fn render(app: &App, area: Rect, buf: &mut Buffer) {
             theme::PREDICTED,
         ));
     }
-    spans.push(Span::styled("? help  q quit ", theme::DIM));
+    spans.push(Span::styled(
+        format!("t:{}  ? help  q quit ", app.table().name()),
+        theme::DIM,
+    ));
     if !app.options().title.is_empty() {
         spans.push(Span::raw(format!("│ {} ", app.options().title)));
     }

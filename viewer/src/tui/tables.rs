@@ -1,12 +1,13 @@
-//! The other two tables under the timeline (the `t` key): the live tensors grouped by Python
-//! line, and the whole-step model's parts beside the observed categories; plus the forecast line.
+//! The other tables under the timeline (the `t` key): the live tensors grouped by Python line,
+//! the whole-step model's parts beside the observed categories, and the modelled step's tensors
+//! beside the live allocations they match; plus the forecast line.
 
 use ratatui::buffer::Buffer;
-use ratatui::layout::{Alignment, Constraint, Rect};
+use ratatui::layout::{Alignment, Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, StatefulWidget, Table, TableState, Widget};
 
-use crate::model::Forecast;
+use crate::model::{Forecast, ModelTensors};
 use crate::tui::app::App;
 use crate::tui::theme;
 use crate::units::{format_bytes, format_count, format_seconds, format_signed_bytes};
@@ -107,6 +108,79 @@ pub fn render_model(app: &App, area: Rect, buf: &mut Buffer) {
     ];
     let table = Table::new(rows, widths).header(header).block(block);
     Widget::render(table, area, buf);
+}
+
+/// The modelled step's tensors beside the live allocations at the cursor they match, with
+/// what each match rests on (`vramtrace compare` at the cursor).
+pub fn render_tensors(app: &App, area: Rect, buf: &mut Buffer) {
+    let Some(m) = app.snapshot().and_then(|s| s.model.as_ref()) else {
+        let block = Block::bordered().title(Span::styled(" Model tensors ", theme::TITLE));
+        return empty(block, "no model: give --model CONFIG", area, buf);
+    };
+    let t = match &m.tensors {
+        Ok(t) => t,
+        Err(why) => {
+            let block = Block::bordered().title(Span::styled(" Model tensors ", theme::TITLE));
+            return empty(block, why, area, buf);
+        }
+    };
+    let title = format!(
+        " Model tensors: {} at {} ",
+        t.title,
+        format_seconds(app.cursor_time())
+    );
+    let block = Block::bordered().title(Span::styled(title, theme::TITLE));
+    if t.rows.is_empty() {
+        return empty(block, "the modelled step names no tensors", area, buf);
+    }
+    let header =
+        Row::new(["Tensor", "Modelled", "Observed", "Line", "Matched by"]).style(theme::TITLE);
+    let rows = t.rows.iter().map(|r| {
+        let style = if r.observed_bytes.is_some() {
+            theme::TEXT
+        } else {
+            theme::DIM
+        };
+        Row::new([
+            Cell::from(r.name.clone()),
+            right(format_bytes(r.modelled_bytes)),
+            right(r.observed_bytes.map_or("–".into(), format_bytes)),
+            Cell::from(r.line.clone()),
+            Cell::from(r.basis.clone()),
+        ])
+        .style(style)
+    });
+    let widths = [
+        Constraint::Length(20),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Fill(1),
+        Constraint::Length(19),
+    ];
+    // The footer spans the table's width: its own line under the rows, inside the border.
+    let inner = block.inner(area);
+    block.render(area, buf);
+    let [rows_area, footer] =
+        Layout::vertical([Constraint::Min(0), Constraint::Length(1)]).areas(inner);
+    let table = Table::new(rows, widths)
+        .header(header)
+        .row_highlight_style(theme::SELECTED);
+    let mut state = TableState::default().with_selected(Some(app.selected_row()));
+    StatefulWidget::render(table, rows_area, buf, &mut state);
+    Paragraph::new(Line::styled(tensors_footer(t), theme::DIM)).render(footer, buf);
+}
+
+/// `matched 1.88 GiB of 2.01 GiB modelled (22 of 24 tensors) · live 153 tensors, 3.38 GiB`.
+pub fn tensors_footer(t: &ModelTensors) -> String {
+    let matched = t.rows.iter().filter(|r| r.observed_bytes.is_some()).count();
+    format!(
+        "matched {} of {} modelled ({matched} of {} tensors) · live {} allocations, {}",
+        format_bytes(t.matched_modelled_bytes()),
+        format_bytes(t.modelled_bytes()),
+        t.rows.len(),
+        format_count(t.live_count as u64),
+        format_bytes(t.live_bytes),
+    )
 }
 
 /// The forecast as one line: the context, the next chunk's modelled peak against the limit,
