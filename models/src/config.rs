@@ -115,7 +115,12 @@ impl ModelConfig {
             .ok_or_else(|| missing("num_hidden_layers"))?;
         // A dense model (Llama, Qwen3) has no GDN fields and no layer pattern: every layer is full
         // attention, and the GDN dimensions are 0.
-        let dense = f.layer_types.is_none()
+        // transformers 5 writes `layer_types` into every saved Qwen3 config (all `full_attention`
+        // without a sliding window): a list without linear attention is still dense.
+        let dense = f
+            .layer_types
+            .as_ref()
+            .is_none_or(|kinds| kinds.iter().all(|k| *k == LayerKind::FullAttention))
             && f.full_attention_interval.is_none()
             && f.linear_num_value_heads.is_none()
             && f.linear_num_key_heads.is_none()
@@ -676,6 +681,21 @@ mod tests {
         o.remove("num_key_value_heads");
         let c = ModelConfig::from_json(&v, Path::new("c.json")).unwrap();
         assert_eq!((c.head_dim, c.num_key_value_heads), (128, 32));
+        // transformers 5 saves `layer_types` in a dense Qwen3's config: all full attention is
+        // still dense (the H200's `transformers serve` model, docs/validation.md).
+        v["layer_types"] = json!(vec!["full_attention"; 36]);
+        let c = ModelConfig::from_json(&v, Path::new("c.json")).unwrap();
+        assert_eq!((c.num_linear_layers(), c.linear_num_value_heads), (0, 0));
+        // One linear-attention layer makes it hybrid, and the GDN fields are then required.
+        let mut one = vec!["full_attention"; 36];
+        one[0] = "linear_attention";
+        v["layer_types"] = json!(one);
+        let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
+        assert!(
+            e.to_string().contains("has no `num_key_value_heads`"),
+            "{e}"
+        );
+        v.as_object_mut().unwrap().remove("layer_types");
         // One GDN field makes it hybrid, and the others are then required.
         v["linear_num_value_heads"] = json!(48);
         let e = ModelConfig::from_json(&v, Path::new("c.json")).unwrap_err();
