@@ -160,6 +160,11 @@ fn picture(v: &V) -> Picture {
 /// the Python test below checks again).
 const GDN_AT: &str = "@1796078880693674";
 const FA_AT: &str = "@1796078885496373";
+/// A transformers Qwen3.5 prefill (8 layers, fla, 2 chunks of 4128 tokens) recorded on the H200
+/// on 2026-12-01 (`h200.sh exports_equal`, docs/validation.md): its process also holds driver
+/// allocations no tensor came from (1 KiB, 128 KiB and 64 MiB), which PyTorch's snapshot does
+/// not have and ours therefore leaves out.
+const HF_AT: &str = "@1796145892380214";
 
 /// PyTorch's snapshot imported, then exported: read back with serde-pickle (which cannot read
 /// PyTorch's own pickle: its memo shares objects), checked against PyTorch's own by the Python
@@ -189,6 +194,18 @@ fn our_snapshot_at_the_moment_pytorch_took_its_own_has_its_segments_and_blocks()
         // FlashAttention: 4 segments, 8 allocated blocks, three of them 512-byte blocks for
         // requests of 8, 16 and 8 bytes.
         ("pytorch-fa-cache", FA_AT, 4, 12, 8, 118_754_336, 8),
+        // transformers: 16 of the process's 19 driver allocations are PyTorch's segments; 130
+        // tensors live between the chunks; PyTorch's history holds 1281 allocations, 112 more
+        // were live before it began.
+        (
+            "hf-prefill-exports",
+            HF_AT,
+            16,
+            151,
+            130,
+            1_466_639_360,
+            1393,
+        ),
     ] {
         let ours = dir.join(format!("{name}.pickle"));
         export(&sample(name), &ours, &["--until", at]);
@@ -259,7 +276,11 @@ fn snapshot_equal_finds_the_same_picture_as_pytorchs_own() {
         return;
     }
     let dir = scratch("export-tensors-python");
-    for (name, at) in [("pytorch-gdn-cache", GDN_AT), ("pytorch-fa-cache", FA_AT)] {
+    for (name, at) in [
+        ("pytorch-gdn-cache", GDN_AT),
+        ("pytorch-fa-cache", FA_AT),
+        ("hf-prefill-exports", HF_AT),
+    ] {
         let theirs = sample(name).join("pytorch-snapshot.pickle");
         let whole = dir.join(format!("{name}-whole.pickle"));
         export(&sample(name), &whole, &[]);

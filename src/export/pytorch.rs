@@ -67,7 +67,7 @@
 //! device writes its trace; memory follows the live set and the stack table.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 
 use serde::ser::{Error as _, SerializeSeq};
@@ -148,6 +148,18 @@ pub fn export_pytorch(
     // leave out.
     let mut driver_entries: HashMap<(usize, i32), u64> = HashMap::new();
     let mut tensor_entries: HashMap<(usize, i32), u64> = HashMap::new();
+    // Driver allocations that are not the caching allocator's (cuBLAS's or Triton's own
+    // cudaMalloc, NCCL's buffers) are not in PyTorch's snapshot, so not in ours: those made
+    // once the process was recording tensors and out of which no tensor was ever handed (the
+    // allocator asks the driver for a segment for a request, so its segments hold a tensor at
+    // once). Earlier ones stay: they may be segments emptied before the recording (an
+    // imported snapshot's, an attach's). Live segments by (process, device, base): (size,
+    // when).
+    let mut live_segments: BTreeMap<(usize, i32, u64), (u64, u64)> = BTreeMap::new();
+    let mut torch_segments: HashSet<SegmentId> = HashSet::new();
+    let mut unproven: HashSet<SegmentId> = HashSet::new();
+    // The tensor-level entries each segment gives (its segment_alloc, its segment_free).
+    let mut segment_entries: HashMap<SegmentId, u64> = HashMap::new();
     for (seq, (pi, item)) in trace.items()?.enumerate() {
         if seq % 4096 == 0 {
             progress.inc(4096);
@@ -163,7 +175,27 @@ pub fn export_pytorch(
                 if role(&e).is_some() || e.kind == EventKind::AllocFailed {
                     max_device = max_device.max(e.device);
                 }
-                let n = match replay.apply(pi, seq, &e) {
+                let step = replay.apply(pi, seq, &e);
+                match &step {
+                    Step::Allocated { .. } if role(&e) == Some(Role::Segment) => {
+                        live_segments.insert((pi, e.device, e.ptr), (e.size, e.t_ns));
+                        if with_tensors.contains(&pi) {
+                            unproven.insert((pi, e.device, e.ptr, e.t_ns));
+                        }
+                        *segment_entries
+                            .entry((pi, e.device, e.ptr, e.t_ns))
+                            .or_default() += 1;
+                    }
+                    Step::Released { freed: Some(a) } if role(&a.event) == Some(Role::Segment) => {
+                        let a = &a.event;
+                        live_segments.remove(&(pi, a.device, a.ptr));
+                        *segment_entries
+                            .entry((pi, a.device, a.ptr, a.t_ns))
+                            .or_default() += 1;
+                    }
+                    _ => {}
+                }
+                let n = match step {
                     Step::Allocated { .. } if role(&e).is_some() => Some((e.device, 2, 1)),
                     Step::Released { freed: Some(a) } if role(&a.event).is_some() => {
                         Some((a.event.device, 3, 1))
@@ -189,6 +221,14 @@ pub fn export_pytorch(
                 max_device = max_device.max(t.device);
                 let n = match tensors.apply(pi, seq, &t) {
                     TensorStep::Allocated | TensorStep::Restated(true) => {
+                        let holder = live_segments
+                            .range(..=(pi, t.device, t.ptr))
+                            .next_back()
+                            .filter(|((p, d, base), (size, _))| {
+                                *p == pi && *d == t.device && t.ptr < base + size
+                            })
+                            .map(|(&(_, d, base), &(_, t_ns))| (pi, d, base, t_ns));
+                        torch_segments.extend(holder);
                         names.forget(pi, t.ptr);
                         Some((t.device, 1))
                     }
@@ -202,6 +242,15 @@ pub fn export_pytorch(
                 }
             }
             _ => {}
+        }
+    }
+    let foreign: HashSet<SegmentId> = unproven.difference(&torch_segments).copied().collect();
+    // A driver allocation that is not the allocator's gives no tensor-level entry.
+    for (id, n) in &segment_entries {
+        if foreign.contains(id)
+            && let Some(c) = tensor_entries.get_mut(&(id.0, id.1))
+        {
+            *c = c.saturating_sub(*n);
         }
     }
     let mut peaks: HashMap<usize, u64> = HashMap::new();
@@ -274,10 +323,17 @@ pub fn export_pytorch(
         }
     }
     finals.sort_by_key(|a| (a.event.device, a.event.ptr));
+    // This process's driver allocations that are not the allocator's: (device, base, when).
+    let foreign: HashSet<(i32, u64, u64)> = foreign
+        .into_iter()
+        .filter(|id| id.0 == pi)
+        .map(|(_, d, base, t_ns)| (d, base, t_ns))
+        .collect();
     let segments: Vec<Segment> = if tensor_level {
         let live: Vec<LiveTensor> = (0..=max_device)
             .flat_map(|d| tensors.live_set(pi, d))
             .collect();
+        finals.retain(|a| is_torch_segment(&foreign, &a.event));
         tensor_segments(&finals, &live, &names, &frames)
     } else {
         finals.iter().map(|a| segment(a, &frames)).collect()
@@ -304,6 +360,7 @@ pub fn export_pytorch(
         process: p,
         devices: max_device + 1,
         tensor_level,
+        foreign,
         until,
         skip,
         frames: &frames,
@@ -331,6 +388,16 @@ enum Role {
     Segment,
     /// A mapping into reserved address space: a piece of an expandable segment.
     Mapped,
+}
+
+/// (process index, device, base, when allocated): one driver allocation.
+type SegmentId = (usize, i32, u64, u64);
+
+/// Whether a driver allocation belongs in the tensor-level snapshot: a mapped piece of an
+/// expandable segment always does (a tensor may start in an earlier piece); a plain allocation
+/// unless it is one of the `foreign` ones.
+fn is_torch_segment(foreign: &HashSet<(i32, u64, u64)>, e: &Event) -> bool {
+    role(e) == Some(Role::Mapped) || !foreign.contains(&(e.device, e.ptr, e.t_ns))
 }
 
 fn role(e: &Event) -> Option<Role> {
@@ -675,6 +742,9 @@ struct DeviceTraces<'a> {
     process: &'a Process,
     devices: i32,
     tensor_level: bool,
+    /// At the tensor level, the driver allocations that are not the caching allocator's
+    /// (device, base, when allocated).
+    foreign: HashSet<(i32, u64, u64)>,
     until: u64,
     /// Per device: how many of its oldest entries to leave out.
     skip: Vec<u64>,
@@ -863,6 +933,14 @@ impl DeviceTrace<'_, '_> {
         time_us: u64,
     ) -> Result<(), S::Error> {
         let (action, a) = match step {
+            Step::Allocated { .. } if !is_torch_segment(&self.of.foreign, e) => {
+                return Ok(());
+            }
+            Step::Released { freed: Some(ref a) }
+                if !is_torch_segment(&self.of.foreign, &a.event) =>
+            {
+                return Ok(());
+            }
             Step::Allocated { .. } if e.device == self.device => match role(e) {
                 Some(Role::Segment) => ("segment_alloc", e),
                 Some(Role::Mapped) => ("segment_map", e),
