@@ -611,7 +611,7 @@ decode_bench() {
 
 ring_decode() {
   # Issue 19 item 4: bytes per decode step, and a 64 MiB budget on 192 decode steps.
-  WORK=$W bash "$VAL/ring_decode.sh" "${RING_MODEL_TYPE:-qwen3_next}"
+  WORK=$W bash "$VAL/ring_decode.sh" "${RING_MODEL:-$ROOT/.device/hybrid-config.json}"
 }
 
 serve_bench() {

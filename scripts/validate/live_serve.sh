@@ -52,7 +52,8 @@ wait $LOAD
 kill -INT $SERVER 2> /dev/null; sleep 5; kill -KILL $SERVER 2> /dev/null
 tmux send-keys -t vtlive f; cap 05-exited.txt 4
 tmux kill-session -t vtlive
-# fla with caching on, followed while it runs.
+# fla with caching on, followed while it runs (LIVE_FLA=0 skips it).
+[ "${LIVE_FLA:-1}" = 0 ] && { echo "screens in $OUT"; exit 0; }
 D2=$W/live-fla-trace
 rm -rf "$D2"
 "$VT" run --quiet --out "$D2" -- python3 "$VAL/model_vs_torch.py" --kernel gdn --seqlens 4128 --warmup 40 > "$OUT/fla.log" 2>&1 &

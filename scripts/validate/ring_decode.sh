@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Bytes per decode step, and a bounded trace (issue 19 item 4), on the GPU machine (layout as
-# scripts/validate/h200.sh).   bash scripts/validate/ring_decode.sh [MODEL_TYPE]
+# scripts/validate/h200.sh).   bash scripts/validate/ring_decode.sh [MODEL_TYPE | CONFIG.json]
 # Two unbounded runs (64 and 192 decode steps): bytes per step = the difference in bytes of
-# records over 128 steps, and tensor events per step likewise; then a 64 MiB budget on 192 steps: the
+# records over 128 steps, and tensor events per step likewise; then a budget (RING_BUDGET, default 8 MiB) on 192 steps: the
 # file size, the lost range and the flight record (vramtrace snapshot while it runs is in
 # tests/ring_cli.rs; here the budget only).
 set -uo pipefail
@@ -11,11 +11,12 @@ VT=$ROOT/.device/bin/vramtrace
 VAL=$ROOT/scripts/validate
 W=${WORK:-/tmp/vramtrace-validation/w}/ring-decode
 MT=${1:-llama}
+if [ -f "$MT" ]; then MODEL=(--config "$MT"); else MODEL=(--model-type "$MT"); fi
 mkdir -p "$W"
 export PYTHONUNBUFFERED=1 VRAMTRACE_PYTHON_PROBE=$ROOT/probes/python/autostart
 for steps in 64 192; do
   rm -rf "$W/n$steps"
-  $VT run --quiet --max-size 0 --out "$W/n$steps" -- python3 "$VAL/ring_decode.py" $steps --model-type "$MT" 2>&1 | tail -2
+  $VT run --quiet --max-size 0 --out "$W/n$steps" -- python3 "$VAL/ring_decode.py" $steps "${MODEL[@]}" 2>&1 | tail -2
   du -b "$W/n$steps"/*.vtr
   $VT summary --json "$W/n$steps" > "$W/n$steps.json"
 done
@@ -44,6 +45,6 @@ db, de = size(192) - size(64), events(192) - events(64)
 print(f"per decode step: {db / 128:,.0f} bytes, {de / 128:,.1f} tensor events, {db / max(de, 1):.1f} bytes per event")
 PY
 rm -rf "$W/budget"
-$VT run --quiet --max-size 64MiB --out "$W/budget" -- python3 "$VAL/ring_decode.py" 192 --model-type "$MT" 2>&1 | tail -2
+$VT run --quiet --max-size "${RING_BUDGET:-8MiB}" --out "$W/budget" -- python3 "$VAL/ring_decode.py" 192 "${MODEL[@]}" 2>&1 | tail -2
 du -b "$W/budget"/*.vtr
 $VT summary "$W/budget" | grep -E "^process|note:|tensors:|lost" | head -20
