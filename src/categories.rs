@@ -56,7 +56,6 @@ mod tests {
         for (i, c) in Category::ALL.into_iter().enumerate() {
             assert_eq!(CATEGORIES[i], c.title());
             assert_eq!(c.index(), i);
-            assert_eq!(c.name(), c.title());
         }
     }
 
@@ -70,7 +69,7 @@ mod tests {
 
     #[test]
     fn labels_alone() {
-        let c = |l: Option<&str>, n: Option<&str>| category(l, n).name();
+        let c = |l: Option<&str>, n: Option<&str>| category(l, n).title();
         assert_eq!(
             c(Some("prefill/weights"), Some("layer.0.weights")),
             "weights"

@@ -18,8 +18,7 @@
 mod tensors;
 
 use vramtrace_models::{
-    Category as ModelCategory, KnownParts, Limit, ModelConfig, Runtime, ServingShape, StepModel,
-    StepVariants,
+    KnownParts, Limit, ModelConfig, Runtime, ServingShape, StepModel, StepVariants,
 };
 use vramtrace_viewer::model::{BreakdownEntry, Forecast, ModelAtCursor, ModelPart, ModelTensors};
 
@@ -171,11 +170,7 @@ impl LiveModel {
         let parts = Category::ALL
             .iter()
             .map(|&c| {
-                let mc = ModelCategory::from_name(c.key());
-                let modelled = match (&now, mc) {
-                    (Ok(b), Some(m)) => b.part(m),
-                    _ => None,
-                };
+                let modelled = now.as_ref().ok().and_then(|b| b.part(c));
                 let rests_on = match c {
                     Category::Weights => "config: parameters and their format".to_string(),
                     Category::KvCache => {

@@ -60,6 +60,7 @@
 //!   part and shown as given, and every difference from a trace is a residual with its cause.
 
 pub mod caching_allocator;
+mod category;
 mod config;
 mod dtype;
 mod error;
@@ -101,6 +102,7 @@ pub const MAX_COUNT: u64 = 1 << 24;
 pub use caching_allocator::{
     CachingAllocator, Oom, Pool, Rounding, SegmentEvent, SegmentReplay, replay, rounding,
 };
+pub use category::Category;
 pub use config::{LayerKind, ModelConfig, MoeConfig};
 pub use dtype::DType;
 pub use error::ModelError;
@@ -114,7 +116,7 @@ pub use gdn::{
 pub use gdn_state::{GdnStatePerSeq, gdn_state_per_seq};
 pub use kv_cache::{KvCachePerToken, kv_cache_per_token};
 pub use peak::{Peak, live_at, naive_sum, peak};
-pub use residual::{Category, PartResidual, Residuals, residuals};
+pub use residual::{PartResidual, Residuals, residuals};
 pub use serving::{KnownParts, Limit, Runtime, ServingShape, StepVariants};
 pub use step::{CUBLAS_WORKSPACE_SM90, LimitCheck, StepBreakdown, StepModel, step_peak};
 pub use step_layers::{LayerPeak, StepLayer};

@@ -2,89 +2,10 @@
 //! whole-step model predicts and what a trace observed, with its likely cause in words.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::Serialize;
 
-use crate::{ModelError, StepBreakdown};
-
-/// Where the bytes of a step go. The names are those of `vramtrace report --json`'s
-/// `categories`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Category {
-    /// Model weights.
-    Weights,
-    /// The attention layers' K/V.
-    KvCache,
-    /// Recurrent (GDN / mamba) state.
-    State,
-    /// Tensors live only within the step.
-    Activations,
-    /// The serving engine's static buffers and library workspaces.
-    EngineBuffers,
-    /// CUDA-graph memory pools.
-    CudaGraphs,
-    /// NCCL buffers.
-    Communication,
-    /// Autotuning scratch.
-    Autotune,
-    /// The caching allocator's reserved but unallocated bytes.
-    AllocatorReserve,
-    /// The CUDA context and loaded modules.
-    Context,
-    /// Other processes.
-    OtherProcess,
-    /// What no rule covers.
-    Unnamed,
-}
-
-impl Category {
-    /// Every category, in report order.
-    pub const ALL: [Category; 12] = [
-        Category::Weights,
-        Category::KvCache,
-        Category::State,
-        Category::Activations,
-        Category::EngineBuffers,
-        Category::CudaGraphs,
-        Category::Communication,
-        Category::Autotune,
-        Category::AllocatorReserve,
-        Category::Context,
-        Category::OtherProcess,
-        Category::Unnamed,
-    ];
-
-    /// The category's name in reports and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Weights => "weights",
-            Category::KvCache => "kv_cache",
-            Category::State => "state",
-            Category::Activations => "activations",
-            Category::EngineBuffers => "engine_buffers",
-            Category::CudaGraphs => "cuda_graphs",
-            Category::Communication => "communication",
-            Category::Autotune => "autotune",
-            Category::AllocatorReserve => "allocator_reserve",
-            Category::Context => "context",
-            Category::OtherProcess => "other_process",
-            Category::Unnamed => "unnamed",
-        }
-    }
-
-    /// Looks a category up by its name.
-    pub fn from_name(name: &str) -> Option<Category> {
-        Category::ALL.into_iter().find(|c| c.name() == name)
-    }
-}
-
-impl fmt::Display for Category {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+use crate::{Category, ModelError, StepBreakdown};
 
 /// One category's prediction against the trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -115,7 +36,7 @@ pub struct Residuals {
 }
 
 /// Sets the model's parts beside the bytes a trace observed per category (names as in
-/// [`Category::name`]; the failed request belongs in `activations`, as the step needed it).
+/// [`Category::key`]; the failed request belongs in `activations`, as the step needed it).
 /// An unknown category name is refused with the list of known ones.
 pub fn residuals(
     step: &StepBreakdown,
@@ -123,8 +44,8 @@ pub fn residuals(
 ) -> Result<Residuals, ModelError> {
     let mut seen: BTreeMap<Category, u64> = BTreeMap::new();
     for (name, &bytes) in observed {
-        let c = Category::from_name(name).ok_or_else(|| {
-            let known: Vec<&str> = Category::ALL.iter().map(|c| c.name()).collect();
+        let c = Category::parse(name).ok_or_else(|| {
+            let known: Vec<&str> = Category::ALL.iter().map(|c| c.key()).collect();
             ModelError::Invalid(format!(
                 "{name:?} is not a category; use one of {}",
                 known.join(", ")

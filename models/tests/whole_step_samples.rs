@@ -41,7 +41,7 @@ fn observed(parts: &[(&str, u64)]) -> BTreeMap<String, u64> {
 fn residual_of(r: &Residuals) -> Vec<(&'static str, i64)> {
     r.parts
         .iter()
-        .map(|p| (p.category.name(), p.residual))
+        .map(|p| (p.category.key(), p.residual))
         .collect()
 }
 

@@ -38,8 +38,7 @@ pub fn capacity_bar(r: &Report) -> Option<CapacityBar> {
         // What the limit does not count (PyTorch's counts its own segments only: not the
         // context, libraries' own allocations, other processes) is not drawn against it.
         // Unnamed bytes are drawn: in a PyTorch process they are tensors no rule names.
-        let counted = c == Category::Unnamed
-            || vramtrace_models::Category::from_name(c.key()).is_none_or(|m| limit.limit.counts(m));
+        let counted = c == Category::Unnamed || limit.limit.counts(c);
         if bytes == 0 || !counted {
             continue;
         }

@@ -1317,7 +1317,7 @@ fn peak_model(
         .map(|p| {
             format!(
                 "{}: predicted {}, observed {} ({}): {}",
-                p.category.name(),
+                p.category.key(),
                 p.predicted.map_or("—".into(), gib),
                 gib(p.observed),
                 signed_bytes(p.residual),

@@ -159,7 +159,7 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
     // workspace is a block of PyTorch's reserve).
     let counts = |c: &crate::report::triage::CategoryRow| match (
         limit,
-        vramtrace_models::Category::from_name(c.category),
+        vramtrace_models::Category::parse(c.category),
     ) {
         (Some(l), Some(m)) => m == vramtrace_models::Category::Unnamed || l.limit.counts(m),
         _ => true,
@@ -374,7 +374,7 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
         let _ = writeln!(
             out,
             "| {}{} | {} | {} | {} | {} |",
-            p.category.name(),
+            p.category.key(),
             if given { " (given from the trace)" } else { "" },
             p.predicted.map(both).unwrap_or_else(|| "—".into()),
             both(p.observed),
@@ -497,7 +497,7 @@ pub(super) fn triage_sections(out: &mut String, r: &Report) {
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {} |",
-                p.category.name(),
+                p.category.key(),
                 p.predicted.map(both).unwrap_or_else(|| "—".into()),
                 both(p.observed),
                 signed(i128::from(p.residual)),
