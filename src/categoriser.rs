@@ -57,6 +57,11 @@ pub use steps::{Steps, phase_of};
 use Category as C;
 use rules::Scope;
 
+/// The label of what `vramtrace attach` seeded from the state at the attach (PyTorch's
+/// segments, and the operator of its live blocks): made before the attach, by nothing the trace
+/// saw (the preload's `BEFORE_ATTACH`).
+pub const BEFORE_ATTACH: &str = "before attach";
+
 /// What a byte is for. The names ([`Category::key`]) are those of `report --json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -312,6 +317,9 @@ pub enum Evidence {
         /// The process.
         pid: u32,
     },
+    /// Allocated before `vramtrace attach` attached (seeded from PyTorch's snapshot, labelled
+    /// [`BEFORE_ATTACH`]) and named by no Python object the probe found then.
+    BeforeAttach,
     /// No rule: its innermost Python line (or native frame).
     Site {
         /// `file.py:LINE function`, or a native frame.
@@ -416,6 +424,9 @@ impl fmt::Display for Evidence {
                 fmt_bytes(*traced)
             ),
             Evidence::OtherTraced { pid } => write!(f, "traced in process {pid}"),
+            Evidence::BeforeAttach => {
+                f.write_str("allocated before the attach; no Python object names it")
+            }
             Evidence::Site { site } if site == "no frames" => {
                 f.write_str("no rule; no frames recorded")
             }
@@ -635,13 +646,18 @@ pub fn categorise(facts: &Facts<'_>) -> Verdict {
             },
         };
     }
+    // Seeded at an attach and named by nothing since: what it is is not known.
+    if facts.label == Some(BEFORE_ATTACH) && facts.name.is_none_or(str::is_empty) {
+        return Verdict {
+            category: C::Unnamed,
+            evidence: Evidence::BeforeAttach,
+        };
+    }
     // A label no word of which is known still says the program named it: an activation, as the
     // live view always said.
-    if let Some(text) = [facts.label, facts.name]
-        .into_iter()
-        .flatten()
-        .find(|t| !t.is_empty() && !t.to_ascii_lowercase().starts_with("nccl"))
-    {
+    if let Some(text) = [facts.label, facts.name].into_iter().flatten().find(|t| {
+        !t.is_empty() && *t != BEFORE_ATTACH && !t.to_ascii_lowercase().starts_with("nccl")
+    }) {
         return Verdict {
             category: C::Activations,
             evidence: Evidence::Label {

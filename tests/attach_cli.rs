@@ -823,3 +823,206 @@ fn a_step_that_fails_is_undone_and_the_program_runs_on() {
     assert_eq!(code, Some(0));
     assert_eq!(lines.last().map(String::as_str), Some("done"));
 }
+
+/// The rows of the first categories breakdown in `summary --json`: (category, bytes, count,
+/// the evidence lines as shown).
+fn category_rows(out: &Path) -> Vec<(String, u64, u64, Vec<String>)> {
+    let o = Command::new(vramtrace())
+        .args(["summary", "--json"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    fn find(v: &serde_json::Value) -> Option<&serde_json::Value> {
+        match v {
+            serde_json::Value::Object(m) => {
+                if m.get("rows").is_some_and(serde_json::Value::is_array) {
+                    return Some(v);
+                }
+                m.values().find_map(find)
+            }
+            serde_json::Value::Array(a) => a.iter().find_map(find),
+            _ => None,
+        }
+    }
+    let b = find(&v).expect("a categories breakdown in the summary");
+    b["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["category"].as_str().unwrap().to_string(),
+                r["bytes"].as_u64().unwrap(),
+                r["count"].as_u64().unwrap(),
+                r["evidence"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e["evidence"].to_string())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("tests/c/attach_torch.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script)
+        .args(["300", "10"])
+        .env("PYTHONPATH", root.join("probes/python/tests/fake_torch"));
+    let t = Target::spawn(cmd);
+    let pid = t.pid();
+    let out = scratch("attach-torch").join("trace");
+    let o = attach(pid, &out, "1200ms");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("the Python probe is off") && said.contains("gpu-trace hook"),
+        "{said}"
+    );
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+    // The probe's callbacks are gone from PyTorch's registries.
+    assert!(lines.iter().any(|l| l == "callbacks 0 0"), "{lines:?}");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("attach.json")).unwrap()).unwrap();
+    assert_eq!(record["python_probe_at_detach"]["state"], "deactivated");
+    assert_eq!(record["python_probe_at_detach"]["gpu_trace_stays_on"], true);
+
+    // Each loop allocation: (ptr, callbacks registered before it, after it).
+    let loop_allocs: Vec<(u64, u64, u64)> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("T0 "))
+        .map(|l| {
+            let f: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            (f[1], f[3], f[4])
+        })
+        .collect();
+    let first_on = loop_allocs
+        .iter()
+        .position(|a| a.1 == 1)
+        .expect("the probe started");
+    let off: Vec<u64> = loop_allocs[first_on..]
+        .iter()
+        .filter(|a| a.1 == 0)
+        .map(|a| a.0)
+        .collect();
+    assert!(
+        off.len() >= 20,
+        "the program ran on after the detach: {}",
+        off.len()
+    );
+    // Tensor records other than the seeded blocks: only while the callbacks were there.
+    let file = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "vtr"))
+        .unwrap();
+    let process = vramtrace::trace::Process::open(&file).unwrap();
+    let mut recorded = Vec::new();
+    for item in process.items().unwrap() {
+        if let vramtrace::trace::Item::Tensor(t) = item
+            && process.string(t.op) != Some("before attach")
+        {
+            recorded.push(t.ptr);
+        }
+    }
+    let while_on: Vec<u64> = loop_allocs
+        .iter()
+        .filter(|a| a.2 == 1)
+        .map(|a| a.0)
+        .collect();
+    assert!(
+        recorded.len() >= 10,
+        "recorded while attached: {recorded:?}"
+    );
+    for ptr in &recorded {
+        assert!(
+            while_on.contains(ptr),
+            "{ptr:#x} recorded without the probe's callbacks"
+        );
+        assert!(
+            !off.contains(ptr),
+            "{ptr:#x} allocated after the detach is in the trace"
+        );
+    }
+
+    // The state at attach, named from the objects holding it, with the blocks' exact bytes.
+    let held: Vec<(String, u64, u64)> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("H "))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].to_string(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    let bytes_of = |prefix: &str| -> u64 {
+        held.iter()
+            .filter(|h| h.0.starts_with(prefix))
+            .map(|h| h.2)
+            .sum()
+    };
+    let rows = category_rows(&out);
+    let row = |c: &str| rows.iter().find(|r| r.0 == c).cloned();
+    let weights = row("weights").expect("a weights row");
+    assert_eq!(
+        (weights.1, weights.2),
+        (bytes_of("weights:"), 4),
+        "{rows:?}"
+    );
+    assert_eq!(weights.1, 5 * (1 << 20) + 4096);
+    assert!(
+        weights.3.iter().any(|e| e.contains("weights: embed")),
+        "{rows:?}"
+    );
+    let kv = row("kv_cache").expect("a KV cache row");
+    assert_eq!((kv.1, kv.2), (8 << 20, 4), "{rows:?}");
+    assert!(
+        kv.3.iter()
+            .any(|e| e.contains("PagedAttentionCache.key_cache[0]")),
+        "{rows:?}"
+    );
+    let engine = row("engine_buffers").expect("an engine buffers row");
+    assert_eq!((engine.1, engine.2), (64 * 1024 + 8192, 2), "{rows:?}");
+    // The scratch tensor no object holds an attribute of: unnamed, and why.
+    let unnamed = row("unnamed").expect("an unnamed row");
+    assert_eq!((unnamed.1, unnamed.2), (512 * 1024, 1), "{rows:?}");
+    assert!(
+        unnamed.3.iter().any(|e| e.contains("before_attach")),
+        "{rows:?}"
+    );
+    assert!(row("activations").is_none(), "{rows:?}");
+    // The walk's mark.
+    let text = String::from_utf8_lossy(
+        &Command::new(vramtrace())
+            .arg("summary")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(
+        text.contains("allocated before the attach; no Python object names it"),
+        "{text}"
+    );
+}

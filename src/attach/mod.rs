@@ -105,6 +105,10 @@ pub struct Attached {
     pub watchdog: bool,
     /// Whether the Python probe was scheduled to start in the target's interpreter.
     pub python: bool,
+    /// `vramtrace_attach_python` and `vramtrace_attach_python_detached` in the target, to
+    /// deactivate the Python probe at detach.
+    #[cfg(target_arch = "x86_64")]
+    python_at: (u64, u64),
     /// How long the thread that loaded the preload was stopped.
     pub call_pause: Duration,
     /// How long every thread was stopped while the jumps were written.
@@ -138,6 +142,44 @@ pub struct Detached {
     /// Children forked while attached (they inherited the hooks and recorded into files of
     /// their own), each detached in turn, or why not.
     pub children: Vec<(i32, Result<(), String>)>,
+    /// What became of the Python probe.
+    pub python: PythonDetach,
+}
+
+/// What became of the Python probe at detach: its `detach()` is scheduled in the interpreter
+/// like its `attach()` was, and reports back through the preload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonDetach {
+    /// No Python probe was started (not a Python process, or the process exited).
+    NotStarted,
+    /// It ran: the probe's callbacks are gone.
+    Done {
+        /// How long after the process was let go it reported.
+        after: Duration,
+        /// PyTorch's gpu-trace hook stays on (it cannot be turned off): each block still costs
+        /// PyTorch a call into an empty Python callback list.
+        gpu_trace_stays: bool,
+        /// Native capture was on and is off now.
+        native_off: bool,
+        /// Something could not be undone (the probe said what on the process's stderr).
+        error: bool,
+    },
+    /// It did not run within the wait (the interpreter's main thread did not reach its eval
+    /// loop: blocked in a call, or busy in C code). It stays scheduled and runs when it does;
+    /// until then the probe's callbacks stay registered (they record nothing: recording is off).
+    NotInTime {
+        /// How long vramtrace waited.
+        waited: Duration,
+    },
+}
+
+/// How long `detach` waits for the Python probe's `detach()` to run in the interpreter:
+/// `VRAMTRACE_DETACH_PYTHON_WAIT_MS`, else 5 s.
+pub fn python_detach_wait() -> Duration {
+    std::env::var("VRAMTRACE_DETACH_PYTHON_WAIT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(5), Duration::from_millis)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -353,7 +395,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         j,
     );
     match result {
-        Ok((hooks, stop_fn, all_pause, threads, python)) => {
+        Ok((hooks, stop_fn, all_pause, threads, python, python_at)) => {
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
             let landing = j.landing;
@@ -373,6 +415,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
                 watched,
                 watchdog,
                 python,
+                python_at,
                 call_pause: started.elapsed(),
                 all_pause,
                 threads,
@@ -483,8 +526,9 @@ type StepResult<T> = Result<T, (&'static str, String)>;
 
 #[cfg(target_arch = "x86_64")]
 /// What [`install`] returns: the hooks, `vramtrace_attach_stop`, how long every thread was
-/// stopped, how many there were, and whether the Python probe was scheduled.
-type Installed = (Vec<Hook>, u64, Duration, usize, bool);
+/// stopped, how many there were, whether the Python probe was scheduled, and the addresses of
+/// `vramtrace_attach_python` and `vramtrace_attach_python_detached`.
+type Installed = (Vec<Hook>, u64, Duration, usize, bool, (u64, u64));
 
 #[cfg(target_arch = "x86_64")]
 /// The Python run in the target's interpreter (`Py_AddPendingCall`): the probe's `attach`, in a
@@ -507,6 +551,25 @@ fn python_starter(probe_dir: &Path, preload: &Path) -> String {
         dir = py(probe_dir),
         lib = py(preload),
     );
+    format!("exec({body:?}, {{}})")
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The Python run in the target's interpreter at detach: the probe's `detach()` (it reports to
+/// the preload itself); without the probe's module, the report that nothing was there.
+fn python_stopper() -> String {
+    let body = "import sys\n\
+                m = sys.modules.get('vramtrace_torch')\n\
+                try:\n    \
+                    if m is None:\n        \
+                        import ctypes\n        \
+                        ctypes.PyDLL(sys._vramtrace_preload).vramtrace_attach_python_done(1)\n    \
+                    else:\n        \
+                        m.detach()\n\
+                except BaseException as e:\n    \
+                    sys.stderr.write('vramtrace: torch probe not deactivated: %r\\n' % (e,))\n    \
+                    import ctypes\n    \
+                    ctypes.PyDLL(sys._vramtrace_preload).vramtrace_attach_python_done(9)\n";
     format!("exec({body:?}, {{}})")
 }
 
@@ -606,11 +669,12 @@ fn install(
             ),
         ))
     };
-    let (set_real, start, stop, python_fn) = (
+    let (set_real, start, stop, python_fn, python_detached) = (
         sym("vramtrace_attach_real")?,
         sym("vramtrace_attach_start")?,
         sym("vramtrace_attach_stop")?,
         sym("vramtrace_attach_python")?,
+        sym("vramtrace_attach_python_detached")?,
     );
     kill_point("loaded");
     // 3. Build the pads and trampolines, one slot each after the landing's.
@@ -748,7 +812,14 @@ fn install(
             .map_err(|e| (step, e))?;
     }
     kill_point("patched");
-    Ok((hooks, stop, all_started.elapsed(), tids.len(), python))
+    Ok((
+        hooks,
+        stop,
+        all_started.elapsed(),
+        tids.len(),
+        python,
+        (python_fn, python_detached),
+    ))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -790,6 +861,7 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
             changed_by_others: Vec::new(),
             exited: true,
             children,
+            python: PythonDetach::NotStarted,
         })
     };
     if gone() {
@@ -800,6 +872,30 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
         Err(_) if gone() => return exited(attached),
         Err(e) => return Err(failed("detaching")(e)),
     };
+    // The Python probe's detach(), scheduled in the interpreter (it runs once the main thread is
+    // back in its eval loop), with only the main thread stopped, as at attach: scheduling it
+    // allocates, and a thread stopped inside malloc must not hold us up.
+    let mut python_scheduled = false;
+    if attached.python && matches!(tracer.stop(pid), Ok(true)) {
+        let saved = tracer.save(pid).map_err(failed("saving the registers"))?;
+        let j = attached.watched.journal();
+        j.save_regs(pid, &saved);
+        j.regs_changed = 1;
+        let rc = tracer.call(
+            pid,
+            &saved,
+            attached.python_at.0,
+            &cstr(&python_stopper()),
+            |at| vec![at],
+            attached.landing,
+            CALL_LIMIT,
+        );
+        let restored = tracer.restore(pid, &saved);
+        tracer.release(pid);
+        restored.map_err(failed("restoring the registers"))?;
+        attached.watched.journal().regs_changed = 0;
+        python_scheduled = rc.is_ok_and(|rc| rc as i32 == 0);
+    }
     let tids = match tracer.stop_all() {
         Ok(t) if !t.is_empty() => t,
         Ok(_) => return exited(attached),
@@ -845,6 +941,11 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let j = attached.watched.journal();
     j.regs_changed = 0;
     j.stop_fn = 0;
+    let python = if python_scheduled {
+        wait_python_detach(pid, attached.python_at.1, python_detach_wait())
+    } else {
+        PythonDetach::NotStarted
+    };
     let children = detach_children(&attached);
     attached.watched.finish();
     Ok(Detached {
@@ -852,7 +953,41 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
         changed_by_others,
         exited: false,
         children,
+        python,
     })
+}
+
+/// Waits up to `wait` for the Python probe's `detach()` to report through the preload's
+/// `vramtrace_attach_python_detached` (at `at` in process `pid`), reading it every 2 ms.
+#[cfg(target_arch = "x86_64")]
+fn wait_python_detach(pid: i32, at: u64, wait: Duration) -> PythonDetach {
+    use std::os::unix::fs::FileExt;
+    let started = Instant::now();
+    let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+        return PythonDetach::NotStarted;
+    };
+    loop {
+        let mut b = [0u8; 4];
+        if mem.read_exact_at(&mut b, at).is_err() {
+            // The process is gone.
+            return PythonDetach::NotStarted;
+        }
+        let flags = u32::from_le_bytes(b);
+        if flags != 0 {
+            return PythonDetach::Done {
+                after: started.elapsed(),
+                gpu_trace_stays: flags & 2 != 0,
+                native_off: flags & 4 != 0,
+                error: flags & 8 != 0,
+            };
+        }
+        if started.elapsed() >= wait {
+            return PythonDetach::NotInTime {
+                waited: started.elapsed(),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// The descendants of `pid` that carry this attach's hooks: forked while attached, so they

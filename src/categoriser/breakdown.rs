@@ -180,11 +180,13 @@ pub struct SegmentReserve {
 }
 
 /// True for an allocation PyTorch's caching allocator made (a segment): a native frame in
-/// `libc10_cuda`.
+/// `libc10_cuda`, or a segment of PyTorch's snapshot seeded at an attach (labelled
+/// [`super::BEFORE_ATTACH`]: the attach seeds nothing else as a driver allocation).
 fn is_pytorch_segment(f: &Facts<'_>) -> bool {
-    f.native
-        .iter()
-        .any(|n| base(n.module).starts_with("libc10_cuda"))
+    f.label == Some(super::BEFORE_ATTACH)
+        || f.native
+            .iter()
+            .any(|n| base(n.module).starts_with("libc10_cuda"))
 }
 
 #[derive(Default)]

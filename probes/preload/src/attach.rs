@@ -112,6 +112,19 @@ pub extern "C" fn vramtrace_attach_stop() -> c_int {
     0
 }
 
+/// What the Python probe's `detach()` reported (`vramtrace_torch.py`, its `DETACH_*` bits; 0:
+/// not yet), read by `vramtrace attach` from outside (through `/proc/PID/mem`) after it
+/// scheduled that call at detach: so it can say when the interpreter did not run it in time.
+#[unsafe(no_mangle)]
+pub static vramtrace_attach_python_detached: AtomicU32 = AtomicU32::new(0);
+
+/// Called by the Python probe's `detach()` with what it did (its `DETACH_*` bits, 1 always
+/// set); [`vramtrace_attach_python_detached`] holds them from then on.
+#[unsafe(no_mangle)]
+pub extern "C" fn vramtrace_attach_python_done(flags: u32) {
+    vramtrace_attach_python_detached.store(flags | 1, Ordering::Release);
+}
+
 /// [`vramtrace_attach_python`]: the process has no CPython interpreter (or not initialised).
 pub const ATTACH_NO_PYTHON: c_int = 1;
 
