@@ -973,6 +973,57 @@ mod tests {
     }
 
     #[test]
+    fn what_an_attach_seeded_is_named_by_the_objects_holding_it_or_said_unnamed() {
+        // A block seeded at an attach: its label says so, the probe's walk may name it.
+        let seeded = |name: Option<&'static str>| Facts {
+            bytes: 1,
+            label: Some(BEFORE_ATTACH),
+            name,
+            ..Default::default()
+        };
+        let bare = categorise(&seeded(None));
+        assert_eq!(bare.category, Category::Unnamed);
+        assert_eq!(bare.evidence, Evidence::BeforeAttach);
+        assert_eq!(
+            bare.evidence.to_string(),
+            "allocated before the attach; no Python object names it"
+        );
+        for (name, c) in [
+            (
+                "weights: model.layers.3.mlp.up_proj.weight bfloat16[9728, 2560]",
+                Category::Weights,
+            ),
+            (
+                "weights: model.rotary_emb.inv_freq (buffer) float32[64]",
+                Category::Weights,
+            ),
+            (
+                "PagedAttentionCache.key_cache[3] bfloat16[40960, 8, 128]",
+                Category::KvCache,
+            ),
+            ("PagedAttentionCache.value_cache[0]", Category::KvCache),
+            // The engine's static tensors, whatever words their attributes hold.
+            (
+                "ContinuousBatchingIOs._bulk_input_tensor int32[9, 288]",
+                Category::EngineBuffers,
+            ),
+            ("ContinuousBatchingIOs.block_table", Category::EngineBuffers),
+            (
+                "ContinuousBatchingIOs.read_index_storage",
+                Category::EngineBuffers,
+            ),
+            (
+                "ContinuousBatchingIOs.attention_mask['full_attention']",
+                Category::EngineBuffers,
+            ),
+            // Another object's tensor with no word of a category: the program's own.
+            ("Sampler.scratch", Category::Activations),
+        ] {
+            assert_eq!(categorise(&seeded(Some(name))).category, c, "{name}");
+        }
+    }
+
+    #[test]
     fn qualified_functions_tell_sglang_pools_apart() {
         let pool = "/v/site-packages/sglang/srt/mem_cache/memory_pool.py";
         assert_eq!(

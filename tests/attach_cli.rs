@@ -903,6 +903,7 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
         serde_json::from_slice(&std::fs::read(out.join("attach.json")).unwrap()).unwrap();
     assert_eq!(record["python_probe_at_detach"]["state"], "deactivated");
     assert_eq!(record["python_probe_at_detach"]["gpu_trace_stays_on"], true);
+    assert_eq!(record["python_probe_at_detach"]["callbacks_removed"], true);
 
     // Each loop allocation: (ptr, callbacks registered before it, after it).
     let loop_allocs: Vec<(u64, u64, u64)> = lines
@@ -1025,4 +1026,51 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
         text.contains("allocated before the attach; no Python object names it"),
         "{text}"
     );
+}
+
+#[test]
+fn detach_says_when_the_interpreter_does_not_run_the_probes_deactivation_in_time() {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = Command::new("python3");
+    cmd.arg(root.join("tests/c/attach_torch.py"))
+        .args(["60", "10", "8"])
+        .env("PYTHONPATH", root.join("probes/python/tests/fake_torch"));
+    let t = Target::spawn(cmd);
+    let pid = t.pid();
+    let out = scratch("attach-blocked").join("trace");
+    let started = Instant::now();
+    let o = Command::new(vramtrace())
+        .args(["attach", &pid.to_string(), "--duration", "800ms", "--out"])
+        .arg(&out)
+        .arg("--preload")
+        .arg(preload())
+        .env("VRAMTRACE_DETACH_PYTHON_WAIT_MS", "300")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("the Python probe did not deactivate within 0.3 s"),
+        "{said}"
+    );
+    // It said so instead of waiting for the interpreter (asleep 8 s from the probe's start).
+    assert!(took < Duration::from_secs(7), "detach waited {took:?}");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("attach.json")).unwrap()).unwrap();
+    assert_eq!(record["python_probe_at_detach"]["state"], "not run in time");
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert!(lines.iter().any(|l| l == "blocked"), "{lines:?}");
+    // Once the interpreter ran again, the deactivation still scheduled ran.
+    assert!(lines.iter().any(|l| l == "callbacks 0 0"), "{lines:?}");
 }

@@ -661,7 +661,7 @@ def attach(lib_path):
 # (`vramtrace_attach_python_done`), so that it can say when it did not run in time.
 
 # What `detach()` reports, bit by bit (the CLI reads them: src/attach/mod.rs, PythonDetach).
-DETACH_RAN, DETACH_GPU_TRACE_STAYS, DETACH_NATIVE_OFF, DETACH_ERROR = 1, 2, 4, 8
+DETACH_RAN, DETACH_GPU_TRACE_STAYS, DETACH_NATIVE_OFF, DETACH_ERROR, DETACH_REMOVED = 1, 2, 4, 8, 16
 
 
 def detach():
@@ -688,6 +688,7 @@ def detach():
                 if isinstance(kept, list) and any(cb in kept for cb in ours):
                     # One slice assignment: a thread firing the list sees it before or after.
                     kept[:] = [cb for cb in kept if cb not in ours]
+                    flags |= DETACH_REMOVED
         except Exception as e:
             _note(f"detach: the allocator callbacks could not be removed: {type(e).__name__}: {e}")
             flags |= DETACH_ERROR

@@ -163,6 +163,9 @@ pub enum PythonDetach {
         native_off: bool,
         /// Something could not be undone (the probe said what on the process's stderr).
         error: bool,
+        /// Its allocator callbacks were registered and are removed now (else it had none:
+        /// no PyTorch, or native capture).
+        removed: bool,
     },
     /// It did not run within the wait (the interpreter's main thread did not reach its eval
     /// loop: blocked in a call, or busy in C code). It stays scheduled and runs when it does;
@@ -979,6 +982,7 @@ fn wait_python_detach(pid: i32, at: u64, wait: Duration) -> PythonDetach {
                 gpu_trace_stays: flags & 2 != 0,
                 native_off: flags & 4 != 0,
                 error: flags & 8 != 0,
+                removed: flags & 16 != 0,
             };
         }
         if started.elapsed() >= wait {

@@ -618,6 +618,41 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_seeded_at_an_attach_with_no_live_block_is_reserve() {
+        // PyTorch's snapshot at the attach: two segments seeded as driver allocations labelled
+        // `before attach` (no frames); one holds a seeded block, the other none.
+        let seeded = |ptr: u64, bytes: u64| LiveAllocation {
+            ptr,
+            handle: false,
+            facts: Facts {
+                bytes,
+                label: Some(crate::categoriser::BEFORE_ATTACH),
+                ..Default::default()
+            },
+        };
+        let m = MomentFacts {
+            pid: 7,
+            tensors_recorded: true,
+            allocations: vec![seeded(0x1000_0000, 20 * MIB), seeded(0x2000_0000, 2 * MIB)],
+            tensors: vec![LiveTensor {
+                ptr: 0x1000_0000,
+                facts: Facts {
+                    bytes: 4 * MIB,
+                    label: Some(crate::categoriser::BEFORE_ATTACH),
+                    ..Default::default()
+                },
+            }],
+            ..Default::default()
+        };
+        let b = categorise_moment(&m);
+        assert_eq!(b.total, 22 * MIB);
+        assert_eq!(b.bytes(Category::Unnamed), 4 * MIB);
+        assert_eq!(b.bytes(Category::AllocatorReserve), 18 * MIB);
+        assert_eq!(b.bytes(Category::Activations), 0);
+        assert_eq!(b.segments.len(), 2);
+    }
+
+    #[test]
     fn a_failure_moment_sums_to_the_device_used_memory() {
         let model = "/v/site-packages/transformers/models/m/modeling_m.py";
         let linear = "/v/site-packages/torch/nn/modules/linear.py";

@@ -6,7 +6,9 @@ one a view into another) and a tensor no object holds an attribute of; prints ea
 "H <what> <block pointer> <block bytes>"; then allocates and frees a tensor in a loop, printing
 "T0 <i> <ptr> <bytes> <callbacks before> <callbacks after>" (the probe's allocation callbacks
 registered before and after the allocation), and at the end "callbacks <allocation>
-<deallocation>". argv[1]: iterations; argv[2]: milliseconds between them."""
+<deallocation>". argv[1]: iterations; argv[2]: milliseconds between them; argv[3], if given:
+seconds the main thread then sleeps once, in one call, as soon as the probe is active (an
+interpreter that reaches no pending call meanwhile), printing "blocked" and "unblocked"."""
 import ctypes
 import sys
 import time
@@ -86,6 +88,10 @@ for i in range(n):
     after = len(_gpu_trace.alloc_callbacks)
     print(f"T0 {i} {t.data_ptr()} {t.nbytes} {before} {after}", flush=True)
     del t
+    if len(sys.argv) > 3 and after == 1:
+        print("blocked", flush=True)
+        time.sleep(float(sys.argv.pop(3)))
+        print("unblocked", flush=True)
     time.sleep(int(sys.argv[2]) / 1000)
 print(f"callbacks {len(_gpu_trace.alloc_callbacks)} {len(_gpu_trace.free_callbacks)}", flush=True)
 print("done", flush=True)

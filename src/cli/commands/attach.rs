@@ -381,8 +381,10 @@ fn python_detach_record(p: PythonDetach) -> serde_json::Value {
             gpu_trace_stays,
             native_off,
             error,
+            removed,
         } => serde_json::json!({
             "state": "deactivated",
+            "callbacks_removed": removed,
             "after_ms": after.as_secs_f64() * 1e3,
             "gpu_trace_stays_on": gpu_trace_stays,
             "native_capture_turned_off": native_off,
@@ -404,10 +406,16 @@ fn python_detach_line(p: PythonDetach) -> Option<String> {
             gpu_trace_stays,
             native_off,
             error,
+            removed,
         } => {
             let mut line = format!(
-                "the Python probe is off ({:.1} ms after the process went on): its allocator callbacks are removed",
-                after.as_secs_f64() * 1e3
+                "the Python probe is off ({:.1} ms after the process went on){}",
+                after.as_secs_f64() * 1e3,
+                if removed {
+                    ": its allocator callbacks are removed"
+                } else {
+                    ""
+                }
             );
             if native_off {
                 line.push_str(", native tensor capture is off");
