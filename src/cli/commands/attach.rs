@@ -357,21 +357,6 @@ pub fn live(
     Ok(0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("2.5"), Ok(Duration::from_millis(2500)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("3 weeks").is_err());
-    }
-}
-
 /// What `attach.json` says of the Python probe at detach.
 fn python_detach_record(p: PythonDetach) -> serde_json::Value {
     match p {
@@ -439,5 +424,20 @@ fn python_detach_line(p: PythonDetach) -> Option<String> {
              VRAMTRACE_DETACH_PYTHON_WAIT_MS to wait longer)",
             waited.as_secs_f64()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2.5"), Ok(Duration::from_millis(2500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3 weeks").is_err());
     }
 }
