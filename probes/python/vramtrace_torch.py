@@ -823,6 +823,8 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     for o in sliced(objects):
         if isinstance(o, (Tensor, *skip)):
             continue
+        if not type(o).__dictoffset__:  # no __dict__ (lists, dicts, strings, numbers...)
+            continue
         module = isinstance(o, Module)
         if module:
             modules.append(o)
