@@ -98,13 +98,18 @@ fn printed(lines: &[String], t: u32) -> Vec<(u64, u64)> {
 
 /// The stand-in driver's code as the target has it mapped: every executable mapping of it.
 fn driver_code(pid: i32) -> Vec<u8> {
+    code_of(pid, "libcuda.so")
+}
+
+/// The code of the library whose path contains `lib`, as the target has it mapped.
+fn code_of(pid: i32, lib: &str) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     let mut code = Vec::new();
     for l in maps
         .lines()
-        .filter(|l| l.contains("libcuda.so") && l.contains(" r-xp "))
+        .filter(|l| l.contains(lib) && l.contains(" r-xp "))
     {
         let range = l.split(' ').next().unwrap();
         let (a, b) = range.split_once('-').unwrap();
@@ -116,7 +121,7 @@ fn driver_code(pid: i32) -> Vec<u8> {
         mem.read_exact_at(&mut buf, a).unwrap();
         code.extend_from_slice(&buf);
     }
-    assert!(!code.is_empty(), "the driver's code is mapped");
+    assert!(!code.is_empty(), "{lib}'s code is mapped");
     code
 }
 
@@ -867,45 +872,62 @@ fn category_rows(out: &Path) -> Vec<(String, u64, u64, Vec<String>)> {
         .collect()
 }
 
-#[test]
-fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .is_err()
-    {
-        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
-        return;
-    }
+/// Attaches to tests/c/attach_torch.py on the stand-in torch at `torch_dir`, detaches, and
+/// checks: the probe recorded while attached (natively, or through its callbacks) and nothing
+/// after the detach; its callbacks are gone; the state at attach is named from the objects
+/// holding it, each category with its exact bytes.
+fn attach_to_torch_and_check(torch_dir: &Path, name: &str, native: bool) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let script = root.join("tests/c/attach_torch.py");
     let mut cmd = Command::new("python3");
-    cmd.arg(&script)
+    cmd.arg(root.join("tests/c/attach_torch.py"))
         .args(["300", "10"])
-        .env("PYTHONPATH", root.join("probes/python/tests/fake_torch"));
+        .env("PYTHONPATH", torch_dir);
     let t = Target::spawn(cmd);
     let pid = t.pid();
-    let out = scratch("attach-torch").join("trace");
+    let out = scratch(name).join("trace");
+    let hooked_lib = if native { "libc10.so" } else { "libcuda.so" };
+    let code_before = code_of(pid, hooked_lib);
     let o = attach(pid, &out, "1200ms");
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
-    let said = String::from_utf8_lossy(&o.stderr);
     assert!(
-        said.contains("the Python probe is off") && said.contains("gpu-trace hook"),
+        code_of(pid, hooked_lib) == code_before,
+        "{hooked_lib} restored byte for byte"
+    );
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("the Python probe is off"), "{said}");
+    // Through the callbacks, PyTorch's gpu-trace hook stays on; natively, nothing stays.
+    assert_eq!(said.contains("gpu-trace hook"), !native, "{said}");
+    assert_eq!(
+        said.contains("native tensor capture is off"),
+        native,
         "{said}"
     );
+    assert!(!said.contains("left alone"), "{said}");
     let (code, lines) = t.finish();
     assert_eq!(code, Some(0));
     assert_eq!(lines.last().map(String::as_str), Some("done"));
-    // The probe's callbacks are gone from PyTorch's registries.
+    assert!(
+        lines.iter().any(|l| l == "capture off (detached)"),
+        "{lines:?}"
+    );
+    // The probe's callbacks are gone from PyTorch's registries (or were never there).
     assert!(lines.iter().any(|l| l == "callbacks 0 0"), "{lines:?}");
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("attach.json")).unwrap()).unwrap();
-    assert_eq!(record["python_probe_at_detach"]["state"], "deactivated");
-    assert_eq!(record["python_probe_at_detach"]["gpu_trace_stays_on"], true);
-    assert_eq!(record["python_probe_at_detach"]["callbacks_removed"], true);
+    let at_detach = &record["python_probe_at_detach"];
+    assert_eq!(at_detach["state"], "deactivated", "{record}");
+    assert_eq!(at_detach["gpu_trace_stays_on"], !native, "{record}");
+    assert_eq!(at_detach["callbacks_removed"], !native, "{record}");
+    assert_eq!(at_detach["native_capture_turned_off"], native, "{record}");
+    let hooked_report = record["hooked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|h| h == vramtrace::attach::C10_REPORT);
+    assert_eq!(hooked_report, native, "{record}");
+    let detached_at = record["detached_at_ns"].as_u64().unwrap();
 
-    // Each loop allocation: (ptr, callbacks registered before it, after it).
+    // Each loop allocation: (ptr, probing before it, after it).
     let loop_allocs: Vec<(u64, u64, u64)> = lines
         .iter()
         .filter_map(|l| l.strip_prefix("T0 "))
@@ -928,7 +950,8 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
         "the program ran on after the detach: {}",
         off.len()
     );
-    // Tensor records other than the seeded blocks: only while the callbacks were there.
+    // Tensor records other than the seeded blocks: only while the probe was on, none after
+    // the detach.
     let file = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -940,6 +963,10 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
         if let vramtrace::trace::Item::Tensor(t) = item
             && process.string(t.op) != Some("before attach")
         {
+            assert!(
+                t.t_ns < detached_at,
+                "a tensor record after the detach: {t:?}"
+            );
             recorded.push(t.ptr);
         }
     }
@@ -953,10 +980,13 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
         "recorded while attached: {recorded:?}"
     );
     for ptr in &recorded {
-        assert!(
-            while_on.contains(ptr),
-            "{ptr:#x} recorded without the probe's callbacks"
-        );
+        // The probe's own check tensor (native capture) is not one of the program's.
+        if !native {
+            assert!(
+                while_on.contains(ptr),
+                "{ptr:#x} recorded without the probe's callbacks"
+            );
+        }
         assert!(
             !off.contains(ptr),
             "{ptr:#x} allocated after the detach is in the trace"
@@ -996,7 +1026,8 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
         "{rows:?}"
     );
     let kv = row("kv_cache").expect("a KV cache row");
-    assert_eq!((kv.1, kv.2), (8 << 20, 4), "{rows:?}");
+    assert_eq!((kv.1, kv.2), (bytes_of("kv:"), 4), "{rows:?}");
+    assert_eq!(kv.1, 8 << 20);
     assert!(
         kv.3.iter()
             .any(|e| e.contains("PagedAttentionCache.key_cache[0]")),
@@ -1004,15 +1035,21 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
     );
     let engine = row("engine_buffers").expect("an engine buffers row");
     assert_eq!((engine.1, engine.2), (64 * 1024 + 8192, 2), "{rows:?}");
-    // The scratch tensor no object holds an attribute of: unnamed, and why.
+    // The scratch tensor no object holds an attribute of: unnamed, and why; with it the loop's
+    // tensor of the moment, when the attach came while the loop held one (a module global).
     let unnamed = row("unnamed").expect("an unnamed row");
-    assert_eq!((unnamed.1, unnamed.2), (512 * 1024, 1), "{rows:?}");
+    let loop_block = |i: u64| (1000 + 512 * i).div_ceil(512) * 512;
+    let extra = unnamed.1 - 512 * 1024;
+    assert!(
+        (unnamed.2 == 1 && extra == 0)
+            || (unnamed.2 == 2 && (0..first_on as u64 + 1).any(|i| loop_block(i) == extra)),
+        "{rows:?}"
+    );
     assert!(
         unnamed.3.iter().any(|e| e.contains("before_attach")),
         "{rows:?}"
     );
     assert!(row("activations").is_none(), "{rows:?}");
-    // The walk's mark.
     let text = String::from_utf8_lossy(
         &Command::new(vramtrace())
             .arg("summary")
@@ -1026,6 +1063,88 @@ fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
         text.contains("allocated before the attach; no Python object names it"),
         "{text}"
     );
+}
+
+fn have_python() -> bool {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
+    if !have_python() {
+        return;
+    }
+    // The stand-in torch without a libc10: the probe records through its callbacks.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/tests/fake_torch");
+    attach_to_torch_and_check(&dir, "attach-torch", false);
+}
+
+/// A copy of the stand-in torch package with a stand-in `torch/lib/libc10.so` and
+/// `libc10_cuda.so` (probes/python/tests/fake_c10*.cpp, as tests/torch_probe_cli.rs builds
+/// them); `None` (after saying why) without a C++ compiler.
+fn fake_torch_with_c10(name: &str) -> Option<std::path::PathBuf> {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/tests");
+    let copy = scratch(name).join("fake_torch");
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(python.join("fake_torch"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let lib = copy.join("torch/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let build = |out: &str, src: &str, link: &[&str]| {
+        Command::new(&cxx)
+            .args(["-shared", "-fPIC", "-O1", "-std=c++17", "-o"])
+            .arg(lib.join(out))
+            .arg(python.join(src))
+            .args(link)
+            .output()
+    };
+    let libdir = format!("-L{}", lib.display());
+    for built in [
+        build("libc10.so", "fake_c10.cpp", &[]),
+        build(
+            "libc10_cuda.so",
+            "fake_c10_cuda.cpp",
+            &[&libdir, "-lc10", "-Wl,-rpath,$ORIGIN"],
+        ),
+    ] {
+        match built {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("building the stand-in libc10: {}", describe(&o)),
+            Err(e) => {
+                vramtrace_testkit::skip(
+                    "VRAMTRACE_REQUIRE_CXX",
+                    &format!("no C++ compiler to build the stand-in libc10_cuda.so ({e})"),
+                );
+                return None;
+            }
+        }
+    }
+    Some(copy)
+}
+
+#[test]
+fn attach_to_torch_hooks_its_report_in_place_and_captures_natively() {
+    if !have_python() {
+        return;
+    }
+    let Some(dir) = fake_torch_with_c10("attach-torch-native-lib") else {
+        return;
+    };
+    attach_to_torch_and_check(&dir, "attach-torch-native", true);
 }
 
 #[test]

@@ -594,7 +594,13 @@ def _native_check(torch, last):
     ]
     for what, have, want in checks:
         if have != want:
-            return f"layout check: {what} is {have}, PyTorch's figures say {want}"
+            why = f"layout check: {what} is {have}, PyTorch's figures say {want}"
+            if what.startswith("the allocator's report") and have[2] == -1 and getattr(
+                    sys, "_vramtrace_preload", None):
+                why += (" (attached late: vramtrace attach hooks c10::reportMemoryUsageToProfiler "
+                        "in place only when a trampoline page is within reach of both libcuda and "
+                        "libc10; its output says why it left it alone)")
+            return why
     if block < _NATIVE_CHECK_BYTES:
         return f"layout check: a block of {block} bytes for {_NATIVE_CHECK_BYTES} asked"
     return None

@@ -9,7 +9,7 @@
 # attach's last line, no record written after the detach (the trace file's hash and the tensor
 # entries of its PyTorch export after the detach's wall-clock time), the rate after equal to the
 # rate before; and that the state at attach is named: the summary's categories at the peak and
-# the probe's naming mark.
+# the probe's naming mark; and whether it recorded natively (libc10's report hooked in place).
 #
 # Expects .device/bin/{vramtrace,libvramtrace_preload.so} and the helpers beside this script.
 # Usage: scripts/validate/attach_serve.sh        (as root: ptrace on the H200 needs it)
@@ -103,6 +103,9 @@ echo "attach exit $?"
 DETACHED_WALL_NS=$(date +%s%N)
 TRACE_HASH_AT_DETACH=$(cat "$D"/*.vtr | sha256sum | cut -c1-16)
 cat "$D.attach"; cat "$D/attach.json"
+echo "--- how the probe recorded tensors while attached (native unless a note says why not)"
+grep -a -o "native tensor capture off ([^;]*" "$D"/*.vtr | head -2
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('reportMemoryUsageToProfiler hooked:', any('reportMemoryUsageToProfiler' in h for h in r['hooked']), '; left alone:', r.get('left_alone'))" "$D/attach.json"
 HASH_AFTER=$(driver_code_hash $SERVER)
 echo "driver code before $HASH_BEFORE"
 echo "driver code after  $HASH_AFTER"

@@ -59,6 +59,11 @@ pub enum AttachError {
     },
 }
 
+/// `c10::reportMemoryUsageToProfiler(void*, int64_t, size_t, size_t, c10::Device)` in
+/// libc10.so: the caching allocator reports each block's size to it, and native tensor capture
+/// reads that report (the preload's `torch_tracker.rs`).
+pub const C10_REPORT: &str = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
+
 /// What to attach to and where to record.
 #[derive(Clone, Debug)]
 pub struct AttachOptions {
@@ -109,6 +114,9 @@ pub struct Attached {
     /// deactivate the Python probe at detach.
     #[cfg(target_arch = "x86_64")]
     python_at: (u64, u64),
+    /// Optional entry points not hooked, and why (PyTorch's `reportMemoryUsageToProfiler` out
+    /// of reach of the trampoline page: native tensor capture then fails its check).
+    pub left_alone: Vec<String>,
     /// How long the thread that loaded the preload was stopped.
     pub call_pause: Duration,
     /// How long every thread was stopped while the jumps were written.
@@ -336,6 +344,24 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         )));
     }
     let (lo, hi) = target::object_range(&maps, &cuda_path).unwrap_or((cuda_base, cuda_base));
+    // PyTorch's report of each block to its profiler, hooked like the driver's entry points when
+    // libc10.so is loaded (under LD_PRELOAD the preload interposes it): native tensor capture
+    // needs it. Optional: out of reach, it is left alone and the probe uses its callbacks.
+    let mut entries: Vec<(String, u64, bool)> = names
+        .iter()
+        .map(|n| (n.clone(), cuda.get(n).unwrap_or_default(), false))
+        .collect();
+    let mut near = Vec::new();
+    if let Some((c10_path, c10_base)) = target::find_object(&maps, "libc10.so")
+        && let Ok(c10) = Symbols::read(&in_target(pid, &c10_path), c10_base)
+        && let Some(at) = c10.get(C10_REPORT)
+        && wrappers.get(C10_REPORT).is_some()
+    {
+        entries.push((C10_REPORT.to_string(), at, true));
+        // A page within reach of both, if there is one; else of the driver only.
+        near.push((lo.min(at), hi.max(at + 1)));
+    }
+    near.push((lo, hi));
 
     let mut tracer = Tracer::new(pid).map_err(refuse)?;
     let mut watched =
@@ -386,9 +412,8 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         caller,
         &saved,
         opts,
-        &names,
-        &cuda,
-        (lo, hi),
+        &entries,
+        &near,
         Libc {
             dlopen,
             dlerror,
@@ -398,7 +423,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         j,
     );
     match result {
-        Ok((hooks, stop_fn, all_pause, threads, python, python_at)) => {
+        Ok((hooks, stop_fn, all_pause, threads, python, python_at, left_alone)) => {
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
             let landing = j.landing;
@@ -419,6 +444,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
                 watchdog,
                 python,
                 python_at,
+                left_alone,
                 call_pause: started.elapsed(),
                 all_pause,
                 threads,
@@ -529,9 +555,18 @@ type StepResult<T> = Result<T, (&'static str, String)>;
 
 #[cfg(target_arch = "x86_64")]
 /// What [`install`] returns: the hooks, `vramtrace_attach_stop`, how long every thread was
-/// stopped, how many there were, whether the Python probe was scheduled, and the addresses of
-/// `vramtrace_attach_python` and `vramtrace_attach_python_detached`.
-type Installed = (Vec<Hook>, u64, Duration, usize, bool, (u64, u64));
+/// stopped, how many there were, whether the Python probe was scheduled, the addresses of
+/// `vramtrace_attach_python` and `vramtrace_attach_python_detached`, and why optional entry
+/// points were left alone.
+type Installed = (
+    Vec<Hook>,
+    u64,
+    Duration,
+    usize,
+    bool,
+    (u64, u64),
+    Vec<String>,
+);
 
 #[cfg(target_arch = "x86_64")]
 /// The Python run in the target's interpreter (`Py_AddPendingCall`): the probe's `attach`, in a
@@ -583,9 +618,8 @@ fn install(
     caller: i32,
     saved: &SavedRegs,
     opts: &AttachOptions,
-    names: &[String],
-    cuda: &Symbols,
-    (lo, hi): (u64, u64),
+    entries: &[(String, u64, bool)],
+    near: &[(u64, u64)],
     libc: Libc,
     j: &mut Journal,
 ) -> StepResult<Installed> {
@@ -602,10 +636,15 @@ fn install(
     let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
     let mut page = None;
-    for cand in target::free_room_near(&maps, lo, hi, PAGE)
-        .into_iter()
-        .take(16)
-    {
+    let candidates: Vec<u64> = near
+        .iter()
+        .flat_map(|&(lo, hi)| {
+            target::free_room_near(&maps, lo, hi, PAGE)
+                .into_iter()
+                .take(16)
+        })
+        .collect();
+    for cand in candidates {
         let got = call(
             tracer,
             libc.mmap,
@@ -684,7 +723,9 @@ fn install(
     let step = "building the trampolines";
     let mut hooks = Vec::new();
     let mut covered = Vec::new();
-    for (i, name) in names.iter().enumerate() {
+    let mut left_alone = Vec::new();
+    for (i, (name, entry, optional)) in entries.iter().enumerate() {
+        let (entry, optional) = (*entry, *optional);
         let slot = page + (i as u64 + 1) * patch::SLOT;
         if slot + patch::SLOT > page + PAGE || i >= journal::MAX_HOOKS {
             return Err((
@@ -692,7 +733,6 @@ fn install(
                 "more entry points than one page of trampolines holds".into(),
             ));
         }
-        let entry = cuda.get(name).unwrap_or_default();
         let wrapper = ours
             .get(name)
             .ok_or((step, format!("the recorder has no wrapper for {name}")))?;
@@ -700,10 +740,21 @@ fn install(
             .read(entry, patch::PROLOGUE_READ)
             .map_err(|e| (step, e))?;
         let tramp_at = slot + patch::TRAMPOLINE_AT;
-        let t = patch::trampoline(&prologue, entry, tramp_at)
-            .map_err(|e| (step, format!("cannot hook {name} at {entry:#x}: {e}")))?;
-        let jump = patch::jump(entry, slot)
-            .ok_or((step, format!("{name} is out of a jump's reach of the page")))?;
+        let made = patch::trampoline(&prologue, entry, tramp_at)
+            .map_err(|e| format!("cannot hook {name} at {entry:#x}: {e}"))
+            .and_then(|t| {
+                patch::jump(entry, slot)
+                    .map(|j| (t, j))
+                    .ok_or_else(|| format!("{name} is out of a jump's reach of the page"))
+            });
+        let (t, jump) = match made {
+            Ok(m) => m,
+            Err(why) if optional => {
+                left_alone.push(why);
+                continue;
+            }
+            Err(why) => return Err((step, why)),
+        };
         let off = (slot - page) as usize;
         bytes[off..off + 14].copy_from_slice(&patch::pad(wrapper));
         let at = off + patch::TRAMPOLINE_AT as usize;
@@ -822,6 +873,7 @@ fn install(
         tids.len(),
         python,
         (python_fn, python_detached),
+        left_alone,
     ))
 }
 

@@ -4,9 +4,9 @@ module with parameters and a buffer, a paged cache's keys and values (transforme
 PagedAttentionCache's attribute names), an engine's static buffers (ContinuousBatchingIOs',
 one a view into another) and a tensor no object holds an attribute of; prints each as
 "H <what> <block pointer> <block bytes>"; then allocates and frees a tensor in a loop, printing
-"T0 <i> <ptr> <bytes> <callbacks before> <callbacks after>" (the probe's allocation callbacks
-registered before and after the allocation), and at the end "callbacks <allocation>
-<deallocation>". argv[1]: iterations; argv[2]: milliseconds between them; argv[3], if given:
+"T0 <i> <ptr> <bytes> <probing before> <probing after>" (1 when the probe's allocation callback
+is registered or its native capture is on, before and after the allocation), and at the end
+"callbacks <allocation> <deallocation>" (the callbacks registered) and "capture <how>". argv[1]: iterations; argv[2]: milliseconds between them; argv[3], if given:
 seconds the main thread then sleeps once, in one call, as soon as the probe is active (an
 interpreter that reaches no pending call meanwhile), printing "blocked" and "unblocked"."""
 import ctypes
@@ -81,11 +81,19 @@ show("engine:output_ids", ios.output_ids)
 show("unnamed:scratch", scratch[0])
 print("ready", flush=True)
 
+
+
+def probing():
+    m = sys.modules.get("vramtrace_torch")
+    native = m is not None and m.capture.get("how") == "native"
+    return len(_gpu_trace.alloc_callbacks) + int(native)
+
+
 n = int(sys.argv[1])
 for i in range(n):
-    before = len(_gpu_trace.alloc_callbacks)
+    before = probing()
     t = empty(1000 + 512 * i)
-    after = len(_gpu_trace.alloc_callbacks)
+    after = probing()
     print(f"T0 {i} {t.data_ptr()} {t.nbytes} {before} {after}", flush=True)
     del t
     if len(sys.argv) > 3 and after == 1:
@@ -94,4 +102,8 @@ for i in range(n):
         print("unblocked", flush=True)
     time.sleep(int(sys.argv[2]) / 1000)
 print(f"callbacks {len(_gpu_trace.alloc_callbacks)} {len(_gpu_trace.free_callbacks)}", flush=True)
+m = sys.modules.get("vramtrace_torch")
+print(f"capture {m.capture.get('how') if m else None}", flush=True)
+# Given back before the interpreter shuts down (the stand-in cannot import then).
+del model, cache, ios, scratch, p, b
 print("done", flush=True)

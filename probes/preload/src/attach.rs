@@ -53,7 +53,8 @@ pub const ATTACH_BAD_DIRECTORY: c_int = -5;
 /// [`vramtrace_attach_start`]: attached already, or attached and detached before.
 pub const ATTACH_TWICE: c_int = -6;
 
-/// Makes `trampoline` the real function of the wrapped entry point exported as `name`.
+/// Makes `trampoline` the real function of the wrapped entry point exported as `name` (a
+/// driver function, or libc10's `c10::reportMemoryUsageToProfiler`).
 ///
 /// # Safety
 /// `name` is a NUL-terminated string; `trampoline` is code with that entry point's signature.
@@ -67,6 +68,14 @@ pub unsafe extern "C" fn vramtrace_attach_real(
     }
     // Safety: a NUL-terminated string (the caller's promise).
     let name = unsafe { CStr::from_ptr(name) };
+    // PyTorch's report of each block (libc10.so), hooked the same way for native capture.
+    if crate::torch_tracker::is_report_symbol(name) {
+        return if crate::torch_tracker::publish_real_report(trampoline) == trampoline {
+            0
+        } else {
+            ATTACH_ALREADY_RESOLVED
+        };
+    }
     let Some(row) = ENTRIES.iter().position(|e| e.name == name && e.api.0 != 0) else {
         return ATTACH_UNKNOWN_ENTRY;
     };

@@ -204,6 +204,11 @@ fn start(
         attached.threads,
         attached.all_pause.as_secs_f64() * 1e3,
     );
+    for why in &attached.left_alone {
+        eprintln!(
+            "vramtrace: {why}: left alone, so PyTorch's blocks are recorded through its allocator callbacks, not natively"
+        );
+    }
     Ok((attached, out, nvml))
 }
 
@@ -264,6 +269,7 @@ fn finish(
         "threads": attached.threads,
         "hooked": attached.hooks.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
         "python_probe": attached.python,
+        "left_alone": attached.left_alone,
         "watchdog": attached.watchdog,
     });
     let d = without_job_control(|| detach(attached));
