@@ -447,6 +447,8 @@ def _shapes_mode(torch):
 # An odd request: its block (333,824 bytes, rounded up to 512) differs from it, so the check
 # tells the block's size from the bytes asked for.
 _NATIVE_CHECK_BYTES = 333_333
+# Checks made before giving up on native capture.
+_NATIVE_CHECKS = 5
 _ALLOCATOR = _NativeCounters.ALLOCATOR
 # `NativeCachingAllocator::attachAllocatorTraceTracker`: the TraceEntry type moved from
 # c10::cuda::CUDACachingAllocator (2.5) to c10::CachingDeviceAllocator (2.11), which changes
@@ -542,7 +544,13 @@ def _start_native(torch):
     rc = attach(allocator, base + at[method][0], base + at[_VTABLE][0], at[_VTABLE][1])
     if rc != 0:
         return _ATTACH_ERRORS.get(rc, f"attach answered {rc}")
-    why = _native_check(torch, last)
+    # The counters are the device's: another thread's block between the two readings (a
+    # server attached while it serves) spoils one check, not a layout; a layout that differs
+    # fails every time.
+    for _ in range(_NATIVE_CHECKS):
+        why = _native_check(torch, last)
+        if why is None:
+            break
     if why is None and enable(1, None) != 1:
         why = "the preload did not turn native capture on"
     return why
