@@ -18,6 +18,10 @@ Two ways to record each block (same trace, same clock):
 
 The allocator's refusals go through the OOM observer either way.
 
+`vramtrace attach` runs `attach()` inside a live interpreter (seeding the trace with the state
+at attach and naming it from the Python objects holding it) and, at detach, `detach()`, which
+turns the probe off again (both at the end of this file).
+
 What the callbacks record:
 - each block the caching allocator hands out (`torch.cuda._gpu_trace` allocation callback: the
   data pointer as it happens), with its size: the growth of the allocator's `allocated_bytes`
