@@ -770,8 +770,13 @@ def _start_naming(torch, before, mark):
     annotate.restype = None
     stop = threading.Event()
     _naming["stop"] = stop
-    t = threading.Thread(target=_name_before_attach, name="vramtrace-names",
-                         args=(torch, dict(before), annotate, mark, stop), daemon=True)
+    def walk():
+        try:
+            _name_before_attach(torch, dict(before), annotate, mark, stop)
+        except Exception as e:  # never a traceback in the program's stderr
+            _note(f"the state at attach is not named: {type(e).__name__}: {e}")
+
+    t = threading.Thread(target=walk, name="vramtrace-names", daemon=True)
     _naming["thread"] = t
     t.start()
 
