@@ -59,6 +59,11 @@ use rules::Scope;
 
 pub use vramtrace_models::Category;
 
+/// The label of what `vramtrace attach` seeded from the state at the attach (PyTorch's
+/// segments, and the operator of its live blocks): made before the attach, by nothing the trace
+/// saw (the preload's `BEFORE_ATTACH`).
+pub const BEFORE_ATTACH: &str = "before attach";
+
 /// One Python frame: `co_filename`, the function (a qualified name where recorded), the line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PyFrame<'a> {
@@ -207,6 +212,9 @@ pub enum Evidence {
         /// The process.
         pid: u32,
     },
+    /// Allocated before `vramtrace attach` attached (seeded from PyTorch's snapshot, labelled
+    /// [`BEFORE_ATTACH`]) and named by no Python object the probe found then.
+    BeforeAttach,
     /// No rule: its innermost Python line (or native frame).
     Site {
         /// `file.py:LINE function`, or a native frame.
@@ -311,6 +319,9 @@ impl fmt::Display for Evidence {
                 fmt_bytes(*traced)
             ),
             Evidence::OtherTraced { pid } => write!(f, "traced in process {pid}"),
+            Evidence::BeforeAttach => {
+                f.write_str("allocated before the attach; no Python object names it")
+            }
             Evidence::Site { site } if site == "no frames" => {
                 f.write_str("no rule; no frames recorded")
             }
@@ -530,13 +541,18 @@ pub fn categorise(facts: &Facts<'_>) -> Verdict {
             },
         };
     }
+    // Seeded at an attach and named by nothing since: what it is is not known.
+    if facts.label == Some(BEFORE_ATTACH) && facts.name.is_none_or(str::is_empty) {
+        return Verdict {
+            category: C::Unnamed,
+            evidence: Evidence::BeforeAttach,
+        };
+    }
     // A label no word of which is known still says the program named it: an activation, as the
     // live view always said.
-    if let Some(text) = [facts.label, facts.name]
-        .into_iter()
-        .flatten()
-        .find(|t| !t.is_empty() && !t.to_ascii_lowercase().starts_with("nccl"))
-    {
+    if let Some(text) = [facts.label, facts.name].into_iter().flatten().find(|t| {
+        !t.is_empty() && *t != BEFORE_ATTACH && !t.to_ascii_lowercase().starts_with("nccl")
+    }) {
         return Verdict {
             category: C::Activations,
             evidence: Evidence::Label {
@@ -849,6 +865,57 @@ mod tests {
             1,
         )];
         assert_eq!(categorise(&f).category, Category::KvCache);
+    }
+
+    #[test]
+    fn what_an_attach_seeded_is_named_by_the_objects_holding_it_or_said_unnamed() {
+        // A block seeded at an attach: its label says so, the probe's walk may name it.
+        let seeded = |name: Option<&'static str>| Facts {
+            bytes: 1,
+            label: Some(BEFORE_ATTACH),
+            name,
+            ..Default::default()
+        };
+        let bare = categorise(&seeded(None));
+        assert_eq!(bare.category, Category::Unnamed);
+        assert_eq!(bare.evidence, Evidence::BeforeAttach);
+        assert_eq!(
+            bare.evidence.to_string(),
+            "allocated before the attach; no Python object names it"
+        );
+        for (name, c) in [
+            (
+                "weights: model.layers.3.mlp.up_proj.weight bfloat16[9728, 2560]",
+                Category::Weights,
+            ),
+            (
+                "weights: model.rotary_emb.inv_freq (buffer) float32[64]",
+                Category::Weights,
+            ),
+            (
+                "PagedAttentionCache.key_cache[3] bfloat16[40960, 8, 128]",
+                Category::KvCache,
+            ),
+            ("PagedAttentionCache.value_cache[0]", Category::KvCache),
+            // The engine's static tensors, whatever words their attributes hold.
+            (
+                "ContinuousBatchingIOs._bulk_input_tensor int32[9, 288]",
+                Category::EngineBuffers,
+            ),
+            ("ContinuousBatchingIOs.block_table", Category::EngineBuffers),
+            (
+                "ContinuousBatchingIOs.read_index_storage",
+                Category::EngineBuffers,
+            ),
+            (
+                "ContinuousBatchingIOs.attention_mask['full_attention']",
+                Category::EngineBuffers,
+            ),
+            // Another object's tensor with no word of a category: the program's own.
+            ("Sampler.scratch", Category::Activations),
+        ] {
+            assert_eq!(categorise(&seeded(Some(name))).category, c, "{name}");
+        }
     }
 
     #[test]

@@ -98,13 +98,18 @@ fn printed(lines: &[String], t: u32) -> Vec<(u64, u64)> {
 
 /// The stand-in driver's code as the target has it mapped: every executable mapping of it.
 fn driver_code(pid: i32) -> Vec<u8> {
+    code_of(pid, "libcuda.so")
+}
+
+/// The code of the library whose path contains `lib`, as the target has it mapped.
+fn code_of(pid: i32, lib: &str) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     let mut code = Vec::new();
     for l in maps
         .lines()
-        .filter(|l| l.contains("libcuda.so") && l.contains(" r-xp "))
+        .filter(|l| l.contains(lib) && l.contains(" r-xp "))
     {
         let range = l.split(' ').next().unwrap();
         let (a, b) = range.split_once('-').unwrap();
@@ -116,7 +121,7 @@ fn driver_code(pid: i32) -> Vec<u8> {
         mem.read_exact_at(&mut buf, a).unwrap();
         code.extend_from_slice(&buf);
     }
-    assert!(!code.is_empty(), "the driver's code is mapped");
+    assert!(!code.is_empty(), "{lib}'s code is mapped");
     code
 }
 
@@ -822,4 +827,369 @@ fn a_step_that_fails_is_undone_and_the_program_runs_on() {
     let (code, lines) = t.finish();
     assert_eq!(code, Some(0));
     assert_eq!(lines.last().map(String::as_str), Some("done"));
+}
+
+/// The rows of the first categories breakdown in `summary --json`: (category, bytes, count,
+/// the evidence lines as shown).
+fn category_rows(out: &Path) -> Vec<(String, u64, u64, Vec<String>)> {
+    let o = Command::new(vramtrace())
+        .args(["summary", "--json"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    fn find(v: &serde_json::Value) -> Option<&serde_json::Value> {
+        match v {
+            serde_json::Value::Object(m) => {
+                if m.get("rows").is_some_and(serde_json::Value::is_array) {
+                    return Some(v);
+                }
+                m.values().find_map(find)
+            }
+            serde_json::Value::Array(a) => a.iter().find_map(find),
+            _ => None,
+        }
+    }
+    let b = find(&v).expect("a categories breakdown in the summary");
+    b["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["category"].as_str().unwrap().to_string(),
+                r["bytes"].as_u64().unwrap(),
+                r["count"].as_u64().unwrap(),
+                r["evidence"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e["evidence"].to_string())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// Attaches to tests/c/attach_torch.py on the stand-in torch at `torch_dir`, detaches, and
+/// checks: the probe recorded while attached (natively, or through its callbacks) and nothing
+/// after the detach; its callbacks are gone; the state at attach is named from the objects
+/// holding it, each category with its exact bytes.
+fn attach_to_torch_and_check(torch_dir: &Path, name: &str, native: bool) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = Command::new("python3");
+    cmd.arg(root.join("tests/c/attach_torch.py"))
+        .args(["300", "10"])
+        .env("PYTHONPATH", torch_dir);
+    let t = Target::spawn(cmd);
+    let pid = t.pid();
+    let out = scratch(name).join("trace");
+    let hooked_lib = if native { "libc10.so" } else { "libcuda.so" };
+    let code_before = code_of(pid, hooked_lib);
+    let o = attach(pid, &out, "1200ms");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(
+        code_of(pid, hooked_lib) == code_before,
+        "{hooked_lib} restored byte for byte"
+    );
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("the Python probe is off"), "{said}");
+    // Through the callbacks, PyTorch's gpu-trace hook stays on; natively, nothing stays.
+    assert_eq!(said.contains("gpu-trace hook"), !native, "{said}");
+    assert_eq!(
+        said.contains("native tensor capture is off"),
+        native,
+        "{said}"
+    );
+    assert!(!said.contains("left alone"), "{said}");
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert_eq!(lines.last().map(String::as_str), Some("done"));
+    assert!(
+        lines.iter().any(|l| l == "capture off (detached)"),
+        "{lines:?}"
+    );
+    // The probe's callbacks are gone from PyTorch's registries (or were never there).
+    assert!(lines.iter().any(|l| l == "callbacks 0 0"), "{lines:?}");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("attach.json")).unwrap()).unwrap();
+    let at_detach = &record["python_probe_at_detach"];
+    assert_eq!(at_detach["state"], "deactivated", "{record}");
+    assert_eq!(at_detach["gpu_trace_stays_on"], !native, "{record}");
+    assert_eq!(at_detach["callbacks_removed"], !native, "{record}");
+    assert_eq!(at_detach["native_capture_turned_off"], native, "{record}");
+    let hooked_report = record["hooked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|h| h == vramtrace::attach::C10_REPORT);
+    assert_eq!(hooked_report, native, "{record}");
+    let detached_at = record["detached_at_ns"].as_u64().unwrap();
+
+    // Each loop allocation: (ptr, probing before it, after it).
+    let loop_allocs: Vec<(u64, u64, u64)> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("T0 "))
+        .map(|l| {
+            let f: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            (f[1], f[3], f[4])
+        })
+        .collect();
+    let first_on = loop_allocs
+        .iter()
+        .position(|a| a.1 == 1)
+        .expect("the probe started");
+    let off: Vec<u64> = loop_allocs[first_on..]
+        .iter()
+        .filter(|a| a.1 == 0)
+        .map(|a| a.0)
+        .collect();
+    assert!(
+        off.len() >= 20,
+        "the program ran on after the detach: {}",
+        off.len()
+    );
+    // Tensor records other than the seeded blocks: only while the probe was on, none after
+    // the detach.
+    let file = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "vtr"))
+        .unwrap();
+    let process = vramtrace::trace::Process::open(&file).unwrap();
+    let mut recorded = Vec::new();
+    for item in process.items().unwrap() {
+        if let vramtrace::trace::Item::Tensor(t) = item
+            && process.string(t.op) != Some("before attach")
+        {
+            assert!(
+                t.t_ns < detached_at,
+                "a tensor record after the detach: {t:?}"
+            );
+            recorded.push(t.ptr);
+        }
+    }
+    let while_on: Vec<u64> = loop_allocs
+        .iter()
+        .filter(|a| a.2 == 1)
+        .map(|a| a.0)
+        .collect();
+    assert!(
+        recorded.len() >= 10,
+        "recorded while attached: {recorded:?}"
+    );
+    for ptr in &recorded {
+        // The probe's own check tensor (native capture) is not one of the program's.
+        if !native {
+            assert!(
+                while_on.contains(ptr),
+                "{ptr:#x} recorded without the probe's callbacks"
+            );
+        }
+        assert!(
+            !off.contains(ptr),
+            "{ptr:#x} allocated after the detach is in the trace"
+        );
+    }
+
+    // The state at attach, named from the objects holding it, with the blocks' exact bytes.
+    let held: Vec<(String, u64, u64)> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("H "))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].to_string(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    let bytes_of = |prefix: &str| -> u64 {
+        held.iter()
+            .filter(|h| h.0.starts_with(prefix))
+            .map(|h| h.2)
+            .sum()
+    };
+    let rows = category_rows(&out);
+    let row = |c: &str| rows.iter().find(|r| r.0 == c).cloned();
+    let weights = row("weights").expect("a weights row");
+    assert_eq!(
+        (weights.1, weights.2),
+        (bytes_of("weights:"), 4),
+        "{rows:?}"
+    );
+    assert_eq!(weights.1, 5 * (1 << 20) + 4096);
+    assert!(
+        weights.3.iter().any(|e| e.contains("weights: embed")),
+        "{rows:?}"
+    );
+    let kv = row("kv_cache").expect("a KV cache row");
+    assert_eq!((kv.1, kv.2), (bytes_of("kv:"), 4), "{rows:?}");
+    assert_eq!(kv.1, 8 << 20);
+    assert!(
+        kv.3.iter()
+            .any(|e| e.contains("PagedAttentionCache.key_cache[0]")),
+        "{rows:?}"
+    );
+    let engine = row("engine_buffers").expect("an engine buffers row");
+    assert_eq!((engine.1, engine.2), (64 * 1024 + 8192, 2), "{rows:?}");
+    // The scratch tensor no object holds an attribute of: unnamed, and why; with it the loop's
+    // tensor of the moment, when the attach came while the loop held one (a module global).
+    let unnamed = row("unnamed").expect("an unnamed row");
+    let loop_block = |i: u64| (1000 + 512 * i).div_ceil(512) * 512;
+    let extra = unnamed.1 - 512 * 1024;
+    assert!(
+        (unnamed.2 == 1 && extra == 0)
+            || (unnamed.2 == 2 && (0..first_on as u64 + 1).any(|i| loop_block(i) == extra)),
+        "{rows:?}"
+    );
+    assert!(
+        unnamed.3.iter().any(|e| e.contains("before_attach")),
+        "{rows:?}"
+    );
+    assert!(row("activations").is_none(), "{rows:?}");
+    let text = String::from_utf8_lossy(
+        &Command::new(vramtrace())
+            .arg("summary")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(
+        text.contains("allocated before the attach; no Python object names it"),
+        "{text}"
+    );
+}
+
+fn have_python() -> bool {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
+    if !have_python() {
+        return;
+    }
+    // The stand-in torch without a libc10: the probe records through its callbacks.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/tests/fake_torch");
+    attach_to_torch_and_check(&dir, "attach-torch", false);
+}
+
+/// A copy of the stand-in torch package with a stand-in `torch/lib/libc10.so` and
+/// `libc10_cuda.so` (probes/python/tests/fake_c10*.cpp, as tests/torch_probe_cli.rs builds
+/// them); `None` (after saying why) without a C++ compiler.
+fn fake_torch_with_c10(name: &str) -> Option<std::path::PathBuf> {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/python/tests");
+    let copy = scratch(name).join("fake_torch");
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(python.join("fake_torch"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let lib = copy.join("torch/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let build = |out: &str, src: &str, link: &[&str]| {
+        Command::new(&cxx)
+            .args(["-shared", "-fPIC", "-O1", "-std=c++17", "-o"])
+            .arg(lib.join(out))
+            .arg(python.join(src))
+            .args(link)
+            .output()
+    };
+    let libdir = format!("-L{}", lib.display());
+    for built in [
+        build("libc10.so", "fake_c10.cpp", &[]),
+        build(
+            "libc10_cuda.so",
+            "fake_c10_cuda.cpp",
+            &[&libdir, "-lc10", "-Wl,-rpath,$ORIGIN"],
+        ),
+    ] {
+        match built {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("building the stand-in libc10: {}", describe(&o)),
+            Err(e) => {
+                vramtrace_testkit::skip(
+                    "VRAMTRACE_REQUIRE_CXX",
+                    &format!("no C++ compiler to build the stand-in libc10_cuda.so ({e})"),
+                );
+                return None;
+            }
+        }
+    }
+    Some(copy)
+}
+
+#[test]
+fn attach_to_torch_hooks_its_report_in_place_and_captures_natively() {
+    if !have_python() {
+        return;
+    }
+    let Some(dir) = fake_torch_with_c10("attach-torch-native-lib") else {
+        return;
+    };
+    attach_to_torch_and_check(&dir, "attach-torch-native", true);
+}
+
+#[test]
+fn detach_says_when_the_interpreter_does_not_run_the_probes_deactivation_in_time() {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = Command::new("python3");
+    cmd.arg(root.join("tests/c/attach_torch.py"))
+        .args(["60", "10", "8"])
+        .env("PYTHONPATH", root.join("probes/python/tests/fake_torch"));
+    let t = Target::spawn(cmd);
+    let pid = t.pid();
+    let out = scratch("attach-blocked").join("trace");
+    let started = Instant::now();
+    let o = Command::new(vramtrace())
+        .args(["attach", &pid.to_string(), "--duration", "800ms", "--out"])
+        .arg(&out)
+        .arg("--preload")
+        .arg(preload())
+        .env("VRAMTRACE_DETACH_PYTHON_WAIT_MS", "300")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("the Python probe did not deactivate within 0.3 s"),
+        "{said}"
+    );
+    // It said so instead of waiting for the interpreter (asleep 8 s from the probe's start).
+    assert!(took < Duration::from_secs(7), "detach waited {took:?}");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("attach.json")).unwrap()).unwrap();
+    assert_eq!(record["python_probe_at_detach"]["state"], "not run in time");
+    let (code, lines) = t.finish();
+    assert_eq!(code, Some(0));
+    assert!(lines.iter().any(|l| l == "blocked"), "{lines:?}");
+    // Once the interpreter ran again, the deactivation still scheduled ran.
+    assert!(lines.iter().any(|l| l == "callbacks 0 0"), "{lines:?}");
 }

@@ -18,6 +18,10 @@ Two ways to record each block (same trace, same clock):
 
 The allocator's refusals go through the OOM observer either way.
 
+`vramtrace attach` runs `attach()` inside a live interpreter (seeding the trace with the state
+at attach and naming it from the Python objects holding it) and, at detach, `detach()`, which
+turns the probe off again (both at the end of this file).
+
 What the callbacks record:
 - each block the caching allocator hands out (`torch.cuda._gpu_trace` allocation callback: the
   data pointer as it happens), with its size: the growth of the allocator's `allocated_bytes`
@@ -99,7 +103,7 @@ except AttributeError:  # not under the preload, or one older than this probe
 _STANDING = 1
 
 ALLOC, FREE, REFUSED = 1, 2, 3
-_state = {"active": False}
+_state = {"active": False, "detached": False}
 # What was reported, for VRAMTRACE_TORCH_PROBE_STATS=1 (a line on stderr at exit).
 counts = {"alloc": 0, "free": 0, "refused": 0, "alloc_bytes": 0, "unsized": 0, "shapes": 0}
 _lock = threading.Lock()
@@ -178,6 +182,8 @@ def activate(shapes=None, before=None):
         return native.read(dev) if native.ready else native.check(dev, dict_counters(dev))
 
     def on_alloc(ptr):
+        if _state["detached"]:  # no work per event after `detach()`
+            return
         dev = get_device()
         now = counters(dev)
         with _lock:
@@ -191,6 +197,8 @@ def activate(shapes=None, before=None):
         _block(ALLOC, dev, ptr, max(size, 0), max(requested, 0))
 
     def on_free(ptr):
+        if _state["detached"]:
+            return
         with _lock:
             dev, size, requested = sizes.pop(ptr, (get_device(), 0, 0))
             if dev in baseline:
@@ -199,6 +207,8 @@ def activate(shapes=None, before=None):
         _block(FREE, dev, ptr, 0, 0)
 
     def on_oom(device, alloc, allowed, device_free):
+        if _state["detached"]:  # PyTorch keeps its observers for good
+            return
         # PyTorch's caching allocator calls its observers with the request, the bytes this
         # process may use (the per-process fraction's maximum when one is set, else the
         # device's total) and the driver's free bytes; what it had allocated and reserved comes
@@ -222,7 +232,9 @@ def activate(shapes=None, before=None):
 
             _gpu_trace.register_callback_for_memory_allocation(on_alloc)
             _gpu_trace.register_callback_for_memory_deallocation(on_free)
+            _state["callbacks"] = (on_alloc, on_free)
             torch._C._activate_gpu_trace()
+            _state["gpu_trace"] = True
 
         # Native capture when it checks out, else the callbacks (the section below).
         _choose_capture(torch, callbacks)
@@ -247,13 +259,19 @@ def activate(shapes=None, before=None):
     if shapes and _annotate_op is None:
         _note("this preload has no vramtrace_annotate_op: --torch-shapes records nothing")
     elif shapes:
-        _shapes_mode(torch).__enter__()
+        _state["shapes"] = _shapes_mode(torch)
+        _state["shapes"].__enter__()
     if os.environ.get("VRAMTRACE_TORCH_PROBE_STATS") == "1":
         import atexit
 
-        atexit.register(lambda: _note(
-            " ".join(f"{k}={v}" for k, v in counts.items()) + f" sizes={native.source}"
-            + f" capture={capture['how']}"))
+        def stats_line():
+            _note(" ".join(f"{k}={v}" for k, v in counts.items()) + f" sizes={native.source}"
+                  + f" capture={capture['how']}")
+
+        _state["atexit"] = stats_line
+        atexit.register(stats_line)
+    # The live blocks, for the naming of the state at attach (`_name_before_attach`).
+    _state["sizes"] = sizes
     _state["active"] = True
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_child)
@@ -433,6 +451,8 @@ def _shapes_mode(torch):
 # An odd request: its block (333,824 bytes, rounded up to 512) differs from it, so the check
 # tells the block's size from the bytes asked for.
 _NATIVE_CHECK_BYTES = 333_333
+# Checks made before giving up on native capture.
+_NATIVE_CHECKS = 5
 _ALLOCATOR = _NativeCounters.ALLOCATOR
 # `NativeCachingAllocator::attachAllocatorTraceTracker`: the TraceEntry type moved from
 # c10::cuda::CUDACachingAllocator (2.5) to c10::CachingDeviceAllocator (2.11), which changes
@@ -528,7 +548,13 @@ def _start_native(torch):
     rc = attach(allocator, base + at[method][0], base + at[_VTABLE][0], at[_VTABLE][1])
     if rc != 0:
         return _ATTACH_ERRORS.get(rc, f"attach answered {rc}")
-    why = _native_check(torch, last)
+    # The counters are the device's: another thread's block between the two readings (a
+    # server attached while it serves) spoils one check, not a layout; a layout that differs
+    # fails every time.
+    for _ in range(_NATIVE_CHECKS):
+        why = _native_check(torch, last)
+        if why is None:
+            break
     if why is None and enable(1, None) != 1:
         why = "the preload did not turn native capture on"
     return why
@@ -580,7 +606,13 @@ def _native_check(torch, last):
     ]
     for what, have, want in checks:
         if have != want:
-            return f"layout check: {what} is {have}, PyTorch's figures say {want}"
+            why = f"layout check: {what} is {have}, PyTorch's figures say {want}"
+            if what.startswith("the allocator's report") and have[2] == -1 and getattr(
+                    sys, "_vramtrace_preload", None):
+                why += (" (attached late: vramtrace attach hooks c10::reportMemoryUsageToProfiler "
+                        "in place only when a trampoline page is within reach of both libcuda and "
+                        "libc10; its output says why it left it alone)")
+            return why
     if block < _NATIVE_CHECK_BYTES:
         return f"layout check: a block of {block} bytes for {_NATIVE_CHECK_BYTES} asked"
     return None
@@ -615,21 +647,269 @@ def attach(lib_path):
     segments = blocks = 0
     for seg in torch.cuda.memory._snapshot().get("segments", []):
         dev = int(seg.get("device", 0))
-        seed(dev, int(seg["address"]), int(seg["total_size"]))
-        segments += 1
+        # The segment's live blocks first, then the segment: from the moment the segment is
+        # in the trace, so are they (a reader's moment at the segment's arrival, the peak of
+        # driver bytes when nothing new is allocated later, sees them in it).
         for b in seg.get("blocks", []):
             if b.get("state") == "active_allocated":
                 ptr, size = int(b["address"]), int(b["size"])
                 before[ptr] = (dev, size, int(b.get("requested_size", size)))
                 seed_block(dev, ptr, size, before[ptr][2], int(seg["address"]))
                 blocks += 1
+        seed(dev, int(seg["address"]), int(seg["total_size"]))
+        segments += 1
     if mark is not None:
         for dev in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(dev)
             mark(f"before attach: device {dev}: driver free {free} of {total} bytes; "
                  f"PyTorch {segments} segments, {blocks} live blocks".encode())
     try:
-        return activate(before=before)
+        active = activate(before=before)
     except Exception as e:  # never break the program
         _note(f"not active after the attach: {e!r}")
         return False
+    if before and os.environ.get("VRAMTRACE_ATTACH_NAMES") != "0":
+        _start_naming(torch, before, mark)
+    return active
+
+
+# --- Detach (issue 21) ----------------------------------------------------------------------
+# `vramtrace attach`'s detach schedules `detach()` the same way as `attach()` (a pending call in
+# the main thread, GIL held) and waits for it to report through the preload
+# (`vramtrace_attach_python_done`), so that it can say when it did not run in time.
+
+# What `detach()` reports, bit by bit (the CLI reads them: src/attach/mod.rs, PythonDetach).
+DETACH_RAN, DETACH_GPU_TRACE_STAYS, DETACH_NATIVE_OFF, DETACH_ERROR, DETACH_REMOVED = 1, 2, 4, 8, 16
+
+
+def detach():
+    """Deactivates the probe in this process: the allocator callbacks are taken out of
+    `torch.cuda._gpu_trace`'s registries, native capture (if on) is turned off, the
+    `--torch-shapes` mode is left, a naming walk still running stops, and the callbacks
+    PyTorch keeps for good (the OOM observer) return at once. What cannot be undone: once
+    `torch._C._activate_gpu_trace()` ran, PyTorch calls into its (now empty) callback lists on
+    every block, taking the GIL each time (it has no switch to turn that off). Reports to the
+    preload; returns the bits reported."""
+    flags = DETACH_RAN
+    _state["detached"] = True
+    _state["active"] = False
+    stop = _naming.get("stop")
+    if stop is not None:
+        stop.set()
+    ours = _state.pop("callbacks", None)
+    if ours:
+        try:
+            from torch.cuda import _gpu_trace
+
+            for registry in list(vars(_gpu_trace).values()):
+                kept = getattr(registry, "callback_list", None)
+                if isinstance(kept, list) and any(cb in kept for cb in ours):
+                    # One slice assignment: a thread firing the list sees it before or after.
+                    kept[:] = [cb for cb in kept if cb not in ours]
+                    flags |= DETACH_REMOVED
+        except Exception as e:
+            _note(f"detach: the allocator callbacks could not be removed: {type(e).__name__}: {e}")
+            flags |= DETACH_ERROR
+    if _state.get("gpu_trace"):
+        flags |= DETACH_GPU_TRACE_STAYS
+    if capture["how"] == "native":
+        try:
+            _lib.vramtrace_torch_native_enable(0, None)
+            flags |= DETACH_NATIVE_OFF
+        except AttributeError:
+            pass
+    capture["how"] = "off (detached)"
+    shapes = _state.pop("shapes", None)
+    if shapes is not None:
+        try:
+            shapes.__exit__(None, None, None)
+        except Exception as e:  # entered on another thread's mode stack
+            _note(f"detach: --torch-shapes mode not left: {type(e).__name__}: {e}")
+            flags |= DETACH_ERROR
+    line = _state.pop("atexit", None)
+    if line is not None:
+        import atexit
+
+        atexit.unregister(line)
+    _state.pop("sizes", None)
+    _report_detach(flags)
+    return flags
+
+
+def _report_detach(flags):
+    done = getattr(_lib, "vramtrace_attach_python_done", None)
+    if done is not None:
+        done.argtypes = [ctypes.c_uint32]
+        done.restype = None
+        done(flags)
+
+
+# --- Naming the state at attach --------------------------------------------------------------
+# The blocks seeded from PyTorch's snapshot have no Python line (nothing of now made them). The
+# Python objects holding them say what they are: every module's parameters and buffers, and the
+# attributes of other objects that hold CUDA tensors (or lists, tuples, dicts of them). Each
+# tensor's storage is matched to the seeded block it lies in, and the block is named through
+# the preload's `vramtrace_annotate` (an ANNOTATE record: the reader names the block at that
+# address). The walk runs in a thread of its own, in slices, giving the GIL back between them,
+# so the program's threads are not held up for more than a slice (docs/architecture.md,
+# "Attaching to a running process").
+
+_naming = {}
+# Objects examined per slice of the walk before the GIL is given back.
+_NAMING_SLICE = 2000
+# Items of one list, tuple or dict attribute looked at.
+_NAMING_ITEMS = 4096
+
+
+def _start_naming(torch, before, mark):
+    annotate = getattr(_lib, "vramtrace_annotate", None)
+    if annotate is None:
+        return
+    annotate.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p,
+                         ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32]
+    annotate.restype = None
+    stop = threading.Event()
+    _naming["stop"] = stop
+    def walk():
+        try:
+            _name_before_attach(torch, dict(before), annotate, mark, stop)
+        except Exception as e:  # never a traceback in the program's stderr
+            _note(f"the state at attach is not named: {type(e).__name__}: {e}")
+
+    t = threading.Thread(target=walk, name="vramtrace-names", daemon=True)
+    _naming["thread"] = t
+    t.start()
+
+
+def _name_before_attach(torch, before, annotate, mark, stop):
+    """The walk (its own thread): names each seeded block that a module or another object
+    holds, and leaves a mark saying how many were named and what the walk cost."""
+    import bisect
+    import gc
+    import time
+
+    started = time.monotonic()
+    starts = sorted(before)
+    Tensor, Module = torch.Tensor, torch.nn.Module
+    # Block pointer -> (rank, label, tensor): a module's parameter or buffer (rank 1) beats
+    # another object's attribute (rank 0); then the larger tensor (a view of a part is not the
+    # block's name).
+    names = {}
+    held_most = [0.0]
+
+    def block_of(t):
+        try:
+            if not t.is_cuda:
+                return None
+            storage = t.untyped_storage()
+            ptr, n = storage.data_ptr(), storage.nbytes()
+        except Exception:
+            return None
+        i = bisect.bisect_right(starts, ptr) - 1
+        if i < 0:
+            return None
+        base = starts[i]
+        if ptr + max(n, 1) > base + before[base][1]:
+            return None
+        return base
+
+    def offer(t, rank, label):
+        base = block_of(t)
+        if base is None:
+            return
+        key = (rank, getattr(t, "nbytes", 0))
+        old = names.get(base)
+        if old is None or key > old[0]:
+            names[base] = (key, label, t)
+
+    def sliced(items):
+        """Yields the items, giving the GIL back every `_NAMING_SLICE`."""
+        n = 0
+        t0 = time.monotonic()
+        for x in items:
+            yield x
+            n += 1
+            if n % _NAMING_SLICE == 0:
+                held_most[0] = max(held_most[0], time.monotonic() - t0)
+                time.sleep(0)
+                if stop.is_set():
+                    return
+                t0 = time.monotonic()
+        held_most[0] = max(held_most[0], time.monotonic() - t0)
+
+    t0 = time.monotonic()
+    objects = gc.get_objects()
+    listing = time.monotonic() - t0
+    modules, children = [], set()
+    skip = (type, type(sys), type(_start_naming))
+    own = ("_parameters", "_buffers", "_modules")
+    for o in sliced(objects):
+        if isinstance(o, (Tensor, *skip)):
+            continue
+        if not type(o).__dictoffset__:  # no __dict__ (lists, dicts, strings, numbers...)
+            continue
+        module = isinstance(o, Module)
+        if module:
+            modules.append(o)
+            try:
+                children.update(id(m) for m in o.children())
+            except Exception:
+                pass
+        try:
+            # Not getattr: an object without a __dict__ would be asked through its __getattr__.
+            attrs = object.__getattribute__(o, "__dict__")
+        except Exception:
+            continue
+        if not isinstance(attrs, dict):
+            continue
+        cls = type(o).__name__
+        for k, v in list(attrs.items()):
+            if module and k in own:
+                continue
+            if isinstance(v, Tensor):
+                offer(v, 0, f"{cls}.{k}")
+            elif isinstance(v, (list, tuple)):
+                for i, x in enumerate(v[:_NAMING_ITEMS]):
+                    if isinstance(x, Tensor):
+                        offer(x, 0, f"{cls}.{k}[{i}]")
+            elif isinstance(v, dict) and len(v) <= _NAMING_ITEMS:
+                for kk, x in list(v.items()):
+                    if isinstance(x, Tensor):
+                        offer(x, 0, f"{cls}.{k}[{kk!r}]")
+    del objects
+    roots = [m for m in modules if id(m) not in children]
+    for root in roots:
+        if stop.is_set():
+            break
+        try:
+            named = [(n, p, "") for n, p in root.named_parameters()]
+            named += [(n, b, " (buffer)") for n, b in root.named_buffers()]
+        except Exception:
+            continue
+        for name, t, what in sliced(named):
+            if t is not None:
+                offer(t, 1, f"weights: {name}{what}")
+    live = _state.get("sizes")
+    named_bytes = {0: 0, 1: 0}
+    count = 0
+    for base, ((rank, _), label, t) in sorted(names.items()):
+        if stop.is_set():
+            break
+        if live is not None and base not in live:
+            continue  # freed since the attach: the name would land on another block
+        dtype = str(getattr(t, "dtype", "")).replace("torch.", "").encode() or None
+        shape = [int(x) for x in getattr(t, "shape", ())]
+        arr = (ctypes.c_int64 * len(shape))(*shape)
+        annotate(base, label.encode("utf-8", "replace")[:200], dtype, arr, len(shape))
+        named_bytes[rank] += before[base][1]
+        count += 1
+    total = sum(b[1] for b in before.values())
+    if mark is not None and not stop.is_set():
+        mark((f"before attach: named {count} of {len(before)} live blocks from Python objects "
+              f"({named_bytes[1] + named_bytes[0]} of {total} bytes: {named_bytes[1]} module "
+              f"parameters and buffers, {named_bytes[0]} other objects' attributes); "
+              f"{len(roots)} root modules; the walk took "
+              f"{(time.monotonic() - started) * 1e3:.0f} ms, listing the objects "
+              f"{listing * 1e3:.1f} ms, at most {held_most[0] * 1e3:.1f} ms between giving "
+              f"the GIL back").encode())
+    _naming["done"] = count

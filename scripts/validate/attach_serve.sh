@@ -5,7 +5,11 @@
 # its request rate, then attaches while steady requests run, records for $ATTACH_SECONDS, detaches,
 # and measures the rate again. Also polls /health every 5 ms during the attach, so the pause is
 # measured from the client's side too, and checks that the driver's code is byte for byte the
-# same after detach.
+# same after detach. Then (issue 21's follow-up) that detach turned the Python probe off: the
+# attach's last line, no record written after the detach (the trace file's hash and the tensor
+# entries of its PyTorch export after the detach's wall-clock time), the rate after equal to the
+# rate before; and that the state at attach is named: the summary's categories at the peak and
+# the probe's naming mark; and whether it recorded natively (libc10's report hooked in place).
 #
 # Expects .device/bin/{vramtrace,libvramtrace_preload.so} and the helpers beside this script.
 # Usage: scripts/validate/attach_serve.sh        (as root: ptrace on the H200 needs it)
@@ -96,7 +100,12 @@ sleep 10
 "$VT" attach $SERVER --out "$D" --duration "${SECS}s" --preload "$BIN/libvramtrace_preload.so" \
   2> "$D.attach"
 echo "attach exit $?"
+DETACHED_WALL_NS=$(date +%s%N)
+TRACE_HASH_AT_DETACH=$(cat "$D"/*.vtr | sha256sum | cut -c1-16)
 cat "$D.attach"; cat "$D/attach.json"
+echo "--- how the probe recorded tensors while attached (native unless a note says why not)"
+grep -a -o "native tensor capture off ([^;]*" "$D"/*.vtr | head -2
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('reportMemoryUsageToProfiler hooked:', any('reportMemoryUsageToProfiler' in h for h in r['hooked']), '; left alone:', r.get('left_alone'))" "$D/attach.json"
 HASH_AFTER=$(driver_code_hash $SERVER)
 echo "driver code before $HASH_BEFORE"
 echo "driver code after  $HASH_AFTER"
@@ -107,6 +116,13 @@ echo "--- /health during the attach"; cat "$D.health"
 echo "=== after ($(date +%T))"
 load after "$ROUNDS"
 kill -0 $SERVER && echo "server still running after detach"
+echo "--- the Python probe at detach"
+grep -a "Python probe" "$D.attach"
+python3 -c "import json,sys; print('attach.json python_probe_at_detach:', json.load(open(sys.argv[1])).get('python_probe_at_detach'))" "$D/attach.json"
+TRACE_HASH_AFTER=$(cat "$D"/*.vtr | sha256sum | cut -c1-16)
+echo "trace files at detach $TRACE_HASH_AT_DETACH, after the load after it $TRACE_HASH_AFTER"
+[ "$TRACE_HASH_AT_DETACH" = "$TRACE_HASH_AFTER" ] && echo "trace: nothing written after the detach" \
+  || echo "!!! the trace files changed after the detach (a block sealed at a thread's exit, or records: the count below tells)"
 
 echo "=== the trace ($(date +%T))"
 "$VT" summary "$D" | head -60
@@ -114,6 +130,23 @@ echo "=== the trace ($(date +%T))"
 echo "events: $(wc -l < "$D.events.jsonl"); labelled before attach: $(grep -c '"label":"before attach"' "$D.events.jsonl")"
 grep -a -o "before attach: device [^\"]*" "$D"/*.vtr | head -4
 "$VT" export "$D" --format pytorch -o "$D.snapshot.pickle" 2>&1 | tail -1
+echo "--- entries after the detach (wall clock) in the PyTorch export: there must be none"
+python3 - "$D.snapshot.pickle" "$DETACHED_WALL_NS" <<'PY'
+import collections, pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+after_us = int(sys.argv[2]) // 1000
+n = collections.Counter()
+total = 0
+for trace in snap.get("device_traces", []):
+    for e in trace:
+        total += 1
+        if e.get("time_us", 0) > after_us:
+            n[e.get("action")] += 1
+print(f"entries {total}; after the detach: {sum(n.values())} {dict(n)}")
+PY
+echo "--- the state at attach, named (the probe's mark; the categories at the peak)"
+grep -a -o "before attach: named [^\"]*" "$D"/*.vtr | head -2
+"$VT" summary "$D" | sed -n '/what the memory holds/,/^ *total /p' | head -60
 
 kill -INT $SERVER; sleep 5; kill -KILL $SERVER 2>/dev/null
 wait $SERVER 2>/dev/null

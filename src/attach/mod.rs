@@ -59,6 +59,11 @@ pub enum AttachError {
     },
 }
 
+/// `c10::reportMemoryUsageToProfiler(void*, int64_t, size_t, size_t, c10::Device)` in
+/// libc10.so: the caching allocator reports each block's size to it, and native tensor capture
+/// reads that report (the preload's `torch_tracker.rs`).
+pub const C10_REPORT: &str = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE";
+
 /// What to attach to and where to record.
 #[derive(Clone, Debug)]
 pub struct AttachOptions {
@@ -105,6 +110,13 @@ pub struct Attached {
     pub watchdog: bool,
     /// Whether the Python probe was scheduled to start in the target's interpreter.
     pub python: bool,
+    /// `vramtrace_attach_python` and `vramtrace_attach_python_detached` in the target, to
+    /// deactivate the Python probe at detach.
+    #[cfg(target_arch = "x86_64")]
+    python_at: (u64, u64),
+    /// Optional entry points not hooked, and why (PyTorch's `reportMemoryUsageToProfiler` out
+    /// of reach of the trampoline page: native tensor capture then fails its check).
+    pub left_alone: Vec<String>,
     /// How long the thread that loaded the preload was stopped.
     pub call_pause: Duration,
     /// How long every thread was stopped while the jumps were written.
@@ -138,6 +150,47 @@ pub struct Detached {
     /// Children forked while attached (they inherited the hooks and recorded into files of
     /// their own), each detached in turn, or why not.
     pub children: Vec<(i32, Result<(), String>)>,
+    /// What became of the Python probe.
+    pub python: PythonDetach,
+}
+
+/// What became of the Python probe at detach: its `detach()` is scheduled in the interpreter
+/// like its `attach()` was, and reports back through the preload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonDetach {
+    /// No Python probe was started (not a Python process, or the process exited).
+    NotStarted,
+    /// It ran: the probe's callbacks are gone.
+    Done {
+        /// How long after the process was let go it reported.
+        after: Duration,
+        /// PyTorch's gpu-trace hook stays on (it cannot be turned off): each block still costs
+        /// PyTorch a call into an empty Python callback list.
+        gpu_trace_stays: bool,
+        /// Native capture was on and is off now.
+        native_off: bool,
+        /// Something could not be undone (the probe said what on the process's stderr).
+        error: bool,
+        /// Its allocator callbacks were registered and are removed now (else it had none:
+        /// no PyTorch, or native capture).
+        removed: bool,
+    },
+    /// It did not run within the wait (the interpreter's main thread did not reach its eval
+    /// loop: blocked in a call, or busy in C code). It stays scheduled and runs when it does;
+    /// until then the probe's callbacks stay registered (they record nothing: recording is off).
+    NotInTime {
+        /// How long vramtrace waited.
+        waited: Duration,
+    },
+}
+
+/// How long `detach` waits for the Python probe's `detach()` to run in the interpreter:
+/// `VRAMTRACE_DETACH_PYTHON_WAIT_MS`, else 5 s.
+pub fn python_detach_wait() -> Duration {
+    std::env::var("VRAMTRACE_DETACH_PYTHON_WAIT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(5), Duration::from_millis)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -291,6 +344,24 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         )));
     }
     let (lo, hi) = target::object_range(&maps, &cuda_path).unwrap_or((cuda_base, cuda_base));
+    // PyTorch's report of each block to its profiler, hooked like the driver's entry points when
+    // libc10.so is loaded (under LD_PRELOAD the preload interposes it): native tensor capture
+    // needs it. Optional: out of reach, it is left alone and the probe uses its callbacks.
+    let mut entries: Vec<(String, u64, bool)> = names
+        .iter()
+        .map(|n| (n.clone(), cuda.get(n).unwrap_or_default(), false))
+        .collect();
+    let mut near = Vec::new();
+    if let Some((c10_path, c10_base)) = target::find_object(&maps, "libc10.so")
+        && let Ok(c10) = Symbols::read(&in_target(pid, &c10_path), c10_base)
+        && let Some(at) = c10.get(C10_REPORT)
+        && wrappers.get(C10_REPORT).is_some()
+    {
+        entries.push((C10_REPORT.to_string(), at, true));
+        // A page within reach of both, if there is one; else of the driver only.
+        near.push((lo.min(at), hi.max(at + 1)));
+    }
+    near.push((lo, hi));
 
     let mut tracer = Tracer::new(pid).map_err(refuse)?;
     let mut watched =
@@ -341,9 +412,8 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         caller,
         &saved,
         opts,
-        &names,
-        &cuda,
-        (lo, hi),
+        &entries,
+        &near,
         Libc {
             dlopen,
             dlerror,
@@ -353,7 +423,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         j,
     );
     match result {
-        Ok((hooks, stop_fn, all_pause, threads, python)) => {
+        Ok((hooks, stop_fn, all_pause, threads, python, python_at, left_alone)) => {
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
             let landing = j.landing;
@@ -373,6 +443,8 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
                 watched,
                 watchdog,
                 python,
+                python_at,
+                left_alone,
                 call_pause: started.elapsed(),
                 all_pause,
                 threads,
@@ -483,8 +555,18 @@ type StepResult<T> = Result<T, (&'static str, String)>;
 
 #[cfg(target_arch = "x86_64")]
 /// What [`install`] returns: the hooks, `vramtrace_attach_stop`, how long every thread was
-/// stopped, how many there were, and whether the Python probe was scheduled.
-type Installed = (Vec<Hook>, u64, Duration, usize, bool);
+/// stopped, how many there were, whether the Python probe was scheduled, the addresses of
+/// `vramtrace_attach_python` and `vramtrace_attach_python_detached`, and why optional entry
+/// points were left alone.
+type Installed = (
+    Vec<Hook>,
+    u64,
+    Duration,
+    usize,
+    bool,
+    (u64, u64),
+    Vec<String>,
+);
 
 #[cfg(target_arch = "x86_64")]
 /// The Python run in the target's interpreter (`Py_AddPendingCall`): the probe's `attach`, in a
@@ -511,15 +593,33 @@ fn python_starter(probe_dir: &Path, preload: &Path) -> String {
 }
 
 #[cfg(target_arch = "x86_64")]
+/// The Python run in the target's interpreter at detach: the probe's `detach()` (it reports to
+/// the preload itself); without the probe's module, the report that nothing was there.
+fn python_stopper() -> String {
+    let body = "import sys\n\
+                m = sys.modules.get('vramtrace_torch')\n\
+                try:\n    \
+                    if m is None:\n        \
+                        import ctypes\n        \
+                        ctypes.PyDLL(sys._vramtrace_preload).vramtrace_attach_python_done(1)\n    \
+                    else:\n        \
+                        m.detach()\n\
+                except BaseException as e:\n    \
+                    sys.stderr.write('vramtrace: torch probe not deactivated: %r\\n' % (e,))\n    \
+                    import ctypes\n    \
+                    ctypes.PyDLL(sys._vramtrace_preload).vramtrace_attach_python_done(9)\n";
+    format!("exec({body:?}, {{}})")
+}
+
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn install(
     tracer: &mut Tracer,
     caller: i32,
     saved: &SavedRegs,
     opts: &AttachOptions,
-    names: &[String],
-    cuda: &Symbols,
-    (lo, hi): (u64, u64),
+    entries: &[(String, u64, bool)],
+    near: &[(u64, u64)],
     libc: Libc,
     j: &mut Journal,
 ) -> StepResult<Installed> {
@@ -536,10 +636,15 @@ fn install(
     let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
     let mut page = None;
-    for cand in target::free_room_near(&maps, lo, hi, PAGE)
-        .into_iter()
-        .take(16)
-    {
+    let candidates: Vec<u64> = near
+        .iter()
+        .flat_map(|&(lo, hi)| {
+            target::free_room_near(&maps, lo, hi, PAGE)
+                .into_iter()
+                .take(16)
+        })
+        .collect();
+    for cand in candidates {
         let got = call(
             tracer,
             libc.mmap,
@@ -606,18 +711,21 @@ fn install(
             ),
         ))
     };
-    let (set_real, start, stop, python_fn) = (
+    let (set_real, start, stop, python_fn, python_detached) = (
         sym("vramtrace_attach_real")?,
         sym("vramtrace_attach_start")?,
         sym("vramtrace_attach_stop")?,
         sym("vramtrace_attach_python")?,
+        sym("vramtrace_attach_python_detached")?,
     );
     kill_point("loaded");
     // 3. Build the pads and trampolines, one slot each after the landing's.
     let step = "building the trampolines";
     let mut hooks = Vec::new();
     let mut covered = Vec::new();
-    for (i, name) in names.iter().enumerate() {
+    let mut left_alone = Vec::new();
+    for (i, (name, entry, optional)) in entries.iter().enumerate() {
+        let (entry, optional) = (*entry, *optional);
         let slot = page + (i as u64 + 1) * patch::SLOT;
         if slot + patch::SLOT > page + PAGE || i >= journal::MAX_HOOKS {
             return Err((
@@ -625,7 +733,6 @@ fn install(
                 "more entry points than one page of trampolines holds".into(),
             ));
         }
-        let entry = cuda.get(name).unwrap_or_default();
         let wrapper = ours
             .get(name)
             .ok_or((step, format!("the recorder has no wrapper for {name}")))?;
@@ -633,10 +740,21 @@ fn install(
             .read(entry, patch::PROLOGUE_READ)
             .map_err(|e| (step, e))?;
         let tramp_at = slot + patch::TRAMPOLINE_AT;
-        let t = patch::trampoline(&prologue, entry, tramp_at)
-            .map_err(|e| (step, format!("cannot hook {name} at {entry:#x}: {e}")))?;
-        let jump = patch::jump(entry, slot)
-            .ok_or((step, format!("{name} is out of a jump's reach of the page")))?;
+        let made = patch::trampoline(&prologue, entry, tramp_at)
+            .map_err(|e| format!("cannot hook {name} at {entry:#x}: {e}"))
+            .and_then(|t| {
+                patch::jump(entry, slot)
+                    .map(|j| (t, j))
+                    .ok_or_else(|| format!("{name} is out of a jump's reach of the page"))
+            });
+        let (t, jump) = match made {
+            Ok(m) => m,
+            Err(why) if optional => {
+                left_alone.push(why);
+                continue;
+            }
+            Err(why) => return Err((step, why)),
+        };
         let off = (slot - page) as usize;
         bytes[off..off + 14].copy_from_slice(&patch::pad(wrapper));
         let at = off + patch::TRAMPOLINE_AT as usize;
@@ -748,7 +866,15 @@ fn install(
             .map_err(|e| (step, e))?;
     }
     kill_point("patched");
-    Ok((hooks, stop, all_started.elapsed(), tids.len(), python))
+    Ok((
+        hooks,
+        stop,
+        all_started.elapsed(),
+        tids.len(),
+        python,
+        (python_fn, python_detached),
+        left_alone,
+    ))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -790,6 +916,7 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
             changed_by_others: Vec::new(),
             exited: true,
             children,
+            python: PythonDetach::NotStarted,
         })
     };
     if gone() {
@@ -800,6 +927,30 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
         Err(_) if gone() => return exited(attached),
         Err(e) => return Err(failed("detaching")(e)),
     };
+    // The Python probe's detach(), scheduled in the interpreter (it runs once the main thread is
+    // back in its eval loop), with only the main thread stopped, as at attach: scheduling it
+    // allocates, and a thread stopped inside malloc must not hold us up.
+    let mut python_scheduled = false;
+    if attached.python && matches!(tracer.stop(pid), Ok(true)) {
+        let saved = tracer.save(pid).map_err(failed("saving the registers"))?;
+        let j = attached.watched.journal();
+        j.save_regs(pid, &saved);
+        j.regs_changed = 1;
+        let rc = tracer.call(
+            pid,
+            &saved,
+            attached.python_at.0,
+            &cstr(&python_stopper()),
+            |at| vec![at],
+            attached.landing,
+            CALL_LIMIT,
+        );
+        let restored = tracer.restore(pid, &saved);
+        tracer.release(pid);
+        restored.map_err(failed("restoring the registers"))?;
+        attached.watched.journal().regs_changed = 0;
+        python_scheduled = rc.is_ok_and(|rc| rc as i32 == 0);
+    }
     let tids = match tracer.stop_all() {
         Ok(t) if !t.is_empty() => t,
         Ok(_) => return exited(attached),
@@ -845,6 +996,11 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let j = attached.watched.journal();
     j.regs_changed = 0;
     j.stop_fn = 0;
+    let python = if python_scheduled {
+        wait_python_detach(pid, attached.python_at.1, python_detach_wait())
+    } else {
+        PythonDetach::NotStarted
+    };
     let children = detach_children(&attached);
     attached.watched.finish();
     Ok(Detached {
@@ -852,7 +1008,42 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
         changed_by_others,
         exited: false,
         children,
+        python,
     })
+}
+
+/// Waits up to `wait` for the Python probe's `detach()` to report through the preload's
+/// `vramtrace_attach_python_detached` (at `at` in process `pid`), reading it every 2 ms.
+#[cfg(target_arch = "x86_64")]
+fn wait_python_detach(pid: i32, at: u64, wait: Duration) -> PythonDetach {
+    use std::os::unix::fs::FileExt;
+    let started = Instant::now();
+    let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+        return PythonDetach::NotStarted;
+    };
+    loop {
+        let mut b = [0u8; 4];
+        if mem.read_exact_at(&mut b, at).is_err() {
+            // The process is gone.
+            return PythonDetach::NotStarted;
+        }
+        let flags = u32::from_le_bytes(b);
+        if flags != 0 {
+            return PythonDetach::Done {
+                after: started.elapsed(),
+                gpu_trace_stays: flags & 2 != 0,
+                native_off: flags & 4 != 0,
+                error: flags & 8 != 0,
+                removed: flags & 16 != 0,
+            };
+        }
+        if started.elapsed() >= wait {
+            return PythonDetach::NotInTime {
+                waited: started.elapsed(),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// The descendants of `pid` that carry this attach's hooks: forked while attached, so they

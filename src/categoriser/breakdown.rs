@@ -180,11 +180,13 @@ pub struct SegmentReserve {
 }
 
 /// True for an allocation PyTorch's caching allocator made (a segment): a native frame in
-/// `libc10_cuda`.
+/// `libc10_cuda`, or a segment of PyTorch's snapshot seeded at an attach (labelled
+/// [`super::BEFORE_ATTACH`]: the attach seeds nothing else as a driver allocation).
 fn is_pytorch_segment(f: &Facts<'_>) -> bool {
-    f.native
-        .iter()
-        .any(|n| base(n.module).starts_with("libc10_cuda"))
+    f.label == Some(super::BEFORE_ATTACH)
+        || f.native
+            .iter()
+            .any(|n| base(n.module).starts_with("libc10_cuda"))
 }
 
 #[derive(Default)]
@@ -613,6 +615,41 @@ mod tests {
                 ..Default::default()
             },
         }
+    }
+
+    #[test]
+    fn a_segment_seeded_at_an_attach_with_no_live_block_is_reserve() {
+        // PyTorch's snapshot at the attach: two segments seeded as driver allocations labelled
+        // `before attach` (no frames); one holds a seeded block, the other none.
+        let seeded = |ptr: u64, bytes: u64| LiveAllocation {
+            ptr,
+            handle: false,
+            facts: Facts {
+                bytes,
+                label: Some(crate::categoriser::BEFORE_ATTACH),
+                ..Default::default()
+            },
+        };
+        let m = MomentFacts {
+            pid: 7,
+            tensors_recorded: true,
+            allocations: vec![seeded(0x1000_0000, 20 * MIB), seeded(0x2000_0000, 2 * MIB)],
+            tensors: vec![LiveTensor {
+                ptr: 0x1000_0000,
+                facts: Facts {
+                    bytes: 4 * MIB,
+                    label: Some(crate::categoriser::BEFORE_ATTACH),
+                    ..Default::default()
+                },
+            }],
+            ..Default::default()
+        };
+        let b = categorise_moment(&m);
+        assert_eq!(b.total, 22 * MIB);
+        assert_eq!(b.bytes(Category::Unnamed), 4 * MIB);
+        assert_eq!(b.bytes(Category::AllocatorReserve), 18 * MIB);
+        assert_eq!(b.bytes(Category::Activations), 0);
+        assert_eq!(b.segments.len(), 2);
     }
 
     #[test]

@@ -339,6 +339,12 @@ fn breakdown_placing(
                                 .alloc_keyed(te.ptr, te.stack.into(), || py_frames(p, te.stack));
                             match ranges.get(&te.tid).and_then(|s| s.last()) {
                                 Some(&l) => tensor_label.insert(te.ptr, l),
+                                // A block seeded at an attach: its operator says so.
+                                None if te.op != 0
+                                    && p.string(te.op) == Some(super::BEFORE_ATTACH) =>
+                                {
+                                    tensor_label.insert(te.ptr, te.op)
+                                }
                                 None => tensor_label.remove(&te.ptr),
                             };
                             names.remove(&te.ptr);
@@ -383,6 +389,45 @@ fn breakdown_placing(
         }
     })?;
 
+    // A block seeded at an attach is named by the Python objects holding it once the probe's
+    // walk has found them, which may be after this moment: its first name while it stays the
+    // same block (not freed, its address not handed out again) is its name now too.
+    let mut unnamed_seeds: std::collections::HashSet<u64> = t
+        .live_set(at.process, at.device)
+        .into_iter()
+        .map(|lt| lt.event.ptr)
+        .filter(|ptr| {
+            !names.contains_key(ptr)
+                && tensor_label
+                    .get(ptr)
+                    .is_some_and(|&l| p.string(l) == Some(super::BEFORE_ATTACH))
+        })
+        .collect();
+    if !unnamed_seeds.is_empty() {
+        let mut j = 0usize;
+        trace.for_each_item(|pi, it| {
+            j += 1;
+            if j <= at.seq + 1 || pi != at.process {
+                return ControlFlow::Continue(());
+            }
+            match &it {
+                Item::Tensor(te) if te.device == at.device => {
+                    if matches!(te.action, TensorAction::Alloc | TensorAction::Free) {
+                        unnamed_seeds.remove(&te.ptr);
+                    }
+                }
+                Item::Annotate(a) if !a.op && unnamed_seeds.remove(&a.ptr) => {
+                    names.insert(a.ptr, p.tensor_name(a));
+                }
+                _ => {}
+            }
+            if unnamed_seeds.is_empty() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+    }
     let tensors_recorded = t.level_if_any(at.process, at.device).is_some();
     let tensor_life = tensor_steps.lifetimes();
     let driver_life = driver_steps.lifetimes();

@@ -475,6 +475,17 @@ pub const NATIVE_RULES: &[NativeRule] = &[
 
 /// Words of a label or annotated name, lower-cased, by substring, in the order tried.
 pub const LABEL_RULES: &[(&str, Category)] = &[
+    // Names given at an attach from the Python objects holding the blocks (the probe's
+    // `_name_before_attach`): transformers' continuous-batching engine's static tensors
+    // (generation/continuous_batching/input_outputs.py: ContinuousBatchingIOs.
+    // _setup_static_tensors: `_bulk_input_tensor`, `output_ids`, `attention_mask`, `block_table`,
+    // `write_index_storage`, `read_index_storage`), before any word of their attributes' names;
+    // its paged cache's keys and values (continuous_batching/cache.py: PagedAttentionCache
+    // `key_cache`/`value_cache`); a module's parameters and buffers (`weights: NAME`).
+    ("continuousbatchingios.", C::EngineBuffers),
+    ("pagedattentioncache.", C::KvCache),
+    ("key_cache", C::KvCache),
+    ("value_cache", C::KvCache),
     ("weight", C::Weights),
     ("embed", C::Weights),
     ("lm_head", C::Weights),

@@ -53,7 +53,8 @@ pub const ATTACH_BAD_DIRECTORY: c_int = -5;
 /// [`vramtrace_attach_start`]: attached already, or attached and detached before.
 pub const ATTACH_TWICE: c_int = -6;
 
-/// Makes `trampoline` the real function of the wrapped entry point exported as `name`.
+/// Makes `trampoline` the real function of the wrapped entry point exported as `name` (a
+/// driver function, or libc10's `c10::reportMemoryUsageToProfiler`).
 ///
 /// # Safety
 /// `name` is a NUL-terminated string; `trampoline` is code with that entry point's signature.
@@ -67,6 +68,14 @@ pub unsafe extern "C" fn vramtrace_attach_real(
     }
     // Safety: a NUL-terminated string (the caller's promise).
     let name = unsafe { CStr::from_ptr(name) };
+    // PyTorch's report of each block (libc10.so), hooked the same way for native capture.
+    if crate::torch_tracker::is_report_symbol(name) {
+        return if crate::torch_tracker::publish_real_report(trampoline) == trampoline {
+            0
+        } else {
+            ATTACH_ALREADY_RESOLVED
+        };
+    }
     let Some(row) = ENTRIES.iter().position(|e| e.name == name && e.api.0 != 0) else {
         return ATTACH_UNKNOWN_ENTRY;
     };
@@ -110,6 +119,19 @@ pub extern "C" fn vramtrace_attach_stop() -> c_int {
     config::stop_attached();
     vramtrace_attach_state.store(DETACHED, Ordering::Release);
     0
+}
+
+/// What the Python probe's `detach()` reported (`vramtrace_torch.py`, its `DETACH_*` bits; 0:
+/// not yet), read by `vramtrace attach` from outside (through `/proc/PID/mem`) after it
+/// scheduled that call at detach: so it can say when the interpreter did not run it in time.
+#[unsafe(no_mangle)]
+pub static vramtrace_attach_python_detached: AtomicU32 = AtomicU32::new(0);
+
+/// Called by the Python probe's `detach()` with what it did (its `DETACH_*` bits, 1 always
+/// set); [`vramtrace_attach_python_detached`] holds them from then on.
+#[unsafe(no_mangle)]
+pub extern "C" fn vramtrace_attach_python_done(flags: u32) {
+    vramtrace_attach_python_detached.store(flags | 1, Ordering::Release);
 }
 
 /// [`vramtrace_attach_python`]: the process has no CPython interpreter (or not initialised).

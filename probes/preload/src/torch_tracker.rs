@@ -380,6 +380,27 @@ fn real_report() -> *mut c_void {
     }
 }
 
+/// Makes `trampoline` libc10's `reportMemoryUsageToProfiler` (`vramtrace attach` hooks that
+/// function in place: its entry jumps to [`report_memory_usage_to_profiler`], and the
+/// trampoline runs its first instructions and continues in it). Returns the real function now
+/// in use: `trampoline`, unless one was found before.
+pub(crate) fn publish_real_report(trampoline: *mut c_void) -> *mut c_void {
+    match REAL_REPORT.compare_exchange(
+        core::ptr::null_mut(),
+        trampoline,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(_) => trampoline,
+        Err(p) => p,
+    }
+}
+
+/// Whether `name` is the symbol [`report_memory_usage_to_profiler`] stands in for.
+pub(crate) fn is_report_symbol(name: &core::ffi::CStr) -> bool {
+    name == REPORT_SYMBOL
+}
+
 /// The ALLOC entry this report completes, if the tracker left one for this very block.
 fn take_pending(ptr: u64) -> Option<Seen> {
     PENDING

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::launch;
-use vramtrace::attach::{AttachOptions, attach, detach};
+use vramtrace::attach::{AttachOptions, PythonDetach, attach, detach};
 
 /// `vramtrace attach` arguments.
 #[derive(Args, Debug)]
@@ -204,6 +204,11 @@ fn start(
         attached.threads,
         attached.all_pause.as_secs_f64() * 1e3,
     );
+    for why in &attached.left_alone {
+        eprintln!(
+            "vramtrace: {why}: left alone, so PyTorch's blocks are recorded through its allocator callbacks, not natively"
+        );
+    }
     Ok((attached, out, nvml))
 }
 
@@ -264,6 +269,7 @@ fn finish(
         "threads": attached.threads,
         "hooked": attached.hooks.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
         "python_probe": attached.python,
+        "left_alone": attached.left_alone,
         "watchdog": attached.watchdog,
     });
     let d = without_job_control(|| detach(attached));
@@ -272,6 +278,7 @@ fn finish(
         record["detach_paused_ms"] = serde_json::json!(d.pause.as_secs_f64() * 1e3);
         record["exited_while_attached"] = serde_json::json!(d.exited);
         record["children"] = serde_json::json!(d.children.iter().map(|c| c.0).collect::<Vec<_>>());
+        record["python_probe_at_detach"] = python_detach_record(d.python);
     }
     // What the attach was, beside the trace files (readers follow only *.vtr): the times are
     // the trace's clock, so anything before `attached_at_ns` is not in the trace unless marked
@@ -301,6 +308,9 @@ fn finish(
         "vramtrace: detached from process {pid}; it was stopped {:.1} ms. Every hooked byte is restored.",
         d.pause.as_secs_f64() * 1e3
     );
+    if let Some(line) = python_detach_line(d.python) {
+        eprintln!("vramtrace: {line}");
+    }
     if !d.changed_by_others.is_empty() {
         bail!(
             "entry points changed by something else while attached were left as found: {}",
@@ -351,6 +361,76 @@ pub fn live(
     finish(attached, &out, nvml)?;
     view.context("the live view failed")?;
     Ok(0)
+}
+
+/// What `attach.json` says of the Python probe at detach.
+fn python_detach_record(p: PythonDetach) -> serde_json::Value {
+    match p {
+        PythonDetach::NotStarted => serde_json::json!({"state": "not started"}),
+        PythonDetach::Done {
+            after,
+            gpu_trace_stays,
+            native_off,
+            error,
+            removed,
+        } => serde_json::json!({
+            "state": "deactivated",
+            "callbacks_removed": removed,
+            "after_ms": after.as_secs_f64() * 1e3,
+            "gpu_trace_stays_on": gpu_trace_stays,
+            "native_capture_turned_off": native_off,
+            "something_left": error,
+        }),
+        PythonDetach::NotInTime { waited } => serde_json::json!({
+            "state": "not run in time",
+            "waited_ms": waited.as_secs_f64() * 1e3,
+        }),
+    }
+}
+
+/// The line `attach` prints about the Python probe at detach, if it had one.
+fn python_detach_line(p: PythonDetach) -> Option<String> {
+    match p {
+        PythonDetach::NotStarted => None,
+        PythonDetach::Done {
+            after,
+            gpu_trace_stays,
+            native_off,
+            error,
+            removed,
+        } => {
+            let mut line = format!(
+                "the Python probe is off ({:.1} ms after the process went on){}",
+                after.as_secs_f64() * 1e3,
+                if removed {
+                    ": its allocator callbacks are removed"
+                } else {
+                    ""
+                }
+            );
+            if native_off {
+                line.push_str(", native tensor capture is off");
+            }
+            if gpu_trace_stays {
+                line.push_str(
+                    "; PyTorch's gpu-trace hook, once on, cannot be turned off, so each block it \
+                     hands out still costs it a call into an empty Python callback list",
+                );
+            }
+            if error {
+                line.push_str("; something could not be undone: the process's stderr says what");
+            }
+            Some(line)
+        }
+        PythonDetach::NotInTime { waited } => Some(format!(
+            "the Python probe did not deactivate within {:.1} s: the interpreter's main thread \
+             did not reach its eval loop (blocked in a call, or busy in C code). Its deactivation \
+             stays scheduled and runs when it does; until then its callbacks stay registered and \
+             cost the program a Python call per block, recording nothing (raise \
+             VRAMTRACE_DETACH_PYTHON_WAIT_MS to wait longer)",
+            waited.as_secs_f64()
+        )),
+    }
 }
 
 #[cfg(test)]

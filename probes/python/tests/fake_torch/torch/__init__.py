@@ -21,11 +21,62 @@ class _Block(Tensor):
         self._device = device
         self._ptr = cuda.fake_alloc(nbytes, device)
 
+    dtype = "uint8"
+
     def data_ptr(self):
         return self._ptr
 
+    @property
+    def nbytes(self):
+        return self._nbytes
+
+    @property
+    def shape(self):
+        return (self._nbytes,)
+
+    def untyped_storage(self):
+        return _Storage(self)
+
+    def narrow_bytes(self, offset, n):
+        """A view of `n` bytes at `offset`: its own data pointer, this block's storage."""
+        return _View(self, offset, n)
+
     def __del__(self):
         cuda.fake_free(self._ptr, self._nbytes, self._device)
+
+
+class _Storage:
+    """What `untyped_storage()` gives: the block's pointer and bytes."""
+
+    def __init__(self, block):
+        self._block = block
+
+    def data_ptr(self):
+        return self._block._ptr
+
+    def nbytes(self):
+        return self._block._nbytes
+
+
+class _View(Tensor):
+    def __init__(self, base, offset, n):
+        self._base, self._offset, self._n = base, offset, n
+
+    dtype = "uint8"
+
+    def data_ptr(self):
+        return self._base._ptr + self._offset
+
+    @property
+    def nbytes(self):
+        return self._n
+
+    @property
+    def shape(self):
+        return (self._n,)
+
+    def untyped_storage(self):
+        return self._base.untyped_storage()
 
 
 def empty(n, dtype=None, device="cuda"):
@@ -33,3 +84,6 @@ def empty(n, dtype=None, device="cuda"):
     assert dtype == uint8, "the stand-in's empty() knows uint8 only"
     index = int(device.split(":")[1]) if ":" in device else 0
     return _Block(n, index)
+
+
+from . import nn  # noqa: E402,F401

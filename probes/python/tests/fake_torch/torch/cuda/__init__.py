@@ -9,6 +9,8 @@ _next = [0x7F00_0000_0000]
 _stream = [0x5150]
 # Block pointer -> the base of the segment the stand-in libc10_cuda.so carved it from.
 segments = {}
+# Live block pointer -> (block bytes, requested bytes, device), for `memory._snapshot()`.
+live = {}
 
 
 def _c10():
@@ -128,6 +130,7 @@ def fake_alloc(size, device=0):
         _next[0] += block
     _C.STATE["allocated"] += block
     _C.STATE["requested"] += size
+    live[ptr] = (block, size, device)
     _sync_c10()
     _C.STATE["reserved"] = max(_C.STATE["reserved"], _C.STATE["allocated"])
     if _C.STATE["active"]:
@@ -145,6 +148,7 @@ def fake_free(ptr, size, device=0):
     block = lib.fake_c10_free(ptr, device, _stream[0]) if lib is not None else _block(size)
     _C.STATE["allocated"] -= block
     _C.STATE["requested"] -= size
+    live.pop(ptr, None)
     _sync_c10()
 
 
@@ -172,3 +176,23 @@ class _Stream:
 
 def current_stream(device=None):
     return _Stream(_stream[0])
+
+
+def mem_get_info(dev=0):
+    """The driver's (free, total) bytes: the stand-in's total less what its allocator holds."""
+    return TOTAL - _C.STATE["reserved"], TOTAL
+
+
+class _Memory:
+    @staticmethod
+    def _snapshot():
+        """As PyTorch's `torch.cuda.memory._snapshot()`, reduced: each live block alone in a
+        segment of its own size (the stand-in allocator carves no segments)."""
+        return {"segments": [
+            {"device": dev, "address": ptr, "total_size": block,
+             "blocks": [{"address": ptr, "size": block, "requested_size": req,
+                         "state": "active_allocated"}]}
+            for ptr, (block, req, dev) in sorted(live.items())]}
+
+
+memory = _Memory()
