@@ -35,6 +35,8 @@ pub struct LiveModel {
     shape: ServingShape,
     capacity: Option<u64>,
     kv_per_token: u64,
+    /// The longest sequence the model takes (`max_position_embeddings`), if the config says.
+    max_sequence: Option<u64>,
     title: String,
     /// The last answer and the observed bytes it was made for.
     last: Option<([u64; N], Option<u64>, ModelAtCursor)>,
@@ -59,6 +61,7 @@ impl LiveModel {
             runtime.name()
         );
         let mut shape = ServingShape::prefill(&cfg, chunk, chunk);
+        let max_sequence = cfg.max_position_embeddings;
         let model = StepModel::new(cfg, variants, KnownParts::default());
         // K/V bytes per token, whatever the runtime stores: the payload's growth by one token
         // without block rounding.
@@ -72,6 +75,7 @@ impl LiveModel {
             shape,
             capacity,
             kv_per_token,
+            max_sequence,
             title,
             last: None,
             last_tensors: None,
@@ -114,9 +118,23 @@ impl LiveModel {
         m
     }
 
-    /// The current context: the KV cache's bytes ÷ the model's K/V bytes per token.
+    /// The current context: the KV cache's bytes ÷ the model's K/V bytes per token; 0 (unknown)
+    /// when the KV cache is a preallocated pool ([`LiveModel::kv_pool`]).
     fn context(&self, bytes: &[u64; N]) -> u64 {
+        if self.kv_pool(bytes).is_some() {
+            return 0;
+        }
         bytes[Category::KvCache.index()] / self.kv_per_token.max(1)
+    }
+
+    /// The KV cache's bytes when they are a pool the engine preallocated (transformers serve's
+    /// paged cache, vLLM's blocks): more token slots than one sequence can hold
+    /// (`max_position_embeddings`), so they say nothing of the context, and adding a chunk
+    /// does not grow them.
+    fn kv_pool(&self, bytes: &[u64; N]) -> Option<u64> {
+        let kv = bytes[Category::KvCache.index()];
+        let slots = kv / self.kv_per_token.max(1);
+        self.max_sequence.filter(|&m| slots > m).map(|_| kv)
     }
 
     /// The step that holds `context` (at least one chunk).
@@ -155,7 +173,7 @@ impl LiveModel {
             cuda_graphs: given(Category::CudaGraphs),
             communication: given(Category::Communication),
             autotune: given(Category::Autotune),
-            kv_pool: None,
+            kv_pool: self.kv_pool(bytes),
             allocator_reserve: given(Category::AllocatorReserve),
             context: given(Category::Context),
             other_process: given(Category::OtherProcess),
@@ -173,9 +191,15 @@ impl LiveModel {
                 let modelled = now.as_ref().ok().and_then(|b| b.part(c));
                 let rests_on = match c {
                     Category::Weights => "config: parameters and their format".to_string(),
-                    Category::KvCache => {
-                        format!("config: K/V of {context} tokens (read from this row)")
-                    }
+                    Category::KvCache => match self.kv_pool(bytes) {
+                        Some(pool) => format!(
+                            "the trace: a preallocated pool of {} token slots (more than the {} \
+                             tokens of one sequence), given as it stands",
+                            pool / self.kv_per_token.max(1),
+                            self.max_sequence.unwrap_or(0)
+                        ),
+                        None => format!("config: K/V of {context} tokens (read from this row)"),
+                    },
                     Category::State => "config: GDN state of one sequence".to_string(),
                     Category::Activations => match &now {
                         Ok(b) => format!(
@@ -197,7 +221,7 @@ impl LiveModel {
             })
             .filter(|p| p.modelled_bytes.is_some() || p.observed_bytes > 0)
             .collect();
-        let forecast = self.forecast(&model, context, device_total);
+        let forecast = self.forecast(&model, context, self.kv_pool(bytes), device_total);
         ModelAtCursor {
             title: self.title.clone(),
             parts,
@@ -207,10 +231,14 @@ impl LiveModel {
         }
     }
 
+    /// The next chunk at `context` against the limit, and the largest context that fits; with a
+    /// preallocated KV pool (`pool`, bytes) the context is unknown: the chunk is set at its
+    /// smallest step, and the largest context is where memory or the pool stops it.
     fn forecast(
         &self,
         model: &StepModel,
         context: u64,
+        pool: Option<u64>,
         device_total: Option<u64>,
     ) -> Result<Forecast, String> {
         let (capacity, label) = match (self.capacity, device_total) {
@@ -240,6 +268,8 @@ impl LiveModel {
             limit_label: label.to_string(),
             largest_context: frontier.largest_context,
             capped: frontier.capped,
+            kv_pool_tokens: pool.map(|p| p / self.kv_per_token.max(1)),
+            limited_by_pool: frontier.limited_by_pool,
         })
     }
 }

@@ -133,27 +133,24 @@ fn transformers_serve_with_its_model() {
     let m = snap.model.expect("a model was given");
     // Serving's paged path allocates none of the tensors of the modelled prefill step: at the
     // live edge (the server idle, its KV pool and static buffers live) nothing is forced.
+    // The KV cache is a preallocated pool (2,592,768 token slots, more than one sequence's
+    // 32,768): the step is the chunk at its smallest context, whose largest layer peak is the
+    // logits'.
     let t = m.tensors.as_ref().expect("the step is modelled");
-    assert_eq!(
-        t.title,
-        "attention layer's peak, chunk 4,128 at context 2,592,768"
-    );
-    assert_eq!(t.rows.len(), 9);
+    assert_eq!(t.title, "logits layer's peak, chunk 4,128 at context 4,128");
+    assert!(!t.rows.is_empty());
     assert!(
         t.rows
             .iter()
-            .all(|r| r.observed_bytes.is_none() && r.basis == "unmatched"),
+            .all(|r| r.observed_bytes.is_none() && r.basis.starts_with("unmatched")),
         "{t:#?}"
-    );
-    assert_eq!(
-        t.rows[6].line,
-        "model: transformers/integrations/sdpa_attention.py"
     );
     assert_eq!(t.matched_observed_bytes(), 0);
     let kv = m.parts.iter().find(|p| p.category == "KV cache").unwrap();
     assert_eq!(kv.observed_bytes, 84_959_821_824);
     let f = m.forecast.expect("the device's total is the limit");
-    assert_eq!(f.context_tokens, 84_959_821_824 / per_token);
+    assert_eq!(f.context_tokens, 0);
+    assert_eq!(f.kv_pool_tokens, Some(84_959_821_824 / per_token));
     assert_eq!(f.limit_bytes, 150_109_880_320); // the H200 total recorded in the trace
     // The forecast agrees with itself: the next chunk fits exactly when the cliff lies past it.
     let fits = f.headroom_bytes() >= 0;
@@ -424,4 +421,62 @@ fn the_tensor_table_is_kept_while_the_live_set_stays() {
     assert_eq!(again, first);
     let empty = model.at(&breakdown, None, 2, Vec::new);
     assert_eq!(empty.tensors.unwrap().matched_observed_bytes(), 0);
+}
+
+/// transformers serve's paged cache (`samples/h200/hf-serve-cb`'s model, the bytes the live view
+/// showed on the H200 on 2026-12-01): 84,959,821,824 B of KV cache are 2,592,768 token slots of
+/// 32,768 B, more than the 32,768 tokens one sequence can hold, so they are a preallocated pool,
+/// not a context. The forecast sets a chunk at its smallest step beside the pool and the other
+/// parts as they stand, where it once read a context of 2,592,768 tokens and a cliff.
+#[test]
+fn a_preallocated_kv_pool_is_not_a_context() {
+    use vramtrace_viewer::model::BreakdownEntry;
+    use vramtrace_viewer::tui::forecast_text;
+    let cfg = ModelConfig::from_path(sample("hf-serve-cb").join("config.json")).unwrap();
+    let mut model = LiveModel::new(cfg, Runtime::Transformers, 1500, 256, None).unwrap();
+    let row = |label: &str, bytes: u64| BreakdownEntry {
+        label: label.into(),
+        bytes,
+    };
+    let breakdown = [
+        row("weights", 1_812_091_904),
+        row("KV cache", 84_959_821_824),
+        row("engine buffers", 42_627_040_768),
+        row("activations", 32 * MIB),
+    ];
+    let card = 150_113_001_472; // the H200's 139.80 GiB
+    let m = model.at(&breakdown, Some(card), 1, Vec::new);
+    let f = m.forecast.unwrap();
+    assert_eq!(f.kv_pool_tokens, Some(2_592_768));
+    assert_eq!(f.context_tokens, 0);
+    let kv = m.parts.iter().find(|p| p.category == "KV cache").unwrap();
+    assert_eq!(kv.modelled_bytes, Some(84_959_821_824));
+    assert!(
+        kv.rests_on
+            .contains("preallocated pool of 2592768 token slots"),
+        "{kv:?}"
+    );
+    // The chunk's step: the parts as they stand and a chunk's activations, well inside the card.
+    assert!(f.headroom_bytes() > 0, "{f:?}");
+    assert!(
+        forecast_text(&f).starts_with("KV pool 2,592,768 tok preallocated · a chunk (1,500 tok) "),
+        "{}",
+        forecast_text(&f)
+    );
+    // Without the pool's rule (a config with no max_position_embeddings) the same bytes read
+    // as a context of 2,592,768 tokens.
+    let mut raw: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(sample("hf-serve-cb").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    raw.as_object_mut()
+        .unwrap()
+        .remove("max_position_embeddings");
+    let cfg = ModelConfig::from_json(&raw, std::path::Path::new("config.json")).unwrap();
+    let mut model = LiveModel::new(cfg, Runtime::Transformers, 1500, 256, None).unwrap();
+    let f = model
+        .at(&breakdown, Some(card), 1, Vec::new)
+        .forecast
+        .unwrap();
+    assert_eq!((f.kv_pool_tokens, f.context_tokens), (None, 2_592_768));
 }

@@ -67,6 +67,8 @@ pub struct ModelConfig {
     pub linear_value_head_dim: u64,
     /// `linear_conv_kernel_dim` (width of the GDN short convolution).
     pub linear_conv_kernel_dim: u64,
+    /// `max_position_embeddings`: the longest sequence the model takes, when the config says.
+    pub max_position_embeddings: Option<u64>,
     /// Per-layer kinds, from `layer_types` or `full_attention_interval`.
     pub layer_types: Vec<LayerKind>,
     /// The MoE fields, when `num_experts` is present.
@@ -203,6 +205,7 @@ impl ModelConfig {
             linear_key_head_dim: gdn(f.linear_key_head_dim, "linear_key_head_dim")?,
             linear_value_head_dim: gdn(f.linear_value_head_dim, "linear_value_head_dim")?,
             linear_conv_kernel_dim: gdn(f.linear_conv_kernel_dim, "linear_conv_kernel_dim")?,
+            max_position_embeddings: f.max_position_embeddings,
             layer_types,
             moe,
             // `torch_dtype` (older transformers) wins over `dtype` (newer), wherever each is.
@@ -290,6 +293,8 @@ struct RawFields {
     #[serde(deserialize_with = "count")]
     full_attention_interval: Option<u64>,
     #[serde(deserialize_with = "count")]
+    max_position_embeddings: Option<u64>,
+    #[serde(deserialize_with = "count")]
     num_experts: Option<u64>,
     #[serde(deserialize_with = "count")]
     num_experts_per_tok: Option<u64>,
@@ -327,6 +332,9 @@ impl RawFields {
             linear_value_head_dim: self.linear_value_head_dim.or(other.linear_value_head_dim),
             linear_conv_kernel_dim: self.linear_conv_kernel_dim.or(other.linear_conv_kernel_dim),
             layer_types: self.layer_types.or(other.layer_types),
+            max_position_embeddings: self
+                .max_position_embeddings
+                .or(other.max_position_embeddings),
             full_attention_interval: self
                 .full_attention_interval
                 .or(other.full_attention_interval),

@@ -171,6 +171,12 @@ pub struct Forecast {
     pub largest_context: Option<u64>,
     /// Whether `largest_context` is only the search's cap (the cliff lies beyond it).
     pub capped: bool,
+    /// The token slots of a KV pool the engine preallocated, read from the trace (more than
+    /// one sequence can hold): the context is then not known from memory (`context_tokens` is
+    /// 0) and the next chunk is its smallest step.
+    pub kv_pool_tokens: Option<u64>,
+    /// Whether the pool, not memory, is what stops `largest_context`.
+    pub limited_by_pool: bool,
 }
 
 impl Forecast {

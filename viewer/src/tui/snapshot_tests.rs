@@ -608,6 +608,8 @@ fn forecast(context: u64, next: u64, largest: Option<u64>) -> Forecast {
         limit_label: "--capacity".into(),
         largest_context: largest,
         capped: false,
+        kv_pool_tokens: None,
+        limited_by_pool: false,
     }
 }
 
@@ -672,6 +674,21 @@ fn forecast_line_and_model_table() {
             ..forecast(0, GIB, Some(1 << 24))
         }),
         "context 0 tok · next chunk (4,128 tok) 1.00 GiB of 24.00 GiB --capacity · headroom 23.00 GiB · no cliff up to 16,777,216 tok"
+    );
+    // A preallocated KV pool: no context to read, the chunk at its smallest step, and what
+    // stops the context, the pool or memory.
+    let pool = |largest, by_pool| Forecast {
+        kv_pool_tokens: Some(600_000),
+        limited_by_pool: by_pool,
+        ..forecast(0, 20 * GIB, largest)
+    };
+    assert_eq!(
+        forecast_text(&pool(Some(600_000), true)),
+        "KV pool 600,000 tok preallocated · a chunk (4,128 tok) 20.00 GiB of 24.00 GiB --capacity · headroom 4.00 GiB · context bounded by the pool (600,000 tok)"
+    );
+    assert_eq!(
+        forecast_text(&pool(Some(90_000), false)),
+        "KV pool 600,000 tok preallocated · a chunk (4,128 tok) 20.00 GiB of 24.00 GiB --capacity · headroom 4.00 GiB · memory holds a context up to 90,000 tok"
     );
 }
 

@@ -186,14 +186,24 @@ pub fn tensors_footer(t: &ModelTensors) -> String {
 /// The forecast as one line: the context, the next chunk's modelled peak against the limit,
 /// and the tokens left before the cliff.
 pub fn forecast_text(f: &Forecast) -> String {
-    let head = format!(
-        "context {} tok · next chunk ({} tok) {} of {} {}",
-        format_count(f.context_tokens),
-        format_count(f.chunk_tokens),
-        format_bytes(f.next_step_bytes),
-        format_bytes(f.limit_bytes),
-        f.limit_label,
-    );
+    let head = match f.kv_pool_tokens {
+        Some(slots) => format!(
+            "KV pool {} tok preallocated · a chunk ({} tok) {} of {} {}",
+            format_count(slots),
+            format_count(f.chunk_tokens),
+            format_bytes(f.next_step_bytes),
+            format_bytes(f.limit_bytes),
+            f.limit_label,
+        ),
+        None => format!(
+            "context {} tok · next chunk ({} tok) {} of {} {}",
+            format_count(f.context_tokens),
+            format_count(f.chunk_tokens),
+            format_bytes(f.next_step_bytes),
+            format_bytes(f.limit_bytes),
+            f.limit_label,
+        ),
+    };
     let headroom = f.headroom_bytes();
     if headroom < 0 {
         return format!(
@@ -202,6 +212,12 @@ pub fn forecast_text(f: &Forecast) -> String {
         );
     }
     let cliff = match f.largest_context {
+        Some(l) if f.kv_pool_tokens.is_some() && f.limited_by_pool => {
+            format!("context bounded by the pool ({} tok)", format_count(l))
+        }
+        Some(l) if f.kv_pool_tokens.is_some() && !f.capped => {
+            format!("memory holds a context up to {} tok", format_count(l))
+        }
         Some(l) if f.capped => format!("no cliff up to {} tok", format_count(l)),
         Some(l) => format!(
             "cliff in {} tok (at {})",
