@@ -2,7 +2,7 @@
 # The cost of recording a real server (issue 19, item 3): `transformers serve --continuous-batching`
 # with a random-weight dense Qwen3 (scripts/validate/hf_models.py), one batch of 16 concurrent
 # chat completions of 1,500 prompt tokens and 96 new tokens, timed by serve_load.py after a
-# warm-up batch: BATCHES such batches (default 3) one after the other per server, the server's
+# small warm-up and WARMUP_BATCHES (2) untimed full-size batches: BATCHES such batches (default 3) one after the other per server, the server's
 # figure being their median. Modes (MODES, default "bare recorder vramtrace"), alternated within
 # each round, each a fresh server:
 #   bare       no recorder
@@ -47,6 +47,10 @@ one() { # MODE ROUND
   local pid=$!
   [ "$mode" = recorder ] && export PYTHONPATH=$PYTHONPATH_SAVE
   python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 --wait 240 > /dev/null
+  # A fresh server's first two full-size batches are 2-3 times slower than the next ones in
+  # every mode (docs/validation.md, 2026-12-01): WARMUP_BATCHES (2) of them are not timed.
+  python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
+    --rounds "${WARMUP_BATCHES:-2}" --wait 10 > /dev/null
   local line
   line=$(python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
     --rounds "${BATCHES:-3}" --wait 10 | grep round)
