@@ -750,13 +750,20 @@ def _report_detach(flags):
 # attributes of other objects that hold CUDA tensors (or lists, tuples, dicts of them). Each
 # tensor's storage is matched to the seeded block it lies in, and the block is named through
 # the preload's `vramtrace_annotate` (an ANNOTATE record: the reader names the block at that
-# address). The walk runs in a thread of its own, in slices, giving the GIL back between them,
-# so the program's threads are not held up for more than a slice (docs/architecture.md,
-# "Attaching to a running process").
+# address). The walk runs in a thread of its own, in short slices with a real sleep between
+# them: `time.sleep(0)` alone hands the GIL over only until the program's thread next releases
+# it, and a thread that releases it often (every CUDA synchronisation) then waits up to the
+# switch interval each time (on the H200, a served batch took 23 s instead of 3 while the walk
+# ran so). Sleeping, the walk is not runnable at all (docs/architecture.md, "Attaching to a
+# running process").
 
 _naming = {}
-# Objects examined per slice of the walk before the GIL is given back.
-_NAMING_SLICE = 2000
+# Objects examined per slice of the walk before the GIL is given back (well under a
+# millisecond of Python), and how long the walk then sleeps.
+_NAMING_SLICE = 500
+_NAMING_PAUSE = 0.002
+# Objects sorted by type per C-level pass of the prefilter (a few ms each).
+_NAMING_CHUNK = 100_000
 # Items of one list, tuple or dict attribute looked at.
 _NAMING_ITEMS = 4096
 
@@ -786,6 +793,7 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     holds, and leaves a mark saying how many were named and what the walk cost."""
     import bisect
     import gc
+    import itertools
     import time
 
     started = time.monotonic()
@@ -831,7 +839,7 @@ def _name_before_attach(torch, before, annotate, mark, stop):
             n += 1
             if n % _NAMING_SLICE == 0:
                 held_most[0] = max(held_most[0], time.monotonic() - t0)
-                time.sleep(0)
+                time.sleep(_NAMING_PAUSE)
                 if stop.is_set():
                     return
                 t0 = time.monotonic()
@@ -840,14 +848,28 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     t0 = time.monotonic()
     objects = gc.get_objects()
     listing = time.monotonic() - t0
+    # Only instances of classes with a __dict__ can hold a tensor as an attribute: the bulk of
+    # a heap (dicts, lists, tuples, functions, cells, strings) is set aside without a Python
+    # step per object (`map`, set lookups and `compress` run in C), a chunk at a time with the
+    # walk's pause between chunks; only the rest is walked object by object.
+    def chunks():
+        for i in range(0, len(objects), _NAMING_CHUNK):
+            t1 = time.monotonic()
+            yield objects[i:i + _NAMING_CHUNK]
+            held_most[0] = max(held_most[0], time.monotonic() - t1)
+            time.sleep(_NAMING_PAUSE)
+    skip = (type, type(sys), type(_start_naming), Tensor)
+    kinds = set()
+    for c in chunks():
+        kinds.update(map(type, c))
+    kinds = {k for k in kinds if k.__dictoffset__ and not issubclass(k, skip)}
+    kept = []
+    for c in chunks():
+        kept.extend(itertools.compress(c, map(kinds.__contains__, map(type, c))))
+    objects = kept
     modules, children = [], set()
-    skip = (type, type(sys), type(_start_naming))
     own = ("_parameters", "_buffers", "_modules")
     for o in sliced(objects):
-        if isinstance(o, (Tensor, *skip)):
-            continue
-        if not type(o).__dictoffset__:  # no __dict__ (lists, dicts, strings, numbers...)
-            continue
         module = isinstance(o, Module)
         if module:
             modules.append(o)
