@@ -870,3 +870,62 @@ fn summary_says_why_a_process_has_no_tensors() {
         "{text}"
     );
 }
+
+/// Native capture keeps, per thread, the stack id of the raw Python frames it saw before (the
+/// code objects and instruction offsets of every frame): the four stacks here (two lines of one
+/// function, each reached from two callers) alternate for 200 tensors, and each tensor still
+/// has its own innermost line and caller.
+#[test]
+fn native_capture_tells_apart_stacks_that_differ_in_any_frame() {
+    let Some(torch_dir) = fake_torch_with_c10("torch-native-memo") else {
+        return;
+    };
+    let out = scratch("torch-native-memo-run").join("trace");
+    let o = run_with_c10(&out, &torch_dir, "memo_paths.py", &[]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("capture=native"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let printed: Vec<(u64, u32, u32)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("tensor "))
+        .map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            (
+                w[0].parse().unwrap(),
+                w[1].parse().unwrap(),
+                w[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(printed.len(), 200);
+    let t = trace(&out);
+    let ev = tensors(&t);
+    let mut stacks = std::collections::HashSet::new();
+    let mut seen = 0;
+    for (i, &(ptr, inner, outer)) in printed.iter().enumerate() {
+        // Blocks are reused: the i-th allocation record of this address.
+        let e = ev
+            .iter()
+            .filter(|e| e.action == TensorAction::Alloc && e.ptr == ptr)
+            .nth(printed[..i].iter().filter(|p| p.0 == ptr).count())
+            .unwrap_or_else(|| panic!("tensor {i} at {ptr:#x} not recorded"));
+        let f = frames_in(&t, e.stack, "memo_paths.py");
+        let caller = if outer == printed[0].2 {
+            "first"
+        } else {
+            "second"
+        };
+        assert_eq!(
+            f.iter().take(2).cloned().collect::<Vec<_>>(),
+            vec![
+                ("alloc_here".to_string(), inner),
+                (caller.to_string(), outer)
+            ],
+            "tensor {i}"
+        );
+        stacks.insert(e.stack);
+        seen += 1;
+    }
+    assert_eq!(seen, 200);
+    assert_eq!(stacks.len(), 4, "two lines × two callers");
+}

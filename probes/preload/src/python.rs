@@ -28,7 +28,10 @@
 //! - **Cost.** Names are interned once per code object per thread (a small per-thread cache keyed
 //!   by the code object and its two name pointers, which also remembers the last instruction
 //!   offset and its line); each event pays the walk and a `PyCode_Addr2Line` per frame whose
-//!   instruction moved. The test `python_frames::cost_per_event` measures it.
+//!   instruction moved. The test `python_frames::cost_per_event` measures it. Tensor events
+//!   (`stacks::capture_python`) first walk without describing ([`capture_raw`]) and look the
+//!   raw frames' key up in a per-thread memo of stack ids, so a stack seen before costs the walk
+//!   alone.
 //!
 //! A version outside 3.10–3.13 gets one NOTE ("unsupported Python version 3.X") per process and
 //! no frames; recording of driver events goes on. `VRAMTRACE_PYTHON=0` turns the walk off.
@@ -669,14 +672,23 @@ fn line_of(addr2line: FnAddr2Line, frame: RawFrame) -> u32 {
     line.max(0) as u32
 }
 
-/// Fills `out` with the calling thread's Python frames (nothing when the process has no
-/// supported interpreter, the thread is not a Python thread, or `VRAMTRACE_PYTHON=0`).
-pub(crate) fn capture(file: File, out: &mut PyFrames) {
-    out.len = 0;
+/// What describing the calling thread's frames needs: the running interpreter's layout and
+/// functions, and the thread's state.
+pub(crate) struct Ctx {
+    l: Layout,
+    code_type: u64,
+    str_type: u64,
+    addr2line: FnAddr2Line,
+    tstate: u64,
+}
+
+/// The calling thread's [`Ctx`] (`None` when the process has no supported interpreter, the
+/// thread is not a Python thread, or `VRAMTRACE_PYTHON=0`).
+fn context(file: File) -> Option<Ctx> {
     if !crate::config::python() {
-        return;
+        return None;
     }
-    let Some(l) = resolve(file) else { return };
+    let l = resolve(file)?;
     let (get_tstate, addr2line, is_init) = (
         GET_TSTATE.load(Ordering::Relaxed),
         ADDR2LINE.load(Ordering::Relaxed),
@@ -698,24 +710,114 @@ pub(crate) fn capture(file: File, out: &mut PyFrames) {
     // the interpreter never saw).
     let tstate = unsafe {
         if is_init() == 0 {
-            return;
+            return None;
         }
         get_tstate() as usize as u64
     };
     if tstate == 0 {
-        return;
+        return None;
     }
-    let (code_type, str_type) = (
-        CODE_TYPE.load(Ordering::Relaxed),
-        STR_TYPE.load(Ordering::Relaxed),
-    );
+    Some(Ctx {
+        l,
+        code_type: CODE_TYPE.load(Ordering::Relaxed),
+        str_type: STR_TYPE.load(Ordering::Relaxed),
+        addr2line,
+        tstate,
+    })
+}
+
+/// Fills `out` with the calling thread's Python frames (nothing when the process has no
+/// supported interpreter, the thread is not a Python thread, or `VRAMTRACE_PYTHON=0`).
+pub(crate) fn capture(file: File, out: &mut PyFrames) {
+    out.len = 0;
+    let Some(c) = context(file) else { return };
     let mem = Local;
-    walk(&mem, &l, code_type, tstate, |frame| {
-        match describe(file, &mem, &l, str_type, addr2line, frame) {
+    walk(&mem, &c.l, c.code_type, c.tstate, |frame| {
+        match describe(file, &mem, &c.l, c.str_type, c.addr2line, frame) {
             Some(f) => out.push(f),
             None => false,
         }
     });
+}
+
+/// The calling thread's Python frames as the walk finds them, not yet described: each frame's
+/// code object and instruction offset, innermost first (at most [`MAX_PY_FRAMES`]), and
+/// [`RawStack::key`], a hash of them and of each code object's file and function name objects.
+/// Two events with the same key have the same described frames (a code object's names and line
+/// table never change while it lives, and one that died and was replaced at its address by
+/// another has other name objects), so a caller may keep what it made of the first.
+pub(crate) struct RawStack {
+    frames: [RawFrame; MAX_PY_FRAMES],
+    len: usize,
+    key: u64,
+}
+
+impl RawStack {
+    pub(crate) const fn new() -> RawStack {
+        RawStack {
+            frames: [RawFrame { code: 0, offset: 0 }; MAX_PY_FRAMES],
+            len: 0,
+            key: 0,
+        }
+    }
+
+    /// How many frames were found.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The hash of the frames (0 when there are none).
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+/// One step of [`RawStack::key`]'s hash.
+fn mix(h: u64, x: u64) -> u64 {
+    (h.rotate_left(23) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Walks the calling thread's frames into `out` without describing them; the [`Ctx`] to
+/// describe them with, when there is an interpreter to walk.
+pub(crate) fn capture_raw(file: File, out: &mut RawStack) -> Option<Ctx> {
+    out.len = 0;
+    out.key = 0;
+    let c = context(file)?;
+    let mem = Local;
+    let mut h = 0x243f_6a88_85a3_08d3u64;
+    walk(&mem, &c.l, c.code_type, c.tstate, |frame| {
+        let filename = mem.u64(frame.code + c.l.code_filename).unwrap_or(0);
+        let name = mem.u64(frame.code + c.l.code_name).unwrap_or(0);
+        h = mix(
+            mix(mix(mix(h, frame.code), frame.offset as u64), filename),
+            name,
+        );
+        out.frames[out.len] = frame;
+        out.len += 1;
+        out.len < MAX_PY_FRAMES
+    });
+    if out.len > 0 {
+        // Never 0: a caller's table keeps 0 for an empty slot.
+        out.key = mix(h, out.len as u64) | 1;
+    }
+    Some(c)
+}
+
+/// Describes the frames of `raw` into `out`, as [`capture`] would have (the walk ends at the
+/// first frame that cannot be described).
+pub(crate) fn describe_raw(file: File, c: &Ctx, raw: &RawStack, out: &mut PyFrames) {
+    out.len = 0;
+    let mem = Local;
+    for &frame in &raw.frames[..raw.len] {
+        match describe(file, &mem, &c.l, c.str_type, c.addr2line, frame) {
+            Some(f) => {
+                if !out.push(f) {
+                    return;
+                }
+            }
+            None => return,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use vramtrace_format::{Encoder, FRAME_HEADER_LEN, PY_FRAME_LEN, PyFrame, kind};
 
 use crate::fork::ForkHandler;
 use crate::modules::{LoadedModule, Mapped, generation, scan};
-use crate::python::{MAX_PY_FRAMES, PyFrames};
+use crate::python::{MAX_PY_FRAMES, PyFrames, RawStack};
 use crate::sink::File;
 
 /// Deepest stack kept, in frames.
@@ -369,23 +369,71 @@ pub(crate) fn capture(file: File) -> u32 {
 }
 
 /// The calling thread's Python frames alone, as a stack id (0 when it has none): for events
-/// reported from Python (the tensor ABI), whose native frames are only the interpreter's.
+/// reported from Python (the tensor ABI) and PyTorch's allocator (native tensor capture),
+/// whose native frames are only the interpreter's. A tensor's stack is mostly one seen before
+/// (a decode step allocates from the same lines each time), so the raw frames' key is looked
+/// up in a per-thread memo first ([`MEMO`]): a hit skips describing every frame, the lock and
+/// the table (docs/performance.md, "Where the decode cost grows").
 pub(crate) fn capture_python(file: File) -> u32 {
-    let mut py = PyFrames::new();
-    crate::python::capture(file, &mut py);
-    if py.len == 0 {
+    let mut raw = RawStack::new();
+    let Some(ctx) = crate::python::capture_raw(file, &mut raw) else {
+        return 0;
+    };
+    if raw.len() == 0 {
         return 0;
     }
     FORK.register();
     let file_generation = FILE_GENERATION.load(Ordering::Acquire);
-    std::panic::catch_unwind(|| {
+    let key = raw.key()
+        ^ (u64::from(file_generation) << 48)
+        ^ (u64::from(crate::intern::generation()) << 32);
+    if let Some(id) = memo_get(key) {
+        return id;
+    }
+    let mut py = PyFrames::new();
+    crate::python::describe_raw(file, &ctx, &raw, &mut py);
+    if py.len == 0 {
+        return 0;
+    }
+    let id = std::panic::catch_unwind(|| {
         let _guard = LOCK.lock();
         // Safety: LOCK is held: this is the only reference to the state.
         let slot = unsafe { &mut *STATE.0.get() };
         let state = slot.get_or_insert_with(State::new);
         state.intern(file, &[], py.as_slice(), file_generation)
     })
-    .unwrap_or(0)
+    .unwrap_or(0);
+    if id != 0 {
+        memo_put(key, id);
+    }
+    id
+}
+
+/// Slots of the per-thread memo from a raw Python stack's key to its stack id.
+const MEMO_SLOTS: usize = 1024;
+
+struct Memo(UnsafeCell<[(u64, u32); MEMO_SLOTS]>);
+
+thread_local! {
+    // `const` initialisation and no destructor: no allocation, no TLS destructor.
+    static MEMO: Memo = const { Memo(UnsafeCell::new([(0, 0); MEMO_SLOTS])) };
+}
+
+fn memo_get(key: u64) -> Option<u32> {
+    MEMO.try_with(|m| {
+        // Safety: this thread's own memo; no reference to it outlives this closure.
+        let (k, id) = unsafe { (*m.0.get())[key as usize % MEMO_SLOTS] };
+        (k == key).then_some(id)
+    })
+    .ok()
+    .flatten()
+}
+
+fn memo_put(key: u64, id: u32) {
+    let _ = MEMO.try_with(|m| {
+        // Safety: as in `memo_get`.
+        unsafe { (*m.0.get())[key as usize % MEMO_SLOTS] = (key, id) };
+    });
 }
 
 /// In a fork child: open the lock (its holder is gone) and start a new file's tables.
