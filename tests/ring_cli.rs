@@ -521,3 +521,47 @@ fn operator_outputs_are_droppable_tensor_detail() {
     );
     assert!(std::fs::metadata(trace_file(&out)).unwrap().len() <= 512 << 10);
 }
+
+/// The flight record at a refusal restates every live tensor (TensorAction::Live): the
+/// Perfetto export takes a restatement of a tensor it has live as nothing (it once took it for
+/// a free, ending the three kept tensors' slices at the refusal and dropping their bytes from
+/// the counters), so each kept tensor is one slice to the end of the trace and the last counter
+/// still holds their bytes.
+#[test]
+fn perfetto_takes_a_flight_records_restatements_as_no_change() {
+    let (out, stdout) = run_ring("ring-perfetto", "oom", 200, &[]);
+    let t = TraceFile::read(&trace_file(&out)).unwrap();
+    let (_, live) = flight_record(&t, "PyTorch's allocator refused a request");
+    assert_eq!(live.len(), 3);
+    let json = out.with_extension("perfetto.json");
+    let o = Command::new(vramtrace())
+        .args(["export"])
+        .arg(&out)
+        .args(["--format", "perfetto", "--force", "-o"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().expect("a traceEvents array");
+    for (ptr, _) in kept(&stdout) {
+        let slices: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["cat"] == "tensor" && e["args"]["ptr"] == format!("{ptr:#x}"))
+            .collect();
+        assert_eq!(slices.len(), 1, "{ptr:#x}: {slices:?}");
+        assert_eq!(slices[0]["args"]["live_at_end"], true, "{ptr:#x}");
+    }
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| e["ph"] == "C" && e["name"] == "tensor bytes: device 0")
+        .expect("a tensor counter");
+    let total: u64 = last["args"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert_eq!(total, KEPT_BYTES);
+}

@@ -279,7 +279,18 @@ pub fn export_perfetto(
                              "limit": t.limit, "free_bytes": t.free, "device": t.device}}))?;
                 n.failures += 1;
             }
-            Item::Tensor(t) if t.action == vramtrace_format::TensorAction::Alloc => {
+            // A restatement of a tensor already live (a flight record at a failure, or the
+            // ring's restatement of a dropped allocation) changes nothing; one not seen yet (its
+            // allocation record was dropped) starts it here.
+            Item::Tensor(t)
+                if t.action == vramtrace_format::TensorAction::Live
+                    && tensors.contains_key(&(pi, t.ptr)) => {}
+            Item::Tensor(t)
+                if matches!(
+                    t.action,
+                    vramtrace_format::TensorAction::Alloc | vramtrace_format::TensorAction::Live
+                ) =>
+            {
                 let l = tensor_lanes.entry((pi, t.device)).or_default();
                 let lane = l.take();
                 let tid =

@@ -1016,7 +1016,10 @@ fn peak_moment(
                 r.apply(pi, i, e);
             }
             Item::Tensor(t) if mine && t.device == device => match t.action {
-                TensorAction::Alloc => {
+                // A restatement of a live tensor changes nothing; of one whose allocation
+                // record the ring dropped, it is the allocation.
+                TensorAction::Live if tensors.contains_key(&t.ptr) => {}
+                TensorAction::Alloc | TensorAction::Live => {
                     if let Some(old) = tensors.insert(t.ptr, t.size) {
                         live = live.saturating_sub(old);
                     }
@@ -1068,7 +1071,8 @@ fn step_at_peak(trace: &Trace, at: At, cfg: &ModelConfig) -> crate::Result<Optio
             && t.device == at.device
         {
             match t.action {
-                TensorAction::Alloc => {
+                TensorAction::Live if live.contains_key(&t.ptr) => {}
+                TensorAction::Alloc | TensorAction::Live => {
                     live.insert(t.ptr, (t.size, t.stack));
                 }
                 TensorAction::Free => {
