@@ -19,7 +19,7 @@ use vramtrace_models::{
 
 use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, breakdown_at};
 use crate::report::{FailureReport, ModelInput, Report};
-use crate::torch_replay::TorchOom;
+use crate::torch_replay::{TensorReplay, TorchOom};
 use crate::trace::{Item, Trace};
 
 /// The longest context the context frontier searches (tokens per sequence).
@@ -1005,8 +1005,8 @@ fn peak_moment(
     device: i32,
 ) -> crate::Result<Option<(At, u64, u64)>> {
     let mut r = crate::replay::Replayer::new();
-    let mut tensors: HashMap<u64, u64> = HashMap::new();
-    let mut live = 0u64;
+    // PyTorch's live tensors (a restatement counts as the allocation the ring dropped).
+    let mut tensors = TensorReplay::new();
     let mut best: Option<(u64, u64, usize, u64)> = None;
     let mut i = 0usize;
     trace.for_each_item(|pi, it| {
@@ -1015,25 +1015,14 @@ fn peak_moment(
             Item::Event(e) => {
                 r.apply(pi, i, e);
             }
-            Item::Tensor(t) if mine && t.device == device => match t.action {
-                // A restatement of a live tensor changes nothing; of one whose allocation
-                // record the ring dropped, it is the allocation.
-                TensorAction::Live if tensors.contains_key(&t.ptr) => {}
-                TensorAction::Alloc | TensorAction::Live => {
-                    if let Some(old) = tensors.insert(t.ptr, t.size) {
-                        live = live.saturating_sub(old);
-                    }
-                    live += t.size;
-                }
-                TensorAction::Free => {
-                    live = live.saturating_sub(tensors.remove(&t.ptr).unwrap_or(0));
-                }
-                _ => {}
-            },
+            Item::Tensor(t) if mine && t.device == device => {
+                tensors.apply(pi, i, t);
+            }
             _ => {}
         }
         if mine {
             let level = r.level(process, device, crate::replay::Pool::Device).live;
+            let live = tensors.level(process, device).live;
             if level > 0 && best.is_none_or(|(l, tb, _, _)| (level, live) > (l, tb)) {
                 best = Some((level, live, i, it.t_ns()));
             }
@@ -1059,28 +1048,19 @@ fn peak_moment(
 /// forward that was running.
 fn step_at_peak(trace: &Trace, at: At, cfg: &ModelConfig) -> crate::Result<Option<StepPosition>> {
     let p = &trace.processes[at.process];
-    let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
+    let mut live = TensorReplay::new();
     let mut i = 0usize;
     trace.for_each_item(|pi, it| {
         if i > at.seq {
             return ControlFlow::Break(());
         }
-        i += 1;
         if let Item::Tensor(t) = &it
             && pi == at.process
             && t.device == at.device
         {
-            match t.action {
-                TensorAction::Live if live.contains_key(&t.ptr) => {}
-                TensorAction::Alloc | TensorAction::Live => {
-                    live.insert(t.ptr, (t.size, t.stack));
-                }
-                TensorAction::Free => {
-                    live.remove(&t.ptr);
-                }
-                _ => {}
-            }
+            live.apply(pi, i, t);
         }
+        i += 1;
         ControlFlow::Continue(())
     })?;
     let per_token = cfg.hidden_size * cfg.dtype.size_bytes();
@@ -1088,7 +1068,8 @@ fn step_at_peak(trace: &Trace, at: At, cfg: &ModelConfig) -> crate::Result<Optio
         return Ok(None);
     }
     let mut found: Option<(u64, String)> = None;
-    for &(size, stack) in live.values() {
+    for t in live.live_set(at.process, at.device) {
+        let (size, stack) = (t.event.size, t.event.stack);
         let py = crate::categoriser::py_frames(p, stack);
         let Some(f) = py
             .iter()
