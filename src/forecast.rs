@@ -167,13 +167,14 @@ impl LiveModel {
     }
 
     fn compute(&self, bytes: &[u64; N], device_total: Option<u64>) -> ModelAtCursor {
+        let pool = self.kv_pool(bytes);
         let given = |c: Category| Some(bytes[c.index()]).filter(|&b| b > 0);
         let known = KnownParts {
             engine_buffers: given(Category::EngineBuffers),
             cuda_graphs: given(Category::CudaGraphs),
             communication: given(Category::Communication),
             autotune: given(Category::Autotune),
-            kv_pool: self.kv_pool(bytes),
+            kv_pool: pool,
             allocator_reserve: given(Category::AllocatorReserve),
             context: given(Category::Context),
             other_process: given(Category::OtherProcess),
@@ -191,7 +192,7 @@ impl LiveModel {
                 let modelled = now.as_ref().ok().and_then(|b| b.part(c));
                 let rests_on = match c {
                     Category::Weights => "config: parameters and their format".to_string(),
-                    Category::KvCache => match self.kv_pool(bytes) {
+                    Category::KvCache => match pool {
                         Some(pool) => format!(
                             "the trace: a preallocated pool of {} token slots (more than the {} \
                              tokens of one sequence), given as it stands",
@@ -221,7 +222,7 @@ impl LiveModel {
             })
             .filter(|p| p.modelled_bytes.is_some() || p.observed_bytes > 0)
             .collect();
-        let forecast = self.forecast(&model, context, self.kv_pool(bytes), device_total);
+        let forecast = self.forecast(&model, context, pool, device_total);
         ModelAtCursor {
             title: self.title.clone(),
             parts,
