@@ -730,14 +730,10 @@ fn context(file: File) -> Option<Ctx> {
 /// supported interpreter, the thread is not a Python thread, or `VRAMTRACE_PYTHON=0`).
 pub(crate) fn capture(file: File, out: &mut PyFrames) {
     out.len = 0;
-    let Some(c) = context(file) else { return };
-    let mem = Local;
-    walk(&mem, &c.l, c.code_type, c.tstate, |frame| {
-        match describe(file, &mem, &c.l, c.str_type, c.addr2line, frame) {
-            Some(f) => out.push(f),
-            None => false,
-        }
-    });
+    let mut raw = RawStack::new();
+    if let Some(c) = capture_raw(file, &mut raw) {
+        describe_raw(file, &c, &raw, out);
+    }
 }
 
 /// The calling thread's Python frames as the walk finds them, not yet described: each frame's
