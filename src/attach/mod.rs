@@ -423,7 +423,15 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         j,
     );
     match result {
-        Ok((hooks, stop_fn, all_pause, threads, python, python_at, left_alone)) => {
+        Ok(Installed {
+            hooks,
+            stop_fn,
+            all_pause,
+            threads,
+            python,
+            python_at,
+            left_alone,
+        }) => {
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
             let landing = j.landing;
@@ -554,19 +562,22 @@ fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journa
 type StepResult<T> = Result<T, (&'static str, String)>;
 
 #[cfg(target_arch = "x86_64")]
-/// What [`install`] returns: the hooks, `vramtrace_attach_stop`, how long every thread was
-/// stopped, how many there were, whether the Python probe was scheduled, the addresses of
-/// `vramtrace_attach_python` and `vramtrace_attach_python_detached`, and why optional entry
-/// points were left alone.
-type Installed = (
-    Vec<Hook>,
-    u64,
-    Duration,
-    usize,
-    bool,
-    (u64, u64),
-    Vec<String>,
-);
+/// What [`install`] returns.
+struct Installed {
+    hooks: Vec<Hook>,
+    /// `vramtrace_attach_stop` in the target.
+    stop_fn: u64,
+    /// How long every thread was stopped.
+    all_pause: Duration,
+    /// How many threads there were.
+    threads: usize,
+    /// Whether the Python probe was scheduled.
+    python: bool,
+    /// `vramtrace_attach_python` and `vramtrace_attach_python_detached` in the target.
+    python_at: (u64, u64),
+    /// Why optional entry points were left alone.
+    left_alone: Vec<String>,
+}
 
 #[cfg(target_arch = "x86_64")]
 /// The Python run in the target's interpreter (`Py_AddPendingCall`): the probe's `attach`, in a
@@ -866,15 +877,15 @@ fn install(
             .map_err(|e| (step, e))?;
     }
     kill_point("patched");
-    Ok((
+    Ok(Installed {
         hooks,
-        stop,
-        all_started.elapsed(),
-        tids.len(),
+        stop_fn: stop,
+        all_pause: all_started.elapsed(),
+        threads: tids.len(),
         python,
-        (python_fn, python_detached),
+        python_at: (python_fn, python_detached),
         left_alone,
-    ))
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
