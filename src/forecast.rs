@@ -257,8 +257,10 @@ impl LiveModel {
         let next = self.shape.with_context(context.saturating_add(chunk));
         let checked = model.check(&next, &limit).map_err(|e| e.to_string())?;
         let counted = checked.limit.as_ref().map_or(checked.total, |l| l.counted);
+        // No context past the longest sequence the model takes: a cliff beyond it is never met.
+        let search_to = self.max_sequence.unwrap_or(MAX_CONTEXT);
         let frontier = model
-            .largest_context_at(&self.shape, &limit, MAX_CONTEXT.max(next.context_tokens))
+            .largest_context_at(&self.shape, &limit, search_to.max(next.context_tokens))
             .map_err(|e| e.to_string())?;
         Ok(Forecast {
             context_tokens: context,

@@ -162,6 +162,48 @@ pub struct DirSource {
     said_waiting: bool,
     said_following: bool,
     model: Option<LiveModel>,
+    log: Option<PollLog>,
+}
+
+/// A line per read of the followed files, when `VRAMTRACE_LIVE_LOG` names a file: the wall time
+/// since the view started, the timed items read, the milliseconds spent reading and then
+/// replaying them, and the trace time reached. It shows whether a view that falls behind is
+/// waiting for records or busy replaying them.
+struct PollLog {
+    file: std::fs::File,
+    started: Instant,
+}
+
+impl PollLog {
+    fn from_env() -> Option<PollLog> {
+        let path = std::env::var_os("VRAMTRACE_LIVE_LOG")?;
+        let file = std::fs::File::create(path).ok()?;
+        Some(PollLog {
+            file,
+            started: Instant::now(),
+        })
+    }
+
+    fn poll(&mut self, items: usize, read: Duration, total: Duration, latest_s: f64) {
+        use std::io::Write;
+        let _ = writeln!(
+            self.file,
+            "{:.3} items {items} read_ms {:.1} replay_ms {:.1} trace_s {latest_s:.3}",
+            self.started.elapsed().as_secs_f64(),
+            read.as_secs_f64() * 1e3,
+            (total - read).as_secs_f64() * 1e3,
+        );
+    }
+
+    fn snapshot(&mut self, took: Duration, at_s: f64) {
+        use std::io::Write;
+        let _ = writeln!(
+            self.file,
+            "{:.3} snapshot_ms {:.1} at_s {at_s:.3}",
+            self.started.elapsed().as_secs_f64(),
+            took.as_secs_f64() * 1e3,
+        );
+    }
 }
 
 /// At most this many problems of one file are reported as notices.
@@ -184,6 +226,7 @@ impl DirSource {
             said_waiting: false,
             said_following: false,
             model: None,
+            log: PollLog::from_env(),
         }
     }
 
@@ -866,11 +909,17 @@ impl LiveSource for DirSource {
         }
         let started = Instant::now();
         loop {
+            let this = Instant::now();
             let batch = self.read_files(&mut out);
             if batch.is_empty() {
                 break;
             }
+            let (items, read) = (batch.len(), this.elapsed());
             self.ingest(batch, &mut out);
+            if let Some(log) = &mut self.log {
+                let latest_s = self.timeline.secs(self.timeline.latest_ns());
+                log.poll(items, read, this.elapsed(), latest_s);
+            }
             if started.elapsed() >= self.options.poll_budget {
                 break;
             }
@@ -882,7 +931,12 @@ impl LiveSource for DirSource {
     fn snapshot(&mut self, query: &SnapshotQuery) -> Option<LiveSnapshot> {
         if query.time_s >= self.latest_s() - 1e-9 {
             self.past = None;
-            return Some(self.live_snapshot(query));
+            let started = Instant::now();
+            let s = self.live_snapshot(query);
+            if let Some(log) = &mut self.log {
+                log.snapshot(started.elapsed(), query.time_s);
+            }
+            return Some(s);
         }
         if let Some((q, s)) = &self.past
             && q == query

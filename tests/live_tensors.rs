@@ -152,6 +152,9 @@ fn transformers_serve_with_its_model() {
     assert_eq!(f.context_tokens, 0);
     assert_eq!(f.kv_pool_tokens, Some(84_959_821_824 / per_token));
     assert_eq!(f.limit_bytes, 150_109_880_320); // the H200 total recorded in the trace
+    // No context past the longest sequence the model takes (32,768) is searched: the pool's
+    // 2.6 M slots are room for many sequences, not one context, and this card holds the longest.
+    assert_eq!((f.largest_context, f.capped), (Some(32_768), true), "{f:?}");
     // The forecast agrees with itself: the next chunk fits exactly when the cliff lies past it.
     let fits = f.headroom_bytes() >= 0;
     assert_eq!(

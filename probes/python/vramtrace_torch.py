@@ -747,30 +747,36 @@ def _report_detach(flags):
 # --- Naming the state at attach --------------------------------------------------------------
 # The blocks seeded from PyTorch's snapshot have no Python line (nothing of now made them). The
 # Python objects holding them say what they are: every module's parameters and buffers, and the
-# attributes of other objects that hold CUDA tensors (or lists, tuples, dicts of them). Each
-# tensor's storage is matched to the seeded block it lies in, and the block is named through
-# the preload's `vramtrace_annotate` (an ANNOTATE record: the reader names the block at that
-# address). The walk runs in a thread of its own, in short slices with a real sleep between
-# them: `time.sleep(0)` alone hands the GIL over only until the program's thread next releases
-# it, and a thread that releases it often (every CUDA synchronisation) then waits up to the
-# switch interval each time (on the H200, a served batch took 23 s instead of 3 while the walk
-# ran so). Sleeping, the walk is not runnable at all (docs/architecture.md, "Attaching to a
-# running process").
+# attributes of other objects that hold CUDA tensors (directly, or in a list, tuple or dict).
+# Each tensor's storage is matched to the seeded block it lies in, and the block is named
+# through the preload's `vramtrace_annotate` (an ANNOTATE record: the reader names the block at
+# that address).
+#
+# The walk runs in a thread of its own and must cost the program next to nothing. A walk that
+# looked at every object's attributes in Python held the GIL for seconds in total, a slice at a
+# time, and each slice made the program's threads wait for the GIL (a served batch took 19 s
+# instead of 3 on the H200 while it ran). So the heap is never walked in Python: the objects are
+# listed once (`gc.get_objects`), and each pass over them is one C-level expression per chunk
+# (`map` over `gc.get_referents`, set lookups, `compress`) that keeps only the objects
+# referring to a tensor in a seeded block, then to such an object; only those few are looked
+# at in Python, to find the attribute's name. `gc.get_referents` reads an object's references
+# without materialising its `__dict__`. Between chunks the walk sleeps, so it is not runnable
+# (docs/architecture.md, "Attaching to a running process").
 
 _naming = {}
-# Objects examined per slice of the walk before the GIL is given back (well under a
-# millisecond of Python), and how long the walk then sleeps.
-_NAMING_SLICE = 500
-_NAMING_PAUSE = 0.002
-# Objects sorted by type per C-level pass of the prefilter (a few ms each).
-_NAMING_CHUNK = 100_000
-# Items of one list, tuple or dict attribute looked at.
+# Objects per C-level pass before the GIL is given back (a few ms), and how long the walk then
+# sleeps.
+_NAMING_CHUNK = 20_000
+_NAMING_PAUSE = 0.005
+# Items of one list, tuple or dict looked at by name.
 _NAMING_ITEMS = 4096
 
 
 def _start_naming(torch, before, mark):
     annotate = getattr(_lib, "vramtrace_annotate", None)
     if annotate is None:
+        if mark is not None:
+            mark(b"before attach: not named: this preload has no vramtrace_annotate")
         return
     annotate.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_char_p,
                          ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32]
@@ -782,6 +788,8 @@ def _start_naming(torch, before, mark):
             _name_before_attach(torch, dict(before), annotate, mark, stop)
         except Exception as e:  # never a traceback in the program's stderr
             _note(f"the state at attach is not named: {type(e).__name__}: {e}")
+            if mark is not None:
+                mark(f"before attach: not named: {type(e).__name__}: {e}".encode())
 
     t = threading.Thread(target=walk, name="vramtrace-names", daemon=True)
     _naming["thread"] = t
@@ -793,17 +801,15 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     holds, and leaves a mark saying how many were named and what the walk cost."""
     import bisect
     import gc
-    import itertools
     import time
+    from itertools import compress, repeat
+    from operator import not_
 
     started = time.monotonic()
     starts = sorted(before)
     Tensor, Module = torch.Tensor, torch.nn.Module
-    # Block pointer -> (rank, label, tensor): a module's parameter or buffer (rank 1) beats
-    # another object's attribute (rank 0); then the larger tensor (a view of a part is not the
-    # block's name).
-    names = {}
     held_most = [0.0]
+    passes = [0]
 
     def block_of(t):
         try:
@@ -821,6 +827,21 @@ def _name_before_attach(torch, before, annotate, mark, stop):
             return None
         return base
 
+    def rest(t1):
+        """After a stretch holding the GIL: sleeps; True when the walk is to stop."""
+        held_most[0] = max(held_most[0], time.monotonic() - t1)
+        passes[0] += 1
+        time.sleep(_NAMING_PAUSE)
+        return stop.is_set()
+
+    t0 = time.monotonic()
+    objects = gc.get_objects()
+    listing = time.monotonic() - t0
+    if rest(t0):
+        return
+    # Everything that will hold tensors is made after the listing, so no pass finds it.
+    names = {}  # block pointer -> ((rank, bytes), label, tensor)
+
     def offer(t, rank, label):
         base = block_of(t)
         if base is None:
@@ -830,89 +851,147 @@ def _name_before_attach(torch, before, annotate, mark, stop):
         if old is None or key > old[0]:
             names[base] = (key, label, t)
 
-    def sliced(items):
-        """Yields the items, giving the GIL back every `_NAMING_SLICE`."""
-        n = 0
-        t0 = time.monotonic()
-        for x in items:
-            yield x
-            n += 1
-            if n % _NAMING_SLICE == 0:
-                held_most[0] = max(held_most[0], time.monotonic() - t0)
-                time.sleep(_NAMING_PAUSE)
-                if stop.is_set():
-                    return
-                t0 = time.monotonic()
-        held_most[0] = max(held_most[0], time.monotonic() - t0)
-
-    t0 = time.monotonic()
-    objects = gc.get_objects()
-    listing = time.monotonic() - t0
-    # Only instances of classes with a __dict__ can hold a tensor as an attribute: the bulk of
-    # a heap (dicts, lists, tuples, functions, cells, strings) is set aside without a Python
-    # step per object (`map`, set lookups and `compress` run in C), a chunk at a time with the
-    # walk's pause between chunks; only the rest is walked object by object.
     def chunks():
         for i in range(0, len(objects), _NAMING_CHUNK):
-            t1 = time.monotonic()
             yield objects[i:i + _NAMING_CHUNK]
-            held_most[0] = max(held_most[0], time.monotonic() - t1)
-            time.sleep(_NAMING_PAUSE)
-    skip = (type, type(sys), type(_start_naming), Tensor)
+
     kinds = set()
     for c in chunks():
+        t1 = time.monotonic()
         kinds.update(map(type, c))
-    kinds = {k for k in kinds if k.__dictoffset__ and not issubclass(k, skip)}
-    kept = []
-    for c in chunks():
-        kept.extend(itertools.compress(c, map(kinds.__contains__, map(type, c))))
-    objects = kept
-    modules, children = [], set()
-    own = ("_parameters", "_buffers", "_modules")
-    for o in sliced(objects):
-        module = isinstance(o, Module)
-        if module:
-            modules.append(o)
-            try:
-                children.update(id(m) for m in o.children())
-            except Exception:
-                pass
-        try:
-            # Not getattr: an object without a __dict__ would be asked through its __getattr__.
-            attrs = object.__getattribute__(o, "__dict__")
+        if rest(t1):
+            return
+    def subclass(k, base):
+        try:  # a metaclass's __subclasscheck__ may raise
+            return issubclass(k, base)
         except Exception:
-            continue
-        if not isinstance(attrs, dict):
-            continue
-        cls = type(o).__name__
-        for k, v in list(attrs.items()):
-            if module and k in own:
-                continue
-            if isinstance(v, Tensor):
-                offer(v, 0, f"{cls}.{k}")
-            elif isinstance(v, (list, tuple)):
-                for i, x in enumerate(v[:_NAMING_ITEMS]):
-                    if isinstance(x, Tensor):
-                        offer(x, 0, f"{cls}.{k}[{i}]")
-            elif isinstance(v, dict) and len(v) <= _NAMING_ITEMS:
-                for kk, x in list(v.items()):
-                    if isinstance(x, Tensor):
-                        offer(x, 0, f"{cls}.{k}[{kk!r}]")
-    del objects
+            return False
+
+    tensor_kinds = {k for k in kinds if subclass(k, Tensor)}
+    module_kinds = {k for k in kinds if subclass(k, Module)}
+    tensors, modules = [], []
+    for c in chunks():
+        t1 = time.monotonic()
+        kind = list(map(type, c))
+        tensors.extend(compress(c, map(tensor_kinds.__contains__, kind)))
+        modules.extend(compress(c, map(module_kinds.__contains__, kind)))
+        del kind
+        if rest(t1):
+            return
+
+    # Module parameters and buffers, from the root modules: rank 2.
+    t1 = time.monotonic()
+    children = set()
+    for m in modules:
+        try:
+            children.update(map(id, m.children()))
+        except Exception:
+            pass
     roots = [m for m in modules if id(m) not in children]
+    del modules, children
+    if rest(t1):
+        return
     for root in roots:
-        if stop.is_set():
-            break
+        t1 = time.monotonic()
         try:
             named = [(n, p, "") for n, p in root.named_parameters()]
             named += [(n, b, " (buffer)") for n, b in root.named_buffers()]
         except Exception:
-            continue
-        for name, t, what in sliced(named):
+            named = []
+        for name, t, what in named:
             if t is not None:
-                offer(t, 1, f"weights: {name}{what}")
+                offer(t, 2, f"weights: {name}{what}")
+        del named
+        if rest(t1):
+            return
+
+    # The other tensors in seeded blocks, and who refers to them.
+    t1 = time.monotonic()
+    wanted = {}
+    for t in tensors:
+        base = block_of(t)
+        if base is not None and names.get(base, ((0,),))[0][0] < 2:
+            wanted[id(t)] = t
+    del tensors
+    if rest(t1):
+        return
+
+    def referring_to(ids):
+        """The listed objects that refer to an object of `ids`, one C-level pass per chunk."""
+        found = []
+        for c in chunks():
+            t1 = time.monotonic()
+            refs = map(gc.get_referents, c)
+            found.extend(compress(c, map(not_, map(ids.isdisjoint, map(map, repeat(id), refs)))))
+            if rest(t1):
+                return None
+        return found
+
+    def items(o):
+        """(key, value) of a list, tuple or dict, at most _NAMING_ITEMS."""
+        if isinstance(o, dict):
+            return list(o.items())[:_NAMING_ITEMS]
+        if isinstance(o, (list, tuple)):
+            return list(enumerate(o[:_NAMING_ITEMS]))
+        return []
+
+    def attributes(o):
+        """An instance's attributes (its `__dict__`), or none."""
+        if isinstance(o, (type, dict, list, tuple)) or type(o) is type(sys):
+            return {}
+        try:
+            d = object.__getattribute__(o, "__dict__")
+        except Exception:
+            return {}
+        return d if isinstance(d, dict) else {}
+
+    skip_module_keys = ("_parameters", "_buffers", "_modules")
+    holders = referring_to(set(wanted)) if wanted else []
+    if holders is None:
+        return
+    # Lists, tuples and dicts holding a wanted tensor: named by their owner's attribute.
+    containers = {}
+    t1 = time.monotonic()
+    for h in holders:
+        if isinstance(h, (dict, list, tuple)):
+            containers[id(h)] = h
+            continue
+        cls = type(h).__name__
+        module = isinstance(h, Module)
+        for k, v in list(attributes(h).items()):
+            if id(v) in wanted and not (module and k in skip_module_keys):
+                offer(v, 1, f"{cls}.{k}")
+    del holders
+    if rest(t1):
+        return
+    owners = referring_to(set(containers)) if containers else []
+    if owners is None:
+        return
+    t1 = time.monotonic()
+    for o in owners:
+        if isinstance(o, (dict, list, tuple)):
+            continue  # a container in a container, or a module's globals: not named
+        cls = type(o).__name__
+        module = isinstance(o, Module)
+        attrs = attributes(o)
+        if id(attrs) in containers:
+            # The owner's materialised __dict__ holds the tensor.
+            for k, v in list(attrs.items()):
+                if id(v) in wanted and not (module and k in skip_module_keys):
+                    offer(v, 1, f"{cls}.{k}")
+            continue
+        for k, v in list(attrs.items()):
+            if id(v) not in containers or (module and k in skip_module_keys):
+                continue
+            for i, x in items(v):
+                if id(x) in wanted:
+                    offer(x, 1, f"{cls}.{k}[{i!r}]")
+    del owners, containers, wanted
+    rest(t1)
+    objects = None
+
     live = _state.get("sizes")
-    named_bytes = {0: 0, 1: 0}
+    named_bytes = {1: 0, 2: 0}
     count = 0
     for base, ((rank, _), label, t) in sorted(names.items()):
         if stop.is_set():
@@ -928,10 +1007,10 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     total = sum(b[1] for b in before.values())
     if mark is not None and not stop.is_set():
         mark((f"before attach: named {count} of {len(before)} live blocks from Python objects "
-              f"({named_bytes[1] + named_bytes[0]} of {total} bytes: {named_bytes[1]} module "
-              f"parameters and buffers, {named_bytes[0]} other objects' attributes); "
+              f"({named_bytes[2] + named_bytes[1]} of {total} bytes: {named_bytes[2]} module "
+              f"parameters and buffers, {named_bytes[1]} other objects' attributes); "
               f"{len(roots)} root modules; the walk took "
               f"{(time.monotonic() - started) * 1e3:.0f} ms, listing the objects "
               f"{listing * 1e3:.1f} ms, at most {held_most[0] * 1e3:.1f} ms between giving "
-              f"the GIL back").encode())
+              f"the GIL back, {passes[0]} times").encode())
     _naming["done"] = count

@@ -145,7 +145,8 @@ for trace in snap.get("device_traces", []):
 print(f"entries {total}; after the detach: {sum(n.values())} {dict(n)}")
 PY
 echo "--- the state at attach, named (the probe's mark; the categories at the peak)"
-grep -a -o "before attach: named [^\"]*" "$D"/*.vtr | head -2
+grep -a -o "before attach: n[^\"]*" "$D"/*.vtr | head -2
+grep -a -o "state at attach is not named[^\"]*" "$D"/*.vtr | head -2
 "$VT" summary "$D" | sed -n '/what the memory holds/,/^ *total /p' | head -60
 
 kill -INT $SERVER; sleep 5; kill -KILL $SERVER 2>/dev/null

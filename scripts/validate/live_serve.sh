@@ -38,20 +38,36 @@ SERVER=$!
 cap() { sleep "${2:-3}"; tmux capture-pane -p -t vtlive > "$OUT/$1"; echo "captured $OUT/$1"; }
 tmux kill-session -t vtlive 2> /dev/null
 tmux new-session -d -s vtlive -x 160 -y 48 \
-  "$VT live $D --model $M/config.json --runtime transformers --chunk 1500 --kv-block-size 256; sleep 600"
+  "VRAMTRACE_LIVE_LOG=$OUT/live-polls.log $VT live $D --model $M/config.json --runtime transformers --chunk 1500 --kv-block-size 256; sleep 600"
 python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 --wait 240 > /dev/null
-python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 --wait 10 > "$OUT/load.txt" &
+python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 --rounds 4 --wait 10 > "$OUT/load.txt" &
 LOAD=$!
-cap 01-follow.txt 5
+# The client takes seconds to import its tokenizer: the screens are taken once it sends (the
+# first call of 2026-12-01 took them all before it did, of a server with nothing to do).
+for _ in $(seq 600); do grep -q "ready after" "$OUT/load.txt" 2> /dev/null && break; sleep 0.1; done
+# The trace's size each second beside the view's log of its reads (live-polls.log).
+( while kill -0 $LOAD 2> /dev/null; do echo "$(date +%s.%N) $(du -b "$D"/*.vtr 2> /dev/null | tr '\n' ' ')"; sleep 1; done ) > "$OUT/trace-sizes.log" &
+cap 01-follow.txt 3
 tmux send-keys -t vtlive t; cap 02-by-line.txt 2
 tmux send-keys -t vtlive t; cap 03-model.txt 2
 tmux send-keys -t vtlive t; cap 03b-tensors.txt 2
 tmux send-keys -t vtlive t p; cap 04-peak.txt 3
 tmux send-keys -t vtlive t t t; cap 04b-peak-tensors.txt 2
 wait $LOAD
-kill -INT $SERVER 2> /dev/null; sleep 5; kill -KILL $SERVER 2> /dev/null
+# Stop the server itself (the recorder's child): interrupted, then killed if it lingers.
+SERVE_PID=$(pgrep -f "serve $M --port $PORT" | grep -vx "$SERVER" | head -1)
+kill -INT $SERVER ${SERVE_PID:-} 2> /dev/null
+for _ in $(seq 20); do kill -0 ${SERVE_PID:-$SERVER} 2> /dev/null || break; sleep 1; done
+kill -KILL $SERVER ${SERVE_PID:-} 2> /dev/null
 tmux send-keys -t vtlive f; cap 05-exited.txt 4
+cap 05b-exited-later.txt 8
 tmux kill-session -t vtlive
+"$VT" summary "$D" > "$OUT/summary.txt" 2>&1
+# The trace itself, when it is small enough to come back (a view that fell behind is read here).
+for f in "$D"/*.vtr; do
+  gzip -1 -c "$f" > "$OUT/$(basename "$f").gz"
+  [ "$(stat -c %s "$OUT/$(basename "$f").gz")" -le $((14 << 20)) ] || { echo "left out: $f (gzipped over 14 MiB)"; rm "$OUT/$(basename "$f").gz"; }
+done
 # fla with caching on, followed while it runs (LIVE_FLA=0 skips it).
 [ "${LIVE_FLA:-1}" = 0 ] && { echo "screens in $OUT"; exit 0; }
 D2=$W/live-fla-trace
