@@ -802,6 +802,7 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     import bisect
     import gc
     import time
+    import types
     from itertools import compress, repeat
     from operator import not_
 
@@ -869,15 +870,29 @@ def _name_before_attach(torch, before, annotate, mark, stop):
 
     tensor_kinds = {k for k in kinds if subclass(k, Tensor)}
     module_kinds = {k for k in kinds if subclass(k, Module)}
-    tensors, modules = [], []
+    # The objects whose references are read: lists, tuples, dicts and instances of classes
+    # with a __dict__. Never a frame, generator or coroutine: another thread may be executing
+    # it, and reading its references then reads a stack that is changing under it (CPython
+    # gh-101975, gh-125603; a served model crashed so on the H200, docs/validation.md). Never
+    # a tensor, a type, a module or a function either: none holds a tensor by attribute.
+    unsafe = (type, type(sys), types.FunctionType, types.FrameType, types.GeneratorType,
+              types.CoroutineType, types.AsyncGeneratorType, Tensor)
+    scanned_kinds = {k for k in kinds
+                     if (subclass(k, (list, tuple, dict)) or getattr(k, "__dictoffset__", 0))
+                     and not subclass(k, unsafe)}
+    del kinds
+    tensors, modules, scanned = [], [], []
     for c in chunks():
         t1 = time.monotonic()
         kind = list(map(type, c))
         tensors.extend(compress(c, map(tensor_kinds.__contains__, kind)))
         modules.extend(compress(c, map(module_kinds.__contains__, kind)))
+        scanned.extend(compress(c, map(scanned_kinds.__contains__, kind)))
         del kind
         if rest(t1):
             return
+    objects = scanned
+    del scanned
 
     # Module parameters and buffers, from the root modules: rank 2.
     t1 = time.monotonic()
