@@ -68,6 +68,8 @@ decode() {
         bare) t=$(python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
         history) t=$(python3 "$VAL/decode_bench.py" --history "${cfg[@]}") ;;
         vramtrace) t=$(traced native "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
+        # Native capture without the Python lines: what the frame walk costs of the above.
+        vramtrace_nopy) t=$(VRAMTRACE_PYTHON=0 traced native "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
         callbacks) t=$(traced callbacks "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
         no_torch_probe) t=$(traced off "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
       esac
