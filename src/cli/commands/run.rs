@@ -48,11 +48,11 @@ pub struct RunArgs {
     /// time range lost them. Driver events, failures, notes and the live tensors are never
     /// dropped (a tensor still live when its record goes is restated), and at every failed
     /// allocation, every refusal of PyTorch's allocator, and on `vramtrace snapshot PID`, the
-    /// whole live tensor set with its stacks is written beside the ring. A tensor event takes
-    /// 27 bytes (measured on the stand-in; docs/performance.md), so the default of 4GiB holds
-    /// some 150 million: at about 0.14 MB per decode step of an 8-layer model (an estimate:
-    /// the H200 run of issue 19 wrote 0.5 MB per step in 97-byte records), a day of decoding
-    /// at 5 steps a second would write 60 GB; the ring keeps the last 30,000 steps of it.
+    /// whole live tensor set with its stacks is written beside the ring. Measured on the H200
+    /// (docs/performance.md): a decode step of an 8-layer hybrid Qwen3.5 writes 33 KB (1,129
+    /// tensor events of 29.6 bytes), so the default of 4GiB holds some 145 million events,
+    /// about 130,000 such steps: a day of decoding at 5 steps a second (14 GB unbounded)
+    /// keeps its last 7 hours of tensor detail; `--max-size 16GiB` keeps the whole day.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
     pub max_size: u64,
     /// Run the program against vramtrace's stand-in driver instead of a GPU: a `libcuda.so.1`
