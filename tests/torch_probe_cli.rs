@@ -929,3 +929,18 @@ fn native_capture_tells_apart_stacks_that_differ_in_any_frame() {
     assert_eq!(seen, 200);
     assert_eq!(stacks.len(), 4, "two lines × two callers");
 }
+
+/// The attach's naming walk (`probes/python/tests/naming_walk.py`): it names the blocks that
+/// a module's parameters, an attribute, a list attribute and a dict attribute hold, and never
+/// reads the references of a frame, a generator or a coroutine, which another thread may be
+/// executing (reading them crashed a server on the H200: docs/validation.md).
+#[test]
+fn the_naming_walk_names_attributes_and_never_reads_a_running_frame() {
+    let o = Command::new("python3")
+        .arg(python_dir().join("naming_walk.py"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert_eq!(stdout.lines().last(), Some("ok"), "{stdout}");
+}

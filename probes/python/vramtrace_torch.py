@@ -801,6 +801,7 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     holds, and leaves a mark saying how many were named and what the walk cost."""
     import bisect
     import gc
+    import itertools
     import time
     import types
     from itertools import compress, repeat
@@ -961,47 +962,41 @@ def _name_before_attach(torch, before, annotate, mark, stop):
         return d if isinstance(d, dict) else {}
 
     skip_module_keys = ("_parameters", "_buffers", "_modules")
+
+    # Every pass runs before any instance's attributes are read: reading `__dict__` makes an
+    # instance keep its attributes in a new dict, which no pass would then find.
     holders = referring_to(set(wanted)) if wanted else []
     if holders is None:
         return
     # Lists, tuples and dicts holding a wanted tensor: named by their owner's attribute.
-    containers = {}
-    t1 = time.monotonic()
-    for h in holders:
-        if isinstance(h, (dict, list, tuple)):
-            containers[id(h)] = h
-            continue
-        cls = type(h).__name__
-        module = isinstance(h, Module)
-        for k, v in list(attributes(h).items()):
-            if id(v) in wanted and not (module and k in skip_module_keys):
-                offer(v, 1, f"{cls}.{k}")
-    del holders
-    if rest(t1):
-        return
+    containers = {id(h): h for h in holders if isinstance(h, (dict, list, tuple))}
     owners = referring_to(set(containers)) if containers else []
     if owners is None:
         return
+    # Dicts holding such a container: an instance's __dict__ where it is not kept inline (before
+    # Python 3.12, or once materialised), named by one more pass.
+    outer = {id(o): o for o in owners
+             if isinstance(o, dict) and id(o) not in containers}
+    instances = referring_to(set(outer)) if outer else []
+    if instances is None:
+        return
     t1 = time.monotonic()
-    for o in owners:
+    for o in itertools.chain(holders, owners, instances):
         if isinstance(o, (dict, list, tuple)):
             continue  # a container in a container, or a module's globals: not named
         cls = type(o).__name__
         module = isinstance(o, Module)
         attrs = attributes(o)
-        if id(attrs) in containers:
-            # The owner's materialised __dict__ holds the tensor.
-            for k, v in list(attrs.items()):
-                if id(v) in wanted and not (module and k in skip_module_keys):
-                    offer(v, 1, f"{cls}.{k}")
-            continue
         for k, v in list(attrs.items()):
-            if id(v) not in containers or (module and k in skip_module_keys):
+            if module and k in skip_module_keys:
                 continue
-            for i, x in items(v):
-                if id(x) in wanted:
-                    offer(x, 1, f"{cls}.{k}[{i!r}]")
-    del owners, containers, wanted
+            if id(v) in wanted:
+                offer(v, 1, f"{cls}.{k}")
+            elif id(v) in containers:
+                for i, x in items(v):
+                    if id(x) in wanted:
+                        offer(x, 1, f"{cls}.{k}[{i!r}]")
+    del holders, owners, instances, containers, wanted, outer
     rest(t1)
     objects = None
 
