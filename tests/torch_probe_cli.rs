@@ -944,3 +944,50 @@ fn the_naming_walk_names_attributes_and_never_reads_a_running_frame() {
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
     assert_eq!(stdout.lines().last(), Some("ok"), "{stdout}");
 }
+
+/// `VRAMTRACE_SELF_TIME=1`: native capture times its own steps and the probe's stats line says
+/// them, one count per tracker call, per report and per allocation's frames; off, the line has
+/// no such part.
+#[test]
+fn native_capture_says_what_its_own_steps_cost_when_asked() {
+    let Some(torch_dir) = fake_torch_with_c10("torch-native-self-time") else {
+        return;
+    };
+    let out = scratch("torch-native-self-time-run").join("trace");
+    let o = run_with_c10(
+        &out,
+        &torch_dir,
+        "memo_paths.py",
+        &[("VRAMTRACE_SELF_TIME", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("capture=native"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let part = line
+        .split(" self_ns ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{line}"));
+    let counts: std::collections::HashMap<&str, u64> = part
+        .split(' ')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            let (_, n) = v.split_once('x').unwrap();
+            (k, n.parse().unwrap())
+        })
+        .collect();
+    // memo_paths.py allocates 200 tensors; the probe's own check adds a few.
+    let frames = counts["frames"];
+    assert!((200..220).contains(&frames), "{line}");
+    assert!(counts["report"] >= 2 * frames, "{line}");
+    assert!(counts["tracker"] >= 2 * frames, "{line}");
+
+    let out = scratch("torch-native-self-time-off").join("trace");
+    let o = run_with_c10(&out, &torch_dir, "memo_paths.py", &[]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("capture=native") && !stderr.contains("self_ns"),
+        "{stderr}"
+    );
+}

@@ -266,7 +266,7 @@ def activate(shapes=None, before=None):
 
         def stats_line():
             _note(" ".join(f"{k}={v}" for k, v in counts.items()) + f" sizes={native.source}"
-                  + f" capture={capture['how']}")
+                  + f" capture={capture['how']}" + _self_time())
 
         _state["atexit"] = stats_line
         atexit.register(stats_line)
@@ -278,6 +278,21 @@ def activate(shapes=None, before=None):
     mode = "caching allocator off: tensors are driver allocations" if uncached else "caching allocator"
     _trace_note(f"torch probe: active (torch {getattr(torch, '__version__', '?')}, {mode})")
     return True
+
+
+def _self_time():
+    """Native capture's own steps, mean ns per call (`VRAMTRACE_SELF_TIME=1`), for the stats
+    line: ` self_ns tracker=… libc10=… report=… frames=…`; empty when off or unknown."""
+    get = getattr(_lib, "vramtrace_self_time", None)
+    if get is None or os.environ.get("VRAMTRACE_SELF_TIME") not in ("1", "on", "true", "yes"):
+        return ""
+    out = (ctypes.c_uint64 * 8)()
+    get.restype = ctypes.c_uint32
+    n = min(4, get(out, 4))
+    names = ("tracker", "libc10", "report", "frames")
+    parts = [f"{names[i]}={out[2 * i] / out[2 * i + 1]:.0f}x{out[2 * i + 1]}"
+             for i in range(n) if out[2 * i + 1]]
+    return " self_ns " + " ".join(parts) if parts else ""
 
 
 def _after_fork_child():

@@ -70,6 +70,9 @@ decode() {
         vramtrace) t=$(traced native "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
         # Native capture without the Python lines: what the frame walk costs of the above.
         vramtrace_nopy) t=$(VRAMTRACE_PYTHON=0 traced native "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
+        # Native capture timing its own steps (the stats line's self_ns: tracker, libc10's
+        # report, the preload's report, of which the Python frames; mean ns and count).
+        vramtrace_selftime) t=$(VRAMTRACE_SELF_TIME=1 traced native "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
         callbacks) t=$(traced callbacks "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
         no_torch_probe) t=$(traced off "$W/decode-$m" python3 "$VAL/decode_bench.py" "${cfg[@]}") ;;
       esac

@@ -11,6 +11,9 @@
 //!   failures always get theirs).
 //! - `VRAMTRACE_PYTHON`: `0`, `off`, `false` or `no` records no Python frames; `1`, `on`, `true`
 //!   or `yes` (the default) records them.
+//! - `VRAMTRACE_SELF_TIME`: `1`, `on`, `true` or `yes` times native tensor capture's own steps
+//!   (the tracker, the frames, the record) for the probe's `VRAMTRACE_TORCH_PROBE_STATS` line;
+//!   off by default (two clock readings per step).
 //!
 //! - `VRAMTRACE_MAX_SIZE`: a size budget for the trace file, in bytes (a plain number; `vramtrace
 //!   run --max-size` passes one). Tensor-level records are then kept in a ring of blocks whose
@@ -38,6 +41,7 @@ static STATE: AtomicU8 = AtomicU8::new(UNREAD);
 static STACKS: AtomicU8 = AtomicU8::new(UNREAD);
 static FREE_STACKS: AtomicU8 = AtomicU8::new(UNREAD);
 static PYTHON: AtomicU8 = AtomicU8::new(UNREAD);
+static SELF_TIME: AtomicU8 = AtomicU8::new(UNREAD);
 /// The trace directory, NUL-terminated, leaked once (`Box<[u8]>` turned raw).
 static DIR: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 
@@ -124,6 +128,13 @@ pub(crate) fn free_stacks() -> bool {
 #[inline]
 pub(crate) fn python() -> bool {
     switch(&PYTHON, c"VRAMTRACE_PYTHON", true)
+}
+
+/// True when native tensor capture times its own steps (`VRAMTRACE_SELF_TIME` is `1`, `on`,
+/// `true` or `yes`).
+#[inline]
+pub(crate) fn self_time() -> bool {
+    switch(&SELF_TIME, c"VRAMTRACE_SELF_TIME", false)
 }
 
 /// `VRAMTRACE_MAX_SIZE` read (`u64::MAX`: not read yet; 0: no budget).

@@ -133,6 +133,7 @@ mod python;
 mod real_dlsym;
 mod recorder;
 mod routing;
+mod self_time;
 mod sink;
 mod stacks;
 mod tensors;

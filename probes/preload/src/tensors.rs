@@ -116,6 +116,7 @@ pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>
         t.tid = tid();
         // A free needs no frames: the reader pairs it with its allocation.
         if t.action != TensorAction::Free {
+            let _timer = crate::self_time::start(crate::self_time::Step::Frames);
             t.stack = crate::stacks::capture_python(file);
         }
         t.op = op.map_or(0, |o| crate::intern::intern(file, o));

@@ -294,6 +294,7 @@ unsafe extern "C" fn on_trace(_functor: *const [usize; 2], entry: *const TraceEn
     if state() == State::Off || entry.is_null() {
         return;
     }
+    let _timer = crate::self_time::start(crate::self_time::Step::Tracker);
     // Safety: PyTorch passes its TraceEntry, whose first fields are TraceEntryPrefix's (checked
     // by the probe before recording is turned on).
     let e = unsafe { &*entry };
@@ -336,6 +337,7 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
 ) {
     let real = real_report();
     if !real.is_null() {
+        let _timer = crate::self_time::start(crate::self_time::Step::Libc10);
         // Safety: libc10's definition of this very symbol, with this signature.
         unsafe {
             core::mem::transmute::<*mut c_void, ReportFn>(real)(
@@ -353,7 +355,10 @@ pub unsafe extern "C" fn report_memory_usage_to_profiler(
     match state() {
         State::Off => {}
         State::Checking => keep_for_check(ptr as u64, alloc_size, device.index),
-        State::On => record(ptr as u64, alloc_size, device.index),
+        State::On => {
+            let _timer = crate::self_time::start(crate::self_time::Step::Report);
+            record(ptr as u64, alloc_size, device.index)
+        }
     }
 }
 
