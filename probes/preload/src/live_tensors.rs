@@ -33,8 +33,13 @@ use crate::sink::{File, mono_ns};
 
 /// Most live tensors tracked; past that, the table stops and says so in the trace.
 const CAPACITY: usize = 1 << 20;
-/// Slots of the hash index (a power of two, twice the capacity).
+/// Slots of the hash index at most (a power of two, twice the capacity).
 const SLOTS: usize = CAPACITY * 2;
+/// Slots the index starts with. It doubles (every entry placed again) whenever it would be more
+/// than half full, so that a server's few thousand live tensors use a few pages of it, in the
+/// cache, not a few of each of its 2,048 pages (docs/performance.md: the table was the
+/// preload's largest cost per tensor under a budget).
+const FIRST_SLOTS: usize = 1 << 12;
 
 /// One live tensor.
 #[derive(Clone, Copy)]
@@ -53,9 +58,11 @@ struct Entry {
 struct Table {
     /// `CAPACITY` entries, the first `len` live.
     dense: *mut Entry,
-    /// `SLOTS` slots: 0 empty, else a dense index + 1. Linear probing.
+    /// `mask + 1` slots in use of `SLOTS`: 0 empty, else a dense index + 1. Linear probing.
     index: *mut u32,
     len: usize,
+    /// Slots in use, less one (0 before the mapping).
+    mask: usize,
     /// The table overflowed once: restatement and flight records are incomplete from then on.
     full: bool,
 }
@@ -68,6 +75,7 @@ static TABLE: TableCell = TableCell(UnsafeCell::new(Table {
     dense: core::ptr::null_mut(),
     index: core::ptr::null_mut(),
     len: 0,
+    mask: 0,
     full: false,
 }));
 static LOCK: AtomicBool = AtomicBool::new(false);
@@ -77,8 +85,9 @@ static MAPPED: AtomicU8 = AtomicU8::new(0);
 static PENDING: AtomicBool = AtomicBool::new(false);
 static FORK: crate::fork::ForkHandler = crate::fork::ForkHandler::new(after_fork_child);
 
-fn slot_of(ptr: u64) -> usize {
-    ((ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros())) as usize
+/// The home slot of `ptr` in an index of `mask + 1` slots (the hash's high bits).
+fn slot_of(ptr: u64, mask: usize) -> usize {
+    ((ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (mask + 1).trailing_zeros())) as usize
 }
 
 impl Table {
@@ -88,7 +97,7 @@ impl Table {
     }
 
     fn slot(&self, i: usize) -> u32 {
-        // Safety: `i < SLOTS`, inside the index mapping.
+        // Safety: `i <= mask < SLOTS`, inside the index mapping.
         unsafe { *self.index.add(i) }
     }
 
@@ -99,7 +108,7 @@ impl Table {
 
     /// The index slot holding `ptr`, or the empty slot where it would go.
     fn find(&self, ptr: u64) -> (usize, bool) {
-        let mut i = slot_of(ptr);
+        let mut i = slot_of(ptr, self.mask);
         loop {
             let v = self.slot(i);
             if v == 0 {
@@ -109,7 +118,20 @@ impl Table {
             if unsafe { (*self.dense.add(v as usize - 1)).ptr } == ptr {
                 return (i, true);
             }
-            i = (i + 1) & (SLOTS - 1);
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Doubles the index and places every entry again.
+    fn grow(&mut self) {
+        self.mask = self.mask * 2 + 1;
+        // Safety: mask < SLOTS: the first mask + 1 slots are inside the index mapping.
+        unsafe { core::ptr::write_bytes(self.index, 0, self.mask + 1) };
+        for at in 0..self.len {
+            // Safety: at < len.
+            let ptr = unsafe { (*self.dense.add(at)).ptr };
+            let (i, _) = self.find(ptr);
+            self.set_slot(i, at as u32 + 1);
         }
     }
 
@@ -123,6 +145,10 @@ impl Table {
         if self.len >= CAPACITY {
             self.full = true;
             return;
+        }
+        if (self.len + 1) * 2 > self.mask + 1 && self.mask + 1 < SLOTS {
+            self.grow();
+            return self.insert(e);
         }
         // Safety: len < CAPACITY.
         unsafe { self.dense.add(self.len).write(e) };
@@ -147,23 +173,24 @@ impl Table {
         self.len -= 1;
         // Backward-shift deletion keeps every probe chain unbroken.
         self.set_slot(hole, 0);
-        let mut i = (hole + 1) & (SLOTS - 1);
+        let mask = self.mask;
+        let mut i = (hole + 1) & mask;
         loop {
             let v = self.slot(i);
             if v == 0 {
                 break;
             }
             // Safety: v - 1 < len.
-            let home = slot_of(unsafe { (*self.dense.add(v as usize - 1)).ptr });
+            let home = slot_of(unsafe { (*self.dense.add(v as usize - 1)).ptr }, mask);
             // Moves back when its home is not in (hole, i] (cyclically).
-            let dist_i = (i.wrapping_sub(home)) & (SLOTS - 1);
-            let dist_hole = (hole.wrapping_sub(home)) & (SLOTS - 1);
+            let dist_i = (i.wrapping_sub(home)) & mask;
+            let dist_hole = (hole.wrapping_sub(home)) & mask;
             if dist_hole < dist_i {
                 self.set_slot(hole, v);
                 self.set_slot(i, 0);
                 hole = i;
             }
-            i = (i + 1) & (SLOTS - 1);
+            i = (i + 1) & mask;
         }
     }
 }
@@ -226,6 +253,7 @@ fn map(t: &mut Table) -> bool {
     // Safety: the index follows the entries inside the mapping.
     t.index = unsafe { (p as *mut u8).add(CAPACITY * core::mem::size_of::<Entry>()) } as *mut u32;
     t.len = 0;
+    t.mask = FIRST_SLOTS - 1;
     MAPPED.store(1, Ordering::Release);
     install_sigusr2();
     true
@@ -433,7 +461,71 @@ extern "C" fn after_fork_child() {
         t.dense = core::ptr::null_mut();
         t.index = core::ptr::null_mut();
         t.len = 0;
+        t.mask = 0;
         t.full = false;
     }
     MAPPED.store(0, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(ptr: u64) -> Entry {
+        Entry {
+            ptr,
+            size: ptr & 0xffff,
+            requested: 0,
+            stack: 0,
+            device: 0,
+            tid: 0,
+            block: (ptr >> 9) as u32,
+        }
+    }
+
+    /// Inserts and removes in a mixed order past several doublings of the index, checking
+    /// every live entry is found with its own fields and every removed one is gone.
+    #[test]
+    fn the_table_finds_every_live_entry_as_its_index_grows() {
+        let n = 40_000usize;
+        let mut dense = vec![entry(0); n];
+        let mut index = vec![0u32; SLOTS];
+        let mut t = Table {
+            dense: dense.as_mut_ptr(),
+            index: index.as_mut_ptr(),
+            len: 0,
+            mask: FIRST_SLOTS - 1,
+            full: false,
+        };
+        let mut live = std::collections::BTreeSet::new();
+        // Addresses as an allocator hands them out: 512-byte steps, some clustered.
+        let ptr = |i: u64| 0x7f00_0000_0000 + (i * 7919 % 65_536) * 512 + (i / 65_536) * (1 << 30);
+        for i in 0..n as u64 {
+            t.insert(entry(ptr(i)));
+            live.insert(ptr(i));
+            if i % 3 == 2 {
+                let gone = ptr(i - 1);
+                t.remove(gone);
+                live.remove(&gone);
+            }
+        }
+        assert!(t.mask + 1 > FIRST_SLOTS, "the index grew");
+        assert_eq!(t.len, live.len());
+        assert!(t.len * 2 <= t.mask + 1, "at most half full");
+        for i in 0..n as u64 {
+            let (at, found) = t.find(ptr(i));
+            assert_eq!(found, live.contains(&ptr(i)), "{i}");
+            if found {
+                let slot = t.slot(at) as usize;
+                let e = t.entries()[slot - 1];
+                assert_eq!((e.ptr, e.size), (ptr(i), ptr(i) & 0xffff));
+            }
+        }
+        for &p in &live {
+            t.remove(p);
+        }
+        assert_eq!(t.len, 0);
+        let used = t.mask + 1;
+        assert!(index[..used].iter().all(|&v| v == 0));
+    }
 }
