@@ -816,10 +816,9 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     holds, and leaves a mark saying how many were named and what the walk cost."""
     import bisect
     import gc
-    import itertools
     import time
     import types
-    from itertools import compress, repeat
+    from itertools import chain, compress, repeat
     from operator import not_
 
     started = time.monotonic()
@@ -878,6 +877,7 @@ def _name_before_attach(torch, before, annotate, mark, stop):
         kinds.update(map(type, c))
         if rest(t1):
             return
+
     def subclass(k, base):
         try:  # a metaclass's __subclasscheck__ may raise
             return issubclass(k, base)
@@ -996,7 +996,7 @@ def _name_before_attach(torch, before, annotate, mark, stop):
     if instances is None:
         return
     t1 = time.monotonic()
-    for o in itertools.chain(holders, owners, instances):
+    for o in chain(holders, owners, instances):
         if isinstance(o, (dict, list, tuple)):
             continue  # a container in a container, or a module's globals: not named
         cls = type(o).__name__
