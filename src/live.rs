@@ -177,11 +177,14 @@ struct PollLog {
 impl PollLog {
     fn from_env() -> Option<PollLog> {
         let path = std::env::var_os("VRAMTRACE_LIVE_LOG")?;
-        let file = std::fs::File::create(path).ok()?;
-        Some(PollLog {
+        std::fs::File::create(path).ok().map(PollLog::to)
+    }
+
+    fn to(file: std::fs::File) -> PollLog {
+        PollLog {
             file,
             started: Instant::now(),
-        })
+        }
     }
 
     fn poll(&mut self, items: usize, read: Duration, total: Duration, latest_s: f64) {
@@ -228,6 +231,13 @@ impl DirSource {
             model: None,
             log: PollLog::from_env(),
         }
+    }
+
+    /// Logs each read of the files and each snapshot into `file`, as `VRAMTRACE_LIVE_LOG`
+    /// does (see [`DirSource`]'s field `log`).
+    pub fn with_poll_log(mut self, file: std::fs::File) -> Self {
+        self.log = Some(PollLog::to(file));
+        self
     }
 
     /// Shows `model` beside the observed bytes in every snapshot, with the live forecast.

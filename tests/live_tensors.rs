@@ -483,3 +483,38 @@ fn a_preallocated_kv_pool_is_not_a_context() {
         .unwrap();
     assert_eq!((f.kv_pool_tokens, f.context_tokens), (None, 2_592_768));
 }
+
+/// `VRAMTRACE_LIVE_LOG` (here given as a file): a line per read of the files, with the timed
+/// items read and the trace time reached, and a line per snapshot at the live edge.
+#[test]
+fn the_poll_log_says_what_each_read_brought_and_how_far_it_reached() {
+    let dir = vramtrace_testkit::scratch("live-poll-log");
+    let path = dir.join("polls.log");
+    let mut s = source("hf-serve-cb").with_poll_log(std::fs::File::create(&path).unwrap());
+    drain(&mut s);
+    let latest = s.latest_s();
+    s.snapshot(&SnapshotQuery {
+        device: 0,
+        pid: None,
+        time_s: latest,
+    })
+    .unwrap();
+    let log = std::fs::read_to_string(&path).unwrap();
+    let reads: Vec<(usize, f64)> = log
+        .lines()
+        .filter(|l| l.contains(" items "))
+        .map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            (w[2].parse().unwrap(), w[8].parse().unwrap())
+        })
+        .collect();
+    assert!(!reads.is_empty(), "{log}");
+    assert!(reads.iter().map(|r| r.0).sum::<usize>() > 1000, "{log}");
+    let reached = reads.last().unwrap().1;
+    assert!((reached - latest).abs() < 1e-3, "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains(" snapshot_ms ") && l.contains(&format!("at_s {latest:.3}"))),
+        "{log}"
+    );
+}
