@@ -271,7 +271,9 @@ impl<'a> Encoder<'a> {
     pub fn i64(&mut self, v: i64) -> &mut Self {
         self.bytes(&v.to_le_bytes())
     }
-    /// Appends an unsigned LEB128 varint.
+    /// Appends an unsigned LEB128 varint (inlined: it is on the preload's path for every
+    /// tensor record, several times).
+    #[inline]
     pub fn varint(&mut self, mut v: u64) -> &mut Self {
         let mut b = [0u8; 10];
         let mut n = 0;

@@ -73,22 +73,27 @@ fn parse_switch(v: &[u8]) -> Option<bool> {
 
 /// Reads switch `name` once into `slot`: unset or empty is `default`; a value that is not one
 /// of [`parse_switch`]'s is one line on stderr and `default`.
+#[inline]
 fn switch(slot: &AtomicU8, name: &CStr, default: bool) -> bool {
     match slot.load(Ordering::Acquire) {
         ON => true,
         OFF => false,
-        _ => {
-            let on = match env(name) {
-                None | Some(b"") => default,
-                Some(v) => parse_switch(v).unwrap_or_else(|| {
-                    warn_value(name, v, default);
-                    default
-                }),
-            };
-            slot.store(if on { ON } else { OFF }, Ordering::Release);
-            on
-        }
+        _ => read_switch(slot, name, default),
     }
+}
+
+/// [`switch`]'s first read, kept out of line.
+#[cold]
+fn read_switch(slot: &AtomicU8, name: &CStr, default: bool) -> bool {
+    let on = match env(name) {
+        None | Some(b"") => default,
+        Some(v) => parse_switch(v).unwrap_or_else(|| {
+            warn_value(name, v, default);
+            default
+        }),
+    };
+    slot.store(if on { ON } else { OFF }, Ordering::Release);
+    on
 }
 
 /// One line on stderr for an undocumented value (at most its first 64 bytes, control bytes
