@@ -678,6 +678,7 @@ fn observe_tensors(
                             process: pi,
                             seq: k,
                             event,
+                            restated: false,
                         };
                         observed_tensor(trace, &t, name.as_ref())
                     }

@@ -1243,12 +1243,20 @@ fn render_tensor_moment(out: &mut String, m: &TensorMoment, request: Option<u64>
             .as_deref()
             .map(|l| format!(" @ {l}"))
             .unwrap_or_default();
+        // A restated tensor's time is its restatement's: its allocation was dropped, earlier.
+        let when = if t.restated {
+            format!(
+                "t≤{} (restated: its allocation record was dropped)",
+                fmt_secs(t.t_s)
+            )
+        } else {
+            format!("t={}", fmt_secs(t.t_s))
+        };
         let _ = writeln!(
             out,
-            "        {:>12}  tensor {}{seg} t={}{name}{line}",
+            "        {:>12}  tensor {}{seg} {when}{name}{line}",
             fmt_bytes(t.size),
             t.ptr,
-            fmt_secs(t.t_s)
         );
         for f in t.frames.iter().skip(1) {
             let _ = writeln!(out, "            at {f}");

@@ -114,6 +114,10 @@ pub struct LiveTensor {
     pub seq: usize,
     /// The allocating record (its `size` the block's bytes).
     pub event: TensorEvent,
+    /// Known only from a restatement: a size budget dropped its allocation record, and
+    /// `event.t_ns` is when the ring restated it (or a flight record stated it), not when it was
+    /// allocated.
+    pub restated: bool,
 }
 
 /// Live tensor bytes of one process and device, with the running peak.
@@ -155,6 +159,8 @@ pub enum TensorStep {
 #[derive(Debug, Clone, Default)]
 pub struct TensorReplay {
     live: FastMap<(usize, u64), (usize, TensorEvent)>,
+    /// The live tensors known only from a restatement ([`LiveTensor::restated`]).
+    restated: FastMap<(usize, u64), ()>,
     levels: FastMap<(usize, i32), TensorLevel>,
 }
 
@@ -168,6 +174,7 @@ impl TensorReplay {
     pub fn apply(&mut self, process: usize, seq: usize, t: &TensorEvent) -> TensorStep {
         match t.action {
             TensorAction::Alloc => {
+                self.restated.remove(&(process, t.ptr));
                 if let Some((_, old)) = self.live.insert((process, t.ptr), (seq, t.clone())) {
                     // Handed out again: a free we never saw.
                     self.gone(process, &old);
@@ -185,6 +192,7 @@ impl TensorReplay {
             }
             TensorAction::Free => {
                 let freed = self.live.remove(&(process, t.ptr));
+                let restated = self.restated.remove(&(process, t.ptr)).is_some();
                 if let Some((_, old)) = &freed {
                     self.gone(process, old);
                     if let Some(l) = self.levels.get_mut(&(process, old.device)) {
@@ -195,6 +203,7 @@ impl TensorReplay {
                     process,
                     seq,
                     event,
+                    restated,
                 }))
             }
             TensorAction::AllocFailed => {
@@ -210,6 +219,7 @@ impl TensorReplay {
                 let mut alloc = t.clone();
                 alloc.action = TensorAction::Alloc;
                 self.live.insert((process, t.ptr), (seq, alloc));
+                self.restated.insert((process, t.ptr), ());
                 let l = self.levels.entry((process, t.device)).or_default();
                 l.live = l.live.saturating_add(t.size);
                 l.count += 1;
@@ -272,10 +282,11 @@ impl TensorReplay {
             .live
             .iter()
             .filter(|((p, _), (_, e))| *p == process && e.device == device)
-            .map(|(_, (seq, e))| LiveTensor {
+            .map(|(key, (seq, e))| LiveTensor {
                 process,
                 seq: *seq,
                 event: e.clone(),
+                restated: self.restated.contains_key(key),
             })
             .collect();
         v.sort_by_key(|t| (t.event.ptr, t.seq));
@@ -357,6 +368,10 @@ pub struct TensorItem {
     pub size: u64,
     /// Seconds since the trace began.
     pub t_s: f64,
+    /// Known only from a restatement (a size budget dropped its allocation): `t_s` is when it
+    /// was restated, and it was allocated before.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub restated: bool,
     /// The segment holding it, hex; `None` if no live driver allocation holds it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub segment: Option<String>,
@@ -467,6 +482,7 @@ pub fn moment(
                 ptr: format!("{:#x}", t.event.ptr),
                 size: t.event.size,
                 t_s: t.event.t_ns.saturating_sub(t0) as f64 / 1e9,
+                restated: t.restated,
                 segment: seg_of(t.event.ptr).map(|i| format!("{:#x}", segments[i].base)),
                 tensor: names
                     .get(&(t.process, t.event.ptr))

@@ -54,6 +54,9 @@ fn a_two_mib_budget_on_a_real_decode_keeps_its_size_says_what_it_lost_and_keeps_
         (Some(31_697), Some(31_692))
     );
     assert_eq!(t["live_at_end"], 1_437_909_504u64);
+    // At the peak, the largest tensors are the weights, each marked as known from a restatement.
+    let largest = t["at_peak"]["tensors"].as_array().unwrap();
+    assert!(largest.iter().take(4).all(|x| x["restated"] == true), "{largest:?}");
 
     let text = summary(false);
     assert!(
@@ -63,6 +66,14 @@ fn a_two_mib_budget_on_a_real_decode_keeps_its_size_says_what_it_lost_and_keeps_
         "{text}"
     );
     assert!(text.contains("@ linear.py:109 __init__"), "{text}");
+    // The weights were restated at 71.004 s; they were allocated before, in the dropped range.
+    assert!(
+        text.contains(
+            "128.00 MiB  tensor 0x7f57c8000000 in segment 0x7f57c8000000 t≤71.004 s (restated: its allocation record was dropped) @ linear.py:109 __init__"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("t=71.004 s"), "{text}");
 
     // The events of the ring's restatements, as `events` lists them.
     let o = Command::new(vramtrace())
