@@ -56,7 +56,10 @@ fn a_two_mib_budget_on_a_real_decode_keeps_its_size_says_what_it_lost_and_keeps_
     assert_eq!(t["live_at_end"], 1_437_909_504u64);
     // At the peak, the largest tensors are the weights, each marked as known from a restatement.
     let largest = t["at_peak"]["tensors"].as_array().unwrap();
-    assert!(largest.iter().take(4).all(|x| x["restated"] == true), "{largest:?}");
+    assert!(
+        largest.iter().take(4).all(|x| x["restated"] == true),
+        "{largest:?}"
+    );
 
     let text = summary(false);
     assert!(
