@@ -158,9 +158,7 @@ pub enum TensorStep {
 /// The tensor-level live set of every process and device.
 #[derive(Debug, Clone, Default)]
 pub struct TensorReplay {
-    live: FastMap<(usize, u64), (usize, TensorEvent)>,
-    /// The live tensors known only from a restatement ([`LiveTensor::restated`]).
-    restated: FastMap<(usize, u64), ()>,
+    live: FastMap<(usize, u64), LiveTensor>,
     levels: FastMap<(usize, i32), TensorLevel>,
 }
 
@@ -174,10 +172,15 @@ impl TensorReplay {
     pub fn apply(&mut self, process: usize, seq: usize, t: &TensorEvent) -> TensorStep {
         match t.action {
             TensorAction::Alloc => {
-                self.restated.remove(&(process, t.ptr));
-                if let Some((_, old)) = self.live.insert((process, t.ptr), (seq, t.clone())) {
+                let now = LiveTensor {
+                    process,
+                    seq,
+                    event: t.clone(),
+                    restated: false,
+                };
+                if let Some(old) = self.live.insert((process, t.ptr), now) {
                     // Handed out again: a free we never saw.
-                    self.gone(process, &old);
+                    self.gone(process, &old.event);
                 }
                 let l = self.levels.entry((process, t.device)).or_default();
                 l.live = l.live.saturating_add(t.size);
@@ -192,19 +195,13 @@ impl TensorReplay {
             }
             TensorAction::Free => {
                 let freed = self.live.remove(&(process, t.ptr));
-                let restated = self.restated.remove(&(process, t.ptr)).is_some();
-                if let Some((_, old)) = &freed {
-                    self.gone(process, old);
-                    if let Some(l) = self.levels.get_mut(&(process, old.device)) {
+                if let Some(old) = &freed {
+                    self.gone(process, &old.event);
+                    if let Some(l) = self.levels.get_mut(&(process, old.event.device)) {
                         l.frees += 1;
                     }
                 }
-                TensorStep::Released(freed.map(|(seq, event)| LiveTensor {
-                    process,
-                    seq,
-                    event,
-                    restated,
-                }))
+                TensorStep::Released(freed)
             }
             TensorAction::AllocFailed => {
                 self.levels.entry((process, t.device)).or_default().refused += 1;
@@ -218,8 +215,13 @@ impl TensorReplay {
                 // among the allocations, which the reader never saw).
                 let mut alloc = t.clone();
                 alloc.action = TensorAction::Alloc;
-                self.live.insert((process, t.ptr), (seq, alloc));
-                self.restated.insert((process, t.ptr), ());
+                let now = LiveTensor {
+                    process,
+                    seq,
+                    event: alloc,
+                    restated: true,
+                };
+                self.live.insert((process, t.ptr), now);
                 let l = self.levels.entry((process, t.device)).or_default();
                 l.live = l.live.saturating_add(t.size);
                 l.count += 1;
@@ -245,7 +247,7 @@ impl TensorReplay {
         if t.action != TensorAction::Free {
             return None;
         }
-        self.live.get(&(process, t.ptr)).map(|(_, e)| e.device)
+        self.live.get(&(process, t.ptr)).map(|l| l.event.device)
     }
 
     /// The level of one process and device.
@@ -281,13 +283,8 @@ impl TensorReplay {
         let mut v: Vec<LiveTensor> = self
             .live
             .iter()
-            .filter(|((p, _), (_, e))| *p == process && e.device == device)
-            .map(|(key, (seq, e))| LiveTensor {
-                process,
-                seq: *seq,
-                event: e.clone(),
-                restated: self.restated.contains_key(key),
-            })
+            .filter(|((p, _), l)| *p == process && l.event.device == device)
+            .map(|(_, l)| l.clone())
             .collect();
         v.sort_by_key(|t| (t.event.ptr, t.seq));
         v
