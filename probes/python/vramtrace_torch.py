@@ -282,9 +282,10 @@ def activate(shapes=None, before=None):
 
 def _self_time():
     """Native capture's own steps, mean ns per call (`VRAMTRACE_SELF_TIME=1`), for the stats
-    line: ` self_ns tracker=… libc10=… report=… frames=…`; empty when off or unknown."""
+    line: ` self_ns tracker=… libc10=… report=… frames=…`; empty when the preload timed nothing
+    (the switch off, read by the preload alone) or has no such function."""
     get = getattr(_lib, "vramtrace_self_time", None)
-    if get is None or os.environ.get("VRAMTRACE_SELF_TIME") not in ("1", "on", "true", "yes"):
+    if get is None:
         return ""
     out = (ctypes.c_uint64 * 8)()
     get.restype = ctypes.c_uint32
