@@ -640,10 +640,11 @@ fn grow_locked(index: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Stops recording after a failure to grow the file, leaving a NOTE that says why in the
-/// calling thread's block if it still has room.
+/// Stops recording after a failure to grow the file or an internal error, leaving a NOTE
+/// ("recording stopped: why") in the calling thread's block if it still has room.
 fn stop_with_note(why: &str) {
-    let text = why.as_bytes();
+    let note = format!("recording stopped: {why}");
+    let text = note.as_bytes();
     let mut buf = [0u8; FRAME_HEADER_LEN + 8 + 256];
     let mut e = Encoder::new(&mut buf);
     e.u64(mono_ns()).bytes(&text[..text.len().min(256)]);
@@ -756,8 +757,16 @@ pub(crate) fn with_file(f: impl FnOnce(File)) {
 /// and never unwinds into the host or changes what it sees.
 pub(crate) fn guarded(f: impl FnOnce()) {
     let saved = errno();
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-        disable("internal error in the recorder");
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        // Said in the trace too, so that a reader after the fact knows it ends early, and why.
+        let what = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("no message");
+        stop_with_note(&format!(
+            "internal error in the recorder ({what}); please report it"
+        ));
     }
     set_errno(saved);
 }
