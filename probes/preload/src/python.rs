@@ -737,15 +737,10 @@ pub(crate) fn capture(file: File, out: &mut PyFrames) {
 }
 
 /// The calling thread's Python frames as the walk finds them, not yet described: each frame's
-/// code object and instruction offset, innermost first (at most [`MAX_PY_FRAMES`]), and
-/// [`RawStack::key`], a hash of them and of each code object's file and function name objects.
-/// Two events with the same key have the same described frames (a code object's names and line
-/// table never change while it lives, and one that died and was replaced at its address by
-/// another has other name objects), so a caller may keep what it made of the first.
+/// code object and instruction offset, innermost first (at most [`MAX_PY_FRAMES`]).
 pub(crate) struct RawStack {
     frames: [RawFrame; MAX_PY_FRAMES],
     len: usize,
-    key: u64,
 }
 
 impl RawStack {
@@ -753,22 +748,11 @@ impl RawStack {
         RawStack {
             frames: [RawFrame { code: 0, offset: 0 }; MAX_PY_FRAMES],
             len: 0,
-            key: 0,
         }
-    }
-
-    /// How many frames were found.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The hash of the frames (0 when there are none).
-    pub(crate) fn key(&self) -> u64 {
-        self.key
     }
 }
 
-/// One step of [`RawStack::key`]'s hash.
+/// One step of [`quick_key`]'s hash.
 fn mix(h: u64, x: u64) -> u64 {
     (h.rotate_left(23) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
@@ -777,26 +761,143 @@ fn mix(h: u64, x: u64) -> u64 {
 /// describe them with, when there is an interpreter to walk.
 pub(crate) fn capture_raw(file: File, out: &mut RawStack) -> Option<Ctx> {
     out.len = 0;
-    out.key = 0;
     let c = context(file)?;
-    let mem = Local;
-    let mut h = 0x243f_6a88_85a3_08d3u64;
-    walk(&mem, &c.l, c.code_type, c.tstate, |frame| {
-        let filename = mem.u64(frame.code + c.l.code_filename).unwrap_or(0);
-        let name = mem.u64(frame.code + c.l.code_name).unwrap_or(0);
-        h = mix(
-            mix(mix(mix(h, frame.code), frame.offset as u64), filename),
-            name,
-        );
+    walk(&Local, &c.l, c.code_type, c.tstate, |frame| {
         out.frames[out.len] = frame;
         out.len += 1;
         out.len < MAX_PY_FRAMES
     });
-    if out.len > 0 {
-        // Never 0: a caller's table keeps 0 for an empty slot.
-        out.key = mix(h, out.len as u64) | 1;
-    }
     Some(c)
+}
+
+/// Frames [`quick_key`] reads beyond [`MAX_PY_FRAMES`]: [`walk`] skips a frame still in its
+/// prologue and a shim frame, so the frames it keeps may reach a little deeper.
+const QUICK_SLACK: usize = 8;
+
+/// The frames [`quick_key`] last walked on a thread, for the next walk to prefetch.
+struct LastWalk {
+    frames: [u64; MAX_PY_FRAMES + QUICK_SLACK],
+    len: usize,
+}
+
+thread_local! {
+    // `const` initialisation and no destructor: usable from any thread at any time.
+    static LAST_WALK: UnsafeCell<LastWalk> = const {
+        UnsafeCell::new(LastWalk { frames: [0; MAX_PY_FRAMES + QUICK_SLACK], len: 0 })
+    };
+}
+
+/// Asks for the cache line holding `addr`; never faults, whatever `addr` is.
+#[inline(always)]
+fn prefetch(addr: u64) {
+    #[cfg(target_arch = "x86_64")]
+    // Safety: a prefetch is a hint: it reads nothing into the program and never faults.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(
+            addr as usize as *const i8,
+            core::arch::x86_64::_MM_HINT_T0,
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+/// A key for the calling thread's Python stack, read from its frames alone: each frame's code
+/// object pointer and instruction pointer, innermost first, for the first [`MAX_PY_FRAMES`] +
+/// [`QUICK_SLACK`] frames; 0 when the thread has none (or `VRAMTRACE_PYTHON=0`). Two calls
+/// from the same lines give the same key, so a caller can keep what it made of a stack under
+/// it and skip the walk that checks each code object and reads its names: on the H200's
+/// decode that walk cost about 1 µs per tensor, most of it loads from some 40 code objects out
+/// of the cache (docs/performance.md, "Where the decode cost grows"). The frames are the
+/// calling thread's own (alive while it is in our hook) and only their fields are read, in the
+/// layout [`resolve`] chose. Of the code objects only the innermost is read (its type, then its
+/// file and function name objects, mixed in): a code object that died and was replaced at its
+/// address by another has other name objects, so the stack of a line that allocates is never
+/// taken for another's. What the key cannot tell apart is a code object further out replaced
+/// that way while its callee runs at the same offset as before, under the same callers.
+pub(crate) fn quick_key(file: File) -> u64 {
+    let Some(c) = context(file) else {
+        return 0;
+    };
+    let mem = Local;
+    let mut h = 0x243f_6a88_85a3_08d3u64;
+    let mut n = 0usize;
+    let mut innermost = 0u64;
+    // Following the chain is one cache miss after another (each frame's address is read from
+    // the one before). This thread's stack is mostly the one it had at its last report, so its
+    // frames' lines are asked for all at once first, from the addresses that walk found: a
+    // prefetch never faults, whatever is at a stale address now.
+    let _ = LAST_WALK.try_with(|w| {
+        // Safety: this thread's own array; nothing else refers to it.
+        let w = unsafe { &*w.get() };
+        for &f in &w.frames[..w.len] {
+            prefetch(f);
+            prefetch(f + 64);
+        }
+    });
+    let mut seen = [0u64; MAX_PY_FRAMES + QUICK_SLACK];
+    match c.l.chain {
+        Chain::FrameObjects {
+            tstate_frame,
+            f_back,
+            f_code,
+            f_lasti,
+        } => {
+            let mut f = mem.u64(c.tstate + tstate_frame).unwrap_or(0);
+            while f != 0 && n < MAX_PY_FRAMES + QUICK_SLACK {
+                let code = mem.u64(f + f_code).unwrap_or(0);
+                let lasti = mem.u32(f + f_lasti).unwrap_or(0);
+                h = mix(mix(h, code), u64::from(lasti));
+                if n == 0 {
+                    innermost = code;
+                }
+                seen[n] = f;
+                n += 1;
+                f = mem.u64(f + f_back).unwrap_or(0);
+            }
+        }
+        Chain::Interpreter {
+            tstate_frame,
+            cframe_current,
+            code: code_at,
+            previous,
+            instr,
+            ..
+        } => {
+            let first = mem.u64(c.tstate + tstate_frame).unwrap_or(0);
+            let mut f = match cframe_current {
+                Some(_) if first == 0 => 0,
+                Some(off) => mem.u64(first + off).unwrap_or(0),
+                None => first,
+            };
+            while f != 0 && n < MAX_PY_FRAMES + QUICK_SLACK {
+                let code = mem.u64(f + code_at).unwrap_or(0);
+                let at = mem.u64(f + instr).unwrap_or(0);
+                h = mix(mix(h, code), at);
+                if n == 0 {
+                    innermost = code;
+                }
+                seen[n] = f;
+                n += 1;
+                f = mem.u64(f + previous).unwrap_or(0);
+            }
+        }
+    }
+    let _ = LAST_WALK.try_with(|w| {
+        // Safety: as above.
+        let w = unsafe { &mut *w.get() };
+        w.frames[..n].copy_from_slice(&seen[..n]);
+        w.len = n;
+    });
+    if n == 0 {
+        return 0;
+    }
+    if innermost != 0 && mem.u64(innermost + OB_TYPE) == Some(c.code_type) {
+        h = mix(h, mem.u64(innermost + c.l.code_filename).unwrap_or(0));
+        h = mix(h, mem.u64(innermost + c.l.code_name).unwrap_or(0));
+    }
+    // Never 0: a caller's table keeps 0 for an empty slot.
+    mix(h, n as u64) | 1
 }
 
 /// Describes the frames of `raw` into `out`, as [`capture`] would have (the walk ends at the

@@ -371,25 +371,26 @@ pub(crate) fn capture(file: File) -> u32 {
 /// The calling thread's Python frames alone, as a stack id (0 when it has none): for events
 /// reported from Python (the tensor ABI) and PyTorch's allocator (native tensor capture),
 /// whose native frames are only the interpreter's. A tensor's stack is mostly one seen before
-/// (a decode step allocates from the same lines each time), so the raw frames' key is looked
-/// up in a per-thread memo first ([`MEMO`]): a hit skips describing every frame, the lock and
-/// the table (docs/performance.md, "Where the decode cost grows").
+/// (a decode step allocates from the same lines each time), so a key read from the frames
+/// alone ([`crate::python::quick_key`]) is looked up in a per-thread memo first ([`MEMO`]): a
+/// hit skips the walk that checks every code object, describing every frame, the lock and the
+/// table (docs/performance.md, "Where the decode cost grows").
 pub(crate) fn capture_python(file: File) -> u32 {
-    let mut raw = RawStack::new();
-    let Some(ctx) = crate::python::capture_raw(file, &mut raw) else {
-        return 0;
-    };
-    if raw.len() == 0 {
+    let quick = crate::python::quick_key(file);
+    if quick == 0 {
         return 0;
     }
     FORK.register();
     let file_generation = FILE_GENERATION.load(Ordering::Acquire);
-    let key = raw.key()
-        ^ (u64::from(file_generation) << 48)
-        ^ (u64::from(crate::intern::generation()) << 32);
+    let key =
+        quick ^ (u64::from(file_generation) << 48) ^ (u64::from(crate::intern::generation()) << 32);
     if let Some(id) = memo_get(key) {
         return id;
     }
+    let mut raw = RawStack::new();
+    let Some(ctx) = crate::python::capture_raw(file, &mut raw) else {
+        return 0;
+    };
     let mut py = PyFrames::new();
     crate::python::describe_raw(file, &ctx, &raw, &mut py);
     if py.len == 0 {
