@@ -282,15 +282,15 @@ def activate(shapes=None, before=None):
 
 def _self_time():
     """Native capture's own steps, mean ns per call (`VRAMTRACE_SELF_TIME=1`), for the stats
-    line: ` self_ns tracker=… libc10=… report=… frames=…`; empty when the preload timed nothing
+    line: ` self_ns tracker=… libc10=… report=… frames=… write=… table=…`; empty when the preload timed nothing
     (the switch off, read by the preload alone) or has no such function."""
     get = getattr(_lib, "vramtrace_self_time", None)
     if get is None:
         return ""
-    out = (ctypes.c_uint64 * 8)()
+    names = ("tracker", "libc10", "report", "frames", "write", "table")
+    out = (ctypes.c_uint64 * (2 * len(names)))()
     get.restype = ctypes.c_uint32
-    n = min(4, get(out, 4))
-    names = ("tracker", "libc10", "report", "frames")
+    n = min(len(names), get(out, len(names)))
     parts = [f"{names[i]}={out[2 * i] / out[2 * i + 1]:.0f}x{out[2 * i + 1]}"
              for i in range(n) if out[2 * i + 1]]
     return " self_ns " + " ".join(parts) if parts else ""

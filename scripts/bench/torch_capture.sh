@@ -35,10 +35,11 @@ run() {
       local capture=auto
       [ "$mode" = callbacks ] && capture=callbacks
       out=$(PYTHONPATH="$ROOT/probes/python/autostart:$W/fake_torch" LD_PRELOAD="$PRELOAD" \
-        VRAMTRACE_DIR="$W/trace" VRAMTRACE_TORCH_CAPTURE=$capture VRAMTRACE_TORCH_PROBE_STATS=1 \
+        VRAMTRACE_DIR="$W/trace" VRAMTRACE_TORCH_CAPTURE=$capture VRAMTRACE_TORCH_PROBE_STATS=1 VRAMTRACE_SELF_TIME=${SELF_TIME:-0} \
         python3 "$T/bench_tensors.py" "$N" 2> "$W/err") || { cat "$W/err"; exit 1; }
       grep -q "capture=$mode" "$W/err" || { echo "$mode: the probe did not capture that way:"; cat "$W/err"; exit 1; } ;;
   esac
+  [ "${SELF_TIME:-0}" = 1 ] && [ "$mode" = native ] && grep -o "self_ns.*" "$W/err" >&2
   echo "$mode ${out#ns_per_tensor }"
 }
 

@@ -16,9 +16,13 @@ pub(crate) enum Step {
     Report = 2,
     /// Of that, the Python frames (`stacks::capture_python`).
     Frames = 3,
+    /// Of that, encoding the record and writing it into the trace's mapping.
+    Write = 4,
+    /// Of that, keeping the live-tensor table in step (under a size budget).
+    Table = 5,
 }
 
-const STEPS: usize = 4;
+const STEPS: usize = 6;
 static NS: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 static COUNT: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 
@@ -41,7 +45,8 @@ impl Drop for Timer {
 }
 
 /// `uint32_t vramtrace_self_time(uint64_t *out, uint32_t n)`: writes up to `n` pairs
-/// (nanoseconds, count), one per step in [`Step`]'s order (tracker, libc10, report, frames);
+/// (nanoseconds, count), one per step in [`Step`]'s order (tracker, libc10, report, frames,
+/// write, table);
 /// returns the number of steps.
 ///
 /// # Safety

@@ -121,6 +121,7 @@ pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>
         }
         t.op = op.map_or(0, |o| crate::intern::intern(file, o));
         t.dtype = dtype.map_or(0, |d| crate::intern::intern(file, d));
+        let write_timer = crate::self_time::start(crate::self_time::Step::Write);
         let mut buf = [0u8; TENSOR_RECORD_MAX_LEN];
         let mut e = Encoder::new(&mut buf);
         // A block handed out or taken back in about 30 bytes instead of 97 (docs/performance.md).
@@ -140,12 +141,20 @@ pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>
                 t.t_ns,
             );
             file.write(frame);
-        } else if t.action == TensorAction::Free && crate::live_tensors::on_release(t.ptr) {
+        } else if t.action == TensorAction::Free && released_kept(t.ptr) {
             // Its statement was kept (restated): so is its release.
             file.write(frame);
             crate::live_tensors::serve_pending(file);
         } else if let Some((block, reused)) = file.write_droppable(frame) {
+            drop(write_timer);
+            let _timer = crate::self_time::start(crate::self_time::Step::Table);
             crate::live_tensors::on_report(file, &t, block, reused);
         }
     });
+}
+
+/// [`crate::live_tensors::on_release`], timed as the table's step.
+fn released_kept(ptr: u64) -> bool {
+    let _timer = crate::self_time::start(crate::self_time::Step::Table);
+    crate::live_tensors::on_release(ptr)
 }
