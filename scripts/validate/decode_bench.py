@@ -11,9 +11,15 @@ alternates them).
 --history: PyTorch's own recorder on, `_record_memory_history(stacks="python")`, before the
 model is built. --config: a model's config.json (its text part, `num_hidden_layers` set to 8)
 instead of the built-in Llama shape (hidden 2048, 16 heads, 8 KV heads, MLP 5632, vocab 32000).
-Prints `generate_s BEST each A,B,.. new_tokens N` and the process's peak allocated bytes."""
+Prints `generate_s BEST each A,B,.. new_tokens N` and the process's peak allocated bytes.
+
+--turns: for decode_alternate.py, which keeps one such process per mode alive and has them take
+turns. After the warm-up (and one untimed generate of the timed length, so the compilation of
+its shapes is done too) it prints `ready`, then times one generate per `go` line read from stdin
+(printing `generate_s T new_tokens N`) until stdin ends."""
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -26,6 +32,7 @@ ap.add_argument("--prompt", type=int, default=1024)
 ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--layers", type=int, default=8)
 ap.add_argument("--repeats", type=int, default=3)
+ap.add_argument("--turns", action="store_true")
 a = ap.parse_args()
 
 torch.manual_seed(0)
@@ -57,6 +64,20 @@ with torch.inference_mode():
     mask = torch.ones_like(ids)
     model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, **kw)
     torch.cuda.synchronize()
+    if a.turns:
+        model.generate(ids, attention_mask=mask, max_new_tokens=a.new, min_new_tokens=a.new, **kw)
+        torch.cuda.synchronize()
+        print("ready", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "go":
+                continue
+            t0 = time.perf_counter()
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=a.new,
+                                 min_new_tokens=a.new, **kw)
+            torch.cuda.synchronize()
+            print(f"generate_s {time.perf_counter() - t0:.4f} new_tokens {out.shape[1] - a.prompt}",
+                  flush=True)
+        sys.exit(0)
     times = []
     for _ in range(a.repeats):
         t0 = time.perf_counter()

@@ -609,14 +609,22 @@ decode_bench() {
     DECODE_MODES=${DECODE_MODES:-bare history vramtrace} WORK=$W bash "$VAL/torch_native.sh" decode
 }
 
+decode_alternate() {
+  # Issue 19 item 3, the decode case alternated finely: one process per mode kept alive, each in
+  # turn timing one generate, ROUNDS (10) rounds (scripts/validate/decode_alternate.py).
+  python3 "$VAL/decode_alternate.py" --rounds "${ROUNDS:-10}" --vt "$VT" --out "$W/decode-alternate" \
+    --modes "${DECODE_MODES:-bare,history,vramtrace,vramtrace_selftime,vramtrace_nobudget}" \
+    -- --config "${DECODE_CONFIG:-$ROOT/.device/hybrid-config.json}"
+}
+
 ring_decode() {
   # Issue 19 item 4: bytes per decode step, and a 64 MiB budget on 192 decode steps.
   WORK=$W bash "$VAL/ring_decode.sh" "${RING_MODEL:-$ROOT/.device/hybrid-config.json}"
 }
 
 serve_bench() {
-  # Issue 19 item 3: a transformers serve batch, bare / recorder / vramtrace, 3 rounds.
-  WORK=$W bash "$VAL/serve_bench.sh" "${SERVE_ROUNDS:-3}"
+  # Issue 19 item 3: transformers serve batches, one server per mode alive at once, alternated.
+  WORK=$W bash "$VAL/serve_bench.sh" "${SERVE_ROUNDS:-6}"
 }
 
 live_serve() {

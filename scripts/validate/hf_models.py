@@ -10,10 +10,8 @@ import json
 import os
 import sys
 
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
-
+# torch, tokenizers and transformers are imported where a model is made: serve_load.py imports
+# prompt() from here, and a client that spent seconds importing them would time itself.
 WORDS = 4000
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
@@ -22,6 +20,9 @@ CHAT_TEMPLATE = (
 
 
 def tokenizer(out):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 3}
     for i in range(WORDS):
         vocab[f"w{i}"] = len(vocab)
@@ -60,6 +61,9 @@ HYBRID = dict(
 
 
 def make(out, kind):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     spec = dict(DENSE if kind == "dense" else HYBRID)
     model_type = spec.pop("model_type")
     os.makedirs(out, exist_ok=True)

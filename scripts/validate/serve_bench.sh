@@ -1,30 +1,43 @@
 #!/usr/bin/env bash
 # The cost of recording a real server (issue 19, item 3): `transformers serve --continuous-batching`
-# with a random-weight dense Qwen3 (scripts/validate/hf_models.py), one batch of 16 concurrent
-# chat completions of 1,500 prompt tokens and 96 new tokens, timed by serve_load.py after a
-# small warm-up and WARMUP_BATCHES (2) untimed full-size batches: BATCHES such batches (default 3) one after the other per server, the server's
-# figure being their median. Modes (MODES, default "bare recorder vramtrace"), alternated within
-# each round, each a fresh server:
+# with a random-weight dense Qwen3 (scripts/validate/hf_models.py), batches of 16 concurrent chat
+# completions of 1,500 prompt tokens and 96 new tokens, timed by serve_load.py.
+#
+# One server per mode, all started at once (each given --cb-max-memory-percent CB_MEM, 0.15, so
+# that they fit on one card together) and warmed up (a small batch, then WARMUP_BATCHES (2)
+# full-size ones: a fresh server's first two are 2-3 times slower in every mode, docs/validation.md,
+# 2026-12-01); then ROUNDS rounds in which each server in turn serves one batch while the others
+# idle. The order rotates from round to round, and each traced batch is compared with the bare
+# batch of its own round, so a machine whose speed drifts during the call moves both alike
+# (sequential servers, one after another, could not resolve 3%). Every prompt of the call is
+# distinct (serve_load.py --tag), so no server answers from a prefix it cached earlier.
+# Modes (MODES, default "bare recorder vramtrace noprobe"):
 #   bare       no recorder
 #   recorder   PyTorch's torch.cuda.memory._record_memory_history(stacks="python"), switched on
 #              by a sitecustomize after `import torch` (as a user would, in-process)
 #   vramtrace  `vramtrace run` (native tensor capture with Python lines)
 #   noprobe    `vramtrace run --no-torch-probe` (driver level only)
 # Usage (on the GPU machine, after scripts/validate/prepare.sh here):
-#   bash scripts/validate/serve_bench.sh [ROUNDS]       (default 3; WORK= as h200.sh)
-# Prints one line per server and a table; keeps the last vramtrace trace in $W/serve-bench-vt.
+#   bash scripts/validate/serve_bench.sh [ROUNDS]       (default 6; WORK= as h200.sh)
+# Prints each batch, a table, and the vramtrace server's probe line; keeps its trace in
+# $W/serve-bench-vt.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VT=$ROOT/.device/bin/vramtrace
 VAL=$ROOT/scripts/validate
 W=${WORK:-/tmp/vramtrace-validation/w}
-ROUNDS=${1:-3}
+ROUNDS=${1:-6}
 PORT=${SERVE_PORT:-8771}
+MODES=(${MODES:-bare recorder vramtrace noprobe})
 export PYTHONUNBUFFERED=1
 mkdir -p "$W" "${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}"
 [ -f "$W/models/dense/config.json" ] || python3 "$VAL/hf_models.py" "$W/models" dense || exit 1
 M=$W/models/dense
 TF=$(command -v transformers 2>/dev/null || echo "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/transformers")
+if ! "$TF" serve --help 2>/dev/null | grep -q -- --cb-max-memory-percent; then
+  echo "serve_bench: this transformers serve has no --cb-max-memory-percent: the servers cannot share the card"
+  exit 1
+fi
 # The recorder's switch: a sitecustomize that turns PyTorch's history on once torch is imported.
 REC=$W/recorder-site
 mkdir -p "$REC"
@@ -33,56 +46,73 @@ import torch
 torch.cuda.memory._record_memory_history(stacks="python")
 PY
 
-one() { # MODE ROUND
-  local mode=$1 r=$2 d=$W/serve-bench-$1 log=$W/serve-bench-$1-$2.log
-  local -a pre=()
+declare -A port pid
+i=0
+for mode in "${MODES[@]}"; do
+  port[$mode]=$((PORT + i)); i=$((i + 1))
+  d=$W/serve-bench-$mode
   rm -rf "$d"
+  pre=(); env=()
   case $mode in
     bare) ;;
-    recorder) export PYTHONPATH_SAVE=${PYTHONPATH:-}; export PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH} ;;
+    recorder) env=(PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH}) ;;
     vramtrace) pre=("$VT" run --quiet --out "$d" --) ;;
     noprobe) pre=("$VT" run --quiet --no-torch-probe --out "$d" --) ;;
+    *) echo "serve_bench: unknown mode $mode"; exit 1 ;;
   esac
-  "${pre[@]}" "$TF" serve "$M" --port "$PORT" --continuous-batching > "$log" 2>&1 &
-  local pid=$!
-  [ "$mode" = recorder ] && export PYTHONPATH=$PYTHONPATH_SAVE
-  python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 --wait 240 > /dev/null
-  # A fresh server's first two full-size batches are 2-3 times slower than the next ones in
-  # every mode (docs/validation.md, 2026-12-01): WARMUP_BATCHES (2) of them are not timed.
-  python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
-    --rounds "${WARMUP_BATCHES:-2}" --wait 10 > /dev/null
-  local line
-  line=$(python3 "$VAL/serve_load.py" "$PORT" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
-    --rounds "${BATCHES:-3}" --wait 10 | grep round)
-  echo "$line" | sed "s/^/$mode round $r: /"
-  local times
-  times=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p' | sort -n | tr '\n' ' ')
-  echo "$mode $r $(echo $times | awk '{print $(int((NF + 1) / 2))}') $times" >> "$W/serve-bench.tsv"
-  pkill -INT -f "transformers serve"; sleep 3; pkill -KILL -f "transformers serve"
-  wait $pid 2>/dev/null
-  sleep 1
-}
-
-rm -f "$W/serve-bench.tsv"
-for r in $(seq 1 "$ROUNDS"); do
-  for mode in ${MODES:-bare recorder vramtrace}; do one $mode $r; done
+  env "${env[@]}" VRAMTRACE_TORCH_PROBE_STATS=1 "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
+    --continuous-batching --cb-max-memory-percent "${CB_MEM:-0.15}" > "$W/serve-bench-$mode.log" 2>&1 &
+  pid[$mode]=$!
 done
+tag=0
+warm() { # MODE
+  local m=$1
+  python3 "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 \
+    --wait 300 --tag $((tag++)) | grep -v round
+  python3 "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
+    --rounds "${WARMUP_BATCHES:-2}" --wait 10 --tag $((tag++)) | sed "s/^/  $m warm-up: /"
+}
+for mode in "${MODES[@]}"; do
+  warm "$mode" || { echo "serve_bench: the $mode server did not serve (log: $W/serve-bench-$mode.log)"; tail -5 "$W/serve-bench-$mode.log"; }
+done
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+rm -f "$W/serve-bench.tsv"
+n=${#MODES[@]}
+for r in $(seq 1 "$ROUNDS"); do
+  for k in $(seq 0 $((n - 1))); do
+    mode=${MODES[$(((k + r - 1) % n))]}
+    line=$(python3 "$VAL/serve_load.py" "${port[$mode]}" "$M" --requests 16 --prompt-tokens 1500 \
+      --max-tokens 96 --wait 10 --tag $((tag++)) | grep round)
+    echo "round $r $mode: $line"
+    t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
+    case "$line" in *" 0 failed"*) ;; *) t="" ;; esac
+    echo "$mode $r ${t:-nan}" >> "$W/serve-bench.tsv"
+  done
+done
+for mode in "${MODES[@]}"; do kill -INT "${pid[$mode]}" 2>/dev/null; done
+sleep 5
+for mode in "${MODES[@]}"; do kill -KILL "${pid[$mode]}" 2>/dev/null; wait "${pid[$mode]}" 2>/dev/null; done
+pkill -KILL -f "transformers serve" 2>/dev/null
 python3 - "$W/serve-bench.tsv" <<'PY'
-import sys, collections, statistics
-t = collections.defaultdict(list)
+import collections, math, statistics, sys
+t = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    f = line.split()
-    if len(f) >= 3:
-        t[f[0]].append(float(f[2]))
-bare = t.get("bare")
-print("| mode | per server: median batch (s), each round | best | median | best / best bare | median / median bare |")
-print("| --- | --- | ---: | ---: | ---: | ---: |")
-for m in ("bare", "recorder", "vramtrace", "noprobe"):
-    v = t.get(m)
-    if not v:
-        continue
-    rb = f"{min(v) / min(bare):.3f}" if bare else "?"
-    rm = f"{statistics.median(v) / statistics.median(bare):.3f}" if bare else "?"
-    print(f"| {m} | {', '.join(f'{x:.3f}' for x in v)} | {min(v):.3f} | {statistics.median(v):.3f} | {rb} | {rm} |")
+    mode, r, s = line.split()
+    t[mode][int(r)] = float(s)
+bare = t.get("bare", {})
+print(f"\nseconds per batch of 16; ratio: the mode over bare of the same round")
+print("| mode | each round (s) | median (s) | median ratio | ratio range |")
+print("| --- | --- | ---: | ---: | --- |")
+for m, byround in t.items():
+    v = [byround[r] for r in sorted(byround)]
+    ok = [x for x in v if not math.isnan(x)]
+    ratios = [byround[r] / bare[r] for r in sorted(byround)
+              if r in bare and not math.isnan(byround[r]) and not math.isnan(bare[r])]
+    rs = (f"{statistics.median(ratios):.3f} | {min(ratios):.3f} – {max(ratios):.3f}"
+          if ratios else "? | ?")
+    print(f"| {m} | {', '.join(f'{x:.3f}' for x in v)} | "
+          f"{statistics.median(ok) if ok else float('nan'):.3f} | {rs} |")
 PY
-[ -d "$W/serve-bench-vramtrace" ] && cp -r "$W/serve-bench-vramtrace" "$W/serve-bench-vt"
+grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W"/serve-bench-vramtrace.log | tail -3
+[ -d "$W/serve-bench-vramtrace" ] && rm -rf "$W/serve-bench-vt" && cp -r "$W/serve-bench-vramtrace" "$W/serve-bench-vt"
+true

@@ -1,7 +1,7 @@
 """Concurrent chat completions against an OpenAI-compatible server on localhost, timed.
 
 Usage: python3 serve_load.py PORT MODEL --requests 16 --prompt-tokens 1500 --max-tokens 96
-       [--rounds 1] [--wait 300]
+       [--rounds 1] [--wait 300] [--tag N]
 Waits for the server (GET /health) up to --wait seconds, then sends --requests requests at
 once per round and prints, per round, the wall time, the completion tokens and any failure.
 Exit code 1 when any request failed.
@@ -14,7 +14,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hf_models import prompt  # noqa: E402
+from hf_models import WORDS, prompt  # noqa: E402
 
 
 def post(url, body, timeout):
@@ -45,6 +45,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--wait", type=float, default=300)
+    ap.add_argument("--tag", type=int, default=0, help="picks the word that starts every prompt "
+                    "of a round: give each call its own, so that no prompt repeats one of another "
+                    "call's, whatever the server caches")
     a = ap.parse_args()
     base = f"http://127.0.0.1:{a.port}"
     t0 = time.time()
@@ -54,10 +57,11 @@ def main():
     print(f"serve_load: ready after {time.time() - t0:.1f} s")
     failed = 0
     for rnd in range(a.rounds):
-        # Each request differs in its first word, so no prefix is shared.
+        # Each request differs in its first words, so no prefix is shared.
         bodies = [dict(model=a.model, max_tokens=a.max_tokens, temperature=0.0, stream=False,
                        messages=[{"role": "user",
-                                  "content": f"w{i} " + prompt(a.prompt_tokens - 1)}])
+                                  "content": f"w{(a.tag * 1009 + rnd * 31 + 17) % WORDS} w{i} "
+                                  + prompt(a.prompt_tokens - 2)}])
                   for i in range(a.requests)]
         t = time.time()
         with cf.ThreadPoolExecutor(a.requests) as ex:
