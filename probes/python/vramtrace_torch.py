@@ -282,12 +282,12 @@ def activate(shapes=None, before=None):
 
 def _self_time():
     """Native capture's own steps, mean ns per call (`VRAMTRACE_SELF_TIME=1`), for the stats
-    line: ` self_ns tracker=… libc10=… report=… frames=… write=… table=…`; empty when the preload timed nothing
+    line: ` self_ns tracker=… libc10=… report=… frames=… write=… table=… miss=…`; empty when the preload timed nothing
     (the switch off, read by the preload alone) or has no such function."""
     get = getattr(_lib, "vramtrace_self_time", None)
     if get is None:
         return ""
-    names = ("tracker", "libc10", "report", "frames", "write", "table")
+    names = ("tracker", "libc10", "report", "frames", "write", "table", "miss")
     out = (ctypes.c_uint64 * (2 * len(names)))()
     get.restype = ctypes.c_uint32
     n = min(len(names), get(out, len(names)))

@@ -20,9 +20,12 @@ pub(crate) enum Step {
     Write = 4,
     /// Of that, keeping the live-tensor table in step (under a size budget).
     Table = 5,
+    /// Of the frames, a stack the thread's memo did not hold: the checked walk, the description
+    /// of every frame and the stack table.
+    Miss = 6,
 }
 
-const STEPS: usize = 6;
+const STEPS: usize = 7;
 static NS: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 static COUNT: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 
@@ -46,7 +49,7 @@ impl Drop for Timer {
 
 /// `uint32_t vramtrace_self_time(uint64_t *out, uint32_t n)`: writes up to `n` pairs
 /// (nanoseconds, count), one per step in [`Step`]'s order (tracker, libc10, report, frames,
-/// write, table);
+/// write, table, miss);
 /// returns the number of steps.
 ///
 /// # Safety
