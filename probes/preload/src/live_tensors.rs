@@ -319,8 +319,15 @@ pub(crate) fn on_release(ptr: u64) -> bool {
 /// allocation is added; a release was taken out by [`on_release`]), and restates what block
 /// `reused` held, if the write reused one.
 pub(crate) fn on_report(file: File, t: &TensorEvent, block: u64, reused: Option<u64>) {
+    // A release that reused no block has nothing to do here: the table's lock (an atomic
+    // exchange, the largest part of this function's cost) is not taken for it.
+    let alloc = t.action == TensorAction::Alloc;
+    if !alloc && reused.is_none() {
+        serve_pending(file);
+        return;
+    }
     with_table(true, |table| {
-        if t.action == TensorAction::Alloc {
+        if alloc {
             table.insert(Entry {
                 ptr: t.ptr,
                 size: t.size,
