@@ -946,8 +946,8 @@ fn the_naming_walk_names_attributes_and_never_reads_a_running_frame() {
 }
 
 /// `VRAMTRACE_SELF_TIME=1`: native capture times its own steps and the probe's stats line says
-/// them, one count per tracker call, per report and per allocation's frames; off, the line has
-/// no such part.
+/// them, one count per tracker call, per report and per allocation's frames, with the memo's
+/// misses (one per distinct stack); off, the line has no such part.
 #[test]
 fn native_capture_says_what_its_own_steps_cost_when_asked() {
     let Some(torch_dir) = fake_torch_with_c10("torch-native-self-time") else {
@@ -982,6 +982,11 @@ fn native_capture_says_what_its_own_steps_cost_when_asked() {
     assert!((200..220).contains(&frames), "{line}");
     assert!(counts["report"] >= 2 * frames, "{line}");
     assert!(counts["tracker"] >= 2 * frames, "{line}");
+    assert!(counts["write"] >= 2 * frames, "{line}");
+    // memo_paths.py allocates from four stacks in turn: the memo describes each once (and the
+    // probe's own check's), and every other allocation is a hit.
+    let misses = counts.get("miss").copied().unwrap_or(0);
+    assert!((4..=12).contains(&misses), "{line}");
 
     let out = scratch("torch-native-self-time-off").join("trace");
     let o = run_with_c10(&out, &torch_dir, "memo_paths.py", &[]);
