@@ -236,6 +236,22 @@ pub(crate) struct RawFrame {
     pub(crate) offset: i64,
 }
 
+/// The innermost `_PyInterpreterFrame` of `tstate` (3.11 and later): the thread state's own
+/// pointer, or, through a C frame first (`cframe_current`), that one's; 0 for none.
+fn innermost_frame<M: Memory>(
+    mem: &M,
+    tstate: u64,
+    tstate_frame: u64,
+    cframe_current: Option<u64>,
+) -> u64 {
+    let first = mem.u64(tstate + tstate_frame).unwrap_or(0);
+    match cframe_current {
+        Some(_) if first == 0 => 0,
+        Some(off) => mem.u64(first + off).unwrap_or(0),
+        None => first,
+    }
+}
+
 /// Walks the frames of `tstate`, innermost first, calling `visit` for each Python frame until
 /// it returns false, the chain ends, or [`MAX_WALK`] frames were seen. A code object whose type
 /// is not `code_type` ends the walk in 3.10 and 3.11 (a damaged chain) and is skipped in 3.12+
@@ -285,12 +301,7 @@ pub(crate) fn walk<M: Memory>(
             code_adaptive,
             code_firsttraceable,
         } => {
-            let first = mem.u64(tstate + tstate_frame).unwrap_or(0);
-            let mut f = match cframe_current {
-                Some(_) if first == 0 => 0,
-                Some(off) => mem.u64(first + off).unwrap_or(0),
-                None => first,
-            };
+            let mut f = innermost_frame(mem, tstate, tstate_frame, cframe_current);
             for _ in 0..MAX_WALK {
                 if f == 0 {
                     return;
@@ -837,53 +848,49 @@ pub(crate) fn quick_key(file: File) -> u64 {
             prefetch(f + 63);
         }
     });
-    let mut seen = [0u64; MAX_PY_FRAMES + QUICK_SLACK];
-    match c.l.chain {
+    // Where each chain keeps the next frame, the code object and the position in it (3.10's
+    // `f_lasti` is an `int`, later versions' instruction pointer a pointer).
+    let (mut f, next_at, code_at, (pos_at, pos_bytes)) = match c.l.chain {
         Chain::FrameObjects {
             tstate_frame,
             f_back,
             f_code,
             f_lasti,
-        } => {
-            let mut f = mem.u64(c.tstate + tstate_frame).unwrap_or(0);
-            while f != 0 && n < MAX_PY_FRAMES + QUICK_SLACK {
-                let code = mem.u64(f + f_code).unwrap_or(0);
-                let lasti = mem.u32(f + f_lasti).unwrap_or(0);
-                h = mix(mix(h, code), u64::from(lasti));
-                if n == 0 {
-                    innermost = code;
-                }
-                seen[n] = f;
-                n += 1;
-                f = mem.u64(f + f_back).unwrap_or(0);
-            }
-        }
+        } => (
+            mem.u64(c.tstate + tstate_frame).unwrap_or(0),
+            f_back,
+            f_code,
+            (f_lasti, 4),
+        ),
         Chain::Interpreter {
             tstate_frame,
             cframe_current,
-            code: code_at,
+            code,
             previous,
             instr,
             ..
-        } => {
-            let first = mem.u64(c.tstate + tstate_frame).unwrap_or(0);
-            let mut f = match cframe_current {
-                Some(_) if first == 0 => 0,
-                Some(off) => mem.u64(first + off).unwrap_or(0),
-                None => first,
-            };
-            while f != 0 && n < MAX_PY_FRAMES + QUICK_SLACK {
-                let code = mem.u64(f + code_at).unwrap_or(0);
-                let at = mem.u64(f + instr).unwrap_or(0);
-                h = mix(mix(h, code), at);
-                if n == 0 {
-                    innermost = code;
-                }
-                seen[n] = f;
-                n += 1;
-                f = mem.u64(f + previous).unwrap_or(0);
-            }
+        } => (
+            innermost_frame(&mem, c.tstate, tstate_frame, cframe_current),
+            previous,
+            code,
+            (instr, 8),
+        ),
+    };
+    let mut seen = [0u64; MAX_PY_FRAMES + QUICK_SLACK];
+    while f != 0 && n < MAX_PY_FRAMES + QUICK_SLACK {
+        let code = mem.u64(f + code_at).unwrap_or(0);
+        let pos = if pos_bytes == 4 {
+            mem.u32(f + pos_at).map(u64::from)
+        } else {
+            mem.u64(f + pos_at)
+        };
+        h = mix(mix(h, code), pos.unwrap_or(0));
+        if n == 0 {
+            innermost = code;
         }
+        seen[n] = f;
+        n += 1;
+        f = mem.u64(f + next_at).unwrap_or(0);
     }
     let _ = LAST_WALK.try_with(|w| {
         // Safety: as above.
