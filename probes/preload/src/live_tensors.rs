@@ -156,12 +156,14 @@ impl Table {
         self.set_slot(i, self.len as u32);
     }
 
-    fn remove(&mut self, ptr: u64) {
+    /// Takes `ptr`'s entry out, returning it (`None`: it was not there).
+    fn remove(&mut self, ptr: u64) -> Option<Entry> {
         let (mut hole, found) = self.find(ptr);
         if !found {
-            return;
+            return None;
         }
         let at = self.slot(hole) as usize - 1;
+        let removed = self.entries()[at];
         // The last entry moves into the freed place; its slot follows it. Its slot is found
         // before the move: after it, the freed place holds its pointer too, and a probe chain
         // that passes the hole first would find the hole (whose slot is then cleared) and
@@ -195,6 +197,7 @@ impl Table {
             }
             i = (i + 1) & mask;
         }
+        Some(removed)
     }
 }
 
@@ -304,13 +307,7 @@ fn restate(t: &mut Table, file: File, reused: u64) {
 /// too: a dropped release would leave it live for a reader for good.
 pub(crate) fn on_release(ptr: u64) -> bool {
     with_table(true, |table| {
-        let (i, found) = table.find(ptr);
-        let kept = found && {
-            let at = table.slot(i) as usize - 1;
-            table.entries()[at].block == KEPT
-        };
-        table.remove(ptr);
-        kept
+        table.remove(ptr).is_some_and(|e| e.block == KEPT)
     })
     .unwrap_or(false)
 }
