@@ -11,12 +11,17 @@ round to round so that no mode always follows the same one.
 
 Modes (each a process started as a user would):
   bare                 python3 decode_bench.py
+  bare_again           a second bare process: its ratio to bare is the machine's noise floor
   history              the same with PyTorch's recorder, `_record_memory_history(stacks="python")`
   vramtrace            `vramtrace run` (native tensor capture with Python lines)
   vramtrace_nopy       the same without Python lines (VRAMTRACE_PYTHON=0)
   vramtrace_selftime   the same timing its own steps (VRAMTRACE_SELF_TIME=1; not a cost figure)
   vramtrace_nobudget   `vramtrace run --max-size 0` (no ring, so no live-tensor table)
   no_torch_probe       `vramtrace run --no-torch-probe` (driver level only)
+
+With --cpus every process runs on the same CPUs (only one works at a time): in a call without
+it (docs/validation.md, 2026-12-02) a second bare process ran 0.53-1.51 times the first's time
+in the same round, a process staying slow or fast for several rounds.
 
 Prints each turn, then a table: per mode, every round's time, the median, and the median and
 range of the per-round ratio to bare. Each process's stderr is kept in OUT/MODE.err (the
@@ -33,6 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = {
     "bare": ({}, None, []),
+    "bare_again": ({}, None, []),
     "history": ({}, None, ["--history"]),
     "vramtrace": ({}, [], []),
     "vramtrace_nopy": ({"VRAMTRACE_PYTHON": "0"}, [], []),
@@ -42,7 +48,7 @@ MODES = {
 }
 
 
-def start(mode, vt, out, bench_args):
+def start(mode, vt, out, bench_args, cpus):
     env_extra, run_flags, bench_flags = MODES[mode]
     cmd = [sys.executable, os.path.join(HERE, "decode_bench.py"), "--turns", *bench_flags,
            *bench_args]
@@ -52,8 +58,18 @@ def start(mode, vt, out, bench_args):
         cmd = [vt, "run", "--quiet", *run_flags, "--out", trace, "--", *cmd]
     env = dict(os.environ, VRAMTRACE_TORCH_PROBE_STATS="1", PYTHONUNBUFFERED="1", **env_extra)
     err = open(os.path.join(out, mode + ".err"), "w")
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                            env=env, text=True, bufsize=1)
+                            env=env, text=True, bufsize=1, preexec_fn=pin)
+
+
+def cpu_list(text):
+    """`2-9,12` as a set of CPU numbers."""
+    cpus = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def read_until(proc, prefix, mode):
@@ -70,6 +86,10 @@ def main():
     ap.add_argument("--modes", default="bare,history,vramtrace,vramtrace_nopy,no_torch_probe")
     ap.add_argument("--vt", default=os.path.join(HERE, "..", "..", ".device", "bin", "vramtrace"))
     ap.add_argument("--out", default="/tmp/vramtrace-validation/w/decode-alternate")
+    ap.add_argument("--cpus", type=cpu_list, default=set(),
+                    help="run every mode's process on these CPUs (as 2-9): only one works at a "
+                         "time, and a process that the scheduler moved to a slower core or node "
+                         "otherwise stays slower for rounds")
     ap.add_argument("bench", nargs="*", help="decode_bench.py's arguments (after --)")
     a = ap.parse_args()
     modes = a.modes.split(",")
@@ -79,7 +99,7 @@ def main():
                  f"(unknown: {', '.join(unknown) or 'none'})")
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
-    procs = {m: start(m, a.vt, a.out, a.bench) for m in modes}
+    procs = {m: start(m, a.vt, a.out, a.bench, a.cpus) for m in modes}
     for m, p in procs.items():
         read_until(p, "ready", m)
         print(f"{m} ready after {time.time() - t0:.1f} s", flush=True)

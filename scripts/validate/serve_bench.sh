@@ -17,6 +17,9 @@
 #              by a sitecustomize after `import torch` (as a user would, in-process)
 #   vramtrace  `vramtrace run` (native tensor capture with Python lines)
 #   noprobe    `vramtrace run --no-torch-probe` (driver level only)
+# With BENCH_CPUS (as 2-9) every server runs on those CPUs (only one works at a time) and the
+# client on CLIENT_CPUS (as 10-15): unpinned, a process the scheduler placed on a slower core
+# stays slower for rounds (docs/validation.md, 2026-12-02).
 # Usage (on the GPU machine, after scripts/validate/prepare.sh here):
 #   bash scripts/validate/serve_bench.sh [ROUNDS]       (default 6; WORK= as h200.sh)
 # Prints each batch, a table, and the vramtrace server's probe line; keeps its trace in
@@ -47,6 +50,9 @@ torch.cuda.memory._record_memory_history(stacks="python")
 PY
 
 declare -A port pid
+pin=(); client=(python3)
+[ -n "${BENCH_CPUS:-}" ] && pin=(taskset -c "$BENCH_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && client=(taskset -c "$CLIENT_CPUS" python3)
 i=0
 for mode in "${MODES[@]}"; do
   port[$mode]=$((PORT + i)); i=$((i + 1))
@@ -60,16 +66,16 @@ for mode in "${MODES[@]}"; do
     noprobe) pre=("$VT" run --quiet --no-torch-probe --out "$d" --) ;;
     *) echo "serve_bench: unknown mode $mode"; exit 1 ;;
   esac
-  env "${env[@]}" VRAMTRACE_TORCH_PROBE_STATS=1 "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
+  env "${env[@]}" VRAMTRACE_TORCH_PROBE_STATS=1 "${pin[@]}" "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
     --continuous-batching --cb-max-memory-percent "${CB_MEM:-0.15}" > "$W/serve-bench-$mode.log" 2>&1 &
   pid[$mode]=$!
 done
 tag=0
 warm() { # MODE
   local m=$1
-  python3 "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 \
+  "${client[@]}" "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 4 --prompt-tokens 200 --max-tokens 8 \
     --wait 300 --tag $((tag++)) | grep -v round
-  python3 "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
+  "${client[@]}" "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
     --rounds "${WARMUP_BATCHES:-2}" --wait 10 --tag $((tag++)) | sed "s/^/  $m warm-up: /"
 }
 for mode in "${MODES[@]}"; do
@@ -81,7 +87,7 @@ n=${#MODES[@]}
 for r in $(seq 1 "$ROUNDS"); do
   for k in $(seq 0 $((n - 1))); do
     mode=${MODES[$(((k + r - 1) % n))]}
-    line=$(python3 "$VAL/serve_load.py" "${port[$mode]}" "$M" --requests 16 --prompt-tokens 1500 \
+    line=$("${client[@]}" "$VAL/serve_load.py" "${port[$mode]}" "$M" --requests 16 --prompt-tokens 1500 \
       --max-tokens 96 --wait 10 --tag $((tag++)) | grep round)
     echo "round $r $mode: $line"
     t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')

@@ -4,8 +4,15 @@ as `torch.empty` and a tensor's release reach PyTorch's allocator (one call each
 library), with the `torch.cuda._gpu_trace` callbacks dispatched around them as PyTorch does
 when any are registered (the callback path registers them; bare and native capture do not).
 Best of ROUNDS loops, run DEPTH Python frames deep (a third argument, default 0: a model's
-forward under `generate` allocates some 30-50 frames down); prints `ns_per_tensor X tensors N`."""
+forward under `generate` allocates some 30-50 frames down); prints `ns_per_tensor X tensors N`.
+
+With EVICT_BYTES set, each tensor's life and the gap after it copy that many bytes from one
+buffer to another, as a model's own work between two allocations pushes the recorder's data out
+of the caches (a decode step on the H200 does some 20 µs of work between two tensors). The time
+per tensor then measures the copies too, so the bench also prints `call_ns_per_tensor`: the time
+spent inside the allocator's two calls alone (the recorder's work runs inside them), best loop."""
 import ctypes
+import os
 import sys
 import time
 
@@ -23,6 +30,8 @@ on_alloc, on_free = _gpu_trace.alloc_callbacks, _gpu_trace.free_callbacks
 size, stream = 1 << 20, 0x5150
 block, segment = ctypes.c_uint64(), ctypes.c_uint64()
 out, seg = ctypes.byref(block), ctypes.byref(segment)
+evict = int(os.environ.get("EVICT_BYTES", "0"))
+src, dst = bytearray(evict), bytearray(evict)
 
 
 def loop():
@@ -35,14 +44,38 @@ def loop():
         release(ptr, 0, stream)
 
 
+def evicting_loop():
+    """`loop` with the copies between the calls; returns the ns spent inside the calls."""
+    clock = time.perf_counter_ns
+    inside = 0
+    for _ in range(n):
+        t0 = clock()
+        ptr = malloc(size, 0, stream, out, seg)
+        inside += clock() - t0
+        dst[:] = src
+        t0 = clock()
+        release(ptr, 0, stream)
+        inside += clock() - t0
+        src[:] = dst
+    return inside
+
+
 def deep(k):
-    return loop() if k <= 0 else deep(k - 1)
+    if k > 0:
+        return deep(k - 1)
+    if evict:
+        assert not on_alloc and not on_free, "EVICT_BYTES times the allocator's calls alone"
+        return evicting_loop()
+    return loop()
 
 
-best = None
+best = best_inside = None
 for _ in range(rounds):
     t0 = time.perf_counter_ns()
-    deep(depth)
+    inside = deep(depth)
     dt = (time.perf_counter_ns() - t0) / n
     best = dt if best is None else min(best, dt)
-print(f"ns_per_tensor {best:.1f} tensors {n * rounds}")
+    if inside is not None:
+        best_inside = inside / n if best_inside is None else min(best_inside, inside / n)
+print(f"ns_per_tensor {best:.1f} tensors {n * rounds}"
+      + (f" call_ns_per_tensor {best_inside:.1f}" if best_inside is not None else ""))
