@@ -44,7 +44,7 @@
 use core::cell::Cell;
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use vramtrace_format::{TensorAction, TensorEvent};
 
@@ -172,14 +172,24 @@ thread_local! {
     static LAST_ALLOC: Cell<Seen> = const { Cell::new(Seen::NONE) };
     /// The last report on this thread (for the check).
     static LAST_REPORT: Cell<Report> = const { Cell::new(Report { ptr: 0, size: 0, device: -1, count: 0 }) };
+    /// The segment this thread found last: its table, the table's generation, base and end.
+    static LAST_SEGMENT: Cell<(usize, u64, u64, u64)> = const { Cell::new((0, 0, 0, 0)) };
 }
 
 /// The segments the allocator announced (SEGMENT_ALLOC, or SEGMENT_MAP for expandable
 /// segments, whose mapped ranges stand for segments here) since the tracker was attached: sorted
 /// base addresses and their ends, under a spin lock (the tracker runs under one device's lock,
 /// and devices run in parallel). Nothing allocates; a fork child starts empty.
+///
+/// Each thread keeps the last segment it found ([`LAST_SEGMENT`]) with the table's generation
+/// then: while no segment came or went, a block in it is answered without the lock or the
+/// search. Between a model's allocations its own work pushes the table out of the caches, and
+/// the lock (an atomic exchange on a line another thread may own) and a binary search over a
+/// server's hundreds of segments are then a cache miss each (docs/performance.md).
 struct SegmentTable {
     lock: AtomicBool,
+    /// Bumped under the lock by every change.
+    generation: AtomicU64,
     inner: UnsafeCell<Segments>,
 }
 
@@ -194,6 +204,7 @@ unsafe impl Sync for SegmentTable {}
 
 static SEGMENTS: SegmentTable = SegmentTable {
     lock: AtomicBool::new(false),
+    generation: AtomicU64::new(0),
     inner: UnsafeCell::new(Segments {
         len: 0,
         bases: [0; MAX_SEGMENTS],
@@ -217,9 +228,17 @@ impl SegmentTable {
         r
     }
 
+    /// [`SegmentTable::with`] for a change: the generation moves on.
+    fn change(&self, f: impl FnOnce(&mut Segments)) {
+        self.with(|s| {
+            f(s);
+            self.generation.fetch_add(1, Ordering::Release);
+        })
+    }
+
     fn add(&self, base: u64, size: u64) {
         FORK.register();
-        self.with(|s| {
+        self.change(|s| {
             let at = s.bases[..s.len].partition_point(|&b| b < base);
             if at < s.len && s.bases[at] == base {
                 s.ends[at] = base.saturating_add(size);
@@ -240,7 +259,7 @@ impl SegmentTable {
     /// mapped ranges).
     fn remove(&self, base: u64, size: u64) {
         let end = base.saturating_add(size.max(1));
-        self.with(|s| {
+        self.change(|s| {
             let from = s.bases[..s.len].partition_point(|&b| b < base);
             let to = s.bases[..s.len].partition_point(|&b| b < end);
             if from < to {
@@ -253,14 +272,25 @@ impl SegmentTable {
 
     /// The base of the segment holding `ptr`, or 0.
     fn base_of(&self, ptr: u64) -> u64 {
-        self.with(|s| {
+        let me = self as *const SegmentTable as usize;
+        let generation = self.generation.load(Ordering::Acquire);
+        let last = LAST_SEGMENT.try_with(Cell::get).unwrap_or((0, 0, 0, 0));
+        if last.0 == me && last.1 == generation && last.2 <= ptr && ptr < last.3 {
+            return last.2;
+        }
+        let (generation, base, end) = self.with(|s| {
             let at = s.bases[..s.len].partition_point(|&b| b <= ptr);
-            if at > 0 && ptr < s.ends[at - 1] {
-                s.bases[at - 1]
-            } else {
-                0
+            let found = at > 0 && ptr < s.ends[at - 1];
+            let generation = self.generation.load(Ordering::Relaxed);
+            match found {
+                true => (generation, s.bases[at - 1], s.ends[at - 1]),
+                false => (generation, 0, 0),
             }
-        })
+        });
+        if base != 0 {
+            let _ = LAST_SEGMENT.try_with(|c| c.set((me, generation, base, end)));
+        }
+        base
     }
 }
 
@@ -268,6 +298,8 @@ impl SegmentTable {
 /// starts over.
 extern "C" fn after_fork_child() {
     SEGMENTS.lock.store(false, Ordering::Release);
+    // The forking thread's last segment is the parent's: a new generation outdates it.
+    SEGMENTS.generation.fetch_add(1, Ordering::Release);
     // Safety: the child has one thread, and no other reference exists.
     unsafe { (*SEGMENTS.inner.get()).len = 0 };
 }
@@ -642,6 +674,7 @@ mod tests {
     fn segments_are_found_added_and_forgotten() {
         let t = SegmentTable {
             lock: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
             inner: UnsafeCell::new(Segments {
                 len: 0,
                 bases: [0; MAX_SEGMENTS],
@@ -663,6 +696,42 @@ mod tests {
         assert_eq!(t.base_of(0x9000), 0x8000);
         t.remove(0x8000, 0x4000);
         assert_eq!(t.base_of(0x9000), 0);
+    }
+
+    #[test]
+    fn the_segment_a_thread_found_last_is_forgotten_when_the_table_changes() {
+        let t = SegmentTable {
+            lock: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            inner: UnsafeCell::new(Segments {
+                len: 0,
+                bases: [0; MAX_SEGMENTS],
+                ends: [0; MAX_SEGMENTS],
+            }),
+        };
+        t.add(0x10000, 0x8000);
+        assert_eq!(t.base_of(0x12000), 0x10000);
+        // Answered from the thread's last segment.
+        assert_eq!(t.base_of(0x17fff), 0x10000);
+        assert_eq!(t.base_of(0x18000), 0, "past its end");
+        // The segment is released and another begins inside its old range: the last one
+        // found must not answer for it.
+        t.remove(0x10000, 0x8000);
+        assert_eq!(t.base_of(0x12000), 0);
+        t.add(0x14000, 0x1000);
+        assert_eq!(t.base_of(0x14800), 0x14000);
+        assert_eq!(t.base_of(0x12000), 0);
+        // Another table's answer is never taken for this one's.
+        let u = SegmentTable {
+            lock: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            inner: UnsafeCell::new(Segments {
+                len: 0,
+                bases: [0; MAX_SEGMENTS],
+                ends: [0; MAX_SEGMENTS],
+            }),
+        };
+        assert_eq!(u.base_of(0x14800), 0);
     }
 
     #[test]
