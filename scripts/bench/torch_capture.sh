@@ -8,9 +8,18 @@
 # `vramtrace run` sets them up), callbacks (the same with VRAMTRACE_TORCH_CAPTURE=callbacks),
 # ROUNDS times (3 by default), one process per run. Prints each run and a table: the best run
 # of each mode, its overhead over the best bare run, and that overhead against 1 µs.
+# With EVICT_BYTES (as 2000000) each tensor's life and the gap after it copy that many bytes, as a
+# model's work pushes the recorder out of the caches between two allocations; the figure is then
+# the time inside the allocator's calls alone (bench_tensors.py's call_ns_per_tensor), DEPTH
+# (default 24 then, 0 otherwise) frames down, and the callback path (whose callbacks run outside those calls) is
+# left out. docs/performance.md, "Cold caches".
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 N=${1:-20000}
+EVICT=${EVICT_BYTES:-0}
+MODES="bare native callbacks"
+if [ "$EVICT" != 0 ]; then MODES="bare native"; DEPTH=${DEPTH:-24}; else DEPTH=${DEPTH:-0}; fi
+export EVICT_BYTES=$EVICT
 ROUNDS=${2:-3}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 W=$(mktemp -d)
@@ -30,21 +39,24 @@ run() {
   local mode=$1 out
   rm -rf "$W/trace"
   case $mode in
-    bare) out=$(PYTHONPATH="$W/fake_torch" python3 "$T/bench_tensors.py" "$N") ;;
+    bare) out=$(PYTHONPATH="$W/fake_torch" python3 "$T/bench_tensors.py" "$N" 5 "$DEPTH") ;;
     native|callbacks)
       local capture=auto
       [ "$mode" = callbacks ] && capture=callbacks
       out=$(PYTHONPATH="$ROOT/probes/python/autostart:$W/fake_torch" LD_PRELOAD="$PRELOAD" \
         VRAMTRACE_DIR="$W/trace" VRAMTRACE_TORCH_CAPTURE=$capture VRAMTRACE_TORCH_PROBE_STATS=1 VRAMTRACE_SELF_TIME=${SELF_TIME:-0} \
-        python3 "$T/bench_tensors.py" "$N" 2> "$W/err") || { cat "$W/err"; exit 1; }
+        python3 "$T/bench_tensors.py" "$N" 5 "$DEPTH" 2> "$W/err") || { cat "$W/err"; exit 1; }
       grep -q "capture=$mode" "$W/err" || { echo "$mode: the probe did not capture that way:"; cat "$W/err"; exit 1; } ;;
   esac
   [ "${SELF_TIME:-0}" = 1 ] && [ "$mode" = native ] && grep -o "self_ns.*" "$W/err" >&2
-  echo "$mode ${out#ns_per_tensor }"
+  case $out in
+    *call_ns_per_tensor*) echo "$mode ${out##*call_ns_per_tensor }" ;;
+    *) echo "$mode ${out#ns_per_tensor }" ;;
+  esac
 }
 
 for r in $(seq "$ROUNDS"); do
-  for mode in bare native callbacks; do
+  for mode in $MODES; do
     line=$(run $mode)
     echo "round $r $line"
     echo "$line" >> "$W/results"
@@ -59,7 +71,7 @@ for line in open(sys.argv[1]):
 bare = best["bare"]
 print(f"\n| mode | ns per tensor (best) | over bare | over bare / 1 µs |")
 print("| --- | ---: | ---: | ---: |")
-for mode in ("bare", "native", "callbacks"):
+for mode in best:
     over = best[mode] - bare
     print(f"| {mode} | {best[mode]:.0f} | {over:+.0f} ns | {over / 1000:.2f} |")
 PY

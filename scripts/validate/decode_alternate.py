@@ -23,8 +23,10 @@ With --cpus every process runs on the same CPUs (only one works at a time): in a
 it (docs/validation.md, 2026-12-02) a second bare process ran 0.53-1.51 times the first's time
 in the same round, a process staying slow or fast for several rounds.
 
-Prints each turn, then a table: per mode, every round's time, the median, and the median and
-range of the per-round ratio to bare. Each process's stderr is kept in OUT/MODE.err (the
+Prints each round (wall/CPU seconds per mode), then two tables (wall time, and the main
+thread's CPU time, which a guest's stolen time does not count): per mode, every round's time,
+the median, and the median and range of the per-round ratio to bare. With --budget-s no round
+starts after that many seconds, so the tables print inside a caller's timeout. Each process's stderr is kept in OUT/MODE.err (the
 probe's stats line, VRAMTRACE_TORCH_PROBE_STATS=1, among it); vramtrace's traces in OUT/MODE.
 """
 import argparse
@@ -86,6 +88,8 @@ def main():
     ap.add_argument("--modes", default="bare,history,vramtrace,vramtrace_nopy,no_torch_probe")
     ap.add_argument("--vt", default=os.path.join(HERE, "..", "..", ".device", "bin", "vramtrace"))
     ap.add_argument("--out", default="/tmp/vramtrace-validation/w/decode-alternate")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="start no round after this many seconds (the processes' start included)")
     ap.add_argument("--cpus", type=cpu_list, default=set(),
                     help="run every mode's process on these CPUs (as 2-9): only one works at a "
                          "time, and a process that the scheduler moved to a slower core or node "
@@ -104,14 +108,21 @@ def main():
         read_until(p, "ready", m)
         print(f"{m} ready after {time.time() - t0:.1f} s", flush=True)
     times = {m: [] for m in modes}
+    cpu = {m: [] for m in modes}
     for r in range(a.rounds):
+        if time.time() - t0 > a.budget_s:
+            print(f"the budget of {a.budget_s:.0f} s is spent: {r} rounds", flush=True)
+            a.rounds = r
+            break
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for m in order:
             procs[m].stdin.write("go\n")
             procs[m].stdin.flush()
-            line = read_until(procs[m], "generate_s", m)
-            times[m].append(float(line.split()[1]))
-        print(f"round {r + 1}: " + ", ".join(f"{m} {times[m][-1]:.3f}" for m in modes), flush=True)
+            line = read_until(procs[m], "generate_s", m).split()
+            times[m].append(float(line[1]))
+            cpu[m].append(float(line[line.index("cpu_s") + 1]))
+        print(f"round {r + 1}: " + ", ".join(f"{m} {times[m][-1]:.3f}/{cpu[m][-1]:.3f}"
+                                             for m in modes), flush=True)
     for m, p in procs.items():
         p.stdin.close()
     for m, p in procs.items():
@@ -120,16 +131,18 @@ def main():
             with open(os.path.join(a.out, m + ".err")) as f:
                 tail = f.readlines()[-6:]
             print(f"{m}: exit status {rc}; the end of its stderr:\n  " + "  ".join(tail).rstrip())
-    bare = times["bare"]
-    print(f"\n{a.rounds} rounds, {len(modes)} modes alternated; seconds per generate; "
-          "ratio: the mode over bare of the same round")
-    print("| mode | each round (s) | median (s) | median ratio | ratio range |")
-    print("| --- | --- | ---: | ---: | --- |")
-    for m in modes:
-        ratios = [t / b for t, b in zip(times[m], bare)]
-        print(f"| {m} | {', '.join(f'{t:.3f}' for t in times[m])} | "
-              f"{statistics.median(times[m]):.3f} | {statistics.median(ratios):.3f} | "
-              f"{min(ratios):.3f} – {max(ratios):.3f} |")
+    for what, table in (("seconds per generate", times),
+                        ("CPU seconds of the main thread per generate", cpu)):
+        bare = table["bare"]
+        print(f"\n{a.rounds} rounds, {len(modes)} modes alternated; {what}; "
+              "ratio: the mode over bare of the same round")
+        print("| mode | each round (s) | median (s) | median ratio | ratio range |")
+        print("| --- | --- | ---: | ---: | --- |")
+        for m in modes:
+            ratios = [t / b for t, b in zip(table[m], bare)]
+            print(f"| {m} | {', '.join(f'{t:.3f}' for t in table[m])} | "
+                  f"{statistics.median(table[m]):.3f} | {statistics.median(ratios):.3f} | "
+                  f"{min(ratios):.3f} – {max(ratios):.3f} |")
     for m in modes:
         with open(os.path.join(a.out, m + ".err")) as f:
             for line in f:

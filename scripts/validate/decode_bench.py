@@ -16,7 +16,8 @@ Prints `generate_s BEST each A,B,.. new_tokens N` and the process's peak allocat
 --turns: for decode_alternate.py, which keeps one such process per mode alive and has them take
 turns. After the warm-up (and one untimed generate of the timed length, so the compilation of
 its shapes is done too) it prints `ready`, then times one generate per `go` line read from stdin
-(printing `generate_s T new_tokens N`) until stdin ends."""
+(printing `generate_s T new_tokens N cpu_s C`, C the main thread's CPU time, which a
+guest's stolen time does not count) until stdin ends."""
 import argparse
 import json
 import sys
@@ -71,12 +72,12 @@ with torch.inference_mode():
         for line in sys.stdin:
             if line.strip() != "go":
                 continue
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = model.generate(ids, attention_mask=mask, max_new_tokens=a.new,
                                  min_new_tokens=a.new, **kw)
             torch.cuda.synchronize()
-            print(f"generate_s {time.perf_counter() - t0:.4f} new_tokens {out.shape[1] - a.prompt}",
-                  flush=True)
+            print(f"generate_s {time.perf_counter() - t0:.4f} new_tokens {out.shape[1] - a.prompt}"
+                  f" cpu_s {time.thread_time() - c0:.4f}", flush=True)
         sys.exit(0)
     times = []
     for _ in range(a.repeats):

@@ -614,7 +614,7 @@ decode_alternate() {
   # turn timing one generate, ROUNDS (10) rounds (scripts/validate/decode_alternate.py).
   python3 "$VAL/decode_alternate.py" --rounds "${ROUNDS:-10}" --vt "$VT" --out "$W/decode-alternate" \
     --modes "${DECODE_MODES:-bare,history,vramtrace,vramtrace_selftime,vramtrace_nobudget}" \
-    ${BENCH_CPUS:+--cpus "$BENCH_CPUS"} \
+    ${BENCH_CPUS:+--cpus "$BENCH_CPUS"} ${DECODE_BUDGET_S:+--budget-s "$DECODE_BUDGET_S"} \
     -- --config "${DECODE_CONFIG:-$ROOT/.device/hybrid-config.json}"
 }
 
