@@ -1,17 +1,24 @@
-"""The decode benchmark of issue 19 (item 3), alternated finely: one long-lived process per mode,
-all started at once and warmed up, then ROUNDS rounds in which each mode in turn times one
-`generate` (decode_bench.py --turns) while the others wait, idle. A machine whose speed drifts
-during the call (docs/validation.md, 2026-12-01, night: bare 1.20 s, then 1.98, then 2.17 s
-between processes run a minute apart) moves every mode of a round alike, so each traced run is
-compared with the bare run of its own round, seconds apart; the order of the modes rotates from
-round to round so that no mode always follows the same one.
+"""The decode benchmark of issue 19 (item 3), alternated finely: PROCS long-lived processes per
+mode, all started at once and warmed up, then ROUNDS rounds in which each process in turn times
+one `generate` (decode_bench.py --turns) while the others wait, idle. A machine whose speed
+drifts during the call (docs/validation.md, 2026-12-01, night: bare 1.20 s, then 1.98, then
+2.17 s between processes run a minute apart) moves every mode of a round alike, so each mode is
+compared with bare in its own round, seconds apart; the order rotates from round to round so
+that no process always follows the same one.
 
-  python3 decode_alternate.py [--rounds 10] [--modes bare,history,vramtrace,...] [--vt PATH]
-                              [--out DIR] -- [decode_bench.py arguments]
+Two identical processes also differ, each for its whole life: two bare processes on the H200
+were 5% apart over 27 rounds, their intervals apart (docs/validation.md, 2026-12-02). One
+process per mode cannot resolve 3% however many rounds run, so a mode's time in a round is the
+mean over its PROCS processes (--procs, default 3), each a fresh draw of whatever makes one
+process slower than another, and the table gives the spread of their medians.
 
-Modes (each a process started as a user would):
+  python3 decode_alternate.py [--rounds 10] [--procs 3] [--modes bare,history,vramtrace,...]
+                              [--vt PATH] [--out DIR] [--cpus 0-7] [--budget-s S]
+                              -- [decode_bench.py arguments]
+
+Modes (each process started as a user would):
   bare                 python3 decode_bench.py
-  bare_again           a second bare process: its ratio to bare is the machine's noise floor
+  bare_again           bare again, as a mode of its own: its ratio to bare is the noise floor
   history              the same with PyTorch's recorder, `_record_memory_history(stacks="python")`
   vramtrace            `vramtrace run` (native tensor capture with Python lines)
   vramtrace_nopy       the same without Python lines (VRAMTRACE_PYTHON=0)
@@ -19,18 +26,19 @@ Modes (each a process started as a user would):
   vramtrace_nobudget   `vramtrace run --max-size 0` (no ring, so no live-tensor table)
   no_torch_probe       `vramtrace run --no-torch-probe` (driver level only)
 
-With --cpus every process runs on the same CPUs (only one works at a time): in a call without
-it (docs/validation.md, 2026-12-02) a second bare process ran 0.53-1.51 times the first's time
-in the same round, a process staying slow or fast for several rounds.
+With --cpus every process runs on the same CPUs (only one works at a time): unpinned, a second
+bare process ran 0.53-1.51 times the first's time in the same round; pinned, 0.80-1.19.
+With --budget-s no round starts after that many seconds, so the table prints inside a caller's
+timeout.
 
-Prints each round (wall/CPU seconds per mode), then two tables (wall time, and the main
-thread's CPU time, which a guest's stolen time does not count): per mode, every round's time,
-the median, and the median and range of the per-round ratio to bare. With --budget-s no round
-starts after that many seconds, so the tables print inside a caller's timeout. Each process's stderr is kept in OUT/MODE.err (the
-probe's stats line, VRAMTRACE_TORCH_PROBE_STATS=1, among it); vramtrace's traces in OUT/MODE.
+Prints each round, then a table: per mode, its median time, the median of its per-round ratio
+to bare with a 90% bootstrap interval, the range of those ratios, and each of its processes'
+median time. Each process's stderr is kept in OUT/MODE-I.err (the probe's stats line,
+VRAMTRACE_TORCH_PROBE_STATS=1, among it); vramtrace's traces in OUT/MODE-I.
 """
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -50,16 +58,16 @@ MODES = {
 }
 
 
-def start(mode, vt, out, bench_args, cpus):
+def start(mode, name, vt, out, bench_args, cpus):
     env_extra, run_flags, bench_flags = MODES[mode]
     cmd = [sys.executable, os.path.join(HERE, "decode_bench.py"), "--turns", *bench_flags,
            *bench_args]
     if run_flags is not None:
-        trace = os.path.join(out, mode)
+        trace = os.path.join(out, name)
         shutil.rmtree(trace, ignore_errors=True)
         cmd = [vt, "run", "--quiet", *run_flags, "--out", trace, "--", *cmd]
     env = dict(os.environ, VRAMTRACE_TORCH_PROBE_STATS="1", PYTHONUNBUFFERED="1", **env_extra)
-    err = open(os.path.join(out, mode + ".err"), "w")
+    err = open(os.path.join(out, name + ".err"), "w")
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                             env=env, text=True, bufsize=1, preexec_fn=pin)
@@ -82,18 +90,26 @@ def read_until(proc, prefix, mode):
              f"(rc {proc.wait()}; see its .err file)")
 
 
+def median_interval(ratios, draws=4000):
+    """The 5th and 95th percentiles of the median of `ratios` resampled with replacement."""
+    rng = random.Random(1)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return meds[draws // 20], meds[draws - 1 - draws // 20]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--procs", type=int, default=3,
+                    help="processes per mode (a mode's time in a round is their mean)")
     ap.add_argument("--modes", default="bare,history,vramtrace,vramtrace_nopy,no_torch_probe")
     ap.add_argument("--vt", default=os.path.join(HERE, "..", "..", ".device", "bin", "vramtrace"))
     ap.add_argument("--out", default="/tmp/vramtrace-validation/w/decode-alternate")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="start no round after this many seconds (the processes' start included)")
     ap.add_argument("--cpus", type=cpu_list, default=set(),
-                    help="run every mode's process on these CPUs (as 2-9): only one works at a "
-                         "time, and a process that the scheduler moved to a slower core or node "
-                         "otherwise stays slower for rounds")
+                    help="run every process on these CPUs (as 2-9): only one works at a time, "
+                         "and an unpinned process the scheduler placed badly stays slower")
     ap.add_argument("bench", nargs="*", help="decode_bench.py's arguments (after --)")
     a = ap.parse_args()
     modes = a.modes.split(",")
@@ -101,53 +117,59 @@ def main():
     if unknown or "bare" not in modes:
         sys.exit(f"decode_alternate: modes are {', '.join(MODES)}, bare among them "
                  f"(unknown: {', '.join(unknown) or 'none'})")
+    if a.procs < 1 or a.rounds < 1:
+        sys.exit("decode_alternate: --procs and --rounds must be at least 1")
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
-    procs = {m: start(m, a.vt, a.out, a.bench, a.cpus) for m in modes}
-    for m, p in procs.items():
-        read_until(p, "ready", m)
-        print(f"{m} ready after {time.time() - t0:.1f} s", flush=True)
-    times = {m: [] for m in modes}
-    cpu = {m: [] for m in modes}
+    # Instances interleaved by index, so that a mode's processes are spread over the order.
+    names = [(m, f"{m}-{i}") for i in range(a.procs) for m in modes]
+    procs = {n: start(m, n, a.vt, a.out, a.bench, a.cpus) for m, n in names}
+    for n, p in procs.items():
+        read_until(p, "ready", n)
+    print(f"{len(procs)} processes ready after {time.time() - t0:.1f} s", flush=True)
+    times = {n: [] for _, n in names}
+    rounds = 0
     for r in range(a.rounds):
         if time.time() - t0 > a.budget_s:
             print(f"the budget of {a.budget_s:.0f} s is spent: {r} rounds", flush=True)
-            a.rounds = r
             break
-        order = modes[r % len(modes):] + modes[:r % len(modes)]
-        for m in order:
-            procs[m].stdin.write("go\n")
-            procs[m].stdin.flush()
-            line = read_until(procs[m], "generate_s", m).split()
-            times[m].append(float(line[1]))
-            cpu[m].append(float(line[line.index("cpu_s") + 1]))
-        print(f"round {r + 1}: " + ", ".join(f"{m} {times[m][-1]:.3f}/{cpu[m][-1]:.3f}"
-                                             for m in modes), flush=True)
-    for m, p in procs.items():
+        k = r % len(names)
+        for _, n in names[k:] + names[:k]:
+            procs[n].stdin.write("go\n")
+            procs[n].stdin.flush()
+            times[n].append(float(read_until(procs[n], "generate_s", n).split()[1]))
+        rounds += 1
+        print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f}" for _, n in names),
+              flush=True)
+    for p in procs.values():
         p.stdin.close()
-    for m, p in procs.items():
+    for n, p in procs.items():
         rc = p.wait()
         if rc:
-            with open(os.path.join(a.out, m + ".err")) as f:
+            with open(os.path.join(a.out, n + ".err")) as f:
                 tail = f.readlines()[-6:]
-            print(f"{m}: exit status {rc}; the end of its stderr:\n  " + "  ".join(tail).rstrip())
-    for what, table in (("seconds per generate", times),
-                        ("CPU seconds of the main thread per generate", cpu)):
-        bare = table["bare"]
-        print(f"\n{a.rounds} rounds, {len(modes)} modes alternated; {what}; "
-              "ratio: the mode over bare of the same round")
-        print("| mode | each round (s) | median (s) | median ratio | ratio range |")
-        print("| --- | --- | ---: | ---: | --- |")
-        for m in modes:
-            ratios = [t / b for t, b in zip(table[m], bare)]
-            print(f"| {m} | {', '.join(f'{t:.3f}' for t in table[m])} | "
-                  f"{statistics.median(table[m]):.3f} | {statistics.median(ratios):.3f} | "
-                  f"{min(ratios):.3f} – {max(ratios):.3f} |")
+            print(f"{n}: exit status {rc}; the end of its stderr:\n  " + "  ".join(tail).rstrip())
+    if rounds == 0:
+        sys.exit("decode_alternate: no round ran")
+    # A mode's time in a round: the mean over its processes.
+    per_round = {m: [statistics.mean(times[n][r] for mm, n in names if mm == m)
+                     for r in range(rounds)] for m in modes}
+    bare = per_round["bare"]
+    print(f"\n{rounds} rounds, {len(modes)} modes x {a.procs} processes alternated; seconds per "
+          "generate; ratio: the mode's mean over its processes, over bare's, of the same round")
+    print("| mode | median (s) | median ratio | 90% interval | ratio range | each process's median (s) |")
+    print("| --- | ---: | ---: | --- | --- | --- |")
     for m in modes:
-        with open(os.path.join(a.out, m + ".err")) as f:
+        ratios = [t / b for t, b in zip(per_round[m], bare)]
+        lo, hi = median_interval(ratios)
+        each = ", ".join(f"{statistics.median(times[n]):.3f}" for mm, n in names if mm == m)
+        print(f"| {m} | {statistics.median(per_round[m]):.3f} | {statistics.median(ratios):.3f} | "
+              f"{lo:.3f} – {hi:.3f} | {min(ratios):.3f} – {max(ratios):.3f} | {each} |")
+    for m, n in names:
+        with open(os.path.join(a.out, n + ".err")) as f:
             for line in f:
                 if "torch probe" in line or "VRAMTRACE_TORCH_PROBE_STATS" in line:
-                    print(f"{m}: {line.rstrip()}")
+                    print(f"{n}: {line.rstrip()}")
 
 
 if __name__ == "__main__":

@@ -610,11 +610,14 @@ decode_bench() {
 }
 
 decode_alternate() {
-  # Issue 19 item 3, the decode case alternated finely: one process per mode kept alive, each in
-  # turn timing one generate, ROUNDS (10) rounds (scripts/validate/decode_alternate.py).
+  # Issue 19 item 3, the decode case alternated finely: DECODE_PROCS (3) processes per mode kept
+  # alive, each in turn timing one generate, ROUNDS (10) rounds, no round started after
+  # DECODE_BUDGET_S, every process on BENCH_CPUS (scripts/validate/decode_alternate.py). Six
+  # modes of one process each took 112 s to start (2026-12-02); three each take longer.
   python3 "$VAL/decode_alternate.py" --rounds "${ROUNDS:-10}" --vt "$VT" --out "$W/decode-alternate" \
     --modes "${DECODE_MODES:-bare,history,vramtrace,vramtrace_selftime,vramtrace_nobudget}" \
-    ${BENCH_CPUS:+--cpus "$BENCH_CPUS"} ${DECODE_BUDGET_S:+--budget-s "$DECODE_BUDGET_S"} \
+    --procs "${DECODE_PROCS:-3}" ${BENCH_CPUS:+--cpus "$BENCH_CPUS"} \
+    ${DECODE_BUDGET_S:+--budget-s "$DECODE_BUDGET_S"} \
     -- --config "${DECODE_CONFIG:-$ROOT/.device/hybrid-config.json}"
 }
 
