@@ -13,8 +13,8 @@ model is built. --config: a model's config.json (its text part, `num_hidden_laye
 instead of the built-in Llama shape (hidden 2048, 16 heads, 8 KV heads, MLP 5632, vocab 32000).
 Prints `generate_s BEST each A,B,.. new_tokens N` and the process's peak allocated bytes.
 
---turns: for decode_alternate.py, which keeps such processes (several per mode) alive and has them take
-turns. After the warm-up (and one untimed generate of the timed length, so the compilation of
+--turns: for decode_alternate.py, which keeps such processes (several per mode) alive and has
+them take turns. After the warm-up (and one untimed generate of the timed length, so the compilation of
 its shapes is done too) it prints `ready`, then times one generate per `go` line read from stdin
 (printing `generate_s T new_tokens N`) until stdin ends."""
 import argparse
