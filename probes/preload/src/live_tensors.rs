@@ -41,6 +41,35 @@ const SLOTS: usize = CAPACITY * 2;
 /// preload's largest cost per tensor under a budget).
 const FIRST_SLOTS: usize = 1 << 12;
 
+/// A slot of the hash index: the pointer and its place among the entries (place + 1; 0: empty).
+/// The pointer is kept here too, so that following a probe chain, and the backward shift of a
+/// removal, read the index alone: between a model's allocations its own work pushes the table
+/// out of the caches, and each entry read only to compare its pointer was a cache miss of its
+/// own (docs/performance.md, "Cold caches").
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+#[repr(C)]
+struct Slot {
+    ptr: u64,
+    at: u32,
+    _pad: u32,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        ptr: 0,
+        at: 0,
+        _pad: 0,
+    };
+
+    fn new(ptr: u64, place: usize) -> Slot {
+        Slot {
+            ptr,
+            at: place as u32 + 1,
+            _pad: 0,
+        }
+    }
+}
+
 /// One live tensor.
 #[derive(Clone, Copy)]
 #[repr(C)]
@@ -58,8 +87,8 @@ struct Entry {
 struct Table {
     /// `CAPACITY` entries, the first `len` live.
     dense: *mut Entry,
-    /// `mask + 1` slots in use of `SLOTS`: 0 empty, else a dense index + 1. Linear probing.
-    index: *mut u32,
+    /// `mask + 1` slots in use of `SLOTS`. Linear probing.
+    index: *mut Slot,
     len: usize,
     /// Slots in use, less one (0 before the mapping).
     mask: usize,
@@ -96,12 +125,12 @@ impl Table {
         unsafe { core::slice::from_raw_parts_mut(self.dense, self.len) }
     }
 
-    fn slot(&self, i: usize) -> u32 {
+    fn slot(&self, i: usize) -> Slot {
         // Safety: `i <= mask < SLOTS`, inside the index mapping.
         unsafe { *self.index.add(i) }
     }
 
-    fn set_slot(&mut self, i: usize, v: u32) {
+    fn set_slot(&mut self, i: usize, v: Slot) {
         // Safety: as above.
         unsafe { *self.index.add(i) = v }
     }
@@ -111,11 +140,10 @@ impl Table {
         let mut i = slot_of(ptr, self.mask);
         loop {
             let v = self.slot(i);
-            if v == 0 {
+            if v.at == 0 {
                 return (i, false);
             }
-            // Safety: v - 1 < len.
-            if unsafe { (*self.dense.add(v as usize - 1)).ptr } == ptr {
+            if v.ptr == ptr {
                 return (i, true);
             }
             i = (i + 1) & self.mask;
@@ -131,14 +159,14 @@ impl Table {
             // Safety: at < len.
             let ptr = unsafe { (*self.dense.add(at)).ptr };
             let (i, _) = self.find(ptr);
-            self.set_slot(i, at as u32 + 1);
+            self.set_slot(i, Slot::new(ptr, at));
         }
     }
 
     fn insert(&mut self, e: Entry) {
         let (i, found) = self.find(e.ptr);
         if found {
-            let at = self.slot(i) as usize - 1;
+            let at = self.slot(i).at as usize - 1;
             self.entries()[at] = e;
             return;
         }
@@ -152,8 +180,8 @@ impl Table {
         }
         // Safety: len < CAPACITY.
         unsafe { self.dense.add(self.len).write(e) };
+        self.set_slot(i, Slot::new(e.ptr, self.len));
         self.len += 1;
-        self.set_slot(i, self.len as u32);
     }
 
     /// Takes `ptr`'s entry out, returning it (`None`: it was not there).
@@ -162,7 +190,7 @@ impl Table {
         if !found {
             return None;
         }
-        let at = self.slot(hole) as usize - 1;
+        let at = self.slot(hole).at as usize - 1;
         let removed = self.entries()[at];
         // The last entry moves into the freed place; its slot follows it. Its slot is found
         // before the move: after it, the freed place holds its pointer too, and a probe chain
@@ -173,26 +201,25 @@ impl Table {
             let moved = self.entries()[last];
             let (j, _) = self.find(moved.ptr);
             self.entries()[at] = moved;
-            self.set_slot(j, at as u32 + 1);
+            self.set_slot(j, Slot::new(moved.ptr, at));
         }
         self.len -= 1;
         // Backward-shift deletion keeps every probe chain unbroken.
-        self.set_slot(hole, 0);
+        self.set_slot(hole, Slot::EMPTY);
         let mask = self.mask;
         let mut i = (hole + 1) & mask;
         loop {
             let v = self.slot(i);
-            if v == 0 {
+            if v.at == 0 {
                 break;
             }
-            // Safety: v - 1 < len.
-            let home = slot_of(unsafe { (*self.dense.add(v as usize - 1)).ptr }, mask);
+            let home = slot_of(v.ptr, mask);
             // Moves back when its home is not in (hole, i] (cyclically).
             let dist_i = (i.wrapping_sub(home)) & mask;
             let dist_hole = (hole.wrapping_sub(home)) & mask;
             if dist_hole < dist_i {
                 self.set_slot(hole, v);
-                self.set_slot(i, 0);
+                self.set_slot(i, Slot::EMPTY);
                 hole = i;
             }
             i = (i + 1) & mask;
@@ -238,7 +265,7 @@ fn with_table<R>(wait: bool, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
 #[cold]
 fn map(t: &mut Table) -> bool {
     FORK.register();
-    let bytes = CAPACITY * core::mem::size_of::<Entry>() + SLOTS * 4;
+    let bytes = CAPACITY * core::mem::size_of::<Entry>() + SLOTS * core::mem::size_of::<Slot>();
     // Safety: an anonymous private mapping; pages are committed only when touched.
     let p = unsafe {
         libc::mmap(
@@ -257,7 +284,7 @@ fn map(t: &mut Table) -> bool {
     }
     t.dense = p as *mut Entry;
     // Safety: the index follows the entries inside the mapping.
-    t.index = unsafe { (p as *mut u8).add(CAPACITY * core::mem::size_of::<Entry>()) } as *mut u32;
+    t.index = unsafe { (p as *mut u8).add(CAPACITY * core::mem::size_of::<Entry>()) } as *mut Slot;
     t.len = 0;
     t.mask = FIRST_SLOTS - 1;
     MAPPED.store(1, Ordering::Release);
@@ -462,7 +489,8 @@ extern "C" fn after_fork_child() {
     unsafe {
         let t = &mut *TABLE.0.get();
         if !t.dense.is_null() {
-            let bytes = CAPACITY * core::mem::size_of::<Entry>() + SLOTS * 4;
+            let bytes =
+                CAPACITY * core::mem::size_of::<Entry>() + SLOTS * core::mem::size_of::<Slot>();
             libc::munmap(t.dense as *mut libc::c_void, bytes);
         }
         t.dense = core::ptr::null_mut();
@@ -496,7 +524,7 @@ mod tests {
     fn the_table_finds_every_live_entry_as_its_index_grows() {
         let n = 40_000usize;
         let mut dense = vec![entry(0); n];
-        let mut index = vec![0u32; SLOTS];
+        let mut index = vec![Slot::EMPTY; SLOTS];
         let mut t = Table {
             dense: dense.as_mut_ptr(),
             index: index.as_mut_ptr(),
@@ -523,7 +551,7 @@ mod tests {
             let (at, found) = t.find(ptr(i));
             assert_eq!(found, live.contains(&ptr(i)), "{i}");
             if found {
-                let slot = t.slot(at) as usize;
+                let slot = t.slot(at).at as usize;
                 let e = t.entries()[slot - 1];
                 assert_eq!((e.ptr, e.size), (ptr(i), ptr(i) & 0xffff));
             }
@@ -533,10 +561,10 @@ mod tests {
         }
         assert_eq!(t.len, 0);
         let used = t.mask + 1;
-        assert!(index[..used].iter().all(|&v| v == 0));
+        assert!(index[..used].iter().all(|&v| v == Slot::EMPTY));
     }
 
-    fn small_table(dense: &mut Vec<Entry>, index: &mut Vec<u32>) -> Table {
+    fn small_table(dense: &mut Vec<Entry>, index: &mut Vec<Slot>) -> Table {
         Table {
             dense: dense.as_mut_ptr(),
             index: index.as_mut_ptr(),
@@ -552,16 +580,29 @@ mod tests {
         for &p in live {
             let (at, found) = t.find(p);
             assert!(found, "{p:#x} lost");
-            let v = t.slot(at) as usize;
+            let v = t.slot(at).at as usize;
             assert!(
                 v >= 1 && v <= t.len,
                 "{p:#x}: its slot names place {v} of {}",
                 t.len
             );
+            // Safety: v - 1 < len.
+            let e = unsafe { *t.dense.add(v - 1) };
+            assert_eq!(e.ptr, p, "{p:#x}: its slot names another's place");
         }
         for i in 0..=t.mask {
-            let v = t.slot(i) as usize;
-            assert!(v <= t.len, "slot {i} names place {v} of {}", t.len);
+            let v = t.slot(i);
+            assert!(
+                v.at as usize <= t.len,
+                "slot {i} names place {} of {}",
+                v.at,
+                t.len
+            );
+            if v.at != 0 {
+                // Safety: at - 1 < len.
+                let e = unsafe { *t.dense.add(v.at as usize - 1) };
+                assert_eq!(e.ptr, v.ptr, "slot {i}'s pointer is not its entry's");
+            }
         }
     }
 
@@ -572,7 +613,7 @@ mod tests {
     #[test]
     fn removing_an_entry_keeps_the_slot_of_the_one_moved_into_its_place() {
         let mut dense = vec![entry(0); 16];
-        let mut index = vec![0u32; SLOTS];
+        let mut index = vec![Slot::EMPTY; SLOTS];
         let mut t = small_table(&mut dense, &mut index);
         let a = 0x7f00_0000_0000u64;
         let home = slot_of(a, t.mask);
@@ -595,7 +636,7 @@ mod tests {
     #[test]
     fn the_table_survives_an_allocators_churn() {
         let mut dense = vec![entry(0); 4096];
-        let mut index = vec![0u32; SLOTS];
+        let mut index = vec![Slot::EMPTY; SLOTS];
         let mut t = small_table(&mut dense, &mut index);
         let mut live = std::collections::BTreeSet::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
