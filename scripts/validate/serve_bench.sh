@@ -17,6 +17,12 @@
 #              by a sitecustomize after `import torch` (as a user would, in-process)
 #   vramtrace  `vramtrace run` (native tensor capture with Python lines)
 #   noprobe    `vramtrace run --no-torch-probe` (driver level only)
+# SERVE_ARGS are added to every server's command line: a batch takes about 3 s or 8-12 s in every
+# mode (docs/validation.md, 2026-12-02), and transformers 5.17's continuous batching records a
+# CUDA graph the first time it meets a batch shape, never ahead (`serve` does not warm it up), so
+# try SERVE_ARGS="--log-level info" (its log then says "Creating graph for key", counted per
+# server at the end) and SERVE_ARGS="--no-cb-use-cuda-graph" (no graphs; check the flag's name
+# with `transformers serve --help`).
 # With BENCH_CPUS (as 2-9) every server runs on those CPUs (only one works at a time) and the
 # client on CLIENT_CPUS (as 10-15): unpinned, a process the scheduler placed on a slower core
 # stays slower for rounds (docs/validation.md, 2026-12-02).
@@ -67,7 +73,7 @@ for mode in "${MODES[@]}"; do
     *) echo "serve_bench: unknown mode $mode"; exit 1 ;;
   esac
   env "${env[@]}" VRAMTRACE_TORCH_PROBE_STATS=1 "${pin[@]}" "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
-    --continuous-batching --cb-max-memory-percent "${CB_MEM:-0.15}" > "$W/serve-bench-$mode.log" 2>&1 &
+    --continuous-batching --cb-max-memory-percent "${CB_MEM:-0.15}" ${SERVE_ARGS:-} > "$W/serve-bench-$mode.log" 2>&1 &
   pid[$mode]=$!
 done
 tag=0
@@ -120,5 +126,8 @@ for m, byround in t.items():
           f"{statistics.median(ok) if ok else float('nan'):.3f} | {rs} |")
 PY
 grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W"/serve-bench-vramtrace.log | tail -3
+for mode in "${MODES[@]}"; do
+  echo "$mode: CUDA graphs created (with --log-level info): $(grep -c "Creating graph for key" "$W/serve-bench-$mode.log")"
+done
 [ -d "$W/serve-bench-vramtrace" ] && rm -rf "$W/serve-bench-vt" && cp -r "$W/serve-bench-vramtrace" "$W/serve-bench-vt"
 true

@@ -11,6 +11,7 @@ buffer to another, as a model's own work between two allocations pushes the reco
 of the caches (a decode step on the H200 does some 20 µs of work between two tensors). The time
 per tensor then measures the copies too, so the bench also prints `call_ns_per_tensor`: the time
 spent inside the allocator's two calls alone (the recorder's work runs inside them), best loop."""
+import collections
 import ctypes
 import os
 import sys
@@ -31,6 +32,7 @@ size, stream = 1 << 20, 0x5150
 block, segment = ctypes.c_uint64(), ctypes.c_uint64()
 out, seg = ctypes.byref(block), ctypes.byref(segment)
 evict = int(os.environ.get("EVICT_BYTES", "0"))
+keep = int(os.environ.get("LIVE_TENSORS", "0"))
 src, dst = bytearray(evict), bytearray(evict)
 
 
@@ -45,18 +47,24 @@ def loop():
 
 
 def evicting_loop():
-    """`loop` with the copies between the calls; returns the ns spent inside the calls."""
+    """`loop` with the copies between the calls; returns the ns spent inside the calls. With
+    LIVE_TENSORS=K each tensor is released K tensors later, so that K stay live, as a model's
+    weights, cache and activations do (the recorder's live-tensor table then holds K)."""
     clock = time.perf_counter_ns
     inside = 0
+    live = collections.deque()
     for _ in range(n):
         t0 = clock()
-        ptr = malloc(size, 0, stream, out, seg)
+        live.append(malloc(size, 0, stream, out, seg))
         inside += clock() - t0
         dst[:] = src
-        t0 = clock()
-        release(ptr, 0, stream)
-        inside += clock() - t0
+        if len(live) > keep:
+            t0 = clock()
+            release(live.popleft(), 0, stream)
+            inside += clock() - t0
         src[:] = dst
+    while live:
+        release(live.popleft(), 0, stream)
     return inside
 
 
