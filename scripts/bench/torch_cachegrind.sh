@@ -5,8 +5,8 @@
 # Runs probes/python/tests/bench_tensors.py on the stand-in libc10 / libc10_cuda (as
 # torch_capture.sh does) under `valgrind --tool=cachegrind`, with EVICT_BYTES (6000000) copied
 # between the allocator's calls, so that each tensor finds the caches as a model's work leaves
-# them (the simulated last level is 2 MiB, the H200's L2 per core), LIVE_TENSORS (200) kept live
-# and DEPTH (24) Python frames down. Each preload runs twice, N1 (200) and N2 (600) tensors, and
+# them (the simulated last level is 2 MiB, so nothing of the recorder's stays between two
+# tensors), LIVE_TENSORS (200) kept live and DEPTH (24) Python frames down. Each preload runs twice, N1 (200) and N2 (600) tensors, and
 # the difference divided by N2 - N1 is the figure per tensor, the start-up's cost cancelled.
 # Counted: everything in Rust source (the preload is this process's only Rust), per tensor:
 # instructions, first-level instruction and data misses (read, write) and last-level misses.
