@@ -202,18 +202,23 @@ struct Segments {
 // Safety: `inner` is only touched with `lock` held.
 unsafe impl Sync for SegmentTable {}
 
-static SEGMENTS: SegmentTable = SegmentTable {
-    lock: AtomicBool::new(false),
-    generation: AtomicU64::new(0),
-    inner: UnsafeCell::new(Segments {
-        len: 0,
-        bases: [0; MAX_SEGMENTS],
-        ends: [0; MAX_SEGMENTS],
-    }),
-};
+static SEGMENTS: SegmentTable = SegmentTable::new();
 static FORK: ForkHandler = ForkHandler::new(after_fork_child);
 
 impl SegmentTable {
+    /// An empty table.
+    const fn new() -> SegmentTable {
+        SegmentTable {
+            lock: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            inner: UnsafeCell::new(Segments {
+                len: 0,
+                bases: [0; MAX_SEGMENTS],
+                ends: [0; MAX_SEGMENTS],
+            }),
+        }
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut Segments) -> R) -> R {
         while self
             .lock
@@ -280,12 +285,12 @@ impl SegmentTable {
         }
         let (generation, base, end) = self.with(|s| {
             let at = s.bases[..s.len].partition_point(|&b| b <= ptr);
-            let found = at > 0 && ptr < s.ends[at - 1];
-            let generation = self.generation.load(Ordering::Relaxed);
-            match found {
-                true => (generation, s.bases[at - 1], s.ends[at - 1]),
-                false => (generation, 0, 0),
-            }
+            let (base, end) = if at > 0 && ptr < s.ends[at - 1] {
+                (s.bases[at - 1], s.ends[at - 1])
+            } else {
+                (0, 0)
+            };
+            (self.generation.load(Ordering::Relaxed), base, end)
         });
         if base != 0 {
             let _ = LAST_SEGMENT.try_with(|c| c.set((me, generation, base, end)));
@@ -672,15 +677,7 @@ mod tests {
 
     #[test]
     fn segments_are_found_added_and_forgotten() {
-        let t = SegmentTable {
-            lock: AtomicBool::new(false),
-            generation: AtomicU64::new(0),
-            inner: UnsafeCell::new(Segments {
-                len: 0,
-                bases: [0; MAX_SEGMENTS],
-                ends: [0; MAX_SEGMENTS],
-            }),
-        };
+        let t = SegmentTable::new();
         t.add(0x3000, 0x1000);
         t.add(0x1000, 0x800);
         t.add(0x8000, 0x4000);
@@ -700,15 +697,7 @@ mod tests {
 
     #[test]
     fn the_segment_a_thread_found_last_is_forgotten_when_the_table_changes() {
-        let t = SegmentTable {
-            lock: AtomicBool::new(false),
-            generation: AtomicU64::new(0),
-            inner: UnsafeCell::new(Segments {
-                len: 0,
-                bases: [0; MAX_SEGMENTS],
-                ends: [0; MAX_SEGMENTS],
-            }),
-        };
+        let t = SegmentTable::new();
         t.add(0x10000, 0x8000);
         assert_eq!(t.base_of(0x12000), 0x10000);
         // Answered from the thread's last segment.
@@ -722,15 +711,7 @@ mod tests {
         assert_eq!(t.base_of(0x14800), 0x14000);
         assert_eq!(t.base_of(0x12000), 0);
         // Another table's answer is never taken for this one's.
-        let u = SegmentTable {
-            lock: AtomicBool::new(false),
-            generation: AtomicU64::new(0),
-            inner: UnsafeCell::new(Segments {
-                len: 0,
-                bases: [0; MAX_SEGMENTS],
-                ends: [0; MAX_SEGMENTS],
-            }),
-        };
+        let u = SegmentTable::new();
         assert_eq!(u.base_of(0x14800), 0);
     }
 
