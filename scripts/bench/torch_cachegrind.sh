@@ -28,13 +28,7 @@ if [ $# -eq 0 ]; then
   set -- "${CARGO_TARGET_DIR:-$ROOT/target}/release/libvramtrace_preload.so"
 fi
 for so in "$@"; do [ -f "$so" ] || { echo "torch_cachegrind: no such preload: $so"; exit 1; }; done
-T=$ROOT/probes/python/tests
-cp -r "$T/fake_torch" "$W/fake_torch"
-mkdir -p "$W/fake_torch/torch/lib"
-CXX=${CXX:-c++}
-$CXX -shared -fPIC -O2 -std=c++17 -o "$W/fake_torch/torch/lib/libc10.so" "$T/fake_c10.cpp"
-$CXX -shared -fPIC -O2 -std=c++17 -o "$W/fake_torch/torch/lib/libc10_cuda.so" "$T/fake_c10_cuda.cpp" \
-  -L"$W/fake_torch/torch/lib" -lc10 -Wl,-rpath,'$ORIGIN'
+. "$ROOT/scripts/bench/fake_torch.sh"
 # The interpreter itself, not a shim script in front of it (valgrind does not follow exec).
 PY=$(python3 -c 'import sys; print(sys.executable)')
 

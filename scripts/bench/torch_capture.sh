@@ -8,11 +8,11 @@
 # `vramtrace run` sets them up), callbacks (the same with VRAMTRACE_TORCH_CAPTURE=callbacks),
 # ROUNDS times (3 by default), one process per run. Prints each run and a table: the best run
 # of each mode, its overhead over the best bare run, and that overhead against 1 µs.
-# With EVICT_BYTES (as 2000000) each tensor's life and the gap after it copy that many bytes, as a
-# model's work pushes the recorder out of the caches between two allocations; the figure is then
-# the time inside the allocator's calls alone (bench_tensors.py's call_ns_per_tensor), DEPTH
-# (default 24 then, 0 otherwise) frames down, and the callback path (whose callbacks run outside those calls) is
-# left out. docs/performance.md, "Cold caches".
+# With EVICT_BYTES (as 2000000) each tensor's life and the gap after it copy that many bytes, as
+# a model's work pushes the recorder out of the caches between two allocations; the figure is
+# then the time inside the allocator's calls alone (bench_tensors.py's call_ns_per_tensor),
+# DEPTH (default 24 then, 0 otherwise) frames down, and the callback path (whose callbacks run
+# outside those calls) is left out. docs/performance.md, "Cold caches".
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 N=${1:-20000}
@@ -27,13 +27,7 @@ trap 'rm -rf "$W"' EXIT
 cd "$ROOT"
 cargo build --release -q -p vramtrace-preload
 PRELOAD=$TARGET/release/libvramtrace_preload.so
-T=$ROOT/probes/python/tests
-cp -r "$T/fake_torch" "$W/fake_torch"
-mkdir -p "$W/fake_torch/torch/lib"
-CXX=${CXX:-c++}
-$CXX -shared -fPIC -O2 -std=c++17 -o "$W/fake_torch/torch/lib/libc10.so" "$T/fake_c10.cpp"
-$CXX -shared -fPIC -O2 -std=c++17 -o "$W/fake_torch/torch/lib/libc10_cuda.so" "$T/fake_c10_cuda.cpp" \
-  -L"$W/fake_torch/torch/lib" -lc10 -Wl,-rpath,'$ORIGIN'
+. "$ROOT/scripts/bench/fake_torch.sh"
 
 run() {
   local mode=$1 out

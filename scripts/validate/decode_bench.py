@@ -14,9 +14,9 @@ instead of the built-in Llama shape (hidden 2048, 16 heads, 8 KV heads, MLP 5632
 Prints `generate_s BEST each A,B,.. new_tokens N` and the process's peak allocated bytes.
 
 --turns: for decode_alternate.py, which keeps such processes (several per mode) alive and has
-them take turns. After the warm-up (and one untimed generate of the timed length, so the compilation of
-its shapes is done too) it prints `ready`, then times one generate per `go` line read from stdin
-(printing `generate_s T new_tokens N`) until stdin ends."""
+them take turns. After the warm-up (and one untimed generate of the timed length, so the
+compilation of its shapes is done too) it prints `ready`, then times one generate per `go` line
+read from stdin (printing `generate_s T new_tokens N`) until stdin ends."""
 import argparse
 import json
 import sys
