@@ -46,7 +46,7 @@ const FIRST_SLOTS: usize = 1 << 12;
 /// removal, read the index alone: between a model's allocations its own work pushes the table
 /// out of the caches, and each entry read only to compare its pointer was a cache miss of its
 /// own (docs/performance.md, "Cold caches").
-#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 struct Slot {
     ptr: u64,
