@@ -336,9 +336,21 @@ fn run_with_c10(
     script: &str,
     env: &[(&str, &str)],
 ) -> std::process::Output {
+    run_with_c10_args(out, torch_dir, &[], script, env)
+}
+
+/// [`run_with_c10`] with `vramtrace run` options.
+fn run_with_c10_args(
+    out: &Path,
+    torch_dir: &Path,
+    run_args: &[&str],
+    script: &str,
+    env: &[(&str, &str)],
+) -> std::process::Output {
     let mut c = Command::new(vramtrace());
     c.args(["run", "-q", "--out"])
         .arg(out)
+        .args(run_args)
         .arg("--")
         .arg("python3")
         .arg(python_dir().join(script))
@@ -995,4 +1007,89 @@ fn native_capture_says_what_its_own_steps_cost_when_asked() {
         stderr.contains("capture=native") && !stderr.contains("self_ns"),
         "{stderr}"
     );
+}
+
+/// `vramtrace_torch.pause()` and `resume()`, natively and through the callbacks, with and
+/// without a size budget: a block handed out while paused is not recorded, nor is its release
+/// (during the pause or after it) when the live-tensor table can tell; a block recorded before
+/// the pause is followed to its release, during the pause too; the trace says when capture paused
+/// and resumed, once each.
+#[test]
+fn paused_capture_records_no_new_block_and_loses_no_release() {
+    let Some(torch_dir) = fake_torch_with_c10("torch-pause") else {
+        return;
+    };
+    for (name, run_args, env, how) in [
+        ("native", &[][..], &[][..], "capture=native"),
+        (
+            "callbacks",
+            &[][..],
+            &[("VRAMTRACE_TORCH_CAPTURE", "callbacks")][..],
+            "capture=callbacks",
+        ),
+        (
+            "native-nobudget",
+            &["--max-size", "0"][..],
+            &[][..],
+            "capture=native",
+        ),
+    ] {
+        let out = scratch(&format!("torch-pause-{name}")).join("trace");
+        let o = run_with_c10_args(&out, &torch_dir, run_args, "pause_prog.py", env);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.contains(how), "{name}: {stderr}");
+        let blocks: Vec<(String, u64)> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| {
+                let (what, ptr) = l.split_once(' ').unwrap();
+                (what.to_string(), ptr.parse().unwrap())
+            })
+            .collect();
+        assert_eq!(blocks.len(), 5, "{name}: {blocks:?}");
+        let t = trace(&out);
+        let ev = tensors(&t);
+        let count = |action: TensorAction, ptr: u64| {
+            ev.iter()
+                .filter(|e| e.action == action && e.ptr == ptr)
+                .count()
+        };
+        for (what, ptr) in &blocks {
+            let recorded = what == "recorded";
+            assert_eq!(
+                count(TensorAction::Alloc, *ptr),
+                usize::from(recorded),
+                "{name}: the allocation of {what} block {ptr:#x}"
+            );
+            let frees = count(TensorAction::Free, *ptr);
+            if recorded || name != "native-nobudget" {
+                assert_eq!(
+                    frees,
+                    usize::from(recorded),
+                    "{name}: the release of {what} block {ptr:#x}"
+                );
+            } else {
+                // Without a table no release can be told apart: each is recorded, and a reader
+                // ignores the release of a block it never saw handed out.
+                assert_eq!(frees, 1, "{name}: the release of {what} block {ptr:#x}");
+            }
+        }
+        let notes: Vec<&str> = t
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Note { text, .. } if text.starts_with("tensor capture") => {
+                    Some(text.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                "tensor capture paused: tensor detail is missing until it resumes (a warm-up)",
+                "tensor capture resumed",
+            ],
+            "{name}"
+        );
+    }
 }

@@ -130,6 +130,30 @@ def not_active(reason):
     _trace_note("torch probe: " + text)
 
 
+def pause(why=None):
+    """Pauses tensor capture in this process, whichever way it records (native or callbacks):
+    blocks handed out from now on are not recorded; blocks recorded before are still followed
+    to their release; the allocator's refusals and the driver's events are recorded as always.
+    The trace says when (a NOTE, with `why`), so a reader knows the tensor detail missing there
+    was not lost. For keeping a warm-up, or a benchmark's reference turns, out of a trace.
+    Returns whether capture was paused already."""
+    return _set_paused(1, why)
+
+
+def resume(why=None):
+    """Resumes tensor capture after `pause()`; returns whether it was paused."""
+    return _set_paused(0, why)
+
+
+def _set_paused(paused, why):
+    fn = getattr(_lib, "vramtrace_tensor_pause", None)
+    if fn is None:
+        raise RuntimeError("this vramtrace preload cannot pause tensor capture (too old)")
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    return bool(fn(paused, None if why is None else str(why).encode("utf-8", "replace")[:256]))
+
+
 def _cuda_built(torch):
     """Whether this torch has CUDA, asked without initialising CUDA: `is_available()` would
     (PyTorch's docs: it poisons fork), and a program that imports torch, forks and uses CUDA in

@@ -25,15 +25,23 @@ Modes (each process started as a user would):
   vramtrace_selftime   the same timing its own steps (VRAMTRACE_SELF_TIME=1; not a cost figure)
   vramtrace_nobudget   `vramtrace run --max-size 0` (no ring, so no live-tensor table)
   no_torch_probe       `vramtrace run --no-torch-probe` (driver level only)
+  toggled              `vramtrace run`, one process taking three turns per round: `toggled:off`
+                       (tensor capture paused, `vramtrace_torch.pause()`), `toggled:on` and
+                       `toggled:history` (paused, PyTorch's recorder on for the turn). Its on and
+                       history turns are also divided by its off turn of the same round: one
+                       process's own speed cancels out of that ratio, which two processes' does
+                       not. What the off turn still costs over bare (the tracker called and
+                       returning, the report passed on, a release looked up in the live-tensor
+                       table) is measured on the stand-in by bench_tensors.py (docs/performance.md)
 
 With --cpus every process runs on the same CPUs (only one works at a time): unpinned, a second
 bare process ran 0.53-1.51 times the first's time in the same round; pinned, 0.80-1.19.
 With --budget-s no round starts after that many seconds, so the table prints inside a caller's
 timeout.
 
-Prints each round, then a table: per mode, its median time, the median of its per-round ratio
-to bare with a 90% bootstrap interval, the range of those ratios, and each of its processes'
-median time. Each process's stderr is kept in OUT/MODE-I.err (the probe's stats line,
+Prints each round, then a table: per mode (or turn), its median time, the median of its
+per-round ratio to bare with a 90% bootstrap interval, the range of those ratios, and each of its
+processes' median time; then, for a process taking turns, each turn's ratio to its first turn. Each process's stderr is kept in OUT/MODE-I.err (the probe's stats line,
 VRAMTRACE_TORCH_PROBE_STATS=1, among it); vramtrace's traces in OUT/MODE-I.
 """
 import argparse
@@ -55,13 +63,17 @@ MODES = {
     "vramtrace_selftime": ({"VRAMTRACE_SELF_TIME": "1"}, [], []),
     "vramtrace_nobudget": ({}, ["--max-size", "0"], []),
     "no_torch_probe": ({}, ["--no-torch-probe"], []),
+    "toggled": ({}, [], []),
 }
+# Modes whose processes take turns in several modes of their own (decode_bench.py's `go MODE`):
+# the first is the reference each other is divided by, in the same process and round.
+TURNS = {"toggled": ["off", "on", "history"]}
 
 
 def start(mode, name, vt, out, bench_args, cpus):
     env_extra, run_flags, bench_flags = MODES[mode]
-    cmd = [sys.executable, os.path.join(HERE, "decode_bench.py"), "--turns", *bench_flags,
-           *bench_args]
+    cmd = [sys.executable, os.path.join(HERE, "decode_bench.py"), "--turns",
+           "--turn-modes", ",".join(TURNS.get(mode, ["on"])), *bench_flags, *bench_args]
     if run_flags is not None:
         trace = os.path.join(out, name)
         shutil.rmtree(trace, ignore_errors=True)
@@ -127,20 +139,24 @@ def main():
     for n, p in procs.items():
         read_until(p, "ready", n)
     print(f"{len(procs)} processes ready after {time.time() - t0:.1f} s", flush=True)
-    times = {n: [] for _, n in names}
+    # A slot: one process's turn in one of its modes (`toggled:on`), or a process of one mode.
+    slots = [(slot, m, n, turn) for m, n in names for slot, turn in
+             ([(f"{m}:{t}", t) for t in TURNS[m]] if m in TURNS else [(m, "on")])]
+    labels = list(dict.fromkeys(slot for slot, _, _, _ in slots))
+    times = {(slot, n): [] for slot, _, n, _ in slots}
     rounds = 0
     for r in range(a.rounds):
         if time.time() - t0 > a.budget_s:
             print(f"the budget of {a.budget_s:.0f} s is spent: {r} rounds", flush=True)
             break
-        k = r % len(names)
-        for _, n in names[k:] + names[:k]:
-            procs[n].stdin.write("go\n")
+        k = r % len(slots)
+        for slot, _, n, turn in slots[k:] + slots[:k]:
+            procs[n].stdin.write(f"go {turn}\n")
             procs[n].stdin.flush()
-            times[n].append(float(read_until(procs[n], "generate_s", n).split()[1]))
+            times[slot, n].append(float(read_until(procs[n], "generate_s", n).split()[1]))
         rounds += 1
-        print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f}" for _, n in names),
-              flush=True)
+        print(f"round {r + 1}: " + ", ".join(f"{n}{slot[len(m):]} {times[slot, n][-1]:.3f}"
+                                               for slot, m, n, _ in slots), flush=True)
     for p in procs.values():
         p.stdin.close()
     for n, p in procs.items():
@@ -151,20 +167,41 @@ def main():
             print(f"{n}: exit status {rc}; the end of its stderr:\n  " + "  ".join(tail).rstrip())
     if rounds == 0:
         sys.exit("decode_alternate: no round ran")
-    # A mode's time in a round: the mean over its processes.
-    per_round = {m: [statistics.mean(times[n][r] for mm, n in names if mm == m)
-                     for r in range(rounds)] for m in modes}
+    # A slot's time in a round: the mean over its processes.
+    per_round = {label: [statistics.mean(times[slot, n][r] for slot, _, n, _ in slots
+                                         if slot == label) for r in range(rounds)]
+                 for label in labels}
     bare = per_round["bare"]
     print(f"\n{rounds} rounds, {len(modes)} modes x {a.procs} processes alternated; seconds per "
           "generate; ratio: the mode's mean over its processes, over bare's, of the same round")
     print("| mode | median (s) | median ratio | 90% interval | ratio range | each process's median (s) |")
     print("| --- | ---: | ---: | --- | --- | --- |")
-    for m in modes:
-        ratios = [t / b for t, b in zip(per_round[m], bare)]
+    for label in labels:
+        ratios = [t / b for t, b in zip(per_round[label], bare)]
         lo, hi = median_interval(ratios)
-        each = ", ".join(f"{statistics.median(times[n]):.3f}" for mm, n in names if mm == m)
-        print(f"| {m} | {statistics.median(per_round[m]):.3f} | {statistics.median(ratios):.3f} | "
-              f"{lo:.3f} – {hi:.3f} | {min(ratios):.3f} – {max(ratios):.3f} | {each} |")
+        each = ", ".join(f"{statistics.median(times[slot, n]):.3f}" for slot, _, n, _ in slots
+                         if slot == label)
+        print(f"| {label} | {statistics.median(per_round[label]):.3f} | "
+              f"{statistics.median(ratios):.3f} | {lo:.3f} – {hi:.3f} | "
+              f"{min(ratios):.3f} – {max(ratios):.3f} | {each} |")
+    for m in modes:
+        if m not in TURNS:
+            continue
+        ref = f"{m}:{TURNS[m][0]}"
+        print(f"\nin-process ratios: each turn over its process's {ref} turn of the same round "
+              f"(per process, then the mean over the {a.procs} processes)")
+        print("| turn | median ratio | 90% interval | ratio range | rounds below 1 | each process's median ratio |")
+        print("| --- | ---: | --- | --- | ---: | --- |")
+        for t in TURNS[m][1:]:
+            label = f"{m}:{t}"
+            per_proc = {n: [x / y for x, y in zip(times[label, n], times[ref, n])]
+                        for mm, n in names if mm == m}
+            ratios = [statistics.mean(v[r] for v in per_proc.values()) for r in range(rounds)]
+            lo, hi = median_interval(ratios)
+            each = ", ".join(f"{statistics.median(v):.3f}" for v in per_proc.values())
+            print(f"| {label} | {statistics.median(ratios):.3f} | {lo:.3f} – {hi:.3f} | "
+                  f"{min(ratios):.3f} – {max(ratios):.3f} | {sum(x < 1 for x in ratios)}/{rounds} "
+                  f"| {each} |")
     for m, n in names:
         with open(os.path.join(a.out, n + ".err")) as f:
             for line in f:

@@ -16,7 +16,15 @@ Prints `generate_s BEST each A,B,.. new_tokens N` and the process's peak allocat
 --turns: for decode_alternate.py, which keeps such processes (several per mode) alive and has
 them take turns. After the warm-up (and one untimed generate of the timed length, so the
 compilation of its shapes is done too) it prints `ready`, then times one generate per `go` line
-read from stdin (printing `generate_s T new_tokens N`) until stdin ends."""
+read from stdin (printing `generate_s T new_tokens N`) until stdin ends. A `go` line may name
+the turn's mode, so that one process can take turns in several (its own speed, which differs
+from another process's for its whole life, then cancels out of their ratio):
+  go on        as started (the default)
+  go off       under `vramtrace run`: tensor capture paused for the generate
+               (`vramtrace_torch.pause()`; the preload and its tracker stay in)
+  go history   the same, and PyTorch's recorder on for the generate only
+               (`_record_memory_history(stacks="python")`, then `enabled=None`)
+--turn-modes lists the modes this process will be asked for; each is warmed up once."""
 import argparse
 import json
 import sys
@@ -33,6 +41,7 @@ ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--layers", type=int, default=8)
 ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--turns", action="store_true")
+ap.add_argument("--turn-modes", default="on")
 a = ap.parse_args()
 
 torch.manual_seed(0)
@@ -65,18 +74,35 @@ with torch.inference_mode():
     model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, **kw)
     torch.cuda.synchronize()
     if a.turns:
-        model.generate(ids, attention_mask=mask, max_new_tokens=a.new, min_new_tokens=a.new, **kw)
-        torch.cuda.synchronize()
-        print("ready", flush=True)
-        for line in sys.stdin:
-            if line.strip() != "go":
-                continue
+        probe = sys.modules.get("vramtrace_torch")
+
+        def turn(mode):
+            if mode not in ("on", "off", "history"):
+                sys.exit(f"decode_bench: unknown turn mode {mode!r}")
+            if mode != "on" and probe is not None:
+                probe.pause(f"decode_bench: a turn {mode}")
+            if mode == "history":
+                torch.cuda.memory._record_memory_history(stacks="python")
             t0 = time.perf_counter()
             out = model.generate(ids, attention_mask=mask, max_new_tokens=a.new,
                                  min_new_tokens=a.new, **kw)
             torch.cuda.synchronize()
-            print(f"generate_s {time.perf_counter() - t0:.4f} new_tokens {out.shape[1] - a.prompt}",
-                  flush=True)
+            dt = time.perf_counter() - t0
+            if mode == "history":
+                torch.cuda.memory._record_memory_history(enabled=None)
+            if mode != "on" and probe is not None:
+                probe.resume()
+            return dt, out
+
+        for mode in a.turn_modes.split(","):
+            turn(mode)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            words = line.split()
+            if not words or words[0] != "go":
+                continue
+            dt, out = turn(words[1] if len(words) > 1 else "on")
+            print(f"generate_s {dt:.4f} new_tokens {out.shape[1] - a.prompt}", flush=True)
         sys.exit(0)
     times = []
     for _ in range(a.repeats):

@@ -17,6 +17,12 @@
 #              by a sitecustomize after `import torch` (as a user would, in-process)
 #   vramtrace  `vramtrace run` (native tensor capture with Python lines)
 #   noprobe    `vramtrace run --no-torch-probe` (driver level only)
+#   toggled    `vramtrace run`, one server serving three batches per round: toggled:off (tensor
+#              capture paused, `vramtrace_torch.pause()`), toggled:on, toggled:history (paused,
+#              PyTorch's recorder on), switched between batches by a thread of its sitecustomize
+#              that follows a control file; its on and history batches are also divided by its
+#              off batch of the same round (one server's own speed cancels out of that ratio,
+#              docs/validation.md)
 # SERVE_ARGS are added to every server's command line: a batch takes about 3 s or 8-12 s in every
 # mode (docs/validation.md, 2026-12-02), and transformers 5.17's continuous batching records a
 # CUDA graph the first time it meets a batch shape, never ahead (`serve` does not warm it up), so
@@ -55,6 +61,59 @@ import torch
 torch.cuda.memory._record_memory_history(stacks="python")
 PY
 
+# The toggled server's switch: a thread that follows $TOG/turn (off, on or history) and
+# acknowledges each change in $TOG/turn.ack.
+TOG=$W/toggle-site
+mkdir -p "$TOG"
+echo on > "$TOG/turn"
+rm -f "$TOG/turn.ack"
+cat > "$TOG/sitecustomize.py" <<'PY'
+import os
+import sys
+import threading
+import time
+
+import torch
+
+CTL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn")
+
+
+def follow():
+    now = "on"
+    while True:
+        try:
+            with open(CTL) as f:
+                want = f.read().strip() or now
+        except OSError:
+            want = now
+        if want != now:
+            probe = sys.modules["vramtrace_torch"]
+            if now == "history":
+                torch.cuda.memory._record_memory_history(enabled=None)
+            if want == "on":
+                probe.resume()
+            else:
+                probe.pause(f"serve_bench: a batch {want}")
+            if want == "history":
+                torch.cuda.memory._record_memory_history(stacks="python")
+            now = want
+            with open(CTL + ".ack", "w") as f:
+                f.write(now)
+        time.sleep(0.02)
+
+
+threading.Thread(target=follow, daemon=True, name="serve_bench toggle").start()
+PY
+turn() { # off|on|history: switch the toggled server and wait for its acknowledgement
+  echo "$1" > "$TOG/turn"
+  for _ in $(seq 500); do
+    [ "$(cat "$TOG/turn.ack" 2>/dev/null)" = "$1" ] && return 0
+    [ "$1" = on ] && [ ! -f "$TOG/turn.ack" ] && return 0
+    sleep 0.02
+  done
+  echo "serve_bench: the toggled server did not switch to $1"; return 1
+}
+
 declare -A port pid
 pin=(); client=(python3)
 [ -n "${BENCH_CPUS:-}" ] && pin=(taskset -c "$BENCH_CPUS")
@@ -70,6 +129,7 @@ for mode in "${MODES[@]}"; do
     recorder) env=(PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH}) ;;
     vramtrace) pre=("$VT" run --quiet --out "$d" --) ;;
     noprobe) pre=("$VT" run --quiet --no-torch-probe --out "$d" --) ;;
+    toggled) pre=("$VT" run --quiet --out "$d" --); env=(PYTHONPATH=$TOG${PYTHONPATH:+:$PYTHONPATH}) ;;
     *) echo "serve_bench: unknown mode $mode"; exit 1 ;;
   esac
   env "${env[@]}" VRAMTRACE_TORCH_PROBE_STATS=1 "${pin[@]}" "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
@@ -89,16 +149,23 @@ for mode in "${MODES[@]}"; do
 done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
 rm -f "$W/serve-bench.tsv"
-n=${#MODES[@]}
+# A slot: a mode's batch, or one of the toggled server's three.
+SLOTS=()
+for mode in "${MODES[@]}"; do
+  if [ "$mode" = toggled ]; then SLOTS+=(toggled:off toggled:on toggled:history); else SLOTS+=("$mode"); fi
+done
+n=${#SLOTS[@]}
 for r in $(seq 1 "$ROUNDS"); do
   for k in $(seq 0 $((n - 1))); do
-    mode=${MODES[$(((k + r - 1) % n))]}
+    slot=${SLOTS[$(((k + r - 1) % n))]}
+    mode=${slot%%:*}
+    [ "$mode" = toggled ] && { turn "${slot#toggled:}" || break 2; }
     line=$("${client[@]}" "$VAL/serve_load.py" "${port[$mode]}" "$M" --requests 16 --prompt-tokens 1500 \
       --max-tokens 96 --wait 10 --tag $((tag++)) | grep round)
-    echo "round $r $mode: $line"
+    echo "round $r $slot: $line"
     t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
     case "$line" in *" 0 failed"*) ;; *) t="" ;; esac
-    echo "$mode $r ${t:-nan}" >> "$W/serve-bench.tsv"
+    echo "$slot $r ${t:-nan}" >> "$W/serve-bench.tsv"
   done
 done
 for mode in "${MODES[@]}"; do kill -INT "${pid[$mode]}" 2>/dev/null; done
@@ -124,8 +191,21 @@ for m, byround in t.items():
           if ratios else "? | ?")
     print(f"| {m} | {', '.join(f'{x:.3f}' for x in v)} | "
           f"{statistics.median(ok) if ok else float('nan'):.3f} | {rs} |")
+off = t.get("toggled:off")
+if off:
+    print("\nthe toggled server's batches over its paused batch of the same round")
+    print("| turn | each round | median ratio | rounds below 1 |")
+    print("| --- | --- | ---: | ---: |")
+    for m in ("toggled:on", "toggled:history"):
+        ratios = [t[m][r] / off[r] for r in sorted(t.get(m, {}))
+                  if r in off and not math.isnan(t[m][r]) and not math.isnan(off[r])]
+        if ratios:
+            print(f"| {m} | {', '.join(f'{x:.3f}' for x in ratios)} | "
+                  f"{statistics.median(ratios):.3f} | {sum(x < 1 for x in ratios)}/{len(ratios)} |")
 PY
-grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W"/serve-bench-vramtrace.log | tail -3
+for mode in vramtrace toggled; do
+  [ -f "$W/serve-bench-$mode.log" ] && grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W/serve-bench-$mode.log" | tail -3
+done
 for mode in "${MODES[@]}"; do
   echo "$mode: CUDA graphs created (with --log-level info): $(grep -c "Creating graph for key" "$W/serve-bench-$mode.log")"
 done

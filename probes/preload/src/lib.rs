@@ -42,7 +42,7 @@
 //!   `vramtrace_range_push`, `vramtrace_range_pop`, `vramtrace_mark`, `vramtrace_abi_version`.
 //!   Callers find them with `dlsym(RTLD_DEFAULT, …)`; the header's `vramtrace_try_*` helpers
 //!   are no-ops without the preload.
-//! - The tensor ABI, `vramtrace_tensor` and its five-argument `vramtrace_tensor_block` for the
+//! - The tensor ABI, `vramtrace_tensor`, its five-argument `vramtrace_tensor_block` for the
 //!   per-tensor reports (`src/tensors.rs`): PyTorch's caching allocator as the
 //!   Python probe sees it (blocks handed out and taken back, refused requests with PyTorch's own
 //!   numbers), each a TENSOR record with the reporting thread's Python frames.
@@ -153,7 +153,7 @@ pub use labels::{
 pub use notes::{NOTE_STANDING, vramtrace_note};
 pub use nvtx::InitializeInjectionNvtx2;
 pub use routing::{cuGetProcAddress, cuGetProcAddress_v2};
-pub use tensors::{vramtrace_tensor, vramtrace_tensor_block};
+pub use tensors::{vramtrace_tensor, vramtrace_tensor_block, vramtrace_tensor_pause};
 pub use torch_tracker::{
     report_memory_usage_to_profiler, vramtrace_torch_native_attach, vramtrace_torch_native_enable,
     vramtrace_torch_native_last,

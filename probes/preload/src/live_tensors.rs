@@ -329,14 +329,29 @@ fn restate(t: &mut Table, file: File, reused: u64) {
     }
 }
 
-/// Takes a released tensor out of the table before its release is written; true when its
-/// statement is in a never-dropped block (it was restated), so that its release must go there
-/// too: a dropped release would leave it live for a reader for good.
-pub(crate) fn on_release(ptr: u64) -> bool {
-    with_table(true, |table| {
-        table.remove(ptr).is_some_and(|e| e.block == KEPT)
+/// What the table knew of a released tensor ([`on_release`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// No table (no budget, or it failed or overflowed): whether it was recorded is not known.
+    Untracked,
+    /// Not in the table: its allocation was never recorded (capture was paused, or off).
+    Unrecorded,
+    /// Live, its statement in a droppable block.
+    Live,
+    /// Live, its statement in a never-dropped block (it was restated): its release must go
+    /// there too, since a dropped release would leave it live for a reader for good.
+    Kept,
+}
+
+/// Takes a released tensor out of the table before its release is written.
+pub(crate) fn on_release(ptr: u64) -> Released {
+    with_table(true, |table| match table.remove(ptr) {
+        Some(e) if e.block == KEPT => Released::Kept,
+        Some(_) => Released::Live,
+        None if table.full => Released::Untracked,
+        None => Released::Unrecorded,
     })
-    .unwrap_or(false)
+    .unwrap_or(Released::Untracked)
 }
 
 /// Keeps the table in step with one tensor report written into droppable block `block` (an

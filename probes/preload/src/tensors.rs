@@ -3,13 +3,15 @@
 //! request it refuses; each report becomes a TENSOR record with the same clock and thread as the
 //! driver's events and the Python frames of the reporting thread (read here, not in Python).
 
-use core::ffi::c_char;
+use core::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use vramtrace_format::{
     Encoder, MAX_TENSOR_RANK, TENSOR_RECORD_MAX_LEN, TensorAction, TensorEvent, kind,
 };
 
 use crate::labels::c_str;
+use crate::live_tensors::Released;
 use crate::sink::{mono_ns, tid, with_file};
 
 /// `int vramtrace_tensor(uint32_t action, int32_t device, uint64_t ptr, uint64_t size,
@@ -108,9 +110,54 @@ pub extern "C" fn vramtrace_tensor_block(
     0
 }
 
+/// Whether tensor capture is paused ([`vramtrace_tensor_pause`]).
+static PAUSED: AtomicBool = AtomicBool::new(false);
+
+/// `int vramtrace_tensor_pause(int paused, const char *why)`: pauses tensor capture (`paused`
+/// nonzero) or resumes it, for any source (native capture or the probe's callbacks), and says so
+/// in the trace as a NOTE (with `why`, if not null). While paused, no block handed out is
+/// recorded; a release is, paused or not, when its block's allocation was (the live-tensor
+/// table knows it; without a table every release is), so that no tensor stays live for a reader
+/// for good; the allocator's refusals and the driver's events are recorded as always. Returns 1 if capture
+/// was paused before the call, else 0. `vramtrace_torch.pause()` and `resume()` call it.
+///
+/// # Safety
+/// `why` is null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vramtrace_tensor_pause(paused: c_int, why: *const c_char) -> c_int {
+    let was = PAUSED.swap(paused != 0, Ordering::AcqRel);
+    if was != (paused != 0) {
+        let mut text = Vec::with_capacity(96);
+        text.extend_from_slice(if paused != 0 {
+            b"tensor capture paused: tensor detail is missing until it resumes"
+        } else {
+            b"tensor capture resumed"
+        });
+        // Safety: the caller's string.
+        if let Some(why) = unsafe { c_str(why) } {
+            text.extend_from_slice(b" (");
+            text.extend_from_slice(why);
+            text.push(b')');
+        }
+        crate::recorder::note(&text);
+    }
+    c_int::from(was)
+}
+
 /// Writes `t` (its time, thread and Python frames filled in here) with its operator, dtype and
 /// shape. Also the native capture's writer (`src/torch_tracker.rs`).
 pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[i64]) {
+    // A release leaves the live-tensor table first: what the table knew decides where it goes.
+    let released = (t.action == TensorAction::Free).then(|| released(t.ptr));
+    // A release whose allocation was never recorded (before capture started, or paused) is
+    // not either: the reader would ignore it.
+    if released == Some(Released::Unrecorded)
+        || (released.is_none()
+            && t.action != TensorAction::AllocFailed
+            && PAUSED.load(Ordering::Relaxed))
+    {
+        return;
+    }
     with_file(|file| {
         t.t_ns = mono_ns();
         t.tid = tid();
@@ -141,7 +188,7 @@ pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>
                 t.t_ns,
             );
             file.write(frame);
-        } else if t.action == TensorAction::Free && released_kept(t.ptr) {
+        } else if released == Some(Released::Kept) {
             // Its statement was kept (restated): so is its release.
             file.write(frame);
             crate::live_tensors::serve_pending(file);
@@ -154,7 +201,7 @@ pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>
 }
 
 /// [`crate::live_tensors::on_release`], timed as the table's step.
-fn released_kept(ptr: u64) -> bool {
+fn released(ptr: u64) -> Released {
     let _timer = crate::self_time::start(crate::self_time::Step::Table);
     crate::live_tensors::on_release(ptr)
 }

@@ -10,7 +10,10 @@ With EVICT_BYTES set, each tensor's life and the gap after it copy that many byt
 buffer to another, as a model's own work between two allocations pushes the recorder's data out
 of the caches (a decode step on the H200 does some 20 µs of work between two tensors). The time
 per tensor then measures the copies too, so the bench also prints `call_ns_per_tensor`: the time
-spent inside the allocator's two calls alone (the recorder's work runs inside them), best loop."""
+spent inside the allocator's two calls alone (the recorder's work runs inside them), best loop.
+
+With PAUSE_CAPTURE=1 (under the preload) tensor capture is paused (`vramtrace_torch.pause()`)
+before the loops: what is left is what a paused recorder costs."""
 import collections
 import ctypes
 import os
@@ -24,6 +27,10 @@ n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 depth = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 torch.cuda._lazy_init()  # as torch.cuda.init(): the probe attaches and checks here
+if os.environ.get("PAUSE_CAPTURE") == "1":
+    import vramtrace_torch
+
+    vramtrace_torch.pause("bench_tensors.py: PAUSE_CAPTURE=1")
 lib = torch.cuda._c10()
 assert lib is not None, "the stand-in libc10_cuda.so is missing"
 malloc, release = lib.fake_c10_malloc, lib.fake_c10_free
