@@ -1122,6 +1122,41 @@ mod tests {
         }
     }
 
+    /// Every length of varint, at and around each boundary, byte for byte LEB128, whatever room
+    /// follows it.
+    #[test]
+    fn varints_are_leb128_at_every_length() {
+        fn leb128(mut v: u64) -> Vec<u8> {
+            let mut out = Vec::new();
+            while v >= 0x80 {
+                out.push(v as u8 | 0x80);
+                v >>= 7;
+            }
+            out.push(v as u8);
+            out
+        }
+        let mut values = vec![0u64, 1, 0x5150, 0x7e00_0000_0000, u64::MAX];
+        for k in 1..10 {
+            let edge = 1u64 << (7 * k);
+            values.extend([edge - 1, edge, edge + 1, edge | 0x55]);
+        }
+        for &v in &values {
+            for room in 11..20 {
+                let mut buf = [0xaau8; FRAME_HEADER_LEN + 20];
+                let mut e = Encoder::new(&mut buf[..FRAME_HEADER_LEN + room]);
+                e.varint(v).varint(3);
+                let len = e.len;
+                let mut want = leb128(v);
+                want.push(3);
+                assert_eq!(
+                    &buf[FRAME_HEADER_LEN..len],
+                    &want[..],
+                    "{v:#x}, room {room}"
+                );
+            }
+        }
+    }
+
     fn py_stack() -> Record {
         Record::PyStack {
             stack: 7,
