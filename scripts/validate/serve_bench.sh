@@ -29,6 +29,11 @@
 # try SERVE_ARGS="--log-level info" (its log then says "Creating graph for key", counted per
 # server at the end) and SERVE_ARGS="--no-cb-use-cuda-graph" (no graphs; check the flag's name
 # with `transformers serve --help`).
+# SERVE_SWITCH_INTERVAL (seconds, as 0.0001) sets every server's `sys.setswitchinterval`: one
+# reading of transformers 5.17 (docs/validation.md, 2026-12-02 morning) has the generation thread,
+# which drops and takes the GIL around every eager op, starving the event loop that takes the
+# requests in, so that a batch is admitted in waves; serve_load.py prints when each request
+# finished, which shows the waves.
 # With BENCH_CPUS (as 2-9) every server runs on those CPUs (only one works at a time) and the
 # client on CLIENT_CPUS (as 10-15): unpinned, a process the scheduler placed on a slower core
 # stays slower for rounds (docs/validation.md, 2026-12-02).
@@ -37,6 +42,7 @@
 # Prints each batch, a table, and the vramtrace server's probe line; keeps its trace in
 # $W/serve-bench-vt.
 set -uo pipefail
+export SERVE_SWITCH_INTERVAL=${SERVE_SWITCH_INTERVAL:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VT=$ROOT/.device/bin/vramtrace
 VAL=$ROOT/scripts/validate
@@ -56,10 +62,19 @@ fi
 # The recorder's switch: a sitecustomize that turns PyTorch's history on once torch is imported.
 REC=$W/recorder-site
 mkdir -p "$REC"
-cat > "$REC/sitecustomize.py" <<'PY'
+# Every server's sitecustomize starts with the switch interval's lines (bare, vramtrace and
+# noprobe get a sitecustomize of those lines alone when SERVE_SWITCH_INTERVAL is set).
+SWITCH='import os, sys
+if os.environ.get("SERVE_SWITCH_INTERVAL"):
+    sys.setswitchinterval(float(os.environ["SERVE_SWITCH_INTERVAL"]))'
+SWI=$W/switch-site
+mkdir -p "$SWI"
+echo "$SWITCH" > "$SWI/sitecustomize.py"
+{ echo "$SWITCH"; cat <<'PY'
 import torch
 torch.cuda.memory._record_memory_history(stacks="python")
 PY
+} > "$REC/sitecustomize.py"
 
 # The toggled server's switch: a thread that follows $TOG/turn (off, on or history) and
 # acknowledges each change in $TOG/turn.ack.
@@ -67,7 +82,7 @@ TOG=$W/toggle-site
 mkdir -p "$TOG"
 echo on > "$TOG/turn"
 rm -f "$TOG/turn.ack"
-cat > "$TOG/sitecustomize.py" <<'PY'
+{ echo "$SWITCH"; cat <<'PY'
 import os
 import sys
 import threading
@@ -104,6 +119,7 @@ def follow():
 
 threading.Thread(target=follow, daemon=True, name="serve_bench toggle").start()
 PY
+} > "$TOG/sitecustomize.py"
 turn() { # off|on|history: switch the toggled server and wait for its acknowledgement
   echo "$1" > "$TOG/turn"
   for _ in $(seq 500); do
@@ -124,6 +140,7 @@ for mode in "${MODES[@]}"; do
   d=$W/serve-bench-$mode
   rm -rf "$d"
   pre=(); env=()
+  [ -n "${SERVE_SWITCH_INTERVAL:-}" ] && env=(PYTHONPATH=$SWI${PYTHONPATH:+:$PYTHONPATH})
   case $mode in
     bare) ;;
     recorder) env=(PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH}) ;;

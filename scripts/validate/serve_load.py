@@ -3,8 +3,10 @@
 Usage: python3 serve_load.py PORT MODEL --requests 16 --prompt-tokens 1500 --max-tokens 96
        [--rounds 1] [--wait 300] [--tag N]
 Waits for the server (GET /health) up to --wait seconds, then sends --requests requests at
-once per round and prints, per round, the wall time, the completion tokens and any failure.
-Exit code 1 when any request failed.
+once per round and prints, per round, the wall time, the completion tokens, any failure and
+when each request finished (seconds from the round's start, sorted): a batch that a server
+takes in as one wave finishes its requests together, one taken in as several finishes them in
+groups. Exit code 1 when any request failed.
 """
 import argparse
 import concurrent.futures as cf
@@ -64,19 +66,26 @@ def main():
                                   + prompt(a.prompt_tokens - 2)}])
                   for i in range(a.requests)]
         t = time.time()
+
+        def timed(body):
+            r = post(base + "/v1/chat/completions", body, 600)
+            return r, time.time() - t
+
         with cf.ThreadPoolExecutor(a.requests) as ex:
-            futs = [ex.submit(post, base + "/v1/chat/completions", b, 600) for b in bodies]
-            toks, errs = 0, []
+            futs = [ex.submit(timed, b) for b in bodies]
+            toks, errs, ends = 0, [], []
             for f in futs:
                 try:
-                    r = f.result()
+                    r, end = f.result()
                     toks += r.get("usage", {}).get("completion_tokens", 0)
+                    ends.append(end)
                 except Exception as e:  # a failed request is reported, not fatal
                     errs.append(repr(e)[:300])
         dt = time.time() - t
         failed += len(errs)
         print(f"serve_load: round {rnd} {a.requests} requests in {dt:.3f} s, "
-              f"{toks} completion tokens, {len(errs)} failed")
+              f"{toks} completion tokens, {len(errs)} failed; finished at "
+              + " ".join(f"{x:.2f}" for x in sorted(ends)))
         for e in errs[:3]:
             print("  ", e)
     return 1 if failed else 0
