@@ -29,11 +29,10 @@
 # try SERVE_ARGS="--log-level info" (its log then says "Creating graph for key", counted per
 # server at the end) and SERVE_ARGS="--no-cb-use-cuda-graph" (no graphs; check the flag's name
 # with `transformers serve --help`).
-# SERVE_SWITCH_INTERVAL (seconds, as 0.0001) sets every server's `sys.setswitchinterval`: one
-# reading of transformers 5.17 (docs/validation.md, 2026-12-02 morning) has the generation thread,
-# which drops and takes the GIL around every eager op, starving the event loop that takes the
-# requests in, so that a batch is admitted in waves; serve_load.py prints when each request
-# finished, which shows the waves.
+# A batch takes 3 s or 7-10 s, and a slow batch finishes all its 16 requests together
+# (serve_load.py prints when each finished; docs/validation.md, 2026-12-02 morning): the whole
+# batch runs slower, not in waves. So the GPU's SM clock, power and utilisation are sampled
+# every 200 ms during the rounds (nvidia-smi) and each batch's medians printed beside it.
 # With BENCH_CPUS (as 2-9) every server runs on those CPUs (only one works at a time) and the
 # client on CLIENT_CPUS (as 10-15): unpinned, a process the scheduler placed on a slower core
 # stays slower for rounds (docs/validation.md, 2026-12-02).
@@ -42,7 +41,6 @@
 # Prints each batch, a table, and the vramtrace server's probe line; keeps its trace in
 # $W/serve-bench-vt.
 set -uo pipefail
-export SERVE_SWITCH_INTERVAL=${SERVE_SWITCH_INTERVAL:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VT=$ROOT/.device/bin/vramtrace
 VAL=$ROOT/scripts/validate
@@ -62,19 +60,10 @@ fi
 # The recorder's switch: a sitecustomize that turns PyTorch's history on once torch is imported.
 REC=$W/recorder-site
 mkdir -p "$REC"
-# Every server's sitecustomize starts with the switch interval's lines (bare, vramtrace and
-# noprobe get a sitecustomize of those lines alone when SERVE_SWITCH_INTERVAL is set).
-SWITCH='import os, sys
-if os.environ.get("SERVE_SWITCH_INTERVAL"):
-    sys.setswitchinterval(float(os.environ["SERVE_SWITCH_INTERVAL"]))'
-SWI=$W/switch-site
-mkdir -p "$SWI"
-echo "$SWITCH" > "$SWI/sitecustomize.py"
-{ echo "$SWITCH"; cat <<'PY'
+cat > "$REC/sitecustomize.py" <<'PY'
 import torch
 torch.cuda.memory._record_memory_history(stacks="python")
 PY
-} > "$REC/sitecustomize.py"
 
 # The toggled server's switch: a thread that follows $TOG/turn (off, on or history) and
 # acknowledges each change in $TOG/turn.ack.
@@ -82,7 +71,7 @@ TOG=$W/toggle-site
 mkdir -p "$TOG"
 echo on > "$TOG/turn"
 rm -f "$TOG/turn.ack"
-{ echo "$SWITCH"; cat <<'PY'
+cat > "$TOG/sitecustomize.py" <<'PY'
 import os
 import sys
 import threading
@@ -119,7 +108,6 @@ def follow():
 
 threading.Thread(target=follow, daemon=True, name="serve_bench toggle").start()
 PY
-} > "$TOG/sitecustomize.py"
 turn() { # off|on|history: switch the toggled server and wait for its acknowledgement
   echo "$1" > "$TOG/turn"
   for _ in $(seq 500); do
@@ -128,6 +116,27 @@ turn() { # off|on|history: switch the toggled server and wait for its acknowledg
     sleep 0.02
   done
   echo "serve_bench: the toggled server did not switch to $1"; return 1
+}
+
+gpu_during() { # T0 T1 (seconds since the epoch): the GPU's median SM clock, power, use between them
+  python3 - "$W/serve-bench-gpu.csv" "$1" "$2" <<'PY'
+import datetime, statistics, sys
+t0, t1 = float(sys.argv[2]), float(sys.argv[3])
+rows = []
+for line in open(sys.argv[1]):
+    f = [x.strip() for x in line.split(",")]
+    try:
+        t = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        if t0 <= t <= t1:
+            rows.append([float(x) for x in f[1:4]])
+    except (ValueError, IndexError):
+        continue
+if rows:
+    sm, w, use = (statistics.median(c) for c in zip(*rows))
+    print(f"SM {sm:.0f} MHz, {w:.0f} W, {use:.0f}% busy ({len(rows)} samples)")
+else:
+    print("not sampled")
+PY
 }
 
 declare -A port pid
@@ -140,7 +149,6 @@ for mode in "${MODES[@]}"; do
   d=$W/serve-bench-$mode
   rm -rf "$d"
   pre=(); env=()
-  [ -n "${SERVE_SWITCH_INTERVAL:-}" ] && env=(PYTHONPATH=$SWI${PYTHONPATH:+:$PYTHONPATH})
   case $mode in
     bare) ;;
     recorder) env=(PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH}) ;;
@@ -172,19 +180,24 @@ for mode in "${MODES[@]}"; do
   if [ "$mode" = toggled ]; then SLOTS+=(toggled:off toggled:on toggled:history); else SLOTS+=("$mode"); fi
 done
 n=${#SLOTS[@]}
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv,noheader,nounits \
+  -lms 200 > "$W/serve-bench-gpu.csv" 2>/dev/null &
+smi=$!
 for r in $(seq 1 "$ROUNDS"); do
   for k in $(seq 0 $((n - 1))); do
     slot=${SLOTS[$(((k + r - 1) % n))]}
     mode=${slot%%:*}
     [ "$mode" = toggled ] && { turn "${slot#toggled:}" || break 2; }
+    t0=$(date +%s.%N)
     line=$("${client[@]}" "$VAL/serve_load.py" "${port[$mode]}" "$M" --requests 16 --prompt-tokens 1500 \
       --max-tokens 96 --wait 10 --tag $((tag++)) | grep round)
-    echo "round $r $slot: $line"
+    echo "round $r $slot: $line; GPU $(gpu_during "$t0" "$(date +%s.%N)")"
     t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
     case "$line" in *" 0 failed"*) ;; *) t="" ;; esac
     echo "$slot $r ${t:-nan}" >> "$W/serve-bench.tsv"
   done
 done
+kill "$smi" 2>/dev/null
 for mode in "${MODES[@]}"; do kill -INT "${pid[$mode]}" 2>/dev/null; done
 sleep 5
 for mode in "${MODES[@]}"; do kill -KILL "${pid[$mode]}" 2>/dev/null; wait "${pid[$mode]}" 2>/dev/null; done
