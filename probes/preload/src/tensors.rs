@@ -144,6 +144,12 @@ pub unsafe extern "C" fn vramtrace_tensor_pause(paused: c_int, why: *const c_cha
     c_int::from(was)
 }
 
+/// Whether tensor capture is paused: a block handed out now is not recorded.
+#[inline]
+pub(crate) fn paused() -> bool {
+    PAUSED.load(Ordering::Relaxed)
+}
+
 /// Writes `t` (its time, thread and Python frames filled in here) with its operator, dtype and
 /// shape. Also the native capture's writer (`src/torch_tracker.rs`).
 pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>, shape: &[i64]) {

@@ -472,6 +472,9 @@ fn keep_for_check(ptr: u64, size: i64, device: i8) {
 fn record(ptr: u64, size: i64, device: i8) {
     let t = if size > 0 {
         let seen = take_pending(ptr);
+        if crate::tensors::paused() {
+            return;
+        }
         TensorEvent {
             device: i32::from(device),
             action: TensorAction::Alloc,
