@@ -32,7 +32,8 @@
 # A batch takes 3 s or 7-10 s, and a slow batch finishes all its 16 requests together
 # (serve_load.py prints when each finished; docs/validation.md, 2026-12-02 morning): the whole
 # batch runs slower, not in waves. So the GPU's SM clock, power and utilisation are sampled
-# every 200 ms during the rounds (nvidia-smi) and each batch's medians printed beside it.
+# every 200 ms during the rounds (nvidia-smi) and each batch's medians printed beside it, with
+# the machine's CPU time by kind over the batch (/proc/stat; steal: the hypervisor's).
 # With BENCH_CPUS (as 2-9) every server runs on those CPUs (only one works at a time) and the
 # client on CLIENT_CPUS (as 10-15): unpinned, a process the scheduler placed on a slower core
 # stays slower for rounds (docs/validation.md, 2026-12-02).
@@ -139,6 +140,18 @@ else:
 PY
 }
 
+cpu_during() { # two `cpu` lines of /proc/stat: the machine's CPU time between them, by kind
+  python3 - "$1" "$2" <<'PY'
+import sys
+a, b = ([int(x) for x in line.split()[1:9]] for line in sys.argv[1:3])
+d = [y - x for x, y in zip(a, b)]
+total = sum(d) or 1
+user, nice, system, idle, iowait, irq, softirq, steal = (100 * x / total for x in d)
+print(f"user {user + nice:.0f}%, system {system + irq + softirq:.0f}%, idle {idle + iowait:.0f}%, "
+      f"steal {steal:.1f}%")
+PY
+}
+
 declare -A port pid
 pin=(); client=(python3)
 [ -n "${BENCH_CPUS:-}" ] && pin=(taskset -c "$BENCH_CPUS")
@@ -188,10 +201,10 @@ for r in $(seq 1 "$ROUNDS"); do
     slot=${SLOTS[$(((k + r - 1) % n))]}
     mode=${slot%%:*}
     [ "$mode" = toggled ] && { turn "${slot#toggled:}" || break 2; }
-    t0=$(date +%s.%N)
+    t0=$(date +%s.%N); cpu0=$(head -1 /proc/stat)
     line=$("${client[@]}" "$VAL/serve_load.py" "${port[$mode]}" "$M" --requests 16 --prompt-tokens 1500 \
       --max-tokens 96 --wait 10 --tag $((tag++)) | grep round)
-    echo "round $r $slot: $line; GPU $(gpu_during "$t0" "$(date +%s.%N)")"
+    echo "round $r $slot: $line; GPU $(gpu_during "$t0" "$(date +%s.%N)"); CPUs $(cpu_during "$cpu0" "$(head -1 /proc/stat)")"
     t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
     case "$line" in *" 0 failed"*) ;; *) t="" ;; esac
     echo "$slot $r ${t:-nan}" >> "$W/serve-bench.tsv"
