@@ -245,6 +245,30 @@ if off:
         if ratios:
             print(f"| {m} | {', '.join(f'{x:.3f}' for x in ratios)} | "
                   f"{statistics.median(ratios):.3f} | {sum(x < 1 for x in ratios)}/{len(ratios)} |")
+# A batch takes about 3 s or 2.5 times that, in every mode (docs/validation.md, 2026-12-02
+# morning): a batch over 1.5 times the median of all the call's batches counts as slow, and the
+# fast ones are compared apart.
+every = [x for byround in t.values() for x in byround.values() if not math.isnan(x)]
+if every:
+    cut = 1.5 * statistics.median(every)
+    print(f"\nthe fast batches (under {cut:.2f} s, 1.5 times the median of all batches)")
+    print("| mode | fast batches | median (s) | range (s) |")
+    print("| --- | ---: | ---: | --- |")
+    for m, byround in t.items():
+        fast = [x for x in byround.values() if x < cut]
+        if fast:
+            print(f"| {m} | {len(fast)} of {len(byround)} | {statistics.median(fast):.3f} | "
+                  f"{min(fast):.3f} – {max(fast):.3f} |")
+    if off:
+        print("\nthe toggled server, rounds whose two batches were both fast")
+        print("| turn | rounds | median ratio to paused | rounds below 1 |")
+        print("| --- | ---: | ---: | ---: |")
+        for m in ("toggled:on", "toggled:history"):
+            ratios = [t[m][r] / off[r] for r in sorted(t.get(m, {}))
+                      if r in off and t[m][r] < cut and off[r] < cut]
+            if ratios:
+                print(f"| {m} | {len(ratios)} | {statistics.median(ratios):.3f} | "
+                      f"{sum(x < 1 for x in ratios)}/{len(ratios)} |")
 PY
 for mode in vramtrace toggled; do
   [ -f "$W/serve-bench-$mode.log" ] && grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W/serve-bench-$mode.log" | tail -3
