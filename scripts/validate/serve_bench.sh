@@ -23,12 +23,18 @@
 #              that follows a control file; its on and history batches are also divided by its
 #              off batch of the same round (one server's own speed cancels out of that ratio,
 #              docs/validation.md)
-# SERVE_ARGS are added to every server's command line: a batch takes about 3 s or 8-12 s in every
-# mode (docs/validation.md, 2026-12-02), and transformers 5.17's continuous batching records a
-# CUDA graph the first time it meets a batch shape, never ahead (`serve` does not warm it up), so
-# try SERVE_ARGS="--log-level info" (its log then says "Creating graph for key", counted per
-# server at the end) and SERVE_ARGS="--no-cb-use-cuda-graph" (no graphs; check the flag's name
-# with `transformers serve --help`).
+# SERVE_ARGS are added to every server's command line (as --no-cb-use-cuda-graph: the batches'
+# two speeds are not CUDA graphs, docs/validation.md, 2026-12-02 morning).
+# SERVE_CB_DEBUG=1 turns transformers' own "ContinuousBatchingLogger" to DEBUG in every server
+# (`--log-level` does not reach it: it has its own handler and does not propagate): a line per
+# step, `Scheduled: N, Waiting: W, Active: A. cum Q: q. cum KV: kv, free blocks: f`, whose
+# timestamps give the step times and whose (q, kv) the step's shapes.
+# SERVE_ENV (NAME=VALUE ...) is added to every server's environment. The likeliest cause of the
+# slow batches, from reading transformers 5.17 and PyTorch 2.11 (not yet run): paged SDPA calls
+# torch's scaled_dot_product_attention with a mask, which on sm90 with a recent cuDNN goes to
+# cuDNN first, whose plan cache builds a new plan (tens of ms) for every (query, key) length
+# pair not seen before, each decode step of a batch whose arrival pattern is new meeting new
+# pairs; SERVE_ENV="TORCH_CUDNN_SDPA_DEPRIORITIZED=1" puts cuDNN last, for every mode alike.
 # A batch takes 3 s or 7-10 s, and a slow batch finishes all its 16 requests together
 # (serve_load.py prints when each finished; docs/validation.md, 2026-12-02 morning): the whole
 # batch runs slower, not in waves. So the GPU's SM clock, power and utilisation are sampled
@@ -59,12 +65,21 @@ if ! "$TF" serve --help 2>/dev/null | grep -q -- --cb-max-memory-percent; then
   exit 1
 fi
 # The recorder's switch: a sitecustomize that turns PyTorch's history on once torch is imported.
+# Every server's sitecustomize starts with BASE_SITE; bare, vramtrace and noprobe get it alone.
+BASE_SITE='import logging, os
+if os.environ.get("SERVE_CB_DEBUG") == "1":
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.DEBUG)'
+export SERVE_CB_DEBUG=${SERVE_CB_DEBUG:-0}
+BASE=$W/base-site
+mkdir -p "$BASE"
+echo "$BASE_SITE" > "$BASE/sitecustomize.py"
 REC=$W/recorder-site
 mkdir -p "$REC"
-cat > "$REC/sitecustomize.py" <<'PY'
+{ echo "$BASE_SITE"; cat <<'PY'
 import torch
 torch.cuda.memory._record_memory_history(stacks="python")
 PY
+} > "$REC/sitecustomize.py"
 
 # The toggled server's switch: a thread that follows $TOG/turn (off, on or history) and
 # acknowledges each change in $TOG/turn.ack.
@@ -72,7 +87,7 @@ TOG=$W/toggle-site
 mkdir -p "$TOG"
 echo on > "$TOG/turn"
 rm -f "$TOG/turn.ack"
-cat > "$TOG/sitecustomize.py" <<'PY'
+{ echo "$BASE_SITE"; cat <<'PY'
 import os
 import sys
 import threading
@@ -109,6 +124,7 @@ def follow():
 
 threading.Thread(target=follow, daemon=True, name="serve_bench toggle").start()
 PY
+} > "$TOG/sitecustomize.py"
 turn() { # off|on|history: switch the toggled server and wait for its acknowledgement
   echo "$1" > "$TOG/turn"
   for _ in $(seq 500); do
@@ -161,7 +177,7 @@ for mode in "${MODES[@]}"; do
   port[$mode]=$((PORT + i)); i=$((i + 1))
   d=$W/serve-bench-$mode
   rm -rf "$d"
-  pre=(); env=()
+  pre=(); env=(PYTHONPATH=$BASE${PYTHONPATH:+:$PYTHONPATH})
   case $mode in
     bare) ;;
     recorder) env=(PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH}) ;;
@@ -170,7 +186,7 @@ for mode in "${MODES[@]}"; do
     toggled) pre=("$VT" run --quiet --out "$d" --); env=(PYTHONPATH=$TOG${PYTHONPATH:+:$PYTHONPATH}) ;;
     *) echo "serve_bench: unknown mode $mode"; exit 1 ;;
   esac
-  env "${env[@]}" VRAMTRACE_TORCH_PROBE_STATS=1 "${pin[@]}" "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
+  env "${env[@]}" ${SERVE_ENV:-} VRAMTRACE_TORCH_PROBE_STATS=1 "${pin[@]}" "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
     --continuous-batching --cb-max-memory-percent "${CB_MEM:-0.15}" ${SERVE_ARGS:-} > "$W/serve-bench-$mode.log" 2>&1 &
   pid[$mode]=$!
 done
@@ -274,7 +290,7 @@ for mode in vramtrace toggled; do
   [ -f "$W/serve-bench-$mode.log" ] && grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W/serve-bench-$mode.log" | tail -3
 done
 for mode in "${MODES[@]}"; do
-  echo "$mode: CUDA graphs created (with --log-level info): $(grep -c "Creating graph for key" "$W/serve-bench-$mode.log")"
+  echo "$mode: steps logged (SERVE_CB_DEBUG=1): $(grep -c "Scheduled: " "$W/serve-bench-$mode.log")"
 done
 [ -d "$W/serve-bench-vramtrace" ] && rm -rf "$W/serve-bench-vt" && cp -r "$W/serve-bench-vramtrace" "$W/serve-bench-vt"
 true
