@@ -251,13 +251,20 @@ for m, byround in t.items():
     print(f"| {m} | {', '.join(f'{x:.3f}' for x in v)} | "
           f"{statistics.median(ok) if ok else float('nan'):.3f} | {rs} |")
 off = t.get("toggled:off")
+
+
+def over_paused(m, keep):
+    """The toggled server's turn `m` over its paused batch, in each round where `keep(turn's
+    time, paused's time)`."""
+    return [t[m][r] / off[r] for r in sorted(t.get(m, {})) if r in off and keep(t[m][r], off[r])]
+
+
 if off:
     print("\nthe toggled server's batches over its paused batch of the same round")
     print("| turn | each round | median ratio | rounds below 1 |")
     print("| --- | --- | ---: | ---: |")
     for m in ("toggled:on", "toggled:history"):
-        ratios = [t[m][r] / off[r] for r in sorted(t.get(m, {}))
-                  if r in off and not math.isnan(t[m][r]) and not math.isnan(off[r])]
+        ratios = over_paused(m, lambda a, b: not (math.isnan(a) or math.isnan(b)))
         if ratios:
             print(f"| {m} | {', '.join(f'{x:.3f}' for x in ratios)} | "
                   f"{statistics.median(ratios):.3f} | {sum(x < 1 for x in ratios)}/{len(ratios)} |")
@@ -280,8 +287,7 @@ if every:
         print("| turn | rounds | median ratio to paused | rounds below 1 |")
         print("| --- | ---: | ---: | ---: |")
         for m in ("toggled:on", "toggled:history"):
-            ratios = [t[m][r] / off[r] for r in sorted(t.get(m, {}))
-                      if r in off and t[m][r] < cut and off[r] < cut]
+            ratios = over_paused(m, lambda a, b: a < cut and b < cut)
             if ratios:
                 print(f"| {m} | {len(ratios)} | {statistics.median(ratios):.3f} | "
                       f"{sum(x < 1 for x in ratios)}/{len(ratios)} |")
