@@ -118,8 +118,9 @@ static PAUSED: AtomicBool = AtomicBool::new(false);
 /// in the trace as a NOTE (with `why`, if not null). While paused, no block handed out is
 /// recorded; a release is, paused or not, when its block's allocation was (the live-tensor
 /// table knows it; without a table every release is), so that no tensor stays live for a reader
-/// for good; the allocator's refusals and the driver's events are recorded as always. Returns 1 if capture
-/// was paused before the call, else 0. `vramtrace_torch.pause()` and `resume()` call it.
+/// for good; the allocator's refusals and the driver's events are recorded as always. Returns 1
+/// if capture was paused before the call, else 0. `vramtrace_torch.pause()` and `resume()` call
+/// it (docs/architecture.md, "Pausing").
 ///
 /// # Safety
 /// `why` is null or NUL-terminated.
@@ -158,9 +159,7 @@ pub(crate) fn record(mut t: TensorEvent, op: Option<&[u8]>, dtype: Option<&[u8]>
     // A release whose allocation was never recorded (before capture started, or paused) is
     // not either: the reader would ignore it.
     if released == Some(Released::Unrecorded)
-        || (released.is_none()
-            && t.action != TensorAction::AllocFailed
-            && PAUSED.load(Ordering::Relaxed))
+        || (released.is_none() && t.action != TensorAction::AllocFailed && paused())
     {
         return;
     }
