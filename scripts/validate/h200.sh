@@ -614,10 +614,11 @@ decode_alternate() {
   # alive, each in turn timing one generate, ROUNDS (10) rounds, no round started after
   # DECODE_BUDGET_S, every process on BENCH_CPUS (scripts/validate/decode_alternate.py). Six
   # modes of one process each took 112 s to start (2026-12-02); three each take longer. The mode
-  # `toggled` is one `vramtrace run` process taking turns paused, on and with PyTorch's recorder:
-  # DECODE_MODES=bare,toggled gives ratios a process's own speed does not blur.
+  # `toggled` (with bare, the default DECODE_MODES) is one `vramtrace run` process taking turns
+  # paused, on and with PyTorch's recorder: ratios a process's own speed does not blur
+  # (docs/validation.md, 2026-12-02 morning).
   python3 "$VAL/decode_alternate.py" --rounds "${ROUNDS:-10}" --vt "$VT" --out "$W/decode-alternate" \
-    --modes "${DECODE_MODES:-bare,history,vramtrace,vramtrace_selftime,vramtrace_nobudget}" \
+    --modes "${DECODE_MODES:-bare,toggled}" \
     --procs "${DECODE_PROCS:-3}" ${BENCH_CPUS:+--cpus "$BENCH_CPUS"} \
     ${DECODE_BUDGET_S:+--budget-s "$DECODE_BUDGET_S"} \
     -- --config "${DECODE_CONFIG:-$ROOT/.device/hybrid-config.json}"
