@@ -27,7 +27,8 @@ Modes (each process started as a user would):
   no_torch_probe       `vramtrace run --no-torch-probe` (driver level only)
   toggled              `vramtrace run`, one process taking three turns per round: `toggled:off`
                        (tensor capture paused, `vramtrace_torch.pause()`), `toggled:on` and
-                       `toggled:history` (paused, PyTorch's recorder on for the turn). Its on and
+                       `toggled:history` (paused, PyTorch's recorder on for the turn; the turns
+                       as bench_turns.py defines them). Its on and
                        history turns are also divided by its off turn of the same round: one
                        process's own speed cancels out of that ratio, which two processes' does
                        not. What the off turn still costs over bare (the tracker called and
@@ -41,7 +42,8 @@ timeout.
 
 Prints each round, then a table: per mode (or turn), its median time, the median of its
 per-round ratio to bare with a 90% bootstrap interval, the range of those ratios, and each of its
-processes' median time; then, for a process taking turns, each turn's ratio to its first turn. Each process's stderr is kept in OUT/MODE-I.err (the probe's stats line,
+processes' median time; then, for a process taking turns, each turn's ratio to its first turn.
+Each process's stderr is kept in OUT/MODE-I.err (the probe's stats line,
 VRAMTRACE_TORCH_PROBE_STATS=1, among it); vramtrace's traces in OUT/MODE-I.
 """
 import argparse

@@ -21,9 +21,8 @@ the turn's mode, so that one process can take turns in several (its own speed, w
 from another process's for its whole life, then cancels out of their ratio):
   go on        as started (the default)
   go off       under `vramtrace run`: tensor capture paused for the generate
-               (`vramtrace_torch.pause()`; the preload and its tracker stay in)
   go history   the same, and PyTorch's recorder on for the generate only
-               (`_record_memory_history(stacks="python")`, then `enabled=None`)
+(bench_turns.py, shared with serve_bench.sh's toggled server, says what each does.)
 --turn-modes lists the modes this process will be asked for; each is warmed up once."""
 import argparse
 import json
@@ -32,6 +31,8 @@ import time
 
 import torch
 import transformers
+
+import bench_turns
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--history", action="store_true")
@@ -74,24 +75,17 @@ with torch.inference_mode():
     model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, **kw)
     torch.cuda.synchronize()
     if a.turns:
-        probe = sys.modules.get("vramtrace_torch")
-
         def turn(mode):
-            if mode not in ("on", "off", "history"):
-                sys.exit(f"decode_bench: unknown turn mode {mode!r}")
-            if mode != "on" and probe is not None:
-                probe.pause(f"decode_bench: a turn {mode}")
-            if mode == "history":
-                torch.cuda.memory._record_memory_history(stacks="python")
+            try:
+                bench_turns.enter(mode, f"decode_bench: a turn {mode}")
+            except ValueError as e:
+                sys.exit(f"decode_bench: {e}")
             t0 = time.perf_counter()
             out = model.generate(ids, attention_mask=mask, max_new_tokens=a.new,
                                  min_new_tokens=a.new, **kw)
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-            if mode == "history":
-                torch.cuda.memory._record_memory_history(enabled=None)
-            if mode != "on" and probe is not None:
-                probe.resume()
+            bench_turns.leave(mode)
             return dt, out
 
         for mode in a.turn_modes.split(","):

@@ -81,13 +81,13 @@ torch.cuda.memory._record_memory_history(stacks="python")
 PY
 } > "$REC/sitecustomize.py"
 
-# The toggled server's switch: a thread that follows $TOG/turn (off, on or history) and
-# acknowledges each change in $TOG/turn.ack.
+# The toggled server's switch: a thread that follows $TOG/turn (off, on or history, as
+# bench_turns.py defines them) and acknowledges each change in $TOG/turn.ack.
 TOG=$W/toggle-site
 mkdir -p "$TOG"
 echo on > "$TOG/turn"
 rm -f "$TOG/turn.ack"
-{ echo "$BASE_SITE"; cat <<'PY'
+{ echo "$BASE_SITE"; echo "VAL = '$VAL'"; cat <<'PY'
 import os
 import sys
 import threading
@@ -95,6 +95,10 @@ import time
 
 import torch
 
+sys.path.insert(0, VAL)
+import bench_turns  # noqa: E402
+
+sys.path.remove(VAL)
 CTL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn")
 
 
@@ -107,15 +111,10 @@ def follow():
         except OSError:
             want = now
         if want != now:
-            probe = sys.modules["vramtrace_torch"]
-            if now == "history":
-                torch.cuda.memory._record_memory_history(enabled=None)
-            if want == "on":
-                probe.resume()
-            else:
-                probe.pause(f"serve_bench: a batch {want}")
-            if want == "history":
-                torch.cuda.memory._record_memory_history(stacks="python")
+            if "vramtrace_torch" not in sys.modules:
+                raise SystemExit("serve_bench: the toggled server has no PyTorch probe to pause")
+            bench_turns.leave(now)
+            bench_turns.enter(want, f"serve_bench: a batch {want}")
             now = want
             with open(CTL + ".ack", "w") as f:
                 f.write(now)

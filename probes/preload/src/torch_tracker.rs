@@ -472,6 +472,8 @@ fn keep_for_check(ptr: u64, size: i64, device: i8) {
 fn record(ptr: u64, size: i64, device: i8) {
     let t = if size > 0 {
         let seen = take_pending(ptr);
+        // What `tensors::record` would decide too, taken here so that a paused allocation
+        // skips the segment's lookup (docs/performance.md, "One codegen unit…").
         if crate::tensors::paused() {
             return;
         }
