@@ -23,23 +23,28 @@
 #              that follows a control file; its on and history batches are also divided by its
 #              off batch of the same round (one server's own speed cancels out of that ratio,
 #              docs/validation.md)
+#   toggled2 ...  more toggled servers, each a process of its own: one server's ratio differs
+#              from another's (medians 0.990 to 1.064 in three calls, docs/validation.md,
+#              2026-12-02, day), so servers are drawn as well as rounds
+# The tables at the end are serve_pool.py's (several calls' serve-bench.tsv pool the same way).
 # SERVE_ARGS are added to every server's command line (as --no-cb-use-cuda-graph: the batches'
 # two speeds are not CUDA graphs, docs/validation.md, 2026-12-02 morning).
 # SERVE_CB_DEBUG=1 turns transformers' own "ContinuousBatchingLogger" to DEBUG in every server
 # (`--log-level` does not reach it: it has its own handler and does not propagate): a line per
 # step, `Scheduled: N, Waiting: W, Active: A. cum Q: q. cum KV: kv, free blocks: f`, whose
-# timestamps give the step times and whose (q, kv) the step's shapes.
-# SERVE_ENV (NAME=VALUE ...) is added to every server's environment. The likeliest cause of the
-# slow batches, from reading transformers 5.17 and PyTorch 2.11 (not yet run): paged SDPA calls
-# torch's scaled_dot_product_attention with a mask, which on sm90 with a recent cuDNN goes to
-# cuDNN first, whose plan cache builds a new plan (tens of ms) for every (query, key) length
-# pair not seen before, each decode step of a batch whose arrival pattern is new meeting new
-# pairs; SERVE_ENV="TORCH_CUDNN_SDPA_DEPRIORITIZED=1" puts cuDNN last, for every mode alike.
-# A batch takes 3 s or 7-10 s, and a slow batch finishes all its 16 requests together
-# (serve_load.py prints when each finished; docs/validation.md, 2026-12-02 morning): the whole
-# batch runs slower, not in waves. So the GPU's SM clock, power and utilisation are sampled
-# every 200 ms during the rounds (nvidia-smi) and each batch's medians printed beside it, with
-# the machine's CPU time by kind over the batch (/proc/stat; steal: the hypervisor's).
+# timestamps give the step times and whose (q, kv) the step's shapes; each batch then prints its
+# steps: their number, the median and 90th-percentile gap between them, and the time in gaps over
+# 100 ms (a slow batch whose steps are all slower, or a few that stall).
+# SERVE_ENV (NAME=VALUE ...) is added to every server's environment; by default
+# TORCH_CUDNN_SDPA_DEPRIORITIZED=1 (SERVE_ENV= for none). Paged SDPA calls torch's
+# scaled_dot_product_attention with a mask, which on sm90 with a recent cuDNN goes to cuDNN
+# first, whose plan cache builds a plan for every (query, key) length pair not seen before. With
+# cuDNN first, 15 of the morning's 68 batches (and a fresh server's first ones) took 2.5 times as
+# long, in every mode; with it last, none of 288 did (docs/validation.md, 2026-12-02, day). A
+# slow batch finished all its 16 requests together (serve_load.py prints when each finished):
+# the whole batch ran slower, not in waves. The GPU's SM clock, power and utilisation are
+# sampled every 200 ms during the rounds (nvidia-smi) and each batch's medians printed beside
+# it, with the machine's CPU time by kind over the batch (/proc/stat; steal: the hypervisor's).
 # With BENCH_CPUS (as 2-9) every server runs on those CPUs (only one works at a time) and the
 # client on CLIENT_CPUS (as 10-15): unpinned, a process the scheduler placed on a slower core
 # stays slower for rounds (docs/validation.md, 2026-12-02).
@@ -81,13 +86,14 @@ torch.cuda.memory._record_memory_history(stacks="python")
 PY
 } > "$REC/sitecustomize.py"
 
-# The toggled server's switch: a thread that follows $TOG/turn (off, on or history, as
-# bench_turns.py defines them) and acknowledges each change in $TOG/turn.ack.
-TOG=$W/toggle-site
-mkdir -p "$TOG"
-echo on > "$TOG/turn"
-rm -f "$TOG/turn.ack"
-{ echo "$BASE_SITE"; echo "VAL = '$VAL'"; cat <<'PY'
+# A toggled server's switch: a thread of its sitecustomize that follows the file `turn` beside
+# it (off, on or history, as bench_turns.py defines them) and acknowledges each change in
+# `turn.ack`. Each toggled server (toggled, toggled2, ...) has a directory of its own.
+TOG_SITE=$(cat <<PYHEAD
+$BASE_SITE
+VAL = '$VAL'
+PYHEAD
+cat <<'PY'
 import os
 import sys
 import threading
@@ -123,15 +129,17 @@ def follow():
 
 threading.Thread(target=follow, daemon=True, name="serve_bench toggle").start()
 PY
-} > "$TOG/sitecustomize.py"
-turn() { # off|on|history: switch the toggled server and wait for its acknowledgement
-  echo "$1" > "$TOG/turn"
+)
+tog_dir() { echo "$W/toggle-site-$1"; } # MODE: where that toggled server's sitecustomize is
+turn() { # MODE off|on|history: switch that toggled server and wait for its acknowledgement
+  local d; d=$(tog_dir "$1")
+  echo "$2" > "$d/turn"
   for _ in $(seq 500); do
-    [ "$(cat "$TOG/turn.ack" 2>/dev/null)" = "$1" ] && return 0
-    [ "$1" = on ] && [ ! -f "$TOG/turn.ack" ] && return 0
+    [ "$(cat "$d/turn.ack" 2>/dev/null)" = "$2" ] && return 0
+    [ "$2" = on ] && [ ! -f "$d/turn.ack" ] && return 0
     sleep 0.02
   done
-  echo "serve_bench: the toggled server did not switch to $1"; return 1
+  echo "serve_bench: the $1 server did not switch to $2"; return 1
 }
 
 gpu_during() { # T0 T1 (seconds since the epoch): the GPU's median SM clock, power, use between them
@@ -167,6 +175,30 @@ print(f"user {user + nice:.0f}%, system {system + irq + softirq:.0f}%, idle {idl
 PY
 }
 
+steps_during() { # LOG T0 T1: transformers' step lines (SERVE_CB_DEBUG=1) between T0 and T1, timed
+  python3 - "$1" "$2" "$3" <<'PY'
+import datetime, statistics, sys
+t0, t1 = float(sys.argv[2]), float(sys.argv[3])
+ts = []
+for line in open(sys.argv[1], errors="replace"):
+    if "Scheduled: " not in line:
+        continue
+    try:  # logging's asctime: "2026-12-02 06:55:01,123"
+        t = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        continue
+    if t0 <= t <= t1:
+        ts.append(t)
+gaps = [1000 * (b - a) for a, b in zip(ts, ts[1:])]
+if len(gaps) > 1:
+    q = statistics.quantiles(gaps, n=10, method="inclusive")
+    print(f"{len(ts)} steps, gap median {statistics.median(gaps):.1f} ms, p90 {q[-1]:.1f} ms, "
+          f"max {max(gaps):.0f} ms, {sum(g for g in gaps if g > 100) / 1000:.2f} s in gaps over 100 ms")
+else:
+    print("no steps logged")
+PY
+}
+
 declare -A port pid
 pin=(); client=(python3)
 [ -n "${BENCH_CPUS:-}" ] && pin=(taskset -c "$BENCH_CPUS")
@@ -182,10 +214,13 @@ for mode in "${MODES[@]}"; do
     recorder) env=(PYTHONPATH=$REC${PYTHONPATH:+:$PYTHONPATH}) ;;
     vramtrace) pre=("$VT" run --quiet --out "$d" --) ;;
     noprobe) pre=("$VT" run --quiet --no-torch-probe --out "$d" --) ;;
-    toggled) pre=("$VT" run --quiet --out "$d" --); env=(PYTHONPATH=$TOG${PYTHONPATH:+:$PYTHONPATH}) ;;
+    toggled*)
+      tog=$(tog_dir "$mode"); rm -rf "$tog"; mkdir -p "$tog"
+      echo "$TOG_SITE" > "$tog/sitecustomize.py"; echo on > "$tog/turn"
+      pre=("$VT" run --quiet --out "$d" --); env=(PYTHONPATH=$tog${PYTHONPATH:+:$PYTHONPATH}) ;;
     *) echo "serve_bench: unknown mode $mode"; exit 1 ;;
   esac
-  env "${env[@]}" ${SERVE_ENV:-} VRAMTRACE_TORCH_PROBE_STATS=1 "${pin[@]}" "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
+  env "${env[@]}" ${SERVE_ENV-TORCH_CUDNN_SDPA_DEPRIORITIZED=1} VRAMTRACE_TORCH_PROBE_STATS=1 "${pin[@]}" "${pre[@]}" "$TF" serve "$M" --port "${port[$mode]}" \
     --continuous-batching --cb-max-memory-percent "${CB_MEM:-0.15}" ${SERVE_ARGS:-} > "$W/serve-bench-$mode.log" 2>&1 &
   pid[$mode]=$!
 done
@@ -202,10 +237,10 @@ for mode in "${MODES[@]}"; do
 done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
 rm -f "$W/serve-bench.tsv"
-# A slot: a mode's batch, or one of the toggled server's three.
+# A slot: a mode's batch, or one of a toggled server's three.
 SLOTS=()
 for mode in "${MODES[@]}"; do
-  if [ "$mode" = toggled ]; then SLOTS+=(toggled:off toggled:on toggled:history); else SLOTS+=("$mode"); fi
+  case $mode in toggled*) SLOTS+=("$mode:off" "$mode:on" "$mode:history") ;; *) SLOTS+=("$mode") ;; esac
 done
 n=${#SLOTS[@]}
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv,noheader,nounits \
@@ -215,11 +250,13 @@ for r in $(seq 1 "$ROUNDS"); do
   for k in $(seq 0 $((n - 1))); do
     slot=${SLOTS[$(((k + r - 1) % n))]}
     mode=${slot%%:*}
-    [ "$mode" = toggled ] && { turn "${slot#toggled:}" || break 2; }
+    case $slot in toggled*) turn "$mode" "${slot#*:}" || break 2 ;; esac
     t0=$(date +%s.%N); cpu0=$(head -1 /proc/stat)
     line=$("${client[@]}" "$VAL/serve_load.py" "${port[$mode]}" "$M" --requests 16 --prompt-tokens 1500 \
       --max-tokens 96 --wait 10 --tag $((tag++)) | grep round)
-    echo "round $r $slot: $line; GPU $(gpu_during "$t0" "$(date +%s.%N)"); CPUs $(cpu_during "$cpu0" "$(head -1 /proc/stat)")"
+    t1=$(date +%s.%N)
+    echo "round $r $slot: $line; GPU $(gpu_during "$t0" "$t1"); CPUs $(cpu_during "$cpu0" "$(head -1 /proc/stat)")"
+    [ "$SERVE_CB_DEBUG" = 1 ] && echo "  steps: $(steps_during "$W/serve-bench-$mode.log" "$t0" "$t1")"
     t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
     case "$line" in *" 0 failed"*) ;; *) t="" ;; esac
     echo "$slot $r ${t:-nan}" >> "$W/serve-bench.tsv"
@@ -230,68 +267,9 @@ for mode in "${MODES[@]}"; do kill -INT "${pid[$mode]}" 2>/dev/null; done
 sleep 5
 for mode in "${MODES[@]}"; do kill -KILL "${pid[$mode]}" 2>/dev/null; wait "${pid[$mode]}" 2>/dev/null; done
 pkill -KILL -f "transformers serve" 2>/dev/null
-python3 - "$W/serve-bench.tsv" <<'PY'
-import collections, math, statistics, sys
-t = collections.defaultdict(dict)
-for line in open(sys.argv[1]):
-    mode, r, s = line.split()
-    t[mode][int(r)] = float(s)
-bare = t.get("bare", {})
-print(f"\nseconds per batch of 16; ratio: the mode over bare of the same round")
-print("| mode | each round (s) | median (s) | median ratio | ratio range |")
-print("| --- | --- | ---: | ---: | --- |")
-for m, byround in t.items():
-    v = [byround[r] for r in sorted(byround)]
-    ok = [x for x in v if not math.isnan(x)]
-    ratios = [byround[r] / bare[r] for r in sorted(byround)
-              if r in bare and not math.isnan(byround[r]) and not math.isnan(bare[r])]
-    rs = (f"{statistics.median(ratios):.3f} | {min(ratios):.3f} – {max(ratios):.3f}"
-          if ratios else "? | ?")
-    print(f"| {m} | {', '.join(f'{x:.3f}' for x in v)} | "
-          f"{statistics.median(ok) if ok else float('nan'):.3f} | {rs} |")
-off = t.get("toggled:off")
-
-
-def over_paused(m, keep):
-    """The toggled server's turn `m` over its paused batch, in each round where `keep(turn's
-    time, paused's time)`."""
-    return [t[m][r] / off[r] for r in sorted(t.get(m, {})) if r in off and keep(t[m][r], off[r])]
-
-
-if off:
-    print("\nthe toggled server's batches over its paused batch of the same round")
-    print("| turn | each round | median ratio | rounds below 1 |")
-    print("| --- | --- | ---: | ---: |")
-    for m in ("toggled:on", "toggled:history"):
-        ratios = over_paused(m, lambda a, b: not (math.isnan(a) or math.isnan(b)))
-        if ratios:
-            print(f"| {m} | {', '.join(f'{x:.3f}' for x in ratios)} | "
-                  f"{statistics.median(ratios):.3f} | {sum(x < 1 for x in ratios)}/{len(ratios)} |")
-# A batch takes about 3 s or 2.5 times that, in every mode (docs/validation.md, 2026-12-02
-# morning): a batch over 1.5 times the median of all the call's batches counts as slow, and the
-# fast ones are compared apart.
-every = [x for byround in t.values() for x in byround.values() if not math.isnan(x)]
-if every:
-    cut = 1.5 * statistics.median(every)
-    print(f"\nthe fast batches (under {cut:.2f} s, 1.5 times the median of all batches)")
-    print("| mode | fast batches | median (s) | range (s) |")
-    print("| --- | ---: | ---: | --- |")
-    for m, byround in t.items():
-        fast = [x for x in byround.values() if x < cut]
-        if fast:
-            print(f"| {m} | {len(fast)} of {len(byround)} | {statistics.median(fast):.3f} | "
-                  f"{min(fast):.3f} – {max(fast):.3f} |")
-    if off:
-        print("\nthe toggled server, rounds whose two batches were both fast")
-        print("| turn | rounds | median ratio to paused | rounds below 1 |")
-        print("| --- | ---: | ---: | ---: |")
-        for m in ("toggled:on", "toggled:history"):
-            ratios = over_paused(m, lambda a, b: a < cut and b < cut)
-            if ratios:
-                print(f"| {m} | {len(ratios)} | {statistics.median(ratios):.3f} | "
-                      f"{sum(x < 1 for x in ratios)}/{len(ratios)} |")
-PY
-for mode in vramtrace toggled; do
+python3 "$VAL/serve_pool.py" --rounds "$W/serve-bench.tsv"
+for mode in "${MODES[@]}"; do
+  [ "$mode" = vramtrace ] || [[ "$mode" = toggled* ]] || continue
   [ -f "$W/serve-bench-$mode.log" ] && grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W/serve-bench-$mode.log" | tail -3
 done
 for mode in "${MODES[@]}"; do

@@ -1,0 +1,96 @@
+"""Pools the rounds of several serve_bench.sh calls (their serve-bench.tsv files) into one table
+per ratio: each ratio is taken within a round of one call, then the rounds of every call are
+pooled, with the median, a 90% bootstrap interval of the median, and the rounds below 1.
+
+  python3 serve_pool.py [--rounds] CALL.tsv [CALL.tsv ...]
+
+--rounds also prints each slot's seconds, round by round, call by call.
+
+Ratios (where the call has both batches), for each toggled server T (toggled, toggled2, ...):
+  T:on / T:off        what recording costs, within one server (docs/validation.md)
+  T:history / T:off   what PyTorch's recorder costs, within the same server
+  T:on / T:history    vramtrace against the recorder, the same server and round
+  SLOT / bare         every other slot's batch over the bare server's, across processes (the
+                      few percent that two identical servers differ by is inside these)
+Several toggled servers' turns are also pooled together, under "toggled*".
+"""
+
+import collections
+import math
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_alternate import median_interval  # noqa: E402
+
+
+FAILED = collections.Counter()
+
+
+def read(path):
+    """{slot: {round: seconds}} of one call; a failed batch (nan) is left out, and counted."""
+    t = collections.defaultdict(dict)
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            parts = line.split()
+            if len(parts) != 3:
+                sys.exit(f"serve_pool: {path}:{n}: expected 'SLOT ROUND SECONDS', got {line!r}")
+            slot, r, s = parts[0], int(parts[1]), float(parts[2])
+            if math.isnan(s):
+                FAILED[slot] += 1
+            else:
+                t[slot][r] = s
+    return t
+
+
+def main():
+    args = sys.argv[1:]
+    rounds = "--rounds" in args
+    paths = [a for a in args if a != "--rounds"]
+    if not paths or "-h" in args or "--help" in args:
+        print(__doc__)
+        sys.exit(0 if paths else 2)
+    calls = [read(p) for p in paths]
+    if rounds:
+        print("seconds per batch of 16, each round")
+        print("| call | slot | each round (s) |")
+        print("| --- | --- | --- |")
+        for n, t in enumerate(calls, 1):
+            for slot in sorted(t, key=lambda x: (x != "bare", x)):
+                v = ", ".join(f"{t[slot][r]:.3f}" for r in sorted(t[slot]))
+                print(f"| {n} | {slot} | {v} |")
+        print()
+    togs = sorted({s.split(":")[0] for t in calls for s in t if s.endswith(":off")})
+    turns = [("on", "off"), ("history", "off"), ("on", "history")]
+    pairs = [([f"{g}:{a}"], [f"{g}:{b}"]) for g in togs for a, b in turns]
+    if len(togs) > 1:
+        pairs += [([f"{g}:{a}" for g in togs], [f"{g}:{b}" for g in togs]) for a, b in turns]
+    slots = sorted({s for t in calls for s in t} - {"bare"})
+    pairs += [([s], ["bare"]) for s in slots]
+    print(f"{len(calls)} call(s) pooled; each ratio within a round of one call")
+    print("| ratio | rounds | median | 90% interval | rounds below 1 |")
+    print("| --- | ---: | ---: | --- | ---: |")
+    for nums, dens in pairs:
+        ratios = [t[num][r] / t[den][r] for t in calls for num, den in zip(nums, dens)
+                  for r in sorted(t.get(num, {})) if r in t.get(den, {})]
+        if len(ratios) < 2:
+            continue
+        lo, hi = median_interval(ratios)
+        name = (f"{nums[0]} / {dens[0]}" if len(nums) == 1 else
+                f"toggled*:{nums[0].split(':')[1]} / toggled*:{dens[0].split(':')[1]}")
+        print(f"| {name} | {len(ratios)} | {statistics.median(ratios):.3f} | "
+              f"{lo:.3f} – {hi:.3f} | {sum(x < 1 for x in ratios)} / {len(ratios)} |")
+    print("\nseconds per batch, every call")
+    print("| slot | batches | median (s) | range (s) |")
+    print("| --- | ---: | ---: | --- |")
+    for s in ["bare"] + slots:
+        v = [x for t in calls for x in t.get(s, {}).values()]
+        if v:
+            print(f"| {s} | {len(v)} | {statistics.median(v):.3f} | {min(v):.3f} – {max(v):.3f} |")
+    for s, n in sorted(FAILED.items()):
+        print(f"{s}: {n} batch(es) had a failed request and are left out")
+
+
+if __name__ == "__main__":
+    main()
