@@ -6,14 +6,15 @@
 # torch_capture.sh does) under `valgrind --tool=cachegrind`, with EVICT_BYTES (6000000) copied
 # between the allocator's calls, so that each tensor finds the caches as a model's work leaves
 # them (the simulated last level is 2 MiB, so nothing of the recorder's stays between two
-# tensors), LIVE_TENSORS (200) kept live and DEPTH (24) Python frames down. Each preload runs twice, N1 (200) and N2 (600) tensors, and
-# the difference divided by N2 - N1 is the figure per tensor, the start-up's cost cancelled.
+# tensors), LIVE_TENSORS (200) kept live and DEPTH (24) Python frames down. Each preload runs
+# twice, N1 (200) and N2 (600) tensors, and the difference divided by N2 - N1 is the figure per
+# tensor, the start-up's cost cancelled.
 # Counted: everything in Rust source (the preload is this process's only Rust), per tensor:
 # instructions, first-level instruction and data misses (read, write) and last-level misses.
 # Prints a table, one row per preload, then the functions with the most first-level misses per
-# tensor (data, instructions) for the first. Under valgrind the clock runs some fifty times
-# slower, so the clock's anchor (`clock::anchor`, once per 2 ms) is taken far more often than
-# in a real run: read its row apart. docs/performance.md, "Cold caches".
+# tensor (data, instructions) for the first, and those with the most instructions. Under valgrind
+# the clock runs some fifty times slower, so the clock's anchor (`clock::anchor`, once per 2 ms) is
+# taken far more often than in a real run: read its row apart. docs/performance.md, "Cold caches".
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 command -v valgrind >/dev/null || { echo "torch_cachegrind: needs valgrind (apt-get install valgrind)"; exit 1; }
@@ -91,4 +92,7 @@ print(f"\nthe functions with the most first-level misses per tensor ({so}): data
 miss = lambda v: v[ix['D1mr']] + v[ix['D1mw']] + v[ix['I1mr']]
 for f, v in sorted(per.items(), key=lambda kv: -miss(kv[1]))[:12]:
     print(f"  {v[ix['D1mr']] + v[ix['D1mw']]:6.1f} {v[ix['I1mr']]:6.1f}  {f[:100]}")
+print(f"\nthe functions with the most instructions per tensor ({so})")
+for f, v in sorted(per.items(), key=lambda kv: -kv[1][ix['Ir']])[:12]:
+    print(f"  {v[ix['Ir']]:7.0f}  {f[:100]}")
 PY
