@@ -50,7 +50,9 @@
 # stays slower for rounds (docs/validation.md, 2026-12-02).
 # Usage (on the GPU machine, after scripts/validate/prepare.sh here):
 #   bash scripts/validate/serve_bench.sh [ROUNDS]       (default 6; WORK= as h200.sh)
-# Prints each batch, a table, and the vramtrace server's probe line; keeps its trace in
+# Prints each batch, serve_pool.py's tables and, with SERVE_CB_DEBUG=1, each recording server's
+# tensors a step (its trace's blocks over the steps it took while recording: what a step's cost
+# is divided by to give a cost per tensor); keeps the vramtrace server's trace in
 # $W/serve-bench-vt.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -232,8 +234,18 @@ warm() { # MODE
   "${client[@]}" "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
     --rounds "${WARMUP_BATCHES:-2}" --wait 10 --tag $((tag++)) | sed "s/^/  $m warm-up: /"
 }
+# The steps each server took while it recorded tensors (its warm-up, then its vramtrace or
+# toggled:on batches), for the tensors a step at the end.
+declare -A onsteps
+count_steps() { # MODE T0 T1: add the server's logged steps between T0 and T1 to onsteps[MODE]
+  [ "$SERVE_CB_DEBUG" = 1 ] || return 0
+  local s; s=$(steps_during "$W/serve-bench-$1.log" "$2" "$3")
+  case $s in *" steps,"*) onsteps[$1]=$(( ${onsteps[$1]:-0} + ${s%% steps,*} )) ;; esac
+}
 for mode in "${MODES[@]}"; do
+  t0=$(date +%s.%N)
   warm "$mode" || { echo "serve_bench: the $mode server did not serve (log: $W/serve-bench-$mode.log)"; tail -5 "$W/serve-bench-$mode.log"; }
+  case $mode in vramtrace|toggled*) count_steps "$mode" "$t0" "$(date +%s.%N)" ;; esac
 done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
 rm -f "$W/serve-bench.tsv"
@@ -257,6 +269,7 @@ for r in $(seq 1 "$ROUNDS"); do
     t1=$(date +%s.%N)
     echo "round $r $slot: $line; GPU $(gpu_during "$t0" "$t1"); CPUs $(cpu_during "$cpu0" "$(head -1 /proc/stat)")"
     [ "$SERVE_CB_DEBUG" = 1 ] && echo "  steps: $(steps_during "$W/serve-bench-$mode.log" "$t0" "$t1")"
+    case $slot in vramtrace|*:on) count_steps "$mode" "$t0" "$t1" ;; esac
     t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
     case "$line" in *" 0 failed"*) ;; *) t="" ;; esac
     echo "$slot $r ${t:-nan}" >> "$W/serve-bench.tsv"
@@ -274,6 +287,16 @@ for mode in "${MODES[@]}"; do
 done
 for mode in "${MODES[@]}"; do
   echo "$mode: steps logged (SERVE_CB_DEBUG=1): $(grep -c "Scheduled: " "$W/serve-bench-$mode.log")"
+done
+# Tensors a step, from the trace: every block the caching allocator handed out while the server
+# recorded, over the steps it took then (an upper bound: its start-up's blocks are among them).
+for mode in "${!onsteps[@]}"; do
+  [ -d "$W/serve-bench-$mode" ] && [ "${onsteps[$mode]}" -gt 0 ] || continue
+  n=$("$VT" summary "$W/serve-bench-$mode" 2>/dev/null |
+    sed -n "s/.*tensors (PyTorch's caching allocator.*): \([0-9]*\) allocations.*/\1/p" |
+    awk '{s += $1} END {print s + 0}')
+  echo "$mode: $n tensors handed out while recording, over ${onsteps[$mode]} steps:" \
+    "$((n / onsteps[$mode])) a step (at most)"
 done
 [ -d "$W/serve-bench-vramtrace" ] && rm -rf "$W/serve-bench-vt" && cp -r "$W/serve-bench-vramtrace" "$W/serve-bench-vt"
 true
