@@ -28,12 +28,12 @@ Modes (each process started as a user would):
   toggled              `vramtrace run`, one process taking three turns per round: `toggled:off`
                        (tensor capture paused, `vramtrace_torch.pause()`), `toggled:on` and
                        `toggled:history` (paused, PyTorch's recorder on for the turn; the turns
-                       as bench_turns.py defines them). Its on and
-                       history turns are also divided by its off turn of the same round: one
-                       process's own speed cancels out of that ratio, which two processes' does
-                       not. What the off turn still costs over bare (the tracker called and
-                       returning, the report passed on, a release looked up in the live-tensor
-                       table) is measured on the stand-in by bench_tensors.py (docs/performance.md)
+                       as bench_turns.py defines them). Its on and history turns are also
+                       divided by its off turn of the same round: one process's own speed
+                       cancels out of that ratio, which two processes' does not. What the off
+                       turn still costs over bare (the tracker called and returning, the report
+                       passed on, a release looked up in the live-tensor table) is measured on
+                       the stand-in by bench_tensors.py (docs/performance.md)
 
 With --cpus every process runs on the same CPUs (only one works at a time): unpinned, a second
 bare process ran 0.53-1.51 times the first's time in the same round; pinned, 0.80-1.19.

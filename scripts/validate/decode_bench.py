@@ -22,7 +22,8 @@ from another process's for its whole life, then cancels out of their ratio):
   go on        as started (the default)
   go off       under `vramtrace run`: tensor capture paused for the generate
   go history   the same, and PyTorch's recorder on for the generate only
-(bench_turns.py, shared with serve_bench.sh's toggled server, says what each does.)
+               (bench_turns.py, shared with serve_bench.sh's toggled server, says what each
+               does)
 --turn-modes lists the modes this process will be asked for; each is warmed up once."""
 import argparse
 import json

@@ -234,18 +234,19 @@ warm() { # MODE
   "${client[@]}" "$VAL/serve_load.py" "${port[$m]}" "$M" --requests 16 --prompt-tokens 1500 --max-tokens 96 \
     --rounds "${WARMUP_BATCHES:-2}" --wait 10 --tag $((tag++)) | sed "s/^/  $m warm-up: /"
 }
-# The steps each server took while it recorded tensors (its warm-up, then its vramtrace or
-# toggled:on batches), for the tensors a step at the end.
+records() { case $1 in vramtrace|toggled*) return 0 ;; esac; return 1; } # MODE: a recording server
+# The steps each recording server took while it recorded tensors (its warm-up, then its
+# vramtrace or toggled:on batches), for the tensors a step at the end.
 declare -A onsteps
-count_steps() { # MODE T0 T1: add the server's logged steps between T0 and T1 to onsteps[MODE]
-  [ "$SERVE_CB_DEBUG" = 1 ] || return 0
-  local s; s=$(steps_during "$W/serve-bench-$1.log" "$2" "$3")
-  case $s in *" steps,"*) onsteps[$1]=$(( ${onsteps[$1]:-0} + ${s%% steps,*} )) ;; esac
+add_steps() { # MODE STEPS (a line of steps_during): add its steps to onsteps[MODE]
+  case $2 in *" steps,"*) onsteps[$1]=$(( ${onsteps[$1]:-0} + ${2%% steps,*} )) ;; esac
 }
 for mode in "${MODES[@]}"; do
   t0=$(date +%s.%N)
   warm "$mode" || { echo "serve_bench: the $mode server did not serve (log: $W/serve-bench-$mode.log)"; tail -5 "$W/serve-bench-$mode.log"; }
-  case $mode in vramtrace|toggled*) count_steps "$mode" "$t0" "$(date +%s.%N)" ;; esac
+  if [ "$SERVE_CB_DEBUG" = 1 ] && records "$mode"; then
+    add_steps "$mode" "$(steps_during "$W/serve-bench-$mode.log" "$t0" "$(date +%s.%N)")"
+  fi
 done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
 rm -f "$W/serve-bench.tsv"
@@ -268,8 +269,11 @@ for r in $(seq 1 "$ROUNDS"); do
       --max-tokens 96 --wait 10 --tag $((tag++)) | grep round)
     t1=$(date +%s.%N)
     echo "round $r $slot: $line; GPU $(gpu_during "$t0" "$t1"); CPUs $(cpu_during "$cpu0" "$(head -1 /proc/stat)")"
-    [ "$SERVE_CB_DEBUG" = 1 ] && echo "  steps: $(steps_during "$W/serve-bench-$mode.log" "$t0" "$t1")"
-    case $slot in vramtrace|*:on) count_steps "$mode" "$t0" "$t1" ;; esac
+    if [ "$SERVE_CB_DEBUG" = 1 ]; then
+      steps=$(steps_during "$W/serve-bench-$mode.log" "$t0" "$t1")
+      echo "  steps: $steps"
+      case $slot in vramtrace|*:on) add_steps "$mode" "$steps" ;; esac
+    fi
     t=$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s.*/\1/p')
     case "$line" in *" 0 failed"*) ;; *) t="" ;; esac
     echo "$slot $r ${t:-nan}" >> "$W/serve-bench.tsv"
@@ -282,7 +286,7 @@ for mode in "${MODES[@]}"; do kill -KILL "${pid[$mode]}" 2>/dev/null; wait "${pi
 pkill -KILL -f "transformers serve" 2>/dev/null
 python3 "$VAL/serve_pool.py" --rounds "$W/serve-bench.tsv"
 for mode in "${MODES[@]}"; do
-  [ "$mode" = vramtrace ] || [[ "$mode" = toggled* ]] || continue
+  records "$mode" || continue
   [ -f "$W/serve-bench-$mode.log" ] && grep -h "torch probe\|VRAMTRACE_TORCH_PROBE_STATS" "$W/serve-bench-$mode.log" | tail -3
 done
 for mode in "${MODES[@]}"; do

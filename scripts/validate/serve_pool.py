@@ -4,8 +4,6 @@ pooled, with the median, a 90% bootstrap interval of the median, and the rounds 
 
   python3 serve_pool.py [--rounds] CALL.tsv [CALL.tsv ...]
 
---rounds also prints each slot's seconds, round by round, call by call.
-
 Ratios (where the call has both batches), for each toggled server T (toggled, toggled2, ...):
   T:on / T:off        what recording costs, within one server (docs/validation.md)
   T:history / T:off   what PyTorch's recorder costs, within the same server
@@ -15,6 +13,7 @@ Ratios (where the call has both batches), for each toggled server T (toggled, to
 Several toggled servers' turns are also pooled together, under "toggled*".
 """
 
+import argparse
 import collections
 import math
 import os
@@ -33,10 +32,11 @@ def read(path):
     t = collections.defaultdict(dict)
     with open(path) as f:
         for n, line in enumerate(f, 1):
-            parts = line.split()
-            if len(parts) != 3:
+            try:
+                slot, r, s = line.split()
+                r, s = int(r), float(s)
+            except ValueError:
                 sys.exit(f"serve_pool: {path}:{n}: expected 'SLOT ROUND SECONDS', got {line!r}")
-            slot, r, s = parts[0], int(parts[1]), float(parts[2])
             if math.isnan(s):
                 FAILED[slot] += 1
             else:
@@ -45,14 +45,15 @@ def read(path):
 
 
 def main():
-    args = sys.argv[1:]
-    rounds = "--rounds" in args
-    paths = [a for a in args if a != "--rounds"]
-    if not paths or "-h" in args or "--help" in args:
-        print(__doc__)
-        sys.exit(0 if paths else 2)
-    calls = [read(p) for p in paths]
-    if rounds:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("--rounds", action="store_true",
+                    help="also print each slot's seconds, round by round, call by call")
+    ap.add_argument("tsv", nargs="+", help="a serve_bench.sh call's serve-bench.tsv")
+    a = ap.parse_args()
+    calls = [read(p) for p in a.tsv]
+    if a.rounds:
         print("seconds per batch of 16, each round")
         print("| call | slot | each round (s) |")
         print("| --- | --- | --- |")
@@ -63,22 +64,22 @@ def main():
         print()
     togs = sorted({s.split(":")[0] for t in calls for s in t if s.endswith(":off")})
     turns = [("on", "off"), ("history", "off"), ("on", "history")]
-    pairs = [([f"{g}:{a}"], [f"{g}:{b}"]) for g in togs for a, b in turns]
+    # (label, numerator slots, denominator slots): a ratio pools the rounds of each pair.
+    pairs = [(f"{g}:{x} / {g}:{y}", [f"{g}:{x}"], [f"{g}:{y}"]) for g in togs for x, y in turns]
     if len(togs) > 1:
-        pairs += [([f"{g}:{a}" for g in togs], [f"{g}:{b}" for g in togs]) for a, b in turns]
+        pairs += [(f"toggled*:{x} / toggled*:{y}", [f"{g}:{x}" for g in togs],
+                   [f"{g}:{y}" for g in togs]) for x, y in turns]
     slots = sorted({s for t in calls for s in t} - {"bare"})
-    pairs += [([s], ["bare"]) for s in slots]
+    pairs += [(f"{s} / bare", [s], ["bare"]) for s in slots]
     print(f"{len(calls)} call(s) pooled; each ratio within a round of one call")
     print("| ratio | rounds | median | 90% interval | rounds below 1 |")
     print("| --- | ---: | ---: | --- | ---: |")
-    for nums, dens in pairs:
+    for name, nums, dens in pairs:
         ratios = [t[num][r] / t[den][r] for t in calls for num, den in zip(nums, dens)
                   for r in sorted(t.get(num, {})) if r in t.get(den, {})]
         if len(ratios) < 2:
             continue
         lo, hi = median_interval(ratios)
-        name = (f"{nums[0]} / {dens[0]}" if len(nums) == 1 else
-                f"toggled*:{nums[0].split(':')[1]} / toggled*:{dens[0].split(':')[1]}")
         print(f"| {name} | {len(ratios)} | {statistics.median(ratios):.3f} | "
               f"{lo:.3f} – {hi:.3f} | {sum(x < 1 for x in ratios)} / {len(ratios)} |")
     print("\nseconds per batch, every call")
