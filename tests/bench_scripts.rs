@@ -6,15 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use vramtrace_testkit::{describe, scratch};
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python_runs() -> bool {
-    Command::new("python3")
-        .args(["-c", "pass"])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 fn serve_pool(args: &[&Path]) -> Output {
@@ -26,26 +21,13 @@ fn serve_pool(args: &[&Path]) -> Output {
 }
 
 fn stdout(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "serve_pool.py failed:\n{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "serve_pool.py failed: {}", describe(o));
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vramtrace-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 #[test]
 fn serve_pool_gives_the_documented_serve_table() {
-    if !python_runs() {
-        vramtrace_testkit::skip("VRAMTRACE_TEST_REQUIRE_PYTHON", "python3 does not run here");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let dir = root().join("samples/h200/serve-turns");
@@ -66,8 +48,7 @@ fn serve_pool_gives_the_documented_serve_table() {
 
 #[test]
 fn serve_pool_pools_toggled_servers_and_leaves_failed_batches_out() {
-    if !python_runs() {
-        vramtrace_testkit::skip("VRAMTRACE_TEST_REQUIRE_PYTHON", "python3 does not run here");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let d = scratch("serve-pool");

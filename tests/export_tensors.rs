@@ -55,13 +55,6 @@ fn export(trace: &Path, out: &Path, extra: &[&str]) {
     ok(&args);
 }
 
-fn python_runs() -> bool {
-    Command::new("python3")
-        .args(["-c", "pass"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn equal(ours: &Path, theirs: &Path) -> String {
     let o = Command::new("python3")
         .arg(script())
@@ -271,8 +264,7 @@ fn the_whole_run_exports_every_tensor_and_segment() {
 /// python3 (standard library only; CI sets `VRAMTRACE_TEST_REQUIRE_PYTHON=1`).
 #[test]
 fn snapshot_equal_finds_the_same_picture_as_pytorchs_own() {
-    if !python_runs() {
-        vramtrace_testkit::skip("VRAMTRACE_TEST_REQUIRE_PYTHON", "python3 does not run here");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let dir = scratch("export-tensors-python");

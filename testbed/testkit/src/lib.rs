@@ -150,6 +150,19 @@ pub fn skip(require: &str, why: &str) {
     );
 }
 
+/// Whether `python3` runs here; when it does not, the test is skipped with [`skip`] under
+/// `VRAMTRACE_TEST_REQUIRE_PYTHON` (which CI sets), and the caller returns.
+pub fn python3_or_skip() -> bool {
+    let runs = Command::new("python3")
+        .args(["-c", "pass"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !runs {
+        skip("VRAMTRACE_TEST_REQUIRE_PYTHON", "python3 does not run here");
+    }
+    runs
+}
+
 /// Whether a snapshot test should rewrite its expected file: `var` (`UPDATE_SNAPSHOTS`,
 /// `VRAMTRACE_BLESS`) is set. Under CI (`CI` set to anything but `false` or `0`) a test never
 /// rewrites what it checks against: it fails instead, so a set variable cannot make CI pass.
