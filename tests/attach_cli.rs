@@ -505,13 +505,7 @@ fn the_watchdog_restores_a_target_whose_vramtrace_was_killed_at_each_step() {
 
 #[test]
 fn attach_to_python_records_its_lines_and_starts_the_probe_in_the_interpreter() {
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .is_err()
-    {
-        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/attach_loop.py");
@@ -624,13 +618,7 @@ fn live_attach_shows_the_view_and_detaches_on_quit() {
 
 #[test]
 fn attach_to_python_seeds_pytorchs_state_at_attach_marked_before_attach() {
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .is_err()
-    {
-        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/attach_loop.py");
@@ -1082,22 +1070,9 @@ fn attach_to_torch_and_check(torch_dir: &Path, name: &str, native: bool) {
     );
 }
 
-fn have_python() -> bool {
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .is_err()
-    {
-        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
-        return false;
-    }
-    true
-}
-
 #[test]
 fn attach_to_torch_names_the_state_at_attach_and_detach_turns_the_probe_off() {
-    if !have_python() {
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     // The stand-in torch without a libc10: the probe records through its callbacks.
@@ -1155,7 +1130,7 @@ fn fake_torch_with_c10(name: &str) -> Option<std::path::PathBuf> {
 
 #[test]
 fn attach_to_torch_hooks_its_report_in_place_and_captures_natively() {
-    if !have_python() {
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let Some(dir) = fake_torch_with_c10("attach-torch-native-lib") else {
@@ -1166,13 +1141,7 @@ fn attach_to_torch_hooks_its_report_in_place_and_captures_natively() {
 
 #[test]
 fn detach_says_when_the_interpreter_does_not_run_the_probes_deactivation_in_time() {
-    if Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .is_err()
-    {
-        vramtrace_testkit::skip("VRAMTRACE_REQUIRE_PYTHON", "no python3 on PATH");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

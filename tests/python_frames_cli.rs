@@ -16,13 +16,7 @@ fn script() -> std::path::PathBuf {
 
 #[test]
 fn events_and_summary_show_python_lines_above_native_frames() {
-    if !Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        vramtrace_testkit::skip("VRAMTRACE_TEST_REQUIRE_PYTHON", "python3 does not run here");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
     }
     let out = scratch("py-cli").join("trace");
