@@ -1140,14 +1140,26 @@ mod tests {
             let edge = 1u64 << (7 * k);
             values.extend([edge - 1, edge, edge + 1, edge | 0x55]);
         }
+        // And values of every bit length, each bit pattern a different one (xorshift).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for bits in 1..=64 {
+            for _ in 0..8 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                values.push((x >> (64 - bits)) | (1 << (bits - 1)));
+            }
+        }
         for &v in &values {
-            for room in 11..20 {
+            let mut want = leb128(v);
+            want.push(3);
+            // From the least room both fit in (staged near the end) to plenty (in place).
+            for room in want.len()..20 {
                 let mut buf = [0xaau8; FRAME_HEADER_LEN + 20];
                 let mut e = Encoder::new(&mut buf[..FRAME_HEADER_LEN + room]);
                 e.varint(v).varint(3);
+                assert!(!e.overflowed(), "{v:#x}, room {room}");
                 let len = e.len;
-                let mut want = leb128(v);
-                want.push(3);
                 assert_eq!(
                     &buf[FRAME_HEADER_LEN..len],
                     &want[..],
