@@ -23,6 +23,8 @@
 #              that follows a control file; its on and history batches are also divided by its
 #              off batch of the same round (one server's own speed cancels out of that ratio,
 #              docs/validation.md)
+#              (TOGGLE_TURNS, as "off on", takes fewer turns: more rounds of vramtrace against
+#              paused in the same time, once the recorder has been measured)
 #   toggled2 ...  more toggled servers, each a process of its own: one server's ratio differs
 #              from another's (medians 0.990 to 1.064 in three calls, docs/validation.md,
 #              2026-12-02, day), so servers are drawn as well as rounds
@@ -62,6 +64,10 @@ W=${WORK:-/tmp/vramtrace-validation/w}
 ROUNDS=${1:-6}
 PORT=${SERVE_PORT:-8771}
 MODES=(${MODES:-bare recorder vramtrace noprobe})
+TURNS=(${TOGGLE_TURNS:-off on history})
+for t in "${TURNS[@]}"; do
+  case $t in off | on | history) ;; *) echo "serve_bench: TOGGLE_TURNS: no turn '$t' (off, on, history)"; exit 2 ;; esac
+done
 export PYTHONUNBUFFERED=1
 mkdir -p "$W" "${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}"
 [ -f "$W/models/dense/config.json" ] || python3 "$VAL/hf_models.py" "$W/models" dense || exit 1
@@ -253,7 +259,10 @@ rm -f "$W/serve-bench.tsv"
 # A slot: a mode's batch, or one of a toggled server's three.
 SLOTS=()
 for mode in "${MODES[@]}"; do
-  case $mode in toggled*) SLOTS+=("$mode:off" "$mode:on" "$mode:history") ;; *) SLOTS+=("$mode") ;; esac
+  case $mode in
+    toggled*) for t in "${TURNS[@]}"; do SLOTS+=("$mode:$t"); done ;;
+    *) SLOTS+=("$mode") ;;
+  esac
 done
 n=${#SLOTS[@]}
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv,noheader,nounits \
