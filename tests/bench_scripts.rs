@@ -25,25 +25,51 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// serve_pool.py's tables for the kept calls `calls` of samples/h200/serve-turns.
+fn pooled(calls: impl IntoIterator<Item = u32>) -> String {
+    let dir = root().join("samples/h200/serve-turns");
+    let calls: Vec<PathBuf> = calls
+        .into_iter()
+        .map(|n| dir.join(format!("call{n}.tsv")))
+        .collect();
+    stdout(&serve_pool(
+        &calls.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
+    ))
+}
+
+fn assert_rows(out: &str, rows: &[&str]) {
+    for row in rows {
+        assert!(out.contains(row), "no row {row:?} in:\n{out}");
+    }
+    assert!(!out.contains("left out"), "{out}");
+}
+
 #[test]
 fn serve_pool_gives_the_documented_serve_table() {
     if !vramtrace_testkit::python3_or_skip() {
         return;
     }
-    let dir = root().join("samples/h200/serve-turns");
-    let calls: Vec<PathBuf> = (2..=4).map(|n| dir.join(format!("call{n}.tsv"))).collect();
-    let out = stdout(&serve_pool(
-        &calls.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
-    ));
-    for row in [
-        "| toggled:on / toggled:off | 42 | 1.017 | 1.008 – 1.045 | 14 / 42 |",
-        "| toggled:history / toggled:off | 42 | 1.077 | 1.022 – 1.144 | 10 / 42 |",
-        "| toggled:on / toggled:history | 42 | 0.950 | 0.907 – 0.979 | 27 / 42 |",
-        "| noprobe / bare | 42 | 0.980 | 0.965 – 1.014 | 23 / 42 |",
-    ] {
-        assert!(out.contains(row), "no row {row:?} in:\n{out}");
-    }
-    assert!(!out.contains("left out"), "{out}");
+    // One toggled server a call, beside bare, vramtrace, recorder and noprobe servers (the day).
+    assert_rows(
+        &pooled(2..=4),
+        &[
+            "| toggled:on / toggled:off | 42 | 1.017 | 1.008 – 1.045 | 14 / 42 |",
+            "| toggled:history / toggled:off | 42 | 1.077 | 1.022 – 1.144 | 10 / 42 |",
+            "| toggled:on / toggled:history | 42 | 0.950 | 0.907 – 0.979 | 27 / 42 |",
+            "| noprobe / bare | 42 | 0.980 | 0.965 – 1.014 | 23 / 42 |",
+        ],
+    );
+    // Three toggled servers a call (the evening): their turns pooled, and against bare.
+    assert_rows(
+        &pooled(6..=9),
+        &[
+            "| toggled*:on / toggled*:off | 144 | 1.008 | 1.002 – 1.015 | 58 / 144 |",
+            "| toggled*:history / toggled*:off | 27 | 1.030 | 1.003 – 1.100 | 8 / 27 |",
+            "| toggled*:on / toggled*:history | 27 | 0.967 | 0.924 – 0.992 | 20 / 27 |",
+            "| toggled*:off / bare | 36 | 0.976 | 0.965 – 0.995 | 23 / 36 |",
+            "| toggled*:on / bare | 36 | 0.978 | 0.967 – 1.004 | 23 / 36 |",
+        ],
+    );
 }
 
 #[test]
@@ -73,6 +99,7 @@ fn serve_pool_pools_toggled_servers_and_leaves_failed_batches_out() {
         "| toggled2:on / toggled2:off | 3 | 1.300 |",
         "| toggled*:on / toggled*:off | 6 | 1.200 |",
         "| toggled:on / bare | 2 | 1.100 |",
+        "| toggled*:on / bare | 4 | 0.875 |",
         "bare: 1 batch(es) had a failed request and are left out",
     ] {
         assert!(out.contains(row), "no row {row:?} in:\n{out}");

@@ -10,7 +10,8 @@ Ratios (where the call has both batches), for each toggled server T (toggled, to
   T:on / T:history    vramtrace against the recorder, the same server and round
   SLOT / bare         every other slot's batch over the bare server's, across processes (the
                       few percent that two identical servers differ by is inside these)
-Several toggled servers' turns are also pooled together, under "toggled*".
+Several toggled servers' turns are also pooled together, under "toggled*", each turn against
+the others and against bare.
 """
 
 import argparse
@@ -71,6 +72,9 @@ def main():
                    [f"{g}:{y}" for g in togs]) for x, y in turns]
     slots = sorted({s for t in calls for s in t} - {"bare"})
     pairs += [(f"{s} / bare", [s], ["bare"]) for s in slots]
+    if len(togs) > 1:
+        pairs += [(f"toggled*:{x} / bare", [f"{g}:{x}" for g in togs], ["bare"] * len(togs))
+                  for x in ("off", "on", "history")]
     print(f"{len(calls)} call(s) pooled; each ratio within a round of one call")
     print("| ratio | rounds | median | 90% interval | rounds below 1 |")
     print("| --- | ---: | ---: | --- | ---: |")
