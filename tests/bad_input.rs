@@ -68,21 +68,6 @@ fn zeros_after_header(dir: &Path, len: u64) -> PathBuf {
     p
 }
 
-/// A good (version 1) header, then 1 GiB of zeros: read in linear time and bounded memory. The
-/// streaming reader used to keep every unconsumed byte and scan it again with each new chunk
-/// (16 MiB: 1.2 s; 64 MiB: 12.6 s and 75 MiB resident; 256 MiB: over 2 minutes); it now drops
-/// bytes where no record can start (`Scan::dead`) and reports them once as the torn tail.
-#[test]
-fn a_gib_of_zeros_after_a_good_header_is_read_in_time() {
-    let dir = scratch("gib-zeros");
-    let p = zeros_after_header(&dir, 1 << 30);
-    check(&[case(
-        "summary 1 GiB of zeros",
-        Want::Success,
-        &["summary".as_ref(), p.as_os_str()],
-    )]);
-}
-
 fn config() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/models/Qwen3.6-27B/config.json")
 }
@@ -154,6 +139,10 @@ fn make_traces() -> Traces {
     let f = std::fs::File::create(&huge).unwrap();
     f.set_len(64 << 30).unwrap();
     files.push(("64 GiB sparse", huge, Want::Error));
+    // A good header then zeros, read to the end. The reader once scanned every unconsumed byte
+    // again with each chunk (16 MiB: 1.2 s; 256 MiB: over 2 minutes); that it is now linear and
+    // bounded is checked by the bytes it scans, not by a clock, in the format crate
+    // (`a_body_of_zeros_is_scanned_once_in_bounded_memory`).
     let zeros_dir = root.join("zeros");
     std::fs::create_dir_all(&zeros_dir).unwrap();
     files.push((

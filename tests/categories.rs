@@ -297,7 +297,7 @@ fn moments_of_every_device() {
 }
 
 /// `transformers serve --continuous-batching` on the H200 (`samples/h200/hf-serve-cb`, recorded
-/// on main at 656eb47; this test skips, saying so, in a checkout without it): the paged KV cache
+/// on main at 656eb47, committed beside this test): the paged KV cache
 /// by `PagedAttentionCache.__init__`'s two lines, the engine's static buffers by
 /// `_setup_static_tensors`, the weights by `caching_allocator_warmup`, and nothing unnamed. The
 /// numbers are the driver-level reading (a reader that knows the native tensor records may move
@@ -305,10 +305,6 @@ fn moments_of_every_device() {
 #[test]
 fn transformers_serve_is_every_byte_named() {
     let dir = sample("hf-serve-cb");
-    if !dir.exists() {
-        println!("SKIPPED: {} is not in this checkout", dir.display());
-        return;
-    }
     let trace = Trace::open(&dir).unwrap();
     let at = peak(&trace, 0, 0).unwrap().unwrap();
     let b = breakdown_at(&trace, at, Expectations::default()).unwrap();

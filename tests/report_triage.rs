@@ -324,16 +324,10 @@ fn the_versions_block_comes_from_versions_json() {
 fn run_writes_the_versions_at_start() {
     common::target_dir();
     let dir = scratch("run-versions");
-    let Some(python) = ["python3", "python"].into_iter().find(|p| {
-        Command::new(p)
-            .arg("-c")
-            .arg("pass")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }) else {
-        eprintln!("SKIPPED run_writes_the_versions_at_start: no python3 on this machine");
+    if !vramtrace_testkit::python3_or_skip() {
         return;
-    };
+    }
+    let python = "python3";
     let o = Command::new(common::vramtrace())
         .args(["run", "--simulate", "--quiet", "--out"])
         .arg(&dir)

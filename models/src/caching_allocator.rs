@@ -315,6 +315,12 @@ impl CachingAllocator {
         self.peak_reserved
     }
 
+    /// The bytes of a block handed out (its request rounded, and the rest of a segment it did
+    /// not split off).
+    pub fn block_size(&self, id: BlockId) -> u64 {
+        self.blocks[id.0].size
+    }
+
     /// Bytes currently handed out in blocks (`memory_allocated`, block-rounded).
     pub fn allocated(&self) -> u64 {
         self.allocated

@@ -32,6 +32,9 @@ pub enum DType {
     /// 64-bit unsigned integer (FlashAttention's RNG state), 8 bytes.
     #[serde(rename = "uint64")]
     U64,
+    /// A boolean (masks), 1 byte.
+    #[serde(rename = "bool")]
+    Bool,
 }
 
 impl DType {
@@ -40,7 +43,7 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::F8 => 1,
+            DType::F8 | DType::Bool => 1,
             DType::I64 | DType::U64 => 8,
         }
     }
@@ -55,6 +58,7 @@ impl DType {
             DType::I64 => "int64",
             DType::I32 => "int32",
             DType::U64 => "uint64",
+            DType::Bool => "bool",
         }
     }
 }
@@ -81,6 +85,7 @@ impl FromStr for DType {
             "int64" | "i64" | "long" => DType::I64,
             "int32" | "i32" | "int" => DType::I32,
             "uint64" | "u64" => DType::U64,
+            "bool" => DType::Bool,
             _ => {
                 return Err(format!(
                     "{s:?} is not a dtype this tool knows; use bfloat16, float16, float32 or fp8"

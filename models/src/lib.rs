@@ -63,6 +63,7 @@ pub mod caching_allocator;
 mod category;
 mod config;
 mod dtype;
+pub mod engine;
 mod error;
 pub mod fa_dao_2_5_9;
 pub mod fa_dao_2_8_3;

@@ -639,6 +639,32 @@ live_serve() {
   WORK=$W bash "$VAL/live_serve.sh"
 }
 
+generate_chunked() {
+  # Issue 31: transformers' own chunked prefill, generate(prefill_chunk_size=C), run until PyTorch's
+  # per-process fraction refuses, at GEN_CHUNKS x GEN_CAPS on the planner's validation model
+  # (hf_models.py hybrid12); each case once bare (the observed failing chunk) and the cases in
+  # GEN_TRACED under vramtrace (traces for the report). The predictions were committed first
+  # (docs/validation.md, "transformers generate(prefill_chunk_size)").
+  [ -f "$W/models/hybrid12/config.json" ] || timeout 300 python3 "$VAL/hf_models.py" "$W/models" hybrid12 || return 1
+  cp "$W/models/hybrid12/config.json" "$W/hybrid12-config.json"
+  local c cap d
+  for cap in ${GEN_CAPS:-6 10}; do
+    for c in ${GEN_CHUNKS:-2048 4096 8192}; do
+      echo "--- chunk $c, cap $cap GiB"
+      timeout 240 python3 "$VAL/hf_generate_chunked.py" "$W/models/hybrid12" --chunk "$c" --cap "$cap" 2>&1 |
+        grep -E "^(RESULT|OOM|held)" | tee "$W/gen-c$c-cap$cap.txt"
+    done
+  done
+  for c in ${GEN_TRACED:-4096:6}; do
+    cap=${c#*:} c=${c%:*} d=$W/gen-trace-c$c-cap$cap
+    rm -rf "$d"
+    echo "--- traced: chunk $c, cap $cap GiB"
+    timeout 240 $VT run --quiet --out "$d" -- python3 "$VAL/hf_generate_chunked.py" "$W/models/hybrid12" \
+      --chunk "$c" --cap "$cap" 2>&1 | grep -E "^(RESULT|OOM|held)" | tee "$d.txt"
+    $VT summary "$d" | head -40
+  done
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del

@@ -2,7 +2,7 @@
 hub: a dense Qwen3 (served by `transformers serve --continuous-batching`) and a hybrid Qwen3.5
 text model (Gated DeltaNet + attention layers; fla's kernels run when fla is importable).
 
-Usage: python3 hf_models.py OUT_DIR [dense|hybrid ...]
+Usage: python3 hf_models.py OUT_DIR [dense|hybrid|hybrid12 ...]
 Writes OUT_DIR/<kind>/ with config.json, safetensors weights and a tokenizer whose vocabulary is
 "w0" .. "w{N-1}" (so a prompt of N tokens is N words, see prompt()).
 """
@@ -58,13 +58,25 @@ HYBRID = dict(
     tie_word_embeddings=False, rms_norm_eps=1e-6,
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 2,
 )
+# The planner's validation model (docs/validation.md, "transformers generate(prefill_chunk_size)"):
+# made for it, 12 layers (9 Gated DeltaNet, 3 attention), 4 KV heads, a long position range so
+# that the limit, not the model, ends a chunked prefill.
+HYBRID12 = dict(
+    model_type="qwen3_5_text", hidden_size=2048, intermediate_size=5632, num_hidden_layers=12,
+    num_attention_heads=16, num_key_value_heads=4, head_dim=256, vocab_size=32768,
+    linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144,
+    tie_word_embeddings=False, rms_norm_eps=1e-6,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 3,
+)
+KINDS = {"dense": DENSE, "hybrid": HYBRID, "hybrid12": HYBRID12}
 
 
 def make(out, kind):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = dict(DENSE if kind == "dense" else HYBRID)
+    spec = dict(KINDS[kind])
     model_type = spec.pop("model_type")
     os.makedirs(out, exist_ok=True)
     n_vocab = tokenizer(out)

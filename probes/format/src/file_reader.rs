@@ -171,6 +171,16 @@ impl Records {
             RecordsInner::V2(s) => &s.problems,
         }
     }
+
+    /// A version 1 stream's work so far: the bytes it has scanned over every chunk and the most
+    /// it buffered at once (`None` for version 2, which reads whole blocks).
+    #[cfg(test)]
+    pub(crate) fn work(&self) -> Option<(u64, usize)> {
+        match &self.inner {
+            RecordsInner::V1(s) => Some((s.scanned, s.most_buffered)),
+            RecordsInner::V2(_) => None,
+        }
+    }
 }
 
 impl Iterator for Records {
@@ -229,6 +239,11 @@ struct V1Stream {
     /// file offset and length, reported once the stream knows whether a record follows
     /// (corruption in the middle) or not (the torn tail).
     dead: Option<(u64, u64)>,
+    /// Bytes handed to [`scan_records`] so far, over every chunk: the stream's work, which stays
+    /// within a small multiple of the file's length (a test bounds it by that, not by a clock).
+    scanned: u64,
+    /// The most bytes `buf` held at once: the stream's memory.
+    most_buffered: usize,
 }
 
 impl V1Stream {
@@ -245,6 +260,8 @@ impl V1Stream {
             problems: Vec::new(),
             eof: false,
             dead: None,
+            scanned: 0,
+            most_buffered: 0,
         })
     }
 
@@ -259,6 +276,8 @@ impl V1Stream {
         if read.is_err() || self.buf.len() == before {
             self.eof = true;
         }
+        self.scanned += self.buf.len() as u64;
+        self.most_buffered = self.most_buffered.max(self.buf.len());
         let mut scan = scan_records(&self.buf, self.offset);
         if let Some((at, bytes)) = self.dead.take() {
             // Bytes dropped earlier: corruption before whatever this scan consumed, merged with

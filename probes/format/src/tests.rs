@@ -268,6 +268,41 @@ fn write_temp(name: &str, bytes: &[u8]) -> (std::path::PathBuf, std::path::PathB
     (dir, path)
 }
 
+/// A good header, then 256 MiB of zeros (a sparse file): the stream drops bytes where no record
+/// can start ([`Scan::dead`]) instead of scanning them again with each chunk, so its work is
+/// linear in the file and its buffer bounded. Bounded by the bytes scanned, not by a clock: the
+/// reader that kept every unconsumed byte scanned 256 MiB × 256 chunks / 2, some 32 GiB.
+#[test]
+fn a_body_of_zeros_is_scanned_once_in_bounded_memory() {
+    let mut bytes = Vec::new();
+    header().encode(&mut bytes);
+    let (dir, path) = write_temp("zeros-v1", &bytes);
+    let len: u64 = 256 << 20;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let f = FileReader::open(&path).unwrap();
+    let mut all = f.records().unwrap();
+    assert_eq!(all.by_ref().count(), 0);
+    let (scanned, most_buffered) = all.work().unwrap();
+    assert!(
+        scanned <= 2 * len,
+        "scanned {scanned} bytes of a {len}-byte file"
+    );
+    assert!(
+        most_buffered <= 2 << 20,
+        "buffered {most_buffered} bytes at once"
+    );
+    match all.problems() {
+        [Problem::TornTail { bytes, .. }] => assert!(*bytes > len - 4096, "{bytes}"),
+        p => panic!("{p:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn file_reader_streams_a_version_1_file() {
     let recs = sample_records();

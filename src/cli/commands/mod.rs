@@ -9,6 +9,7 @@ pub mod export;
 pub mod import;
 pub mod live;
 pub mod model;
+pub mod model_engine;
 pub mod model_step;
 pub mod plot;
 pub mod replay;

@@ -225,6 +225,32 @@ const DEFAULT_TOKENS: u64 = 4128;
 /// Runs `vramtrace model`.
 pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
     let (cfg, variants, opts) = args.select.resolve(&args.config)?;
+    let planner_limit = crate::commands::model_step::limit(&args.whole)?;
+    if let (Some(limit), "transformers") = (planner_limit, args.whole.runtime.as_str()) {
+        if args.select.tokens.is_none() {
+            bail!("--limit with --runtime transformers needs --tokens: the prefill_chunk_size");
+        }
+        if let Some(layers) = args.whole.layers {
+            bail!(
+                "--layers {layers} shortens the whole-step model only; the transformers planner runs the config's layers"
+            );
+        }
+        let chunk = opts.seqlens.iter().sum::<u64>();
+        return crate::commands::model_engine::run(
+            cfg,
+            chunk,
+            limit,
+            args.whole.context,
+            args.whole.prompt_tokens,
+            args.json,
+        );
+    }
+    if args.whole.limit.is_some() && args.whole.context.is_none() {
+        bail!(
+            "--limit with --runtime {} needs --context",
+            args.whole.runtime
+        );
+    }
     if args.whole.context.is_some() {
         let chunk = opts.seqlens.iter().sum::<u64>();
         if args.select.tokens.is_none() {

@@ -20,17 +20,24 @@ pub struct StepArgs {
     /// model, with `--tokens` as the chunk.
     #[arg(long, value_name = "TOKENS")]
     pub context: Option<u64>,
-    /// The program that runs the step: workload, torch-prefill-script, vllm-0.20.1 or transformers.
-    #[arg(
-        long,
-        value_name = "RUNTIME",
-        default_value = "transformers",
-        requires = "context"
-    )]
+    /// The program that runs the step: workload, torch-prefill-script, vllm-0.20.1 or
+    /// transformers. With transformers and a `--limit`, the engine's planner runs
+    /// `generate(prefill_chunk_size=--tokens)` chunk by chunk through PyTorch's caching allocator
+    /// to the first refusal (`--context`: is this context held?; otherwise how far it gets).
+    #[arg(long, value_name = "RUNTIME", default_value = "transformers")]
     pub runtime: String,
     /// The limit: a card of this many bytes (e.g. `24GiB`); with a fraction, the card's total.
-    #[arg(long, value_name = "BYTES", requires = "context")]
+    #[arg(long, value_name = "BYTES")]
     pub limit: Option<String>,
+    /// The transformers planner's prompt: how many tokens to try to hold (default: the model's
+    /// `max_position_embeddings`).
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        requires = "limit",
+        conflicts_with = "context"
+    )]
+    pub prompt_tokens: Option<u64>,
     /// vLLM's `--gpu-memory-utilization` of the `--limit` card.
     #[arg(
         long,
@@ -55,6 +62,23 @@ pub struct StepArgs {
     /// `category=BYTES` (`context=700MiB`, `allocator_reserve=3GiB`); repeatable.
     #[arg(long, value_name = "CATEGORY=BYTES", requires = "context")]
     pub known: Vec<String>,
+}
+
+/// The limit of `--limit` with its fraction, if given.
+pub fn limit(args: &StepArgs) -> anyhow::Result<Option<Limit>> {
+    let Some(b) = &args.limit else {
+        return Ok(None);
+    };
+    let capacity = parse_bytes(b)
+        .map_err(anyhow::Error::msg)
+        .context("--limit")?;
+    Ok(Some(
+        match (args.gpu_memory_utilization, args.memory_fraction) {
+            (Some(fraction), _) => Limit::GpuMemoryUtilization { capacity, fraction },
+            (None, Some(fraction)) => Limit::PerProcessFraction { capacity, fraction },
+            (None, None) => Limit::Card { capacity },
+        },
+    ))
 }
 
 fn known_parts(list: &[String]) -> anyhow::Result<KnownParts> {
@@ -122,19 +146,7 @@ pub fn run(
         StepVariants::for_runtime(runtime, &cfg),
         known_parts(&args.known)?,
     );
-    let limit = match &args.limit {
-        None => None,
-        Some(b) => {
-            let capacity = parse_bytes(b)
-                .map_err(anyhow::Error::msg)
-                .context("--limit")?;
-            Some(match (args.gpu_memory_utilization, args.memory_fraction) {
-                (Some(fraction), _) => Limit::GpuMemoryUtilization { capacity, fraction },
-                (None, Some(fraction)) => Limit::PerProcessFraction { capacity, fraction },
-                (None, None) => Limit::Card { capacity },
-            })
-        }
-    };
+    let limit = limit(args)?;
     let step = match &limit {
         Some(l) => model.check(&shape, l)?,
         None => model.step(&shape)?,

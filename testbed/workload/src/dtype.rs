@@ -157,6 +157,8 @@ impl From<ModelDType> for DType {
             ModelDType::I64 => DType::I64,
             ModelDType::I32 => DType::I32,
             ModelDType::U64 => DType::U64,
+            // A bool tensor is one byte an element, as PyTorch stores it.
+            ModelDType::Bool => DType::U8,
         }
     }
 }

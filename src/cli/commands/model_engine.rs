@@ -1,0 +1,134 @@
+//! `vramtrace model CONFIG --runtime transformers --tokens C --limit BYTES [--memory-fraction F]`:
+//! the engine's planner (`vramtrace_models::engine`), run chunk by chunk from the config and the
+//! flags alone through PyTorch's caching allocator under the limit the engine meets, to the first
+//! refused request. Prints the frontier at the chunk (the largest context that completes) and
+//! the failing step, every figure labelled with its basis (docs/architecture.md, "Engines").
+
+use anyhow::{Context, bail};
+use serde_json::json;
+use vramtrace_models::engine::transformers_5::{ContextFrontier, GenerateChunked};
+use vramtrace_models::engine::{Basis, Engine};
+use vramtrace_models::units::fmt_bytes;
+use vramtrace_models::{Limit, ModelConfig};
+
+/// The prompt when neither `--context` nor `--prompt-tokens` says, and the config has no
+/// `max_position_embeddings`.
+const DEFAULT_PROMPT: u64 = 1 << 20;
+
+/// Runs the planner: exit 0 when the prompt (`--context`) is held, 1 when a chunk is refused.
+pub fn run(
+    cfg: ModelConfig,
+    chunk: u64,
+    limit: Limit,
+    context: Option<u64>,
+    prompt_tokens: Option<u64>,
+    json_out: bool,
+) -> anyhow::Result<i32> {
+    let max = cfg.max_position_embeddings;
+    let (prompt, asked) = match (context, prompt_tokens) {
+        (Some(_), Some(_)) => bail!(
+            "give --context (is this context held?) or --prompt-tokens (how far does it get?), not both"
+        ),
+        (Some(c), None) => (c, "--context"),
+        (None, Some(p)) => (p, "--prompt-tokens"),
+        (None, None) => (max.unwrap_or(DEFAULT_PROMPT), "the default"),
+    };
+    if let Some(m) = max.filter(|&m| prompt > m) {
+        bail!(
+            "{asked} asks for {prompt} tokens, past the model's max_position_embeddings of {m}: transformers would not generate that far"
+        );
+    }
+    let planner = GenerateChunked::new(cfg.clone(), chunk)?;
+    let run = planner
+        .plan(&limit, prompt)
+        .with_context(|| format!("planning {}", planner.name()))?;
+    let frontier = ContextFrontier::of(&run, chunk, Basis::Predicted);
+    let held = run.failure.is_none();
+    if json_out {
+        let last_steps: Vec<_> = run.steps.iter().rev().take(4).rev().collect();
+        let v = json!({
+            "engine": run.engine,
+            "config": cfg.path,
+            "chunk_tokens": chunk,
+            "prompt_tokens": prompt,
+            "limit": run.limit,
+            "limit_bytes": run.limit_bytes,
+            "fits": held,
+            "frontier": {
+                "context_at_chunk": frontier.context_at_chunk,
+                "failing_context": frontier.failing_context,
+                "capped": frontier.capped,
+                "cap": prompt,
+                "basis": frontier.basis.name(),
+            },
+            "failure": run.failure,
+            "steps_completed": run.steps.len(),
+            "last_steps": last_steps,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(if held { 0 } else { 1 });
+    }
+    println!(
+        "{}: {} in chunks of {chunk} tokens, against {} ({} the allocator may hold); every figure predicted from the config and the flags.",
+        cfg.display_name(),
+        planner.name(),
+        run.limit.describe(),
+        fmt_bytes(run.limit_bytes)
+    );
+    println!();
+    for s in run.steps.iter().rev().take(3).rev() {
+        println!(
+            "  chunk {:>4}  context {:>9} tok   peak allocated {:>11}   reserved {:>11}",
+            s.index,
+            s.context_tokens,
+            fmt_bytes(s.peak_allocated),
+            fmt_bytes(s.peak_reserved)
+        );
+    }
+    match &run.failure {
+        Some(f) => {
+            println!(
+                "  chunk {:>4}  context {:>9} tok   refused: {} of {} ({}) at {}",
+                f.index,
+                f.context_tokens,
+                f.tensor,
+                fmt_bytes(f.request),
+                if f.segment == f.request {
+                    "a segment of its own".to_string()
+                } else {
+                    format!("a {} segment", fmt_bytes(f.segment))
+                },
+                f.source
+            );
+            println!();
+            println!(
+                "Held when refused: {} allocated, {} reserved (limit {}):",
+                fmt_bytes(f.allocated),
+                fmt_bytes(f.reserved),
+                fmt_bytes(run.limit_bytes)
+            );
+            for p in &f.parts {
+                println!(
+                    "  {:<18} {:>11}  {}",
+                    p.category.key(),
+                    fmt_bytes(p.bytes),
+                    p.basis.name()
+                );
+            }
+            println!();
+            println!(
+                "Frontier at a chunk of {chunk}: the largest context that completes is {} tokens (predicted); chunk {} ({} tokens held at its end) is refused.",
+                frontier
+                    .context_at_chunk
+                    .map_or("none: not even the first chunk".to_string(), |c| c
+                        .to_string()),
+                f.index,
+                f.context_tokens
+            );
+        }
+        None => println!(
+            "\nEvery chunk of the {prompt}-token prompt ({asked}) completes: the frontier at a chunk of {chunk} is at least {prompt} tokens (predicted)."
+        ),
+    }
+    Ok(if held { 0 } else { 1 })
+}
