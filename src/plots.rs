@@ -201,7 +201,7 @@ pub fn marks_and_limit(trace: &Trace) -> crate::Result<(Vec<Mark>, Option<u64>)>
             crate::trace::Item::RangePush { t_ns, name, .. } => {
                 let Some(n) = trace.processes[pi]
                     .string(*name)
-                    .and_then(crate::report::triage::chunk_of_label)
+                    .and_then(crate::report::step::chunk_of_label)
                 else {
                     continue;
                 };

@@ -236,3 +236,99 @@ fn config_errors_name_the_field() {
         "{stderr}"
     );
 }
+
+const HYBRID12: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/samples/models/hybrid12/config.json"
+);
+
+/// The H200's total as the driver reports it (docs/validation.md, "The machine").
+const H200_TOTAL: u64 = 150_109_880_320;
+
+/// The transformers planner's frozen predictions, as committed before the H200 run that checks
+/// them (docs/validation.md, "transformers 5.17 generate(prefill_chunk_size)"): a change to the
+/// planner that moves any of them must say so there, and be checked on a new run.
+#[test]
+fn the_transformers_planner_predicts_what_docs_validation_records() {
+    let table = [
+        (6u64, 2048u64, 54u64, 112_640u64),
+        (6, 4096, 19, 81_920),
+        (6, 8192, 6, 57_344),
+        (10, 2048, 104, 215_040),
+        (10, 4096, 41, 172_032),
+        (10, 8192, 13, 114_688),
+    ];
+    for (cap, chunk, index, context) in table {
+        let fraction = (cap << 30) as f64 / H200_TOTAL as f64;
+        let (code, stdout, stderr) = run(&[
+            HYBRID12,
+            "--runtime",
+            "transformers",
+            "--tokens",
+            &chunk.to_string(),
+            "--limit",
+            &H200_TOTAL.to_string(),
+            "--memory-fraction",
+            &fraction.to_string(),
+            "--json",
+        ]);
+        // Exit 1: a chunk was refused before the prompt was held.
+        assert_eq!(code, 1, "{stderr}");
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["failure"]["index"], index, "{cap} GiB, chunk {chunk}");
+        assert_eq!(v["failure"]["context_tokens"], context);
+        assert_eq!(v["frontier"]["failing_context"], context);
+        assert_eq!(v["frontier"]["context_at_chunk"], context - chunk);
+        assert_eq!(v["frontier"]["basis"], "config");
+        assert_eq!(v["limit_bytes"], cap << 30);
+        for p in v["failure"]["parts"].as_array().unwrap() {
+            assert_eq!(p["basis"], "predicted", "{p}");
+        }
+    }
+}
+
+#[test]
+fn the_transformers_planner_holds_a_short_prompt_and_refuses_bad_input() {
+    let (code, stdout, stderr) = run(&[
+        HYBRID12,
+        "--tokens",
+        "4096",
+        "--limit",
+        "24GiB",
+        "--context",
+        "16384",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["fits"], true);
+    assert_eq!(v["frontier"]["context_at_chunk"], 16384);
+    assert_eq!(v["frontier"]["capped"], true);
+    assert_eq!(v["steps_completed"], 4);
+    // Past the model's own maximum, or vLLM's utilisation: refused with a sentence.
+    let (code, _, stderr) = run(&[
+        HYBRID12,
+        "--tokens",
+        "4096",
+        "--limit",
+        "24GiB",
+        "--context",
+        "300000",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("max_position_embeddings of 262144"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&[
+        HYBRID12,
+        "--tokens",
+        "4096",
+        "--limit",
+        "24GiB",
+        "--gpu-memory-utilization",
+        "0.9",
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("per-process fraction"), "{stderr}");
+}

@@ -221,3 +221,53 @@ fn the_first_screen_without_a_failure_leads_with_the_peak_and_the_model() {
     assert!(!top.contains("cliff"), "{top}");
     assert!(!top.contains("unnamed 121.61"), "{top}");
 }
+
+/// `generate(prefill_chunk_size=4096)` on the planner's validation model, refused by PyTorch's
+/// per-process fraction of 6 GiB on the H200 (`samples/h200/hf-generate-oom`, recorded under
+/// `vramtrace run`; the decoder's pre-hook counted chunk 18, 77,824 tokens held, in
+/// `traced.txt`). The step is read from transformers' own loop, exactly; the model beside it is
+/// the engine's planner, every part predicted from the config, none copied from the trace.
+#[test]
+fn a_chunked_generate_oom_names_its_chunk_and_sets_the_planner_beside_it() {
+    let traced = std::fs::read_to_string(sample("hf-generate-oom").join("traced.txt")).unwrap();
+    assert!(
+        traced.contains("\"chunk_index\": 18, \"context\": 77824"),
+        "{traced}"
+    );
+    let r = report_json("hf-generate-oom");
+    let step = &r["step"];
+    assert_eq!(step["chunk_index"], 18, "{step}");
+    assert_eq!(step["chunk_tokens"], 4096);
+    assert_eq!(step["context_tokens"], 77_824);
+    assert!(
+        step["source"].as_str().unwrap().contains("_prefill"),
+        "{step}"
+    );
+    assert_eq!(r["limit"]["bytes"], 6u64 << 30);
+    let m = &r["model"];
+    assert!(
+        m["engine"]
+            .as_str()
+            .unwrap()
+            .starts_with("transformers 5.17"),
+        "{m}"
+    );
+    assert_eq!(m["copied_percent"], 0.0);
+    let basis = m["parts"].as_array().unwrap();
+    assert!(!basis.is_empty());
+    assert!(basis.iter().all(|p| p["basis"] == "predicted"), "{basis:?}");
+    // The planner holds this step (the same case run bare was refused one chunk later, at
+    // 81,920, as the planner predicts: docs/validation.md); its frontier at the chunk is that.
+    assert_eq!(m["failure_fits"], true);
+    assert_eq!(m["context_frontier"]["largest_context"], 77_824);
+    // Weights and the KV cache agree with the trace within 0.3% (the categoriser counts the GDN
+    // conv states with the KV cache).
+    for (name, _, observed, residual) in parts(&r) {
+        if name == "weights" || name == "kv_cache" {
+            assert!(
+                residual.unsigned_abs() * 1000 < observed * 3,
+                "{name}: {residual}"
+            );
+        }
+    }
+}

@@ -10,11 +10,13 @@
 //! the first failure (else the highest peak) in a category with what it rests on. Within a category they are grouped by name and label with
 //! the numbers that index layers and chunks collapsed ([`crate::names::pattern`]).
 
+pub mod engine_view;
 pub mod figures;
 pub mod html;
 pub mod json;
 pub mod levers;
 pub mod markdown;
+pub mod step;
 pub mod triage;
 
 use std::collections::BTreeMap;

@@ -7,18 +7,22 @@
 //! [`triage`] computes it from a trace and a built [`Report`]; `report --json` serialises it and
 //! the Markdown's first screen renders it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
 use serde::Serialize;
-use vramtrace_format::TensorAction;
+use vramtrace_models::engine::{Basis, Part};
 use vramtrace_models::{
-    ChunkFloor, ChunkFrontier, ContextFrontier, DType, KnownParts, LayerKind, Limit, ModelConfig,
-    Residuals, Runtime, ServingShape, StepModel, StepVariants, residuals,
+    ChunkFloor, ChunkFrontier, ContextFrontier, DType, KnownParts, LayerKind, Limit, Residuals,
+    Runtime, ServingShape, StepModel, StepVariants, residuals,
 };
 
 use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, breakdown_at};
-use crate::report::{FailureReport, ModelInput, Report};
+use crate::report::engine_view;
+use crate::report::step::{
+    StepPosition, step_at_peak, step_from_generate, step_from_labels, step_from_tensors,
+};
+use crate::report::{ModelInput, Report};
 use crate::torch_replay::{TensorReplay, TorchOom};
 use crate::trace::{Item, Trace};
 
@@ -110,19 +114,6 @@ pub struct Tipping {
     pub category: &'static str,
 }
 
-/// Where in the run the failing step was, read from the trace.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepPosition {
-    /// The step's index (0 = the first chunk).
-    pub chunk_index: u64,
-    /// New tokens of the step, when the trace tells them.
-    pub chunk_tokens: Option<u64>,
-    /// Tokens held at the end of the step (`(chunk_index + 1) × chunk_tokens`), when known.
-    pub context_tokens: Option<u64>,
-    /// How they were read, in words.
-    pub source: String,
-}
-
 /// One category of the moment, as `report --json` lists it.
 #[derive(Debug, Clone, Serialize)]
 pub struct CategoryRow {
@@ -139,6 +130,15 @@ pub struct CategoryRow {
 pub struct ModelView {
     /// The program the step was modelled as.
     pub runtime: Runtime,
+    /// The engine's planner that predicted this view (`models/src/engine/`); absent for the
+    /// whole-step model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<&'static str>,
+    /// Every part of the step with where its figure comes from: `predicted` from the config and
+    /// the flags, `copied` from this trace (which then agrees with it by construction).
+    pub parts: Vec<Part>,
+    /// Of the parts' bytes, the share copied from this trace, in percent.
+    pub copied_percent: f64,
     /// The step modelled.
     pub shape: ServingShape,
     /// Whether the failing step fits the enforced limit (absent without a failure).
@@ -372,142 +372,6 @@ pub fn detect_runtime(trace: &Trace) -> Option<Runtime> {
         }
     }
     found
-}
-
-/// `prefill/chunk.27/layer.0/…` → 27.
-pub fn chunk_of_label(label: &str) -> Option<u64> {
-    let i = label.find("chunk.")?;
-    let rest = &label[i + "chunk.".len()..];
-    let end = rest
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(rest.len());
-    rest[..end].parse().ok()
-}
-
-/// `q bf16[1, 4128, 16, 128]` → `(q, [1, 4128, 16, 128])`.
-fn name_and_shape(t: &str) -> Option<(&str, Vec<u64>)> {
-    let open = t.rfind('[')?;
-    let dims = t[open + 1..].strip_suffix(']')?;
-    let shape: Option<Vec<u64>> = dims.split(',').map(|d| d.trim().parse().ok()).collect();
-    let name = t[..open].trim_end().rsplit_once(' ').map_or("", |(n, _)| n);
-    Some((name, shape?))
-}
-
-/// The step of a labelled run (the reference workload): the chunk in the failure's label, its
-/// tokens from the annotated query of that chunk (`q [1, T, H, D]`).
-fn step_from_labels(f: &FailureReport) -> Option<StepPosition> {
-    let label = f.failure.label.as_deref()?;
-    let n = chunk_of_label(label)?;
-    let prefix = format!("chunk.{n}/");
-    let tokens = f
-        .failure
-        .live
-        .iter()
-        .filter(|a| a.label.as_deref().is_some_and(|l| l.contains(&prefix)))
-        .filter_map(|a| name_and_shape(a.tensor.as_deref()?))
-        .find(|(name, s)| matches!(*name, "q" | "k" | "v") && s.len() >= 3 && s[0] == 1)
-        .map(|(_, s)| s[1]);
-    Some(StepPosition {
-        chunk_index: n,
-        chunk_tokens: tokens,
-        context_tokens: tokens.map(|t| (n + 1) * t),
-        source: match tokens {
-            Some(t) => format!(
-                "the failure's label `{label}` names chunk {n}; that chunk's annotated `q` has {t} tokens"
-            ),
-            None => format!("the failure's label `{label}` names chunk {n}"),
-        },
-    })
-}
-
-/// The step of an unlabelled PyTorch run, from the Python lines of its tensors: a step begins
-/// each time the latest phase's first line allocates again ([`categoriser::Steps`]' rule); the
-/// step's first tensor is its input, `tokens × hidden × dtype` bytes of the config's hidden size.
-fn step_from_tensors(
-    trace: &Trace,
-    at: At,
-    cfg: Option<&ModelConfig>,
-) -> crate::Result<Option<StepPosition>> {
-    #[derive(Default)]
-    struct Phase {
-        first_site: String,
-        steps: u64,
-        input_bytes: u64,
-    }
-    let p = &trace.processes[at.process];
-    let mut phases: Vec<Phase> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut by_stack: HashMap<u32, Option<(usize, String)>> = HashMap::new();
-    let mut latest: Option<usize> = None;
-    let mut i = 0usize;
-    trace.for_each_item(|pi, it| {
-        if i >= at.seq {
-            return ControlFlow::Break(());
-        }
-        i += 1;
-        let Item::Tensor(t) = &it else {
-            return ControlFlow::Continue(());
-        };
-        if pi != at.process || t.device != at.device || t.action != TensorAction::Alloc {
-            return ControlFlow::Continue(());
-        }
-        let place = by_stack.entry(t.stack).or_insert_with(|| {
-            let py = crate::categoriser::py_frames(p, t.stack);
-            if py
-                .iter()
-                .all(|f| categoriser::is_probe_frame(f.file, f.function))
-            {
-                return None;
-            }
-            let key = categoriser::phase_of(&py);
-            let site = categoriser::site_of(&py, &[]);
-            let n = phases.len();
-            let ph = *index.entry(key).or_insert(n);
-            if ph == n {
-                phases.push(Phase {
-                    first_site: site.clone(),
-                    ..Phase::default()
-                });
-            }
-            Some((ph, site))
-        });
-        if let Some((ph, site)) = place.clone() {
-            let phase = &mut phases[ph];
-            if phase.first_site == site {
-                phase.steps += 1;
-                phase.input_bytes = t.size;
-            }
-            latest = Some(ph);
-        }
-        ControlFlow::Continue(())
-    })?;
-    let Some(ph) = latest.map(|l| &phases[l]) else {
-        return Ok(None);
-    };
-    if ph.steps == 0 {
-        return Ok(None);
-    }
-    let n = ph.steps - 1;
-    let per_token = cfg.map(|c| c.hidden_size * c.dtype.size_bytes());
-    let tokens = per_token
-        .filter(|&b| b > 0 && ph.input_bytes > 0 && ph.input_bytes.is_multiple_of(b))
-        .map(|b| ph.input_bytes / b);
-    let source = match (tokens, per_token) {
-        (Some(t), Some(b)) => format!(
-            "step {n} of the loop whose first line is `{}` (it allocated {} times); that line's tensor, the step's input, is {} B = {t} tokens × {b} B (hidden size × dtype)",
-            ph.first_site, ph.steps, ph.input_bytes
-        ),
-        _ => format!(
-            "step {n} of the loop whose first line is `{}` (it allocated {} times, its input {} B); give --model for the token count",
-            ph.first_site, ph.steps, ph.input_bytes
-        ),
-    };
-    Ok(Some(StepPosition {
-        chunk_index: n,
-        chunk_tokens: tokens,
-        context_tokens: tokens.map(|t| (n + 1) * t),
-        source,
-    }))
 }
 
 /// Frames of the allocation machinery a triager does not look for: the driver binding, the
@@ -766,7 +630,10 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     let cfg = opts.model.as_ref().map(|m| &m.cfg);
     t.step = match step_from_labels(f) {
         Some(s) => Some(s),
-        None => step_from_tensors(trace, at, cfg)?,
+        None => match step_from_generate(trace, at, cfg)? {
+            Some(s) => Some(s),
+            None => step_from_tensors(trace, at, cfg)?,
+        },
     };
 
     // The whole-step model.
@@ -817,7 +684,7 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     let chunk_index = t.step.as_ref().map(|s| s.chunk_index).unwrap_or(0);
     let mut ev = Vec::new();
     let without_fits = |part: KnownParts| -> Option<bool> {
-        let m = model.as_ref()?;
+        let m = model.as_ref().filter(|m| m.engine.is_none())?;
         let mi = opts.model.as_ref()?;
         let sm = StepModel::new(
             mi.cfg.clone(),
@@ -976,7 +843,11 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     }
     if let Some(m) = &model {
         ev.push(format!(
-            "the whole-step model: the failing step {} ({} counted against {})",
+            "{}: the failing step {} ({} counted against {})",
+            m.engine
+                .map_or("the whole-step model".to_string(), |e| format!(
+                    "the planner of {e} (from the config)"
+                )),
             if m.failure_fits == Some(false) {
                 "does not fit"
             } else {
@@ -1040,68 +911,6 @@ fn peak_moment(
             t_ns,
             tb,
         )
-    }))
-}
-
-/// The step live at a moment without a failure, from the embedding's output (the step's input
-/// hidden states, `tokens × hidden × dtype` bytes) among the live tensors: the tokens of the
-/// forward that was running.
-fn step_at_peak(trace: &Trace, at: At, cfg: &ModelConfig) -> crate::Result<Option<StepPosition>> {
-    let p = &trace.processes[at.process];
-    let mut live = TensorReplay::new();
-    let mut i = 0usize;
-    trace.for_each_item(|pi, it| {
-        if i > at.seq {
-            return ControlFlow::Break(());
-        }
-        if let Item::Tensor(t) = &it
-            && pi == at.process
-            && t.device == at.device
-        {
-            live.apply(pi, i, t);
-        }
-        i += 1;
-        ControlFlow::Continue(())
-    })?;
-    let per_token = cfg.hidden_size * cfg.dtype.size_bytes();
-    if per_token == 0 {
-        return Ok(None);
-    }
-    let mut found: Option<(u64, String)> = None;
-    for t in live.live_set(at.process, at.device) {
-        let (size, stack) = (t.event.size, t.event.stack);
-        let py = crate::categoriser::py_frames(p, stack);
-        let Some(f) = py
-            .iter()
-            .find(|f| f.function == "embedding" && f.file.ends_with("functional.py"))
-        else {
-            continue;
-        };
-        // The allocator rounds blocks up to 512 bytes.
-        let tokens = size / per_token;
-        if tokens == 0 || size - tokens * per_token >= 512 {
-            continue;
-        }
-        if found.as_ref().is_none_or(|(t, _)| tokens > *t) {
-            let site = format!(
-                "{}:{} {}",
-                f.file.rsplit('/').next().unwrap_or(f.file),
-                f.line,
-                f.function
-            );
-            found = Some((
-                tokens,
-                format!(
-                    "the embedding's output live at the peak ({site}): {size} B = {tokens} tokens × {per_token} B (hidden size × dtype)"
-                ),
-            ));
-        }
-    }
-    Ok(found.map(|(tokens, source)| StepPosition {
-        chunk_index: 0,
-        chunk_tokens: Some(tokens),
-        context_tokens: Some(tokens),
-        source,
     }))
 }
 
@@ -1350,8 +1159,12 @@ fn peak_model(
             }
         ));
     }
+    let (parts, copied_percent) = parts_of(&step, &known);
     Ok(ModelView {
         runtime,
+        engine: None,
+        parts,
+        copied_percent,
         shape,
         failure_fits: None,
         before_fits: None,
@@ -1514,6 +1327,31 @@ fn whole_step(
         ..KnownParts::default()
     };
     let cfg = &m.cfg;
+    let mut observed: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &b.rows {
+        let bytes = match r.category {
+            Category::OtherProcess => other_in,
+            Category::Context => context_in,
+            _ => r.bytes,
+        };
+        if bytes > 0 {
+            *observed.entry(r.category.key().to_string()).or_default() += bytes;
+        }
+    }
+    // The refused request belongs to the step's activations.
+    *observed.entry("activations".to_string()).or_default() +=
+        t.tipping.as_ref().map_or(0, |x| x.bytes);
+    // transformers' generate, its step read from its own loop: the engine's planner, from the
+    // config and the limit alone.
+    if runtime == Runtime::Transformers && m.opts.tp <= 1 {
+        let seen: BTreeMap<Category, u64> = observed
+            .iter()
+            .filter_map(|(k, &v)| Some((Category::parse(k)?, v)))
+            .collect();
+        if let Some(v) = engine_view::transformers_view(cfg, step, limit, &seen) {
+            return v;
+        }
+    }
     let model = StepModel::new(
         cfg.clone(),
         StepVariants::for_runtime(runtime, cfg),
@@ -1531,20 +1369,6 @@ fn whole_step(
         .flatten()
         .and_then(|s| s.fits());
     let lc = failing.limit.clone().ok_or("the model was not checked")?;
-    let mut observed: BTreeMap<String, u64> = BTreeMap::new();
-    for r in &b.rows {
-        let bytes = match r.category {
-            Category::OtherProcess => other_in,
-            Category::Context => context_in,
-            _ => r.bytes,
-        };
-        if bytes > 0 {
-            *observed.entry(r.category.key().to_string()).or_default() += bytes;
-        }
-    }
-    // The refused request belongs to the step's activations.
-    *observed.entry("activations".to_string()).or_default() +=
-        t.tipping.as_ref().map_or(0, |x| x.bytes);
     let res = residuals(&failing, &observed).map_err(|e| e.to_string())?;
     let hybrid = cfg.layer_types.contains(&LayerKind::LinearAttention);
     let floor = if hybrid && matches!(runtime, Runtime::Vllm | Runtime::Workload) {
@@ -1559,8 +1383,12 @@ fn whole_step(
     let context_frontier = model
         .largest_context_at(&shape.with_context(chunk), limit, max_ctx)
         .map_err(|e| e.to_string())?;
+    let (parts, copied_percent) = parts_of(&failing, &known);
     Ok(ModelView {
         runtime,
+        engine: None,
+        parts,
+        copied_percent,
         shape,
         failure_fits: Some(lc.fits),
         before_fits: before,
@@ -1572,6 +1400,49 @@ fn whole_step(
         context_frontier,
         peak_fit: None,
     })
+}
+
+/// The parts of a whole-step prediction with their basis: a part given from the trace
+/// ([`KnownParts`]) is copied, every other one predicted from the config; and the copied share
+/// of their bytes in percent.
+fn parts_of(step: &vramtrace_models::StepBreakdown, known: &KnownParts) -> (Vec<Part>, f64) {
+    let given = |c: Category| match c {
+        Category::EngineBuffers => known.engine_buffers.is_some(),
+        Category::CudaGraphs => known.cuda_graphs.is_some(),
+        Category::Communication => known.communication.is_some(),
+        Category::Autotune => known.autotune.is_some(),
+        Category::KvCache => known.kv_pool.is_some(),
+        Category::AllocatorReserve => known.allocator_reserve.is_some(),
+        Category::Context => known.context.is_some(),
+        Category::OtherProcess => known.other_process.is_some(),
+        _ => false,
+    };
+    let parts: Vec<Part> = Category::ALL
+        .iter()
+        .filter_map(|&c| {
+            step.part(c).filter(|&b| b > 0).map(|bytes| Part {
+                category: c,
+                bytes,
+                basis: if given(c) {
+                    Basis::Copied
+                } else {
+                    Basis::Predicted
+                },
+            })
+        })
+        .collect();
+    let total: u64 = parts.iter().map(|p| p.bytes).sum();
+    let copied: u64 = parts
+        .iter()
+        .filter(|p| p.basis == Basis::Copied)
+        .map(|p| p.bytes)
+        .sum();
+    let pct = if total > 0 {
+        copied as f64 * 100.0 / total as f64
+    } else {
+        0.0
+    };
+    (parts, pct)
 }
 
 /// The model with other parts or another shape, checked against the limit: (fits, largest
@@ -1618,6 +1489,14 @@ fn levers(
 ) -> Vec<Lever> {
     let mut out = Vec::new();
     let frag = class == VerdictClass::Fragmentation;
+    if let (Some(m), Some(mi)) = (model.filter(|m| m.engine.is_some()), opts.model.as_ref()) {
+        return engine_view::transformers_levers(
+            &mi.cfg,
+            m,
+            limit,
+            frag.then_some((reserve, request)),
+        );
+    }
     let Some(m) = model else {
         if frag {
             out.push(Lever {
@@ -1861,19 +1740,5 @@ mod tests {
         assert_eq!(torch_segment_size(1_319_108_608), 1_319_108_608);
         assert_eq!(torch_segment_size(5 << 20), 20 << 20);
         assert_eq!(torch_segment_size(100), 2 << 20);
-    }
-
-    #[test]
-    fn chunks_and_shapes_from_labels_and_names() {
-        assert_eq!(
-            chunk_of_label("prefill/chunk.27/layer.0/gdn/chunk_gated_delta_rule"),
-            Some(27)
-        );
-        assert_eq!(chunk_of_label("prefill/weights"), None);
-        assert_eq!(
-            name_and_shape("q bf16[1, 4128, 16, 128]"),
-            Some(("q", vec![1, 4128, 16, 128]))
-        );
-        assert_eq!(name_and_shape("weights"), None);
     }
 }

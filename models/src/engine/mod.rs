@@ -103,6 +103,9 @@ pub struct PlannedRun {
     pub failure: Option<PlannedFailure>,
     /// The most tokens the run was asked to hold (the prompt).
     pub prompt_tokens: u64,
+    /// What was allocated, by category, at the most allocated moment of the last step that
+    /// completed (empty when none did).
+    pub last_step_parts: Vec<Part>,
 }
 
 /// What an engine's planner answers from the config and the flags alone.

@@ -157,6 +157,8 @@ struct Sim {
     by_category: [u64; Category::ALL.len()],
     step_peak_allocated: u64,
     step_peak_reserved: u64,
+    /// The parts at `step_peak_allocated`.
+    step_peak_parts: Vec<Part>,
 }
 
 /// A handle to a live tensor of the simulation.
@@ -182,6 +184,7 @@ impl Sim {
             by_category: [0; Category::ALL.len()],
             step_peak_allocated: 0,
             step_peak_reserved: 0,
+            step_peak_parts: Vec::new(),
         }
     }
 
@@ -235,7 +238,10 @@ impl Sim {
                 let block = self.alloc.block_size(id);
                 self.by_category[category.index()] += block;
                 self.live.push(Some((id, block, category)));
-                self.step_peak_allocated = self.step_peak_allocated.max(self.alloc.allocated());
+                if self.alloc.allocated() > self.step_peak_allocated {
+                    self.step_peak_allocated = self.alloc.allocated();
+                    self.step_peak_parts = self.parts();
+                }
                 self.step_peak_reserved = self.step_peak_reserved.max(self.alloc.reserved());
                 Ok(H(self.live.len() - 1))
             }
@@ -306,6 +312,7 @@ impl Sim {
     fn begin_step(&mut self) {
         self.step_peak_allocated = self.alloc.allocated();
         self.step_peak_reserved = self.alloc.reserved();
+        self.step_peak_parts = self.parts();
     }
 }
 
@@ -699,6 +706,7 @@ impl Engine for GenerateChunked {
             steps: Vec::new(),
             failure: None,
             prompt_tokens,
+            last_step_parts: Vec::new(),
         };
         let fail = |run: &mut PlannedRun, r: Box<Refused>, index, chunk, context| {
             run.failure = Some(PlannedFailure {
@@ -778,6 +786,7 @@ impl Engine for GenerateChunked {
                 peak_allocated: sim.step_peak_allocated,
                 peak_reserved: sim.step_peak_reserved,
             });
+            run.last_step_parts = std::mem::take(&mut sim.step_peak_parts);
             index += 1;
         }
         Ok(run)

@@ -218,7 +218,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
                 .sum();
             resident = Some(a.observed_bytes - a.attributed_bytes - ballast);
             failed_kernel = Some((variant, tokens));
-            failed_chunk = vramtrace::report::triage::chunk_of_label(&label);
+            failed_chunk = vramtrace::report::step::chunk_of_label(&label);
         }
         println!("\n=== {what}, against {} ===", variant.name());
         print!(

@@ -59,7 +59,7 @@ pub fn run(
                 "failing_context": frontier.failing_context,
                 "capped": frontier.capped,
                 "cap": prompt,
-                "basis": frontier.basis.name(),
+                "basis": match frontier.basis { Basis::Predicted => "config", other => other.name() },
             },
             "failure": run.failure,
             "steps_completed": run.steps.len(),

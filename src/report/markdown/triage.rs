@@ -116,7 +116,10 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
         (Some(m), _, _) => {
             let _ = writeln!(
                 out,
-                "| whole-step model | the failing step **{}**: {} counted against {} ({}); the step before it {} |",
+                "| {} | the failing step **{}**: {} counted against {} ({}); the step before it {} |",
+                m.engine.map_or("whole-step model".to_string(), |e| format!(
+                    "{e}, predicted from the config"
+                )),
                 if m.failure_fits == Some(false) {
                     "does not fit"
                 } else {
@@ -207,11 +210,17 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
             out,
             "**What to change**{}:\n",
             match (&t.model, &r.model) {
-                (Some(m), Some(mi)) => format!(
-                    " (each predicted by the whole-step model of {} as run by {})",
-                    mi.cfg.display_name(),
-                    m.runtime.name()
-                ),
+                (Some(m), Some(mi)) => match m.engine {
+                    Some(e) => format!(
+                        " (each predicted from {}'s config by the planner of {e})",
+                        mi.cfg.display_name()
+                    ),
+                    None => format!(
+                        " (each predicted by the whole-step model of {} as run by {})",
+                        mi.cfg.display_name(),
+                        m.runtime.name()
+                    ),
+                },
                 _ => String::new(),
             }
         );
@@ -479,16 +488,29 @@ pub(super) fn triage_sections(out: &mut String, r: &Report) {
     if let Some(m) = &t.model
         && m.peak_fit.is_none()
     {
-        let _ = writeln!(
-            out,
-            "## The whole-step model beside the failing step\n\nA step of {} new tokens with {} tokens held, batch {}, TP {}, modelled as {} runs it; the parts a config cannot give were given from the trace: {}.\n",
-            m.shape.chunk_tokens,
-            exact(m.shape.context_tokens),
-            m.shape.batch,
-            m.shape.tp,
-            m.runtime.name(),
-            known_words(&m.known)
-        );
+        match m.engine {
+            Some(e) => {
+                let _ = writeln!(
+                    out,
+                    "## The engine's planner beside the failing step\n\nA step of {} new tokens with {} tokens held, as {e} runs it: every tensor of every chunk's forward replayed through PyTorch's caching allocator under the limit, from the config alone (every part predicted, none copied from this trace).\n",
+                    m.shape.chunk_tokens,
+                    exact(m.shape.context_tokens),
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "## The whole-step model beside the failing step\n\nA step of {} new tokens with {} tokens held, batch {}, TP {}, modelled as {} runs it; the parts a config cannot give were given from the trace: {} ({:.1}% of the predicted bytes copied from this trace).\n",
+                    m.shape.chunk_tokens,
+                    exact(m.shape.context_tokens),
+                    m.shape.batch,
+                    m.shape.tp,
+                    m.runtime.name(),
+                    known_words(&m.known),
+                    m.copied_percent
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "| category | predicted | observed | predicted − observed | likely cause |\n| --- | ---: | ---: | ---: | --- |"

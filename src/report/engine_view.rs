@@ -1,0 +1,303 @@
+//! The engine's planner beside a failure (`vramtrace_models::engine`): for a step read from the
+//! engine's own loop ([`crate::report::step`]), the planner is run from the config and the limit
+//! the trace shows enforced, to the failing context; whether it holds that step, the largest
+//! context at the step's chunk and the largest chunk at its context, each part of the step with
+//! its basis, and the residual of each category against the trace.
+
+use std::collections::BTreeMap;
+
+use vramtrace_models::engine::transformers_5::{
+    ContextFrontier as PlannedFrontier, GenerateChunked,
+};
+use vramtrace_models::engine::{Basis, Engine, Part, PlannedRun};
+use vramtrace_models::{
+    Category, ChunkFloor, ChunkFrontier, ContextFrontier, KnownParts, Limit, ModelConfig,
+    PartResidual, Residuals, Runtime, ServingShape,
+};
+
+use crate::report::step::StepPosition;
+use crate::report::triage::{Lever, ModelView};
+use vramtrace_models::units::fmt_bytes;
+
+/// The smallest chunk the chunk frontier tries, and its step: below it the planner's runs grow
+/// long (one forward a chunk) for a lever no one turns.
+const CHUNK_GRANULE: u64 = 256;
+
+fn plan(cfg: &ModelConfig, chunk: u64, limit: &Limit, prompt: u64) -> Result<PlannedRun, String> {
+    GenerateChunked::new(cfg.clone(), chunk)
+        .and_then(|p| p.plan(limit, prompt))
+        .map_err(|e| e.to_string())
+}
+
+/// Whether a run of `chunk` holds `context` under `limit`.
+fn holds(cfg: &ModelConfig, chunk: u64, limit: &Limit, context: u64) -> Result<bool, String> {
+    Ok(plan(cfg, chunk, limit, context)?.failure.is_none())
+}
+
+/// The largest chunk (a multiple of [`CHUNK_GRANULE`], at most `context`) whose run holds
+/// `context`; `None` when not even the smallest does.
+fn largest_chunk(cfg: &ModelConfig, limit: &Limit, context: u64) -> Result<Option<u64>, String> {
+    let top = (context / CHUNK_GRANULE).max(1);
+    if !holds(cfg, CHUNK_GRANULE.min(context), limit, context)? {
+        return Ok(None);
+    }
+    let (mut lo, mut hi) = (1u64, top);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if holds(cfg, (mid * CHUNK_GRANULE).min(context), limit, context)? {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Ok(Some((lo * CHUNK_GRANULE).min(context)))
+}
+
+/// Each category's predicted bytes beside the observed ones. The refused request belongs to the
+/// step's activations on both sides.
+fn residuals(parts: &[Part], observed: &BTreeMap<Category, u64>) -> Residuals {
+    let mut rows = Vec::new();
+    for c in Category::ALL {
+        let predicted = parts.iter().find(|p| p.category == c).map(|p| p.bytes);
+        let seen = observed.get(&c).copied();
+        if predicted.is_none() && seen.is_none() {
+            continue;
+        }
+        let observed = seen.unwrap_or(0);
+        let residual = (i128::from(predicted.unwrap_or(0)) - i128::from(observed)) as i64;
+        let likely_cause = match (predicted, residual) {
+            (_, 0) => "agrees".to_string(),
+            (None, _) => "not predicted by the planner (outside the caching allocator, or not modelled: see engine/transformers_5.rs)".to_string(),
+            (Some(_), r) if r > 0 => "the planner holds more here than the trace did at its failure".to_string(),
+            _ => "the trace holds more here than the planner predicts".to_string(),
+        };
+        rows.push(PartResidual {
+            category: c,
+            predicted,
+            observed,
+            residual,
+            likely_cause,
+        });
+    }
+    let predicted_total: u64 = parts.iter().map(|p| p.bytes).sum();
+    let observed_total: u64 = observed.values().sum();
+    Residuals {
+        parts: rows,
+        predicted_total,
+        observed_total,
+        total_residual: (i128::from(predicted_total) - i128::from(observed_total)) as i64,
+    }
+}
+
+/// The transformers planner beside a failing step of `generate`: `None` when the step is not
+/// one the planner models (no chunk or context read from the engine's loop, or a limit
+/// transformers does not meet).
+pub(crate) fn transformers_view(
+    cfg: &ModelConfig,
+    step: &StepPosition,
+    limit: &Limit,
+    observed: &BTreeMap<Category, u64>,
+) -> Option<Result<ModelView, String>> {
+    if !step.from_engine_loop || matches!(limit, Limit::GpuMemoryUtilization { .. }) {
+        return None;
+    }
+    let (chunk, context) = (step.chunk_tokens?, step.context_tokens?);
+    Some(view(cfg, step, chunk, context, limit, observed))
+}
+
+fn view(
+    cfg: &ModelConfig,
+    step: &StepPosition,
+    chunk: u64,
+    context: u64,
+    limit: &Limit,
+    observed: &BTreeMap<Category, u64>,
+) -> Result<ModelView, String> {
+    let to_failure = plan(cfg, chunk, limit, context)?;
+    let limit_bytes = to_failure.limit_bytes;
+    let (counted, parts) = match &to_failure.failure {
+        Some(f) => {
+            let mut parts = f.parts.clone();
+            match parts
+                .iter_mut()
+                .find(|p| p.category == Category::Activations)
+            {
+                Some(p) => p.bytes += f.request,
+                None => parts.push(Part {
+                    category: Category::Activations,
+                    bytes: f.request,
+                    basis: Basis::Predicted,
+                }),
+            }
+            (f.reserved + f.segment, parts)
+        }
+        None => (
+            to_failure.steps.last().map_or(0, |s| s.peak_reserved),
+            to_failure.last_step_parts.clone(),
+        ),
+    };
+    let failure_fits = to_failure.failure.is_none();
+    let before_fits = to_failure
+        .failure
+        .as_ref()
+        .is_none_or(|f| f.index >= step.chunk_index);
+    // The frontier at this chunk: the run to the model's own maximum.
+    let max = cfg.max_position_embeddings.unwrap_or(1 << 20).max(context);
+    let whole = plan(cfg, chunk, limit, max)?;
+    let front = PlannedFrontier::of(&whole, chunk, Basis::Predicted);
+    let context_frontier = ContextFrontier {
+        chunk_tokens: chunk,
+        largest_context: front.context_at_chunk,
+        capped: front.capped,
+        limited_by_pool: false,
+        limit_bytes,
+    };
+    let chunk_frontier = ChunkFrontier {
+        context_tokens: context,
+        largest_chunk: largest_chunk(cfg, limit, context)?,
+        floor: ChunkFloor {
+            min_tokens: CHUNK_GRANULE,
+            multiple: CHUNK_GRANULE,
+            why: format!(
+                "searched in steps of {CHUNK_GRANULE} tokens (transformers takes any prefill_chunk_size)"
+            ),
+        },
+        at_floor: plan(cfg, CHUNK_GRANULE.min(context), limit, context)?
+            .steps
+            .last()
+            .map_or(0, |s| s.peak_reserved),
+        limit_bytes,
+    };
+    Ok(ModelView {
+        runtime: Runtime::Transformers,
+        engine: Some(to_failure.engine),
+        shape: ServingShape::prefill(cfg, chunk, context),
+        failure_fits: Some(failure_fits),
+        before_fits: Some(before_fits),
+        headroom: (i128::from(limit_bytes) - i128::from(counted)) as i64,
+        counted,
+        known: KnownParts::default(),
+        residuals: residuals(&parts, observed),
+        copied_percent: 0.0,
+        parts,
+        chunk_frontier,
+        context_frontier,
+        peak_fit: None,
+    })
+}
+
+/// The levers of a planner view, each predicted by the planner from the config: the chunk, the
+/// prompt, the limit, and (for a refusal with room free inside segments) expandable segments,
+/// which the planner's replay of the default allocator does not model.
+pub(crate) fn transformers_levers(
+    cfg: &ModelConfig,
+    m: &ModelView,
+    limit: &Limit,
+    fragmented: Option<(u64, u64)>,
+) -> Vec<Lever> {
+    let (chunk, context) = (m.shape.chunk_tokens, m.shape.context_tokens);
+    let mut out = Vec::new();
+    match m.chunk_frontier.largest_chunk {
+        Some(c) => out.push(Lever {
+            change: format!("prefill_chunk_size={c}"),
+            fits: Some(true),
+            ceiling: format!(
+                "the largest chunk (in steps of {CHUNK_GRANULE}) whose run holds {context} tokens"
+            ),
+            feasible: true,
+        }),
+        None => out.push(Lever {
+            change: format!("a prefill_chunk_size of {CHUNK_GRANULE} or less"),
+            fits: Some(false),
+            ceiling: format!(
+                "no chunk of {CHUNK_GRANULE} tokens or more holds {context} tokens under this limit"
+            ),
+            feasible: false,
+        }),
+    }
+    out.push(Lever {
+        change: match m.context_frontier.largest_context {
+            Some(l) => format!("a prompt of at most {l} tokens"),
+            None => "a prompt of less than one chunk".into(),
+        },
+        fits: Some(m.context_frontier.largest_context.is_some()),
+        ceiling: format!(
+            "the largest context whose chunks of {chunk} all complete{}",
+            if m.context_frontier.capped {
+                " (the model's max_position_embeddings)"
+            } else {
+                ""
+            }
+        ),
+        feasible: m.context_frontier.largest_context.is_some(),
+    });
+    if let Some(l) = needed_limit(cfg, chunk, limit, context) {
+        out.push(l);
+    }
+    if let Some((reserve, request)) = fragmented {
+        out.push(Lever {
+            change: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
+            fits: None,
+            ceiling: format!(
+                "the {} free inside segments could serve the {} request as one mapped range; the planner replays the default allocator and does not predict it",
+                fmt_bytes(reserve),
+                fmt_bytes(request)
+            ),
+            feasible: true,
+        });
+    }
+    out
+}
+
+/// The smallest limit (in steps of 64 MiB, up to the card) under which the run holds `context`.
+fn needed_limit(cfg: &ModelConfig, chunk: u64, limit: &Limit, context: u64) -> Option<Lever> {
+    const STEP: u64 = 64 << 20;
+    let capacity = match *limit {
+        Limit::PerProcessFraction { capacity, .. } | Limit::Card { capacity } => capacity,
+        Limit::GpuMemoryUtilization { .. } => return None,
+    };
+    let with = |bytes: u64| match *limit {
+        Limit::PerProcessFraction { capacity, .. } => Limit::PerProcessFraction {
+            capacity,
+            fraction: bytes as f64 / capacity as f64,
+        },
+        _ => Limit::Card { capacity: bytes },
+    };
+    let ok = |bytes: u64| holds(cfg, chunk, &with(bytes), context).unwrap_or(false);
+    let (mut lo, mut hi) = (0u64, capacity / STEP);
+    if !ok(hi * STEP) {
+        return Some(Lever {
+            change: "a larger card".into(),
+            fits: Some(false),
+            ceiling: format!(
+                "not even the whole card ({}) holds {context} tokens at a chunk of {chunk}",
+                fmt_bytes(capacity)
+            ),
+            feasible: false,
+        });
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if ok(mid * STEP) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let bytes = hi * STEP;
+    Some(Lever {
+        change: match limit {
+            Limit::PerProcessFraction { capacity, .. } => format!(
+                "set_per_process_memory_fraction({:.3})",
+                ((bytes as f64 / *capacity as f64) * 1000.0).ceil() / 1000.0
+            ),
+            _ => format!("a card of {} or more", fmt_bytes(bytes)),
+        },
+        fits: Some(true),
+        ceiling: format!(
+            "the smallest limit (in steps of 64 MiB) under which the run holds {context} tokens: {}",
+            fmt_bytes(bytes)
+        ),
+        feasible: true,
+    })
+}
