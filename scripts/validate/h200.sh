@@ -665,6 +665,36 @@ generate_chunked() {
   done
 }
 
+cb_plan() {
+  # Issue 31: the paged pool and batch of transformers' continuous batching at CB_PERCENTS, as
+  # transformers logs them, on the dense model (the predictions were committed first:
+  # docs/validation.md, "transformers continuous batching").
+  [ -f "$W/models/dense/config.json" ] || timeout 300 python3 "$VAL/hf_models.py" "$W/models" dense || return 1
+  cp "$W/models/dense/config.json" "$W/dense-config.json"
+  timeout 300 python3 "$VAL/hf_cb_plan.py" "$W/models/dense" ${CB_PERCENTS:-0.15 0.5 0.9} 2>&1 |
+    grep -E "^RESULT|Error|error" | tee "$W/cb-plan.txt"
+}
+
+generate_repeat() {
+  # Issue 31: does recording move the refusal? GEN_REPEAT_CASE (chunk:cap) bare GEN_REPEAT
+  # times, then as many times under vramtrace run.
+  [ -f "$W/models/hybrid12/config.json" ] || timeout 300 python3 "$VAL/hf_models.py" "$W/models" hybrid12 || return 1
+  local case=${GEN_REPEAT_CASE:-4096:6} n=${GEN_REPEAT:-3} i c cap d
+  c=${case%:*} cap=${case#*:}
+  for i in $(seq "$n"); do
+    echo "--- bare $i: chunk $c, cap $cap GiB"
+    timeout 200 python3 "$VAL/hf_generate_chunked.py" "$W/models/hybrid12" --chunk "$c" --cap "$cap" 2>&1 | grep -E "^OOM|^held"
+  done
+  for i in $(seq "$n"); do
+    d=$W/gen-repeat-$i
+    rm -rf "$d"
+    echo "--- traced $i: chunk $c, cap $cap GiB"
+    timeout 200 $VT run --quiet --out "$d" -- python3 "$VAL/hf_generate_chunked.py" "$W/models/hybrid12" \
+      --chunk "$c" --cap "$cap" 2>&1 | grep -E "^OOM|^held"
+    rm -rf "$d"
+  done
+}
+
 STEPS=${*:-setup preload_probes torch_modes nvtx_and_processes fla_shapes fa_shapes workload costs}
 export PYTHONPATH=/tmp/site
 write_empty_del

@@ -9,6 +9,7 @@
 //!   `DynamicCache` (Qwen3.5 hybrid and dense attention models), on PyTorch's caching allocator.
 
 pub mod transformers_5;
+pub mod transformers_cb;
 
 use serde::Serialize;
 

@@ -10,7 +10,7 @@ use vramtrace::parse::parse_range;
 
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_models::{
-    DType, Kernel, ModelConfig, Tensor, Variant, WeightFormat, Workload, WorkloadOptions,
+    DType, Kernel, Limit, ModelConfig, Tensor, Variant, WeightFormat, Workload, WorkloadOptions,
     gdn_state_per_seq, kv_cache_per_token, naive_sum, peak, replay, rounding, weight_bytes,
 };
 
@@ -226,6 +226,24 @@ const DEFAULT_TOKENS: u64 = 4128;
 pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
     let (cfg, variants, opts) = args.select.resolve(&args.config)?;
     let planner_limit = crate::commands::model_step::limit(&args.whole)?;
+    if let Some(percent) = args.whole.cb_max_memory_percent {
+        let total = match planner_limit {
+            Some(Limit::Card { capacity }) => capacity,
+            _ => bail!(
+                "--cb-max-memory-percent takes the card's total as --limit, without a fraction"
+            ),
+        };
+        let context = crate::commands::model_step::known_context(&args.whole.known)?;
+        return crate::commands::model_engine::run_cb(
+            cfg,
+            total,
+            percent,
+            args.whole.cb_block_size,
+            args.whole.cb_flash_attention,
+            context,
+            args.json,
+        );
+    }
     if let (Some(limit), "transformers") = (planner_limit, args.whole.runtime.as_str()) {
         if args.select.tokens.is_none() {
             bail!("--limit with --runtime transformers needs --tokens: the prefill_chunk_size");

@@ -132,3 +132,76 @@ pub fn run(
     }
     Ok(if held { 0 } else { 1 })
 }
+
+/// The CUDA context and driver overhead when `--known context=` does not say: transformers' own
+/// figure for it (`generation/continuous_batching/requests.py:48-49`, "~0.5 GiB").
+const DEFAULT_CONTEXT: u64 = 512 << 20;
+
+/// `vramtrace model CONFIG --cb-max-memory-percent P --limit TOTAL`: the paged pool and batch
+/// transformers' continuous batching plans at start, from the config, the flag and the memory
+/// free then (the card less the context and the weights, both predicted unless given).
+pub fn run_cb(
+    cfg: ModelConfig,
+    total: u64,
+    percent: f64,
+    block_size: Option<u64>,
+    flash_attention: bool,
+    context: Option<u64>,
+    json_out: bool,
+) -> anyhow::Result<i32> {
+    use vramtrace_models::engine::transformers_cb::{ContinuousBatching, DEFAULT_BLOCK_SIZE};
+    use vramtrace_models::{WeightFormat, weight_bytes};
+    let weights = weight_bytes(&cfg, WeightFormat::Bf16, 1)?.bytes;
+    // The weights sit in one segment of the caching allocator (caching_allocator_warmup),
+    // rounded to 2 MiB.
+    let weights_reserved = weights.next_multiple_of(2 << 20);
+    let ctx = context.unwrap_or(DEFAULT_CONTEXT);
+    let free = total.saturating_sub(ctx).saturating_sub(weights_reserved);
+    let planner = ContinuousBatching {
+        config: cfg.clone(),
+        max_memory_percent: percent,
+        block_size: block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
+        flash_attention,
+        free_bytes: free,
+        reserved_bytes: weights_reserved,
+        total_bytes: total,
+    };
+    let plan = planner.plan()?;
+    let context_basis = if context.is_some() {
+        "given"
+    } else {
+        "default"
+    };
+    if json_out {
+        let v = json!({
+            "engine": "transformers 5.17 continuous batching (PagedAttentionCache)",
+            "config": cfg.path,
+            "max_memory_percent": percent,
+            "total": total,
+            "weights": {"bytes": weights_reserved, "basis": "config"},
+            "context": {"bytes": ctx, "basis": context_basis},
+            "free": free,
+            "plan": plan,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!(
+        "{}: transformers 5.17's continuous batching at max_memory_percent {percent} of a {} card ({} free after the weights' {} and {} of context, {context_basis}):",
+        cfg.display_name(),
+        fmt_bytes(total),
+        fmt_bytes(free),
+        fmt_bytes(weights_reserved),
+        fmt_bytes(ctx)
+    );
+    println!(
+        "  available {}  ->  max_batch_tokens {}, num_blocks {} of {} tokens ({} token slots), KV pool {}",
+        fmt_bytes(plan.available),
+        plan.max_batch_tokens,
+        plan.num_blocks,
+        plan.block_size,
+        plan.pages,
+        fmt_bytes(plan.kv_pool_bytes)
+    );
+    Ok(0)
+}

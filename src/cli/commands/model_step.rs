@@ -29,6 +29,17 @@ pub struct StepArgs {
     /// The limit: a card of this many bytes (e.g. `24GiB`); with a fraction, the card's total.
     #[arg(long, value_name = "BYTES")]
     pub limit: Option<String>,
+    /// transformers' continuous batching (`serve --continuous-batching`): its
+    /// `--cb-max-memory-percent`; prints the pool and batch it plans on the `--limit` card.
+    #[arg(long, value_name = "P", requires = "limit")]
+    pub cb_max_memory_percent: Option<f64>,
+    /// With `--cb-max-memory-percent`: the cache block in tokens (transformers' default 256).
+    #[arg(long, value_name = "TOKENS", requires = "cb_max_memory_percent")]
+    pub cb_block_size: Option<u64>,
+    /// With `--cb-max-memory-percent`: the model runs flash attention (no mask; CUDA graphs and
+    /// two sets of IO tensors), not `paged|sdpa`.
+    #[arg(long, requires = "cb_max_memory_percent")]
+    pub cb_flash_attention: bool,
     /// The transformers planner's prompt: how many tokens to try to hold (default: the model's
     /// `max_position_embeddings`).
     #[arg(
@@ -60,7 +71,7 @@ pub struct StepArgs {
     pub layers: Option<usize>,
     /// Bytes the step holds besides what the config gives (the context, a reserve), as
     /// `category=BYTES` (`context=700MiB`, `allocator_reserve=3GiB`); repeatable.
-    #[arg(long, value_name = "CATEGORY=BYTES", requires = "context")]
+    #[arg(long, value_name = "CATEGORY=BYTES")]
     pub known: Vec<String>,
 }
 
@@ -79,6 +90,11 @@ pub fn limit(args: &StepArgs) -> anyhow::Result<Option<Limit>> {
             (None, None) => Limit::Card { capacity },
         },
     ))
+}
+
+/// The `context=` of `--known`, if given.
+pub fn known_context(list: &[String]) -> anyhow::Result<Option<u64>> {
+    Ok(known_parts(list)?.context)
 }
 
 fn known_parts(list: &[String]) -> anyhow::Result<KnownParts> {
