@@ -221,7 +221,10 @@ fn a_peak_without_failure_shows_the_model_table_with_its_evidence() {
 /// not matched, say where they were made, and the first screen says another implementation ran.
 #[test]
 fn a_failure_with_python_frames_shows_the_evidence_and_the_allocating_line() {
-    let md = model_report("samples/h200/torch-oom", &["--layers", "16"]);
+    let md = model_report(
+        "samples/h200/torch-oom",
+        &["--layers", "16", "--runtime", "torch-prefill-script"],
+    );
     // fla ran (o and final_state were allocated at its lines): the look-alike of g made by
     // the program itself is not matched, and the first screen says so for that one tensor
     // without claiming that the whole program ran another implementation.

@@ -92,7 +92,13 @@ fn torch_oom_is_fragmentation_under_an_enforced_limit() {
     let cfg = config();
     let cfg = cfg.to_str().unwrap();
     let sample = root().join("samples/h200/torch-oom");
-    let j = json(&sample, &with_model(&["--layers", "16"], cfg));
+    let j = json(
+        &sample,
+        &with_model(
+            &["--layers", "16", "--runtime", "torch-prefill-script"],
+            cfg,
+        ),
+    );
     assert_eq!(j["verdict"]["class"], "fragmentation");
     assert_eq!(j["model"]["failure_fits"], false);
     assert_eq!(j["model"]["before_fits"], true);
@@ -149,7 +155,14 @@ fn torch_oom_first_screen_leads_with_the_cause() {
     let md = run(
         &root().join("samples/h200/torch-oom"),
         &with_model(
-            &["--layers", "16", "--variant", "fla-0.6.0"],
+            &[
+                "--layers",
+                "16",
+                "--variant",
+                "fla-0.6.0",
+                "--runtime",
+                "torch-prefill-script",
+            ],
             cfg.to_str().unwrap(),
         ),
     );

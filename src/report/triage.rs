@@ -173,6 +173,9 @@ pub struct PeakFit {
     pub observed: u64,
     /// `(predicted − observed) / observed`, in percent.
     pub difference_percent: f64,
+    /// The same over the predicted parts alone (those not copied from this trace), in percent;
+    /// `None` when every part was copied.
+    pub predicted_parts_difference_percent: Option<f64>,
     /// Whether the prediction is within [`PEAK_TOLERANCE_PERCENT`] of the observation.
     pub within_tolerance: bool,
     /// The parts that differ most (largest |residual| first), each with its likely cause, when
@@ -345,33 +348,35 @@ pub fn pytorch_message(device: i32, t: &TorchOom, total: u64, process_in_use: u6
     )
 }
 
-/// The program a trace ran: the reference workload by its labels, the validation script, vLLM
-/// or transformers by their Python frames; `None` when nothing says.
+/// The program a trace ran, from the engines' own signatures, counted over every Python frame of
+/// every process (so the answer does not depend on which stack is met first): frames under a
+/// `vllm/` package are vLLM's, under `transformers/` transformers'; the reference workload by its
+/// chunk labels. `None` when none shows, or when vLLM's and transformers' frames both do (vLLM
+/// imports transformers' configs): then `--runtime` says. The project's own validation scripts
+/// are not recognised by their file names: give `--runtime torch-prefill-script`.
 pub fn detect_runtime(trace: &Trace) -> Option<Runtime> {
-    let mut found = None;
+    let (mut vllm, mut transformers, mut workload) = (0u64, 0u64, false);
     for p in &trace.processes {
         for frames in p.py_stacks.values() {
             for f in frames {
                 let file = p.string(f.file).unwrap_or("");
-                let r = if file.ends_with("torch_prefill.py") {
-                    Some(Runtime::TorchPrefillScript)
-                } else if file.contains("/vllm/") {
-                    Some(Runtime::Vllm)
+                if file.contains("/vllm/") {
+                    vllm += 1;
                 } else if file.contains("/transformers/") {
-                    Some(Runtime::Transformers)
-                } else {
-                    None
-                };
-                if r.is_some() {
-                    return r;
+                    transformers += 1;
                 }
             }
         }
-        if found.is_none() && p.strings.values().any(|s| s.starts_with("prefill/chunk.")) {
-            found = Some(Runtime::Workload);
-        }
+        workload |= p.strings.values().any(|s| s.starts_with("prefill/chunk."));
     }
-    found
+    match (vllm > 0, transformers > 0) {
+        (true, false) => Some(Runtime::Vllm),
+        (false, true) => Some(Runtime::Transformers),
+        // vLLM runs transformers' config and tokenizer code too: its frames decide only when
+        // the model's forward ran under vLLM's own modules.
+        (true, true) => None,
+        (false, false) => workload.then_some(Runtime::Workload),
+    }
 }
 
 /// Frames of the allocation machinery a triager does not look for: the driver binding, the
@@ -705,13 +710,8 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     } else {
         0
     };
-    let class = if other_in > 0
-        && (without_fits(KnownParts {
-            other_process: None,
-            ..model.as_ref().map(|m| m.known.clone()).unwrap_or_default()
-        })
-        .unwrap_or(other_in >= shortfall))
-    {
+    // The class comes from the trace alone; the model adds lines of evidence and never flips it.
+    let class = if other_in > 0 && other_in >= shortfall {
         ev.push(format!(
             "other processes held {} inside the limit, more than the {} the request lacked",
             gib(other_in),
@@ -748,15 +748,7 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
             ));
         }
         VerdictClass::Fragmentation
-    } else if kv > 0
-        && chunk_index > 0
-        && (kv_grows || t.step.is_some())
-        && model.as_ref().is_none_or(|m| {
-            m.context_frontier
-                .largest_context
-                .is_some_and(|l| l < m.shape.context_tokens)
-        })
-    {
+    } else if kv > 0 && chunk_index > 0 && (kv_grows || t.step.is_some()) {
         ev.push(format!(
             "the KV cache held {} at chunk {chunk_index}{}",
             gib(kv),
@@ -992,7 +984,7 @@ fn peak_model(
     b: &Breakdown,
 ) -> Result<ModelView, String> {
     let runtime = opts.runtime.or_else(|| detect_runtime(trace)).ok_or(
-        "the trace does not say which program ran the step; pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
+        "the trace does not say which program ran the step (no engine's frames, or both vLLM's and transformers'); pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
     )?;
     let tokens = t
         .step
@@ -1131,9 +1123,12 @@ fn peak_model(
             .map_or(0, |k| p / k.bytes_per_token.max(1))
     });
     // A peak has no failing context to stay near: search far enough to reach the card.
-    let max_ctx = (1u64 << 28)
-        .max(tokens.saturating_mul(4))
-        .max(pool_slots.saturating_add(1));
+    let max_ctx = match m.cfg.max_position_embeddings {
+        Some(mp) => mp.max(tokens),
+        None => (1u64 << 28)
+            .max(tokens.saturating_mul(4))
+            .max(pool_slots.saturating_add(1)),
+    };
     let context_frontier = model
         .largest_context_at(&shape, &limit, max_ctx)
         .map_err(|e| e.to_string())?;
@@ -1160,6 +1155,20 @@ fn peak_model(
         ));
     }
     let (parts, copied_percent) = parts_of(&step, &known);
+    let predicted_parts_difference_percent = {
+        let own: Vec<&vramtrace_models::PartResidual> = res
+            .parts
+            .iter()
+            .filter(|r| {
+                parts
+                    .iter()
+                    .any(|p| p.category == r.category && p.basis == Basis::Predicted)
+            })
+            .collect();
+        let pred: u64 = own.iter().filter_map(|r| r.predicted).sum();
+        let obs: u64 = own.iter().map(|r| r.observed).sum();
+        (obs > 0).then(|| (pred as f64 - obs as f64) * 100.0 / obs as f64)
+    };
     Ok(ModelView {
         runtime,
         engine: None,
@@ -1175,6 +1184,7 @@ fn peak_model(
         chunk_frontier,
         context_frontier,
         peak_fit: Some(PeakFit {
+            predicted_parts_difference_percent,
             predicted: res.predicted_total,
             observed: res.observed_total,
             difference_percent: diff,
@@ -1302,7 +1312,7 @@ fn whole_step(
     context_in: u64,
 ) -> Result<ModelView, String> {
     let runtime = opts.runtime.or_else(|| detect_runtime(trace)).ok_or(
-        "the trace does not say which program ran the step; pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
+        "the trace does not say which program ran the step (no engine's frames, or both vLLM's and transformers'); pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
     )?;
     let step = t.step.as_ref().ok_or(
         "the trace does not say which chunk failed (no chunk label, no step loop in the tensors' lines)",
@@ -1379,7 +1389,11 @@ fn whole_step(
     let chunk_frontier = model
         .largest_chunk_at(&shape, limit, &floor)
         .map_err(|e| e.to_string())?;
-    let max_ctx = MAX_SEARCHED_CONTEXT.max(context.saturating_mul(4));
+    // The engine stops at the model's own maximum context: so does the frontier.
+    let max_ctx = match cfg.max_position_embeddings {
+        Some(m) => m.max(context),
+        None => MAX_SEARCHED_CONTEXT.max(context.saturating_mul(4)),
+    };
     let context_frontier = model
         .largest_context_at(&shape.with_context(chunk), limit, max_ctx)
         .map_err(|e| e.to_string())?;

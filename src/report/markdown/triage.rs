@@ -365,6 +365,15 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
     );
     let _ = writeln!(
         out,
+        "{:.1}% of the predicted bytes were copied from this trace (the parts marked given), and agree with it by construction; over the parts predicted from the config alone the model is **{}**.\n",
+        m.copied_percent,
+        fit.predicted_parts_difference_percent.map_or(
+            "not comparable (every part was given)".to_string(),
+            |d| format!("{d:+.2}%")
+        )
+    );
+    let _ = writeln!(
+        out,
         "| part | predicted | observed | predicted − observed | likely cause |\n| --- | ---: | ---: | ---: | --- |"
     );
     for p in &m.residuals.parts {
