@@ -259,6 +259,10 @@ pub struct Triage {
     /// Why the whole-step model could not be set beside the failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_error: Option<String>,
+    /// Why the model's figures are not to be trusted for this trace (its config contradicts
+    /// what the trace holds); its levers are then not shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_warning: Option<String>,
     /// The levers, most useful first.
     pub levers: Vec<Lever>,
     /// PyTorch's out-of-memory message rebuilt from the trace, when PyTorch refused.
@@ -522,6 +526,7 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         breakdown: breakdown.clone(),
         model: None,
         model_error: None,
+        model_warning: None,
         levers: Vec::new(),
         pytorch_message: None,
         inside_limit: None,
@@ -853,9 +858,38 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         class,
         evidence: ev,
     };
-    t.levers = levers(opts, &t, model.as_ref(), &limit, class, reserve, fl.size);
+    t.model_warning = model.as_ref().and_then(|m| config_contradiction(&b, m));
+    let trusted = model.as_ref().filter(|_| t.model_warning.is_none());
+    t.levers = levers(opts, &t, trusted, &limit, class, reserve, fl.size);
     t.model = model;
     Ok(t)
+}
+
+/// How far a config's weights may be from the trace's before the report says the config is not
+/// the traced model's: 5%.
+const WEIGHTS_TOLERANCE_PERCENT: f64 = 5.0;
+
+/// Whether the model's config contradicts the trace: its predicted weights more than
+/// [`WEIGHTS_TOLERANCE_PERCENT`] from the bytes the categoriser named weights. `None` when they
+/// agree, or when the trace names no weights (a run that loaded none, or an unnamed one).
+fn config_contradiction(b: &Breakdown, m: &ModelView) -> Option<String> {
+    let observed = b.bytes(Category::Weights);
+    let predicted = m
+        .parts
+        .iter()
+        .find(|p| p.category == Category::Weights)
+        .map(|p| p.bytes)?;
+    if observed == 0 {
+        return None;
+    }
+    let off = (predicted as f64 - observed as f64) * 100.0 / observed as f64;
+    (off.abs() > WEIGHTS_TOLERANCE_PERCENT).then(|| {
+        format!(
+            "the config's weights ({}) are {off:+.1}% from the {} the trace holds as weights: is `--model` the traced model's config? Its figures are shown, its levers are not",
+            gib(predicted),
+            gib(observed)
+        )
+    })
 }
 
 /// The moment of the highest peak of one process and device: its highest device bytes and,
@@ -967,7 +1001,10 @@ fn no_failure(
     };
     t.step = step_at_peak(trace, at, &m.cfg)?;
     match peak_model(trace, opts, m, t, b) {
-        Ok(v) => t.model = Some(v),
+        Ok(v) => {
+            t.model_warning = config_contradiction(b, &v);
+            t.model = Some(v);
+        }
         Err(e) => t.model_error = Some(e),
     }
     Ok(())

@@ -138,6 +138,13 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
                     None => "is not modelled",
                 }
             );
+            if let Some(w) = &t.model_warning {
+                let _ = writeln!(
+                    out,
+                    "| **the config contradicts the trace** | {} |",
+                    cell(w)
+                );
+            }
         }
         (None, Some(e), _) => {
             let _ = writeln!(out, "| whole-step model | not set beside it: {} |", cell(e));
@@ -363,6 +370,9 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
             .map(|s| format!(" ({})", s.source))
             .unwrap_or_default()
     );
+    if let Some(w) = &t.model_warning {
+        let _ = writeln!(out, "**The config contradicts the trace**: {w}.\n");
+    }
     let _ = writeln!(
         out,
         "{:.1}% of the predicted bytes were copied from this trace (the parts marked given), and agree with it by construction; over the parts predicted from the config alone the model is **{}**.\n",
