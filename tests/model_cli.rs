@@ -332,3 +332,43 @@ fn the_transformers_planner_holds_a_short_prompt_and_refuses_bad_input() {
     assert_ne!(code, 0);
     assert!(stderr.contains("per-process fraction"), "{stderr}");
 }
+
+/// transformers' continuous-batching plan, as committed before the H200 run that checks it
+/// (docs/validation.md, "transformers 5.17 continuous batching"; observed 1,662 / 5,607 / 10,104
+/// blocks and 8,192 tokens).
+#[test]
+fn the_continuous_batching_plan_is_what_docs_validation_records() {
+    let dense = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/samples/h200/hf-serve-cb/config.json"
+    );
+    for (percent, blocks) in [("0.15", 1662u64), ("0.5", 5619), ("0.9", 10127)] {
+        let v = json(&[
+            dense,
+            "--limit",
+            &H200_TOTAL.to_string(),
+            "--cb-max-memory-percent",
+            percent,
+            "--json",
+        ]);
+        assert_eq!(v["plan"]["max_batch_tokens"], 8192, "{v}");
+        assert_eq!(v["plan"]["num_blocks"], blocks, "{percent}");
+        assert_eq!(v["plan"]["pages"], blocks * 256);
+        // K and V of 16 layers, 4 heads × 128 × 2 B a token, two padding blocks.
+        assert_eq!(
+            v["plan"]["kv_pool_bytes"],
+            2 * 16 * (blocks + 2) * 256 * 4 * 128 * 2
+        );
+        assert_eq!(v["context"]["basis"], "default");
+    }
+    // A GDN model is refused, as transformers refuses it.
+    let (code, _, stderr) = run(&[
+        HYBRID12,
+        "--limit",
+        "24GiB",
+        "--cb-max-memory-percent",
+        "0.5",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("linear-attention"), "{stderr}");
+}
