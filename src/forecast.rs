@@ -28,6 +28,10 @@ use crate::categories::{self, CATEGORIES, Category, N};
 /// The longest context the cliff search looks at (tokens): beyond it the cliff is "beyond".
 pub const MAX_CONTEXT: u64 = 1 << 24;
 
+/// What an answer of [`LiveModel::at`] depends on: the observed bytes by category, the device's
+/// total and the limit the trace shows enforced.
+type Inputs = ([u64; N], Option<u64>, Option<u64>);
+
 /// The model the live view compares with, and the serving shape of its steps.
 #[derive(Debug, Clone)]
 pub struct LiveModel {
@@ -38,8 +42,8 @@ pub struct LiveModel {
     /// The longest sequence the model takes (`max_position_embeddings`), if the config says.
     max_sequence: Option<u64>,
     title: String,
-    /// The last answer and the observed bytes it was made for.
-    last: Option<([u64; N], Option<u64>, ModelAtCursor)>,
+    /// The last answer and the observed bytes, device total and enforced limit it was made for.
+    last: Option<(Inputs, ModelAtCursor)>,
     /// The last tensor table, the context and the live set's key it was made for.
     last_tensors: Option<(u64, u64, Result<ModelTensors, String>)>,
 }
@@ -96,6 +100,7 @@ impl LiveModel {
         &mut self,
         observed: &[BreakdownEntry],
         device_total: Option<u64>,
+        enforced: Option<u64>,
         live_key: u64,
         live: impl FnOnce() -> Vec<Observed>,
     ) -> ModelAtCursor {
@@ -106,11 +111,12 @@ impl LiveModel {
                 bytes[c.index()] += e.bytes;
             }
         }
+        let inputs = (bytes, device_total, enforced);
         let mut m = match &self.last {
-            Some((b, t, m)) if *b == bytes && *t == device_total => m.clone(),
+            Some((i, m)) if *i == inputs => m.clone(),
             _ => {
-                let m = self.compute(&bytes, device_total);
-                self.last = Some((bytes, device_total, m.clone()));
+                let m = self.compute(&bytes, device_total, enforced);
+                self.last = Some((inputs, m.clone()));
                 m
             }
         };
@@ -166,7 +172,12 @@ impl LiveModel {
         t
     }
 
-    fn compute(&self, bytes: &[u64; N], device_total: Option<u64>) -> ModelAtCursor {
+    fn compute(
+        &self,
+        bytes: &[u64; N],
+        device_total: Option<u64>,
+        enforced: Option<u64>,
+    ) -> ModelAtCursor {
         let pool = self.kv_pool(bytes);
         let given = |c: Category| Some(bytes[c.index()]).filter(|&b| b > 0);
         let known = KnownParts {
@@ -222,7 +233,7 @@ impl LiveModel {
             })
             .filter(|p| p.modelled_bytes.is_some() || p.observed_bytes > 0)
             .collect();
-        let forecast = self.forecast(&model, context, pool, device_total);
+        let forecast = self.forecast(&model, context, pool, device_total, enforced);
         ModelAtCursor {
             title: self.title.clone(),
             parts,
@@ -241,6 +252,7 @@ impl LiveModel {
         context: u64,
         pool: Option<u64>,
         device_total: Option<u64>,
+        enforced: Option<u64>,
     ) -> Result<Forecast, String> {
         let (capacity, label) = match (self.capacity, device_total) {
             (Some(c), _) => (c, "--capacity"),
@@ -252,7 +264,19 @@ impl LiveModel {
                 );
             }
         };
-        let limit = Limit::Card { capacity };
+        // The limit the trace shows enforced wins over the card: PyTorch's per-process fraction,
+        // read from its refusal, counts only its own segments.
+        let (limit, limit_bytes, label) = match enforced.filter(|&e| e > 0 && e < capacity) {
+            Some(e) => (
+                Limit::PerProcessFraction {
+                    capacity,
+                    fraction: e as f64 / capacity as f64,
+                },
+                e,
+                "PyTorch's per-process limit, read from its refusal",
+            ),
+            None => (Limit::Card { capacity }, capacity, label),
+        };
         let chunk = self.shape.chunk_tokens;
         let next = self.shape.with_context(context.saturating_add(chunk));
         let checked = model.check(&next, &limit).map_err(|e| e.to_string())?;
@@ -267,7 +291,7 @@ impl LiveModel {
             kv_bytes_per_token: self.kv_per_token,
             chunk_tokens: chunk,
             next_step_bytes: counted,
-            limit_bytes: capacity,
+            limit_bytes,
             limit_label: label.to_string(),
             largest_context: frontier.largest_context,
             capped: frontier.capped,

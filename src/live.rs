@@ -574,7 +574,8 @@ impl DirSource {
         if let Some(m) = &mut self.model {
             let book = &self.timeline.book;
             let key = live_key(true, book, procs.len(), &wanted, device);
-            snap.model = Some(m.at(&snap.breakdown, total, key, || {
+            let enforced = book.torch_limit(&wanted, device);
+            snap.model = Some(m.at(&snap.breakdown, total, enforced, key, || {
                 live_observed(book, &procs, &wanted, device)
             }));
         }
@@ -614,7 +615,8 @@ impl DirSource {
         let total = self.devices.get(&device).map(|d| d.1);
         if let Some(m) = &mut self.model {
             let key = live_key(false, &book, procs.len(), &wanted, device);
-            snap.model = Some(m.at(&snap.breakdown, total, key, || {
+            let enforced = book.torch_limit(&wanted, device);
+            snap.model = Some(m.at(&snap.breakdown, total, enforced, key, || {
                 live_observed(&book, &procs, &wanted, device)
             }));
         }

@@ -92,6 +92,9 @@ pub(crate) struct Book {
     /// Verdicts by process and stack that win over [`categorise_stack`] (offline: those of the
     /// report's moment).
     categories: StackCategories,
+    /// PyTorch's per-process limit (`set_per_process_memory_fraction`) by process and device, as
+    /// its latest refusal recorded it: the limit the allocator actually enforces there.
+    torch_limits: BTreeMap<(usize, i32), u64>,
 }
 
 fn add_to(v: &mut u64, by: u64, sign: bool) {
@@ -103,6 +106,15 @@ fn add_to(v: &mut u64, by: u64, sign: bool) {
 }
 
 impl Book {
+    /// The per-process limit PyTorch's refusals recorded on `device` for the processes in
+    /// `wanted` (the smallest when several say), if any refused.
+    pub(crate) fn torch_limit(&self, wanted: &[usize], device: i32) -> Option<u64> {
+        wanted
+            .iter()
+            .filter_map(|&pi| self.torch_limits.get(&(pi, device)).copied())
+            .min()
+    }
+
     fn add(&mut self, pi: usize, b: Booked, sign: bool) {
         let c = &mut self.by_cat.entry((pi, b.device)).or_default()[b.category as usize];
         add_to(c, b.size, sign);
@@ -114,6 +126,9 @@ impl Book {
 
     /// Applies a tensor record of process `pi`.
     fn apply_tensor(&mut self, pi: usize, seq: usize, te: &TensorEvent, p: &Process) -> TensorStep {
+        if te.action == TensorAction::AllocFailed && te.limit > 0 {
+            self.torch_limits.insert((pi, te.device), te.limit);
+        }
         let step = self.tensors.apply(pi, seq, te);
         // A process and device with tensor records is stacked at the tensor level from its
         // first record on, a refusal included.

@@ -165,6 +165,30 @@ fn transformers_serve_with_its_model() {
     );
 }
 
+/// `samples/h200/hf-generate-oom`: PyTorch refused under a 6 GiB per-process fraction. The
+/// live view's forecast is against that limit, read from the refusal, not the 139.80 GiB card.
+#[test]
+fn the_forecast_is_against_the_limit_the_refusal_names() {
+    let cfg = ModelConfig::from_path(sample("hf-generate-oom").join("config.json")).unwrap();
+    let model = LiveModel::new(cfg, Runtime::Transformers, 4096, 1, None).unwrap();
+    let mut s = source("hf-generate-oom").with_model(model);
+    let updates = drain(&mut s);
+    assert!(updates.iter().any(|u| matches!(u, Update::Failure(_))));
+    let snap = s
+        .snapshot(&SnapshotQuery {
+            device: 0,
+            pid: None,
+            time_s: s.latest_s(),
+        })
+        .unwrap();
+    let f = snap.model.unwrap().forecast.unwrap();
+    assert_eq!(f.limit_bytes, 6 << 30, "{f:?}");
+    assert_eq!(
+        f.limit_label,
+        "PyTorch's per-process limit, read from its refusal"
+    );
+}
+
 /// `samples/h200/hf-prefill-qwen35` (transformers 5.17, fla 0.6.0, 16,384 tokens in one
 /// forward) with its config: `p` puts the cursor on the peak, and there the table sets the
 /// modelled GDN layer's peak beside the live tensors, as `compare` would.
@@ -412,17 +436,17 @@ fn the_tensor_table_is_kept_while_the_live_set_stays() {
         frame_files: vec!["/site/fla/ops/common/chunk_o.py".into()],
         op: None,
     };
-    let first = model.at(&breakdown, None, 1, || vec![o()]);
+    let first = model.at(&breakdown, None, None, 1, || vec![o()]);
     let t = first.tensors.as_ref().unwrap();
     let row = t.rows.iter().find(|r| r.name == "o").unwrap();
     assert_eq!(row.observed_bytes, Some(128 * MIB));
     assert_eq!(row.basis, "frame at its line");
     assert_eq!(t.matched_observed_bytes(), 128 * MIB);
-    let again = model.at(&breakdown, None, 1, || {
+    let again = model.at(&breakdown, None, None, 1, || {
         panic!("the live set was read again")
     });
     assert_eq!(again, first);
-    let empty = model.at(&breakdown, None, 2, Vec::new);
+    let empty = model.at(&breakdown, None, None, 2, Vec::new);
     assert_eq!(empty.tensors.unwrap().matched_observed_bytes(), 0);
 }
 
@@ -448,7 +472,7 @@ fn a_preallocated_kv_pool_is_not_a_context() {
         row("activations", 32 * MIB),
     ];
     let card = 150_113_001_472; // the H200's 139.80 GiB
-    let m = model.at(&breakdown, Some(card), 1, Vec::new);
+    let m = model.at(&breakdown, Some(card), None, 1, Vec::new);
     let f = m.forecast.unwrap();
     assert_eq!(f.kv_pool_tokens, Some(2_592_768));
     assert_eq!(f.context_tokens, 0);
@@ -478,7 +502,7 @@ fn a_preallocated_kv_pool_is_not_a_context() {
     let cfg = ModelConfig::from_json(&raw, std::path::Path::new("config.json")).unwrap();
     let mut model = LiveModel::new(cfg, Runtime::Transformers, 1500, 256, None).unwrap();
     let f = model
-        .at(&breakdown, Some(card), 1, Vec::new)
+        .at(&breakdown, Some(card), None, 1, Vec::new)
         .forecast
         .unwrap();
     assert_eq!((f.kv_pool_tokens, f.context_tokens), (None, 2_592_768));
