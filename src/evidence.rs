@@ -153,25 +153,56 @@ pub fn source_file(source: &str) -> Option<&str> {
 }
 
 /// Where a model says a tensor is allocated in Python: the module path as the citation gives it
-/// (`fla/ops/common/chunk_o.py`) and the line, when it gives one.
+/// (`fla/ops/common/chunk_o.py`) and the lines, when it gives them: one (`:565`), several
+/// (`:621/622`, either line) or a range (`:1283-1286`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PythonSite<'a> {
     /// The module path, from the package's top directory.
     pub path: &'a str,
-    /// The line, if cited.
-    pub line: Option<u32>,
+    /// The cited lines as written after the colon (`565`, `621/622`, `1283-1286`), if cited;
+    /// [`python_site`] accepts only text that [`PythonSite::covers`] reads.
+    pub line: Option<&'a str>,
+}
+
+/// Whether the line text `lines` (`565`, `621/622`, `1283-1286`, `617/619-620`) names `line`;
+/// `None` when the text is not such a list.
+fn lines_cover(lines: &str, line: u32) -> Option<bool> {
+    let mut any = false;
+    for part in lines.split('/') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
+            None => {
+                let n = part.parse::<u32>().ok()?;
+                (n, n)
+            }
+        };
+        if lo > hi {
+            return None;
+        }
+        any |= (lo..=hi).contains(&line);
+    }
+    Some(any)
 }
 
 impl PythonSite<'_> {
+    /// Whether `line` is one of the cited lines (any line when none is cited).
+    pub fn covers(&self, line: Option<u32>) -> bool {
+        match (self.line, line) {
+            (None, _) => true,
+            (Some(text), Some(l)) => lines_cover(text, l).unwrap_or(false),
+            (Some(_), None) => false,
+        }
+    }
+
     /// Whether a frame of the Python file `file` (its path as the interpreter recorded it,
     /// `/site/fla/ops/common/chunk_o.py`) at `line` is this site: the path ends with the cited
-    /// module path at a component boundary, and the line is the cited one (when one is cited).
+    /// module path at a component boundary, and the line is a cited one (when lines are cited).
     pub fn is(&self, file: &str, line: Option<u32>) -> bool {
         let in_module = file == self.path
             || file
                 .strip_suffix(self.path)
                 .is_some_and(|head| head.ends_with('/'));
-        in_module && self.line.is_none_or(|l| line == Some(l))
+        in_module && self.covers(line)
     }
 
     /// Whether one of an allocation's frames is this site: `frames` as `file.py:LINE function`,
@@ -207,7 +238,12 @@ pub fn python_site(source: &str) -> Option<PythonSite<'_>> {
         path.ends_with(".py")
     })?;
     let (path, line) = match word.split_once(':') {
-        Some((p, l)) => (p, l.parse().ok()),
+        // Lines the citation cannot be read as are no site at all: a citation that matched any
+        // line of the module would back tensors it does not name.
+        Some((p, l)) => {
+            lines_cover(l, 0)?;
+            (p, Some(l))
+        }
         None => (word, None),
     };
     let path = path.strip_prefix("src/").unwrap_or(path);
@@ -279,6 +315,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(mlp.line, None);
+        // Several lines, or a range: each of them, and no other.
+        let rep = python_site(
+            "transformers 5.17 src/transformers/models/qwen3_5/modeling_qwen3_5.py:621/622 repeat",
+        )
+        .unwrap();
+        let f = "/s/transformers/models/qwen3_5/modeling_qwen3_5.py";
+        assert!(rep.is(f, Some(621)) && rep.is(f, Some(622)));
+        assert!(!rep.is(f, Some(620)) && !rep.is(f, Some(623)) && !rep.is(f, None));
+        assert_eq!(
+            rep.to_string(),
+            "transformers/models/qwen3_5/modeling_qwen3_5.py:621/622"
+        );
+        let range = python_site("x masking_utils.py:1283-1286 mask").unwrap();
+        assert!(range.is("masking_utils.py", Some(1285)));
+        assert!(!range.is("masking_utils.py", Some(1287)));
+        // Lines that cannot be read are no site, never the whole module.
+        assert_eq!(python_site("x chunk_o.py:56a5 o"), None);
+        assert_eq!(python_site("x chunk_o.py:9-3 o"), None);
         assert!(mlp.is("/s/vllm/model_executor/models/qwen2_moe.py", Some(3)));
         assert_eq!(
             python_site("fa-2.8.3 csrc/flash_attn/flash_api.cpp:643 out = torch::empty_like(q)"),

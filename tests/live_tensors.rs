@@ -301,20 +301,20 @@ fn transformers_prefill_tensors_at_the_peak() {
                 "modeling_qwen3_5.py:619 forward",
                 line
             ),
-            // Cited as `:621/622`, which is no one line: the file backs them.
+            // Cited as `:621/622`: either of the two lines backs either tensor.
             (
                 "query (repeated)",
                 MB128,
                 Some(MB128),
                 "modeling_qwen3_5.py:621 forward",
-                file
+                line
             ),
             (
                 "key (repeated)",
                 MB128,
                 Some(MB128),
                 "modeling_qwen3_5.py:622 forward",
-                file
+                line
             ),
             // fla 0.6.0's kernels, each at the line the model cites.
             (
