@@ -11,22 +11,17 @@ use crate::categoriser::{Facts, categorise};
 /// How many categories there are.
 pub const N: usize = Category::ALL.len();
 
-/// The names of the categories shown to a person, in stacking order (index `i` is
-/// [`Category::ALL`]`[i]`'s [`Category::title`]).
-pub const CATEGORIES: [&str; N] = [
-    "weights",
-    "KV cache",
-    "recurrent state",
-    "activations",
-    "engine buffers",
-    "CUDA graphs",
-    "communication",
-    "autotuning",
-    "allocator reserve",
-    "context and modules",
-    "other processes",
-    "unnamed",
-];
+/// The names of the categories shown to a person, in stacking order: index `i` is
+/// [`Category::ALL`]`[i]`'s [`Category::title`], the one table of titles.
+pub const CATEGORIES: [&str; N] = {
+    let mut titles = [""; N];
+    let mut i = 0;
+    while i < N {
+        titles[i] = Category::ALL[i].title();
+        i += 1;
+    }
+    titles
+};
 
 /// The category of an allocation known only by its range label and annotated name.
 pub fn category(label: Option<&str>, name: Option<&str>) -> Category {

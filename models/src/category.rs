@@ -55,7 +55,7 @@ impl Category {
     ];
 
     /// The name in `report --json` and the models' tables (`kv_cache`).
-    pub fn key(self) -> &'static str {
+    pub const fn key(self) -> &'static str {
         match self {
             Category::Weights => "weights",
             Category::KvCache => "kv_cache",
@@ -73,7 +73,7 @@ impl Category {
     }
 
     /// The name a person reads (`KV cache`).
-    pub fn title(self) -> &'static str {
+    pub const fn title(self) -> &'static str {
         match self {
             Category::Weights => "weights",
             Category::KvCache => "KV cache",
