@@ -14,7 +14,7 @@ use vramtrace_models::{
 
 /// The whole-step options of `vramtrace model`.
 #[derive(clap::Args, Debug, Default)]
-#[command(next_help_heading = "Whole step (--context)")]
+#[command(next_help_heading = "Whole step (--context) and the engine planners (--runtime transformers --limit, --cb-max-memory-percent)")]
 pub struct StepArgs {
     /// Tokens held at the end of the step (the chunk included): switches to the whole-step
     /// model, with `--tokens` as the chunk.
