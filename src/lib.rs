@@ -40,6 +40,7 @@
 #[cfg(feature = "attach")]
 pub mod attach;
 pub mod attribution;
+pub mod calibrate;
 pub mod categories;
 pub mod categoriser;
 pub mod cliff;

@@ -372,3 +372,58 @@ fn the_continuous_batching_plan_is_what_docs_validation_records() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("linear-attention"), "{stderr}");
 }
+
+/// `--calibrate TRACE`: the planner's terms fitted to the traced 4,096-token, 6 GiB run
+/// (`samples/h200/hf-generate-oom`) and carried to another chunk and limit; docs/validation.md
+/// sets these beside the bare runs of those settings.
+#[test]
+fn the_transformers_planner_calibrated_from_a_trace_of_the_same_program() {
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/samples/h200/hf-generate-oom");
+    let fraction = (10u64 << 30) as f64 / H200_TOTAL as f64;
+    let (code, stdout, stderr) = run(&[
+        HYBRID12,
+        "--runtime",
+        "transformers",
+        "--tokens",
+        "4096",
+        "--limit",
+        &H200_TOTAL.to_string(),
+        "--memory-fraction",
+        &fraction.to_string(),
+        "--calibrate",
+        sample,
+        "--json",
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["frontier"]["basis"], "calibrated");
+    let k = &v["calibration"];
+    // Forwards 1..=17 of the trace (the first has no mask, the 19th was refused).
+    assert_eq!(k["forwards"], 17, "{k}");
+    assert!(k["per_chunk_token"].as_f64().unwrap() >= 0.0);
+    assert!(k["reserve_held_back"].as_u64().unwrap() < 1 << 30, "{k}");
+    assert!(k["from"].as_str().unwrap().ends_with("hf-generate-oom"));
+    assert_eq!(v["failure"]["context_tokens"], 159_744);
+    for p in v["failure"]["parts"].as_array().unwrap() {
+        assert_eq!(p["basis"], "calibrated", "{p}");
+    }
+    // A trace with no generate loop cannot calibrate it.
+    let plain = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/samples/h200/hf-prefill-qwen35"
+    );
+    let (code, _, stderr) = run(&[
+        HYBRID12,
+        "--tokens",
+        "4096",
+        "--limit",
+        "24GiB",
+        "--calibrate",
+        plain,
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("no prefill forward of transformers' generate"),
+        "{stderr}"
+    );
+}

@@ -85,12 +85,12 @@ pub(crate) fn step_from_labels(f: &FailureReport) -> Option<StepPosition> {
 /// chunk of `prefill_chunk_size`, `generation/utils.py:4111-4150` in transformers 5.17) and the
 /// decoding loop (`_sample`, `_beam_search`, …) for a decode step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum GenerateForward {
+pub(crate) enum GenerateForward {
     Prefill,
     Decode,
 }
 
-fn generate_forward(py: &[categoriser::PyFrame<'_>]) -> Option<GenerateForward> {
+pub(crate) fn generate_forward(py: &[categoriser::PyFrame<'_>]) -> Option<GenerateForward> {
     let is_embedding = py
         .first()
         .is_some_and(|f| f.function == "embedding" && f.file.ends_with("functional.py"));

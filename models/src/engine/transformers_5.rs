@@ -90,6 +90,38 @@ const GATED_NORM: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:2
 const MLP: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:824-837 down_proj(act_fn(gate_proj(x)) * up_proj(x))";
 const LOGITS: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:1729-1730 lm_head(hidden_states[:, -1:, :])";
 const WEIGHTS: &str = "transformers 5.17 modeling_utils.py caching_allocator_warmup: the weights";
+const CALIBRATED: &str = "calibrated: bytes a forward of the traced run held beyond the planner's";
+
+/// Terms fitted to a trace of the same program (`vramtrace model --calibrate TRACE`), added to
+/// what the planner predicts: bytes held through each forward, per token of the chunk and per
+/// chunk token × context token, and reserve the allocator could not use beyond the replay's,
+/// held back from the limit. Never fitted to a run it is then checked against.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Calibration {
+    /// Bytes per token of the chunk, held through a forward (0 when the fit was negative).
+    pub per_chunk_token: f64,
+    /// Bytes per chunk token × context token, held through a forward (0 when negative).
+    pub per_chunk_context_token: f64,
+    /// Bytes of reserve beyond the replay's, taken off the limit.
+    pub reserve_held_back: u64,
+    /// The trace the terms were fitted to, and how many forwards of it.
+    pub from: String,
+    /// Forwards of the trace the fit used.
+    pub forwards: usize,
+}
+
+impl Calibration {
+    /// The bytes held through a forward of `c` tokens ending at context `l`.
+    fn held(&self, c: u64, l: u64) -> u64 {
+        let b = self.per_chunk_token * c as f64
+            + self.per_chunk_context_token * (c as f64) * (l as f64);
+        if b.is_finite() && b > 0.0 {
+            b as u64
+        } else {
+            0
+        }
+    }
+}
 
 /// The planner for `generate(prefill_chunk_size=C)` of one sequence.
 #[derive(Clone, Debug)]
@@ -98,6 +130,8 @@ pub struct GenerateChunked {
     pub config: ModelConfig,
     /// `prefill_chunk_size`.
     pub chunk_tokens: u64,
+    /// Terms fitted to another run of the same program, if any.
+    pub calibration: Option<Calibration>,
 }
 
 impl GenerateChunked {
@@ -116,6 +150,7 @@ impl GenerateChunked {
         Ok(GenerateChunked {
             config,
             chunk_tokens,
+            calibration: None,
         })
     }
 }
@@ -159,6 +194,8 @@ struct Sim {
     step_peak_reserved: u64,
     /// The parts at `step_peak_allocated`.
     step_peak_parts: Vec<Part>,
+    /// The basis of the parts it reports.
+    basis: Basis,
 }
 
 /// A handle to a live tensor of the simulation.
@@ -185,6 +222,7 @@ impl Sim {
             step_peak_allocated: 0,
             step_peak_reserved: 0,
             step_peak_parts: Vec::new(),
+            basis: Basis::Predicted,
         }
     }
 
@@ -196,7 +234,7 @@ impl Sim {
             .map(|(&category, bytes)| Part {
                 category,
                 bytes,
-                basis: Basis::Predicted,
+                basis: self.basis,
             })
             .collect();
         let reserve = self.alloc.reserved() - self.alloc.allocated();
@@ -204,7 +242,7 @@ impl Sim {
             parts.push(Part {
                 category: Category::AllocatorReserve,
                 bytes: reserve,
-                basis: Basis::Predicted,
+                basis: self.basis,
             });
         }
         parts
@@ -356,6 +394,10 @@ impl GenerateChunked {
         let h = cfg.hidden_size;
         let ids = sim.alloc("input_ids (chunk)", &[1, c], DType::I64, GEN_INPUT, act)?;
         let emb = sim.alloc("inputs_embeds", &[1, c, h], dt, EMBED, act)?;
+        let held = match self.calibration.as_ref().map(|k| k.held(c, l)) {
+            Some(b) if b > 0 => Some(sim.alloc_bytes("calibrated", b, CALIBRATED, act)?),
+            _ => None,
+        };
         // The first chunk needs no mask (`_ignore_causal_mask_sdpa`): SDPA is causal.
         let mask = if past > 0 {
             let a = sim.alloc("kv_idx <= q_idx", &[1, 1, c, l], DType::Bool, MASK, act)?;
@@ -407,6 +449,7 @@ impl GenerateChunked {
         sim.free(normed);
         sim.free_all(hidden);
         sim.free_all(mask);
+        sim.free_all(held);
         sim.free_all([cos, sin, emb, ids]);
         Ok(logits)
     }
@@ -690,6 +733,8 @@ impl Engine for GenerateChunked {
 
     fn plan(&self, limit: &Limit, prompt_tokens: u64) -> Result<PlannedRun, ModelError> {
         let limit_bytes = self.enforced_bytes(limit)?;
+        let usable = limit_bytes
+            .saturating_sub(self.calibration.as_ref().map_or(0, |k| k.reserve_held_back));
         if prompt_tokens == 0 || prompt_tokens > crate::MAX_TOKENS {
             return Err(ModelError::Invalid(format!(
                 "the prompt must hold 1 to {} tokens, not {prompt_tokens}",
@@ -698,7 +743,10 @@ impl Engine for GenerateChunked {
         }
         let cfg = &self.config;
         let weights = weight_bytes(cfg, WeightFormat::Bf16, 1)?.bytes;
-        let mut sim = Sim::new(limit_bytes);
+        let mut sim = Sim::new(usable);
+        if self.calibration.is_some() {
+            sim.basis = Basis::Calibrated;
+        }
         let mut run = PlannedRun {
             engine: NAME,
             limit: *limit,

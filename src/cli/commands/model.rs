@@ -260,8 +260,12 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
             limit,
             args.whole.context,
             args.whole.prompt_tokens,
+            args.whole.calibrate.as_deref(),
             args.json,
         );
+    }
+    if args.whole.calibrate.is_some() {
+        bail!("--calibrate calibrates the transformers planner: give --runtime transformers");
     }
     if args.whole.limit.is_some() && args.whole.context.is_none() {
         bail!(

@@ -22,6 +22,7 @@ pub fn run(
     limit: Limit,
     context: Option<u64>,
     prompt_tokens: Option<u64>,
+    calibrate: Option<&std::path::Path>,
     json_out: bool,
 ) -> anyhow::Result<i32> {
     let max = cfg.max_position_embeddings;
@@ -38,11 +39,19 @@ pub fn run(
             "{asked} asks for {prompt} tokens, past the model's max_position_embeddings of {m}: transformers would not generate that far"
         );
     }
-    let planner = GenerateChunked::new(cfg.clone(), chunk)?;
+    let mut planner = GenerateChunked::new(cfg.clone(), chunk)?;
+    if let Some(trace) = calibrate {
+        planner.calibration = Some(calibration(&cfg, &limit, trace)?);
+    }
+    let basis = if planner.calibration.is_some() {
+        Basis::Calibrated
+    } else {
+        Basis::Predicted
+    };
     let run = planner
         .plan(&limit, prompt)
         .with_context(|| format!("planning {}", planner.name()))?;
-    let frontier = ContextFrontier::of(&run, chunk, Basis::Predicted);
+    let frontier = ContextFrontier::of(&run, chunk, basis);
     let held = run.failure.is_none();
     if json_out {
         let last_steps: Vec<_> = run.steps.iter().rev().take(4).rev().collect();
@@ -62,6 +71,7 @@ pub fn run(
                 "basis": match frontier.basis { Basis::Predicted => "config", other => other.name() },
             },
             "failure": run.failure,
+            "calibration": planner.calibration,
             "steps_completed": run.steps.len(),
             "last_steps": last_steps,
         });
@@ -69,11 +79,22 @@ pub fn run(
         return Ok(if held { 0 } else { 1 });
     }
     println!(
-        "{}: {} in chunks of {chunk} tokens, against {} ({} the allocator may hold); every figure predicted from the config and the flags.",
+        "{}: {} in chunks of {chunk} tokens, against {} ({} the allocator may hold); {}.",
         cfg.display_name(),
         planner.name(),
         run.limit.describe(),
-        fmt_bytes(run.limit_bytes)
+        fmt_bytes(run.limit_bytes),
+        match &planner.calibration {
+            None => "every figure predicted from the config and the flags".to_string(),
+            Some(k) => format!(
+                "calibrated from {} ({} forwards): {:.1} B per chunk token and {:.4} B per chunk token × context token held through each forward, {} of reserve held back",
+                k.from,
+                k.forwards,
+                k.per_chunk_token,
+                k.per_chunk_context_token,
+                fmt_bytes(k.reserve_held_back)
+            ),
+        }
     );
     println!();
     for s in run.steps.iter().rev().take(3).rev() {
@@ -117,17 +138,19 @@ pub fn run(
             }
             println!();
             println!(
-                "Frontier at a chunk of {chunk}: the largest context that completes is {} tokens (predicted); chunk {} ({} tokens held at its end) is refused.",
+                "Frontier at a chunk of {chunk}: the largest context that completes is {} tokens ({}); chunk {} ({} tokens held at its end) is refused.",
                 frontier
                     .context_at_chunk
                     .map_or("none: not even the first chunk".to_string(), |c| c
                         .to_string()),
+                basis.name(),
                 f.index,
                 f.context_tokens
             );
         }
         None => println!(
-            "\nEvery chunk of the {prompt}-token prompt ({asked}) completes: the frontier at a chunk of {chunk} is at least {prompt} tokens (predicted)."
+            "\nEvery chunk of the {prompt}-token prompt ({asked}) completes: the frontier at a chunk of {chunk} is at least {prompt} tokens ({}).",
+            basis.name()
         ),
     }
     Ok(if held { 0 } else { 1 })
@@ -204,4 +227,44 @@ pub fn run_cb(
         fmt_bytes(plan.kv_pool_bytes)
     );
     Ok(0)
+}
+
+/// The planner's terms fitted to `trace`: its forwards of `generate` beside the planner's run at
+/// the trace's own chunk, under the limit its refusal names (else `limit`).
+fn calibration(
+    cfg: &ModelConfig,
+    limit: &Limit,
+    trace: &std::path::Path,
+) -> anyhow::Result<vramtrace_models::engine::transformers_5::Calibration> {
+    let t = vramtrace::trace::Trace::open(trace)
+        .with_context(|| format!("--calibrate {}", trace.display()))?;
+    let observed = vramtrace::calibrate::observe_generate(&t, cfg)?.with_context(|| {
+        format!(
+            "--calibrate {}: no prefill forward of transformers' generate whose embedding output is {} B a token (the config's hidden size × dtype); give a trace of the same program and model",
+            trace.display(),
+            cfg.hidden_size * cfg.dtype.size_bytes()
+        )
+    })?;
+    let traced_chunk = observed.forwards[0].chunk_tokens;
+    let capacity = match *limit {
+        Limit::PerProcessFraction { capacity, .. } | Limit::Card { capacity } => capacity,
+        Limit::GpuMemoryUtilization { capacity, .. } => capacity,
+    };
+    let traced_limit = match observed.torch_limit {
+        Some(l) => Limit::PerProcessFraction {
+            capacity,
+            fraction: l as f64 / capacity as f64,
+        },
+        None => *limit,
+    };
+    let last = observed.forwards.last().map_or(0, |f| f.context_tokens);
+    let planned = GenerateChunked::new(cfg.clone(), traced_chunk)?.plan(&traced_limit, last)?;
+    vramtrace::calibrate::fit(&observed, &planned, &trace.display().to_string()).with_context(
+        || {
+            format!(
+                "--calibrate {}: fewer than two whole forwards after the first to fit to",
+                trace.display()
+            )
+        },
+    )
 }

@@ -14,7 +14,9 @@ use vramtrace_models::{
 
 /// The whole-step options of `vramtrace model`.
 #[derive(clap::Args, Debug, Default)]
-#[command(next_help_heading = "Whole step (--context) and the engine planners (--runtime transformers --limit, --cb-max-memory-percent)")]
+#[command(
+    next_help_heading = "Whole step (--context) and the engine planners (--runtime transformers --limit, --cb-max-memory-percent)"
+)]
 pub struct StepArgs {
     /// Tokens held at the end of the step (the chunk included): switches to the whole-step
     /// model, with `--tokens` as the chunk.
@@ -40,6 +42,12 @@ pub struct StepArgs {
     /// two sets of IO tensors), not `paged|sdpa`.
     #[arg(long, requires = "cb_max_memory_percent")]
     pub cb_flash_attention: bool,
+    /// Calibrate the transformers planner from TRACE, a run of the same program (transformers'
+    /// generate with prefill_chunk_size) at another chunk or limit: terms per chunk token, per
+    /// chunk token × context token and the reserve, fitted to its forwards and carried to this
+    /// chunk and limit (`frontier.basis` becomes `calibrated`).
+    #[arg(long, value_name = "TRACE", requires = "limit")]
+    pub calibrate: Option<std::path::PathBuf>,
     /// The transformers planner's prompt: how many tokens to try to hold (default: the model's
     /// `max_position_embeddings`).
     #[arg(
