@@ -655,7 +655,7 @@ generate_chunked() {
         grep -E "^(RESULT|OOM|held)" | tee "$W/gen-c$c-cap$cap.txt"
     done
   done
-  for c in ${GEN_TRACED:-4096:6}; do
+  for c in ${GEN_TRACED-4096:6}; do
     cap=${c#*:} c=${c%:*} d=$W/gen-trace-c$c-cap$cap
     rm -rf "$d"
     echo "--- traced: chunk $c, cap $cap GiB"
