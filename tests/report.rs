@@ -89,7 +89,7 @@ fn prefill_sample_report_states_the_failure_and_the_levers() {
     );
     has("| context | 245.68 MiB (257,618,896 B) | 245.68 MiB (257,618,896 B) | 0 B | agrees |");
     has(
-        "The frontier against 18.00 GiB: at a chunk of 4128 tokens, contexts up to **10,157** fit; at the failing context of 12,384 tokens, no chunk fits",
+        "The frontier (the largest context, or chunk, whose step still fits) against 18.00 GiB: at a chunk of 4128 tokens, contexts up to **10,157** fit; at the failing context of 12,384 tokens, no chunk fits",
     );
     has("| untraced (total − free − traced live) | 772.50 MiB (810,021,840 B) |");
     // The kernel model beside the failure: what each match rests on and where it was made.

@@ -1656,7 +1656,10 @@ fn levers(
             ceiling: format!(
                 "the largest chunk that fits at this context ({context} tokens) is {c}{}",
                 if f.floor.multiple > 1 {
-                    format!(" (a multiple of the block floor {})", f.floor.multiple)
+                    format!(
+                        " (a multiple of {} tokens, the smallest chunk the engine schedules)",
+                        f.floor.multiple
+                    )
                 } else {
                     String::new()
                 }

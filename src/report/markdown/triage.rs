@@ -428,7 +428,7 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
     let kf = &m.chunk_frontier;
     let _ = writeln!(
         out,
-        "- the frontier on {} ({}): at a chunk of {} tokens, {}{}{}.\n",
+        "- the frontier (the largest context, or chunk, whose step still fits) on {} ({}): at a chunk of {} tokens, {}{}{}.\n",
         fmt_bytes(cf.limit_bytes),
         match r.capacity {
             Some((_, true)) => "given with --capacity",
@@ -556,7 +556,7 @@ pub(super) fn triage_sections(out: &mut String, r: &Report) {
         let kf = &m.chunk_frontier;
         let _ = writeln!(
             out,
-            "The frontier against {}: at a chunk of {} tokens, contexts up to **{}** fit{}; at the failing context of {} tokens, {} ({}).\n",
+            "The frontier (the largest context, or chunk, whose step still fits) against {}: at a chunk of {} tokens, contexts up to **{}** fit{}; at the failing context of {} tokens, {} ({}).\n",
             fmt_bytes(cf.limit_bytes),
             cf.chunk_tokens,
             cf.largest_context
