@@ -806,7 +806,7 @@ impl Engine for GenerateChunked {
         let mut index = 0;
         while past < prompt_tokens {
             let c = self.chunk_tokens.min(prompt_tokens - past);
-            if kernel.as_ref().is_none_or(|(n, _)| *n != c) {
+            if cfg.num_linear_layers() > 0 && kernel.as_ref().is_none_or(|(n, _)| *n != c) {
                 kernel = Some((c, self.gdn_kernel(c)?));
             }
             let k = kernel
@@ -910,6 +910,27 @@ mod tests {
         assert_eq!(ctx, [1000, 2000, 2500]);
         let front = ContextFrontier::of(&run, 1000, Basis::Predicted);
         assert!(front.capped && front.context_at_chunk == Some(2500));
+    }
+
+    #[test]
+    fn a_dense_model_is_planned_without_gdn_layers() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../samples/h200/hf-serve-cb/config.json");
+        let dense = ModelConfig::from_path(p).unwrap();
+        let p = GenerateChunked::new(dense, 4096).unwrap();
+        let limit = Limit::PerProcessFraction {
+            capacity: 150_109_880_320,
+            fraction: 0.05,
+        };
+        let run = p.plan(&limit, 32_768).unwrap();
+        assert!(!run.steps.is_empty());
+        assert!(run.steps.iter().all(|s| s.peak_reserved <= run.limit_bytes));
+        // No GDN state: every part is weights, KV cache, activations or reserve.
+        assert!(
+            run.last_step_parts
+                .iter()
+                .all(|p| p.category != Category::State)
+        );
     }
 
     #[test]

@@ -107,6 +107,12 @@ pub fn run(
         );
     }
     match &run.failure {
+        Some(f) if f.context_tokens == 0 => println!(
+            "\nNothing of the prompt runs: {} ({}) is refused before the first chunk, with {} held; the frontier at a chunk of {chunk} is none.",
+            f.tensor,
+            fmt_bytes(f.request),
+            fmt_bytes(f.reserved)
+        ),
         Some(f) => {
             println!(
                 "  chunk {:>4}  context {:>9} tok   refused: {} of {} ({}) at {}",
