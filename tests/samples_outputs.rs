@@ -128,7 +128,7 @@ fn every_stored_sample_output_is_what_the_cli_prints() {
     for s in ["pytorch-fa-nocache", "workload-fa-h48", "workload-fa-t4128"] {
         assert!(listed.contains(&format!("samples/h200/{s}/")), "{s}");
     }
-    assert_eq!(checked, 32, "{listed}");
+    assert_eq!(checked, 33, "{listed}");
     assert!(
         failures.is_empty(),
         "{}\nRegenerate with scripts/report_samples.sh (or UPDATE_SNAPSHOTS=1) if the change is intended.",

@@ -301,3 +301,43 @@ fn needed_limit(cfg: &ModelConfig, chunk: u64, limit: &Limit, context: u64) -> O
         feasible: true,
     })
 }
+
+/// A curve of the cliff plot: `(x, bytes counted against the limit)`.
+type Curve = Vec<(u64, u64)>;
+
+/// The planner's curves for the cliff plot: the bytes it counts against `limit` at the end of
+/// each step of a run at `chunk` up to `hi_context` (the refused step last, at what it would
+/// have needed), and for each of `chunks` (those of [`CHUNK_GRANULE`] or more) the most it
+/// counts over a run to `context`.
+pub(crate) fn transformers_curves(
+    cfg: &ModelConfig,
+    chunk: u64,
+    context: u64,
+    hi_context: u64,
+    limit: &Limit,
+    chunks: &[u64],
+) -> Result<(Curve, Curve), String> {
+    let counted = |run: &PlannedRun| -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = run
+            .steps
+            .iter()
+            .map(|s| (s.context_tokens, s.peak_reserved))
+            .collect();
+        if let Some(f) = &run.failure {
+            v.push((f.context_tokens, f.reserved + f.segment));
+        }
+        v
+    };
+    let max = cfg
+        .max_position_embeddings
+        .map_or(hi_context, |m| hi_context.min(m.max(context)));
+    let ctx = counted(&plan(cfg, chunk, limit, max.max(context))?);
+    let mut chk = Vec::new();
+    for &c in chunks.iter().filter(|&&c| c >= CHUNK_GRANULE.min(context)) {
+        let run = plan(cfg, c, limit, context)?;
+        if let Some(most) = counted(&run).iter().map(|&(_, b)| b).max() {
+            chk.push((c, most));
+        }
+    }
+    Ok((ctx, chk))
+}

@@ -108,8 +108,6 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
     let go = || -> crate::Result<CliffPanels> {
         let frontier_ctx = m.context_frontier.largest_context;
         let hi_ctx = context.max(frontier_ctx.unwrap_or(0)).saturating_mul(5) / 4;
-        let contexts = spaced(chunk, hi_ctx.max(chunk * 2));
-        let ctx_curve = model.context_curve(&m.shape, &limit, &contexts)?;
         let floor = m.chunk_frontier.floor.multiple.max(1);
         let chunks: Vec<u64> = spaced(1, chunk.saturating_mul(3) / 2)
             .into_iter()
@@ -118,7 +116,25 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
             .collect::<std::collections::BTreeSet<u64>>()
             .into_iter()
             .collect();
-        let chunk_curve = model.chunk_curve(&m.shape, &limit, &chunks)?;
+        let (ctx_curve, chunk_curve, curve_label) = match m.engine {
+            // The planner's own curves: what it holds at each step of its run, and the most it
+            // holds over a run of each chunk to the failing context.
+            Some(engine) => {
+                let (ctx, chk) = crate::report::engine_view::transformers_curves(
+                    &mi.cfg, chunk, context, hi_ctx, &limit, &chunks,
+                )
+                .map_err(crate::Error::Invalid)?;
+                (ctx, chk, format!("the planner of {engine}"))
+            }
+            None => {
+                let contexts = spaced(chunk, hi_ctx.max(chunk * 2));
+                (
+                    model.context_curve(&m.shape, &limit, &contexts)?,
+                    model.chunk_curve(&m.shape, &limit, &chunks)?,
+                    "whole-step model".to_string(),
+                )
+            }
+        };
         Ok(CliffPanels {
             title: format!(
                 "{} ({}): the step against the {} of {}",
@@ -129,6 +145,7 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
             ),
             limit_bytes,
             limit_label: limit_label(&limit).to_string(),
+            curve_label,
             panels: vec![
                 CliffPanel {
                     x_desc: format!("context tokens at a chunk of {chunk}"),

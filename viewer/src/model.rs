@@ -392,6 +392,8 @@ pub struct CliffPanels {
     pub limit_bytes: u64,
     /// How the limit is said in the legend (`PyTorch's per-process limit`).
     pub limit_label: String,
+    /// What drew the curves, in the legend (`whole-step model`, `transformers' planner`).
+    pub curve_label: String,
     /// The panels, left to right.
     pub panels: Vec<CliffPanel>,
 }

@@ -38,6 +38,7 @@ fn panel<DB: DrawingBackend>(
     p: &CliffPanel,
     limit: u64,
     limit_label: &str,
+    curve_label: &str,
 ) -> DrawResult
 where
     DB::ErrorType: 'static,
@@ -105,7 +106,7 @@ where
             p.curve.iter().map(|&(x, b)| (x as f64, y(b))),
             style::PREDICTED.stroke_width(3),
         ))?
-        .label("whole-step model")
+        .label(curve_label)
         .legend(|(x, yy)| {
             PathElement::new(
                 vec![(x, yy), (x + 18, yy)],
@@ -166,7 +167,7 @@ impl Figure for CliffPanels {
         let root = root.titled(&self.title, bold(24.0))?;
         let areas = root.split_evenly((1, self.panels.len().max(1)));
         for (a, p) in areas.iter().zip(&self.panels) {
-            panel(a, p, self.limit_bytes, &self.limit_label)?;
+            panel(a, p, self.limit_bytes, &self.limit_label, &self.curve_label)?;
         }
         Ok(())
     }
