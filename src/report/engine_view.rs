@@ -15,8 +15,8 @@ use vramtrace_models::{
     PartResidual, Residuals, Runtime, ServingShape,
 };
 
+use crate::report::model_view::{Lever, ModelView};
 use crate::report::step::StepPosition;
-use crate::report::triage::{Lever, ModelView};
 use vramtrace_models::units::fmt_bytes;
 
 /// The smallest chunk the chunk frontier tries, and its step: below it the planner's runs grow

@@ -16,6 +16,7 @@ pub mod html;
 pub mod json;
 pub mod levers;
 pub mod markdown;
+pub mod model_view;
 pub mod step;
 pub mod triage;
 

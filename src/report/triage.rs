@@ -13,12 +13,13 @@ use std::ops::ControlFlow;
 use serde::Serialize;
 use vramtrace_models::engine::{Basis, Part};
 use vramtrace_models::{
-    ChunkFloor, ChunkFrontier, ContextFrontier, DType, KnownParts, LayerKind, Limit, Residuals,
-    Runtime, ServingShape, StepModel, StepVariants, residuals,
+    ChunkFloor, DType, KnownParts, LayerKind, Limit, Residuals, Runtime, ServingShape, StepModel,
+    StepVariants, residuals,
 };
 
 use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, breakdown_at};
 use crate::report::engine_view;
+pub use crate::report::model_view::{Lever, ModelView, PEAK_TOLERANCE_PERCENT, PeakFit};
 use crate::report::step::{
     StepPosition, step_at_peak, step_from_generate, step_from_labels, step_from_tensors,
 };
@@ -125,72 +126,6 @@ pub struct CategoryRow {
     pub evidence: Vec<String>,
 }
 
-/// The whole-step model beside the failing step.
-#[derive(Debug, Clone, Serialize)]
-pub struct ModelView {
-    /// The program the step was modelled as.
-    pub runtime: Runtime,
-    /// The engine's planner that predicted this view (`models/src/engine/`); absent for the
-    /// whole-step model.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub engine: Option<&'static str>,
-    /// Every part of the step with where its figure comes from: `predicted` from the config and
-    /// the flags, `copied` from this trace (which then agrees with it by construction).
-    pub parts: Vec<Part>,
-    /// Of the parts' bytes, the share copied from this trace, in percent.
-    pub copied_percent: f64,
-    /// The step modelled.
-    pub shape: ServingShape,
-    /// Whether the failing step fits the enforced limit (absent without a failure).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure_fits: Option<bool>,
-    /// Whether the step before it (one chunk less context) fits.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub before_fits: Option<bool>,
-    /// The limit's bytes minus what the step counts against it (negative: short by).
-    pub headroom: i64,
-    /// Bytes the step counts against the limit.
-    pub counted: u64,
-    /// The parts given from the trace (not predicted).
-    pub known: KnownParts,
-    /// Predicted beside observed per category, with the likely cause of each difference.
-    pub residuals: Residuals,
-    /// The largest chunk that fits at the failing context.
-    pub chunk_frontier: ChunkFrontier,
-    /// The largest context that fits at the step's chunk.
-    pub context_frontier: ContextFrontier,
-    /// Without a failure: the model's peak beside the observed one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_fit: Option<PeakFit>,
-}
-
-/// The whole-step model's predicted peak beside the observed one, for a run without a failure.
-#[derive(Debug, Clone, Serialize)]
-pub struct PeakFit {
-    /// The model's peak: every part, predicted or given from the trace.
-    pub predicted: u64,
-    /// The observed peak: every category at the moment, `unnamed` included.
-    pub observed: u64,
-    /// `(predicted − observed) / observed`, in percent.
-    pub difference_percent: f64,
-    /// The same over the predicted parts alone (those not copied from this trace), in percent;
-    /// `None` when every part was copied.
-    pub predicted_parts_difference_percent: Option<f64>,
-    /// Whether the prediction is within [`PEAK_TOLERANCE_PERCENT`] of the observation.
-    pub within_tolerance: bool,
-    /// The parts that differ most (largest |residual| first), each with its likely cause, when
-    /// the prediction is off by more than the tolerance.
-    pub differs: Vec<String>,
-    /// What was given from the trace and what was checked, one sentence each.
-    pub notes: Vec<String>,
-    /// The limit the frontier is against (the card, `--capacity`, or the budget given).
-    pub limit: Limit,
-}
-
-/// How close the whole-step model must come to an observed peak to be said to agree (the
-/// issue's bar: 5 %).
-pub const PEAK_TOLERANCE_PERCENT: f64 = 5.0;
-
 /// The highest peak of a run where nothing failed: the moment its categories are of.
 #[derive(Debug, Clone, Serialize)]
 pub struct PeakView {
@@ -210,20 +145,6 @@ pub struct PeakView {
     pub named_percent: f64,
     /// How the moment was chosen, in words.
     pub moment: String,
-}
-
-/// One lever and what the model predicts it does.
-#[derive(Debug, Clone, Serialize)]
-pub struct Lever {
-    /// What to change (`--max-num-batched-tokens 2048`).
-    pub change: String,
-    /// Whether the failing step fits with it (absent when the model cannot tell).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fits: Option<bool>,
-    /// The new ceiling, in words with numbers (the largest context or chunk that fits).
-    pub ceiling: String,
-    /// Whether it can be turned at all (the chunk lever below vLLM's block floor cannot).
-    pub feasible: bool,
 }
 
 /// Everything the first screen and `report --json` say beyond the summary.
