@@ -16,7 +16,7 @@ use vramtrace_models::engine::PlannedRun;
 use vramtrace_models::engine::transformers_5::Calibration;
 
 use crate::categoriser;
-use crate::report::step::{GenerateForward, generate_forward};
+use crate::report::step::{GenerateForward, embedding_tokens, generate_forward};
 use crate::trace::{Item, Trace};
 
 /// One prefill forward of `generate` as the trace shows it.
@@ -87,8 +87,7 @@ pub fn observe_generate(trace: &Trace, cfg: &ModelConfig) -> crate::Result<Optio
                     });
                     match kind {
                         Some(GenerateForward::Prefill) => {
-                            let tokens = t.size / per_token;
-                            if tokens > 0 && t.size - tokens * per_token < 512 {
+                            if let Some(tokens) = embedding_tokens(t.size, per_token) {
                                 process = Some(pi);
                                 context += tokens;
                                 forwards.push(ObservedForward {

@@ -75,6 +75,13 @@ pub struct PyFrame<'a> {
     pub line: u32,
 }
 
+impl std::fmt::Display for PyFrame<'_> {
+    /// `file.py:LINE function`, the file without its folders.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{} {}", base(self.file), self.line, self.function)
+    }
+}
+
 /// One native frame: the module's path or name, and the symbol where one was resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NativeFrame<'a> {
@@ -434,7 +441,7 @@ pub fn site_of(python: &[PyFrame<'_>], native: &[NativeFrame<'_>]) -> String {
         .find(|f| !is_torch_machinery(f.file))
         .or(own.first())
     {
-        return format!("{}:{} {}", base(f.file), f.line, f.function);
+        return f.to_string();
     }
     match native.iter().find(|f| !is_allocator_frame(f)) {
         Some(f) => match f.symbol {

@@ -15,6 +15,44 @@ use crate::report::FailureReport;
 use crate::torch_replay::TensorReplay;
 use crate::trace::{Item, Trace};
 
+/// Whether a Python frame is PyTorch's embedding (`torch/nn/functional.py` `embedding`): the
+/// tensor it allocates is a forward's input hidden states.
+fn is_embedding(f: &categoriser::PyFrame<'_>) -> bool {
+    f.function == "embedding" && f.file.ends_with("functional.py")
+}
+
+/// The tokens an embedding output of `bytes` holds at `per_token` bytes a token (the config's
+/// hidden size × dtype); the allocator rounds blocks up to 512 bytes, so up to 511 more are
+/// allowed. `None` when the bytes are not such an output.
+pub(crate) fn embedding_tokens(bytes: u64, per_token: u64) -> Option<u64> {
+    let tokens = bytes.checked_div(per_token)?;
+    (tokens > 0 && bytes - tokens * per_token < 512).then_some(tokens)
+}
+
+/// Calls `f` with each tensor allocation of `at`'s process and device made before `at`.
+fn for_each_alloc_before(
+    trace: &Trace,
+    at: At,
+    mut f: impl FnMut(&vramtrace_format::TensorEvent),
+) -> crate::Result<()> {
+    let mut i = 0usize;
+    trace.for_each_item(|pi, it| {
+        if i >= at.seq {
+            return ControlFlow::Break(());
+        }
+        i += 1;
+        if let Item::Tensor(t) = &it
+            && pi == at.process
+            && t.device == at.device
+            && t.action == TensorAction::Alloc
+        {
+            f(t);
+        }
+        ControlFlow::Continue(())
+    })?;
+    Ok(())
+}
+
 /// Where in the run the failing step was, read from the trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepPosition {
@@ -91,10 +129,7 @@ pub(crate) enum GenerateForward {
 }
 
 pub(crate) fn generate_forward(py: &[categoriser::PyFrame<'_>]) -> Option<GenerateForward> {
-    let is_embedding = py
-        .first()
-        .is_some_and(|f| f.function == "embedding" && f.file.ends_with("functional.py"));
-    if !is_embedding {
+    if !py.first().is_some_and(is_embedding) {
         return None;
     }
     let loop_frame = py
@@ -122,32 +157,14 @@ pub(crate) fn step_from_generate(
     let mut kinds: HashMap<u32, Option<(GenerateForward, String)>> = HashMap::new();
     // The forwards of the current call: kind, embedding bytes, site.
     let mut call: Vec<(GenerateForward, u64, String)> = Vec::new();
-    let mut i = 0usize;
-    trace.for_each_item(|pi, it| {
-        if i >= at.seq {
-            return ControlFlow::Break(());
-        }
-        i += 1;
-        let Item::Tensor(t) = &it else {
-            return ControlFlow::Continue(());
-        };
-        if pi != at.process || t.device != at.device || t.action != TensorAction::Alloc {
-            return ControlFlow::Continue(());
-        }
+    for_each_alloc_before(trace, at, |t| {
         let kind = kinds.entry(t.stack).or_insert_with(|| {
             let py = categoriser::py_frames(p, t.stack);
             let k = generate_forward(&py)?;
             let site = py
                 .iter()
                 .find(|f| f.file.ends_with("generation/utils.py"))
-                .map(|f| {
-                    format!(
-                        "{}:{} {}",
-                        f.file.rsplit('/').next().unwrap_or(f.file),
-                        f.line,
-                        f.function
-                    )
-                })
+                .map(ToString::to_string)
                 .unwrap_or_default();
             Some((k, site))
         });
@@ -161,19 +178,13 @@ pub(crate) fn step_from_generate(
             }
             call.push((k, t.size, site));
         }
-        ControlFlow::Continue(())
     })?;
     let Some((kind, bytes, site)) = call.last().cloned() else {
         return Ok(None);
     };
     let index = call.iter().filter(|(k, ..)| *k == kind).count() as u64 - 1;
     let per_token = cfg.map(|c| c.hidden_size * c.dtype.size_bytes());
-    // The allocator rounds blocks up to 512 bytes.
-    let tokens_of = |b: u64| {
-        per_token
-            .filter(|&pt| pt > 0 && b / pt > 0 && b - (b / pt) * pt < 512)
-            .map(|pt| b / pt)
-    };
+    let tokens_of = |b: u64| per_token.and_then(|pt| embedding_tokens(b, pt));
     let tokens = tokens_of(bytes);
     let all: Option<u64> = call.iter().map(|(_, b, _)| tokens_of(*b)).sum();
     let what = match kind {
@@ -218,18 +229,7 @@ pub(crate) fn step_from_tensors(
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut by_stack: HashMap<u32, Option<(usize, String)>> = HashMap::new();
     let mut latest: Option<usize> = None;
-    let mut i = 0usize;
-    trace.for_each_item(|pi, it| {
-        if i >= at.seq {
-            return ControlFlow::Break(());
-        }
-        i += 1;
-        let Item::Tensor(t) = &it else {
-            return ControlFlow::Continue(());
-        };
-        if pi != at.process || t.device != at.device || t.action != TensorAction::Alloc {
-            return ControlFlow::Continue(());
-        }
+    for_each_alloc_before(trace, at, |t| {
         let place = by_stack.entry(t.stack).or_insert_with(|| {
             let py = crate::categoriser::py_frames(p, t.stack);
             if py
@@ -258,7 +258,6 @@ pub(crate) fn step_from_tensors(
             }
             latest = Some(ph);
         }
-        ControlFlow::Continue(())
     })?;
     let Some(ph) = latest.map(|l| &phases[l]) else {
         return Ok(None);
@@ -322,24 +321,14 @@ pub(crate) fn step_at_peak(
     for t in live.live_set(at.process, at.device) {
         let (size, stack) = (t.event.size, t.event.stack);
         let py = crate::categoriser::py_frames(p, stack);
-        let Some(f) = py
-            .iter()
-            .find(|f| f.function == "embedding" && f.file.ends_with("functional.py"))
-        else {
+        let Some(f) = py.iter().find(|f| is_embedding(f)) else {
             continue;
         };
-        // The allocator rounds blocks up to 512 bytes.
-        let tokens = size / per_token;
-        if tokens == 0 || size - tokens * per_token >= 512 {
+        let Some(tokens) = embedding_tokens(size, per_token) else {
             continue;
-        }
+        };
         if found.as_ref().is_none_or(|(t, _)| tokens > *t) {
-            let site = format!(
-                "{}:{} {}",
-                f.file.rsplit('/').next().unwrap_or(f.file),
-                f.line,
-                f.function
-            );
+            let site = f.to_string();
             found = Some((
                 tokens,
                 format!(
