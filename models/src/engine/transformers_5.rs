@@ -192,11 +192,15 @@ struct Sim {
     by_category: [u64; Category::ALL.len()],
     step_peak_allocated: u64,
     step_peak_reserved: u64,
-    /// The parts at `step_peak_allocated`.
-    step_peak_parts: Vec<Part>,
+    /// Bytes by category and the reserve at `step_peak_allocated`: copied on the allocation
+    /// path, made into parts once the step ends ([`Sim::parts_of`]).
+    step_peak: Snapshot,
     /// The basis of the parts it reports.
     basis: Basis,
 }
+
+/// Bytes by category ([`Category::ALL`] order) and the allocator's reserve at one moment.
+type Snapshot = ([u64; Category::ALL.len()], u64);
 
 /// A handle to a live tensor of the simulation.
 #[derive(Clone, Copy, Debug)]
@@ -221,15 +225,24 @@ impl Sim {
             by_category: [0; Category::ALL.len()],
             step_peak_allocated: 0,
             step_peak_reserved: 0,
-            step_peak_parts: Vec::new(),
+            step_peak: ([0; Category::ALL.len()], 0),
             basis: Basis::Predicted,
         }
     }
 
-    fn parts(&self) -> Vec<Part> {
+    /// Bytes by category and the reserve now.
+    fn snapshot(&self) -> Snapshot {
+        (
+            self.by_category,
+            self.alloc.reserved() - self.alloc.allocated(),
+        )
+    }
+
+    /// The parts of a snapshot, those with bytes, the reserve last.
+    fn parts_of(&self, (by_category, reserve): Snapshot) -> Vec<Part> {
         let mut parts: Vec<Part> = Category::ALL
             .iter()
-            .zip(self.by_category)
+            .zip(by_category)
             .filter(|(_, b)| *b > 0)
             .map(|(&category, bytes)| Part {
                 category,
@@ -237,7 +250,6 @@ impl Sim {
                 basis: self.basis,
             })
             .collect();
-        let reserve = self.alloc.reserved() - self.alloc.allocated();
         if reserve > 0 {
             parts.push(Part {
                 category: Category::AllocatorReserve,
@@ -248,8 +260,17 @@ impl Sim {
         parts
     }
 
+    fn parts(&self) -> Vec<Part> {
+        self.parts_of(self.snapshot())
+    }
+
+    /// A tensor's bytes, capped at [`crate::MAX_BYTES`]: a request past it is refused by any
+    /// limit, and the allocator's rounding of it stays within 64 bits.
     fn bytes(shape: &[u64], dtype: DType) -> u64 {
-        shape.iter().product::<u64>() * dtype.size_bytes()
+        shape
+            .iter()
+            .fold(dtype.size_bytes(), |b, &d| b.saturating_mul(d))
+            .min(crate::MAX_BYTES)
     }
 
     fn alloc(
@@ -278,7 +299,7 @@ impl Sim {
                 self.live.push(Some((id, block, category)));
                 if self.alloc.allocated() > self.step_peak_allocated {
                     self.step_peak_allocated = self.alloc.allocated();
-                    self.step_peak_parts = self.parts();
+                    self.step_peak = self.snapshot();
                 }
                 self.step_peak_reserved = self.step_peak_reserved.max(self.alloc.reserved());
                 Ok(H(self.live.len() - 1))
@@ -350,7 +371,7 @@ impl Sim {
     fn begin_step(&mut self) {
         self.step_peak_allocated = self.alloc.allocated();
         self.step_peak_reserved = self.alloc.reserved();
-        self.step_peak_parts = self.parts();
+        self.step_peak = self.snapshot();
     }
 }
 
@@ -834,7 +855,7 @@ impl Engine for GenerateChunked {
                 peak_allocated: sim.step_peak_allocated,
                 peak_reserved: sim.step_peak_reserved,
             });
-            run.last_step_parts = std::mem::take(&mut sim.step_peak_parts);
+            run.last_step_parts = sim.parts_of(sim.step_peak);
             index += 1;
         }
         Ok(run)
