@@ -35,10 +35,16 @@ fn holds(cfg: &ModelConfig, chunk: u64, limit: &Limit, context: u64) -> Result<b
 }
 
 /// The largest chunk (a multiple of [`CHUNK_GRANULE`], at most `context`) whose run holds
-/// `context`; `None` when not even the smallest does.
-fn largest_chunk(cfg: &ModelConfig, limit: &Limit, context: u64) -> Result<Option<u64>, String> {
+/// `context`, given whether the smallest one's run does (`floor_holds`); `None` when not even
+/// the smallest does.
+fn largest_chunk(
+    cfg: &ModelConfig,
+    limit: &Limit,
+    context: u64,
+    floor_holds: bool,
+) -> Result<Option<u64>, String> {
     let top = (context / CHUNK_GRANULE).max(1);
-    if !holds(cfg, CHUNK_GRANULE.min(context), limit, context)? {
+    if !floor_holds {
         return Ok(None);
     }
     let (mut lo, mut hi) = (1u64, top);
@@ -152,9 +158,10 @@ fn view(
         limited_by_pool: false,
         limit_bytes,
     };
+    let at_floor = plan(cfg, CHUNK_GRANULE.min(context), limit, context)?;
     let chunk_frontier = ChunkFrontier {
         context_tokens: context,
-        largest_chunk: largest_chunk(cfg, limit, context)?,
+        largest_chunk: largest_chunk(cfg, limit, context, at_floor.failure.is_none())?,
         floor: ChunkFloor {
             min_tokens: CHUNK_GRANULE,
             multiple: CHUNK_GRANULE,
@@ -162,10 +169,7 @@ fn view(
                 "searched in steps of {CHUNK_GRANULE} tokens (transformers takes any prefill_chunk_size)"
             ),
         },
-        at_floor: plan(cfg, CHUNK_GRANULE.min(context), limit, context)?
-            .steps
-            .last()
-            .map_or(0, |s| s.peak_reserved),
+        at_floor: at_floor.steps.last().map_or(0, |s| s.peak_reserved),
         limit_bytes,
     };
     Ok(ModelView {

@@ -253,8 +253,9 @@ fn calibration(
     })?;
     let traced_chunk = observed.forwards[0].chunk_tokens;
     let capacity = match *limit {
-        Limit::PerProcessFraction { capacity, .. } | Limit::Card { capacity } => capacity,
-        Limit::GpuMemoryUtilization { capacity, .. } => capacity,
+        Limit::PerProcessFraction { capacity, .. }
+        | Limit::Card { capacity }
+        | Limit::GpuMemoryUtilization { capacity, .. } => capacity,
     };
     let traced_limit = match observed.torch_limit {
         Some(l) => Limit::PerProcessFraction {
