@@ -29,6 +29,44 @@ pub(crate) fn embedding_tokens(bytes: u64, per_token: u64) -> Option<u64> {
     (tokens > 0 && bytes - tokens * per_token < 512).then_some(tokens)
 }
 
+/// Whether the embedding outputs of `process` (tensors allocated in PyTorch's `embedding`) hold
+/// a whole number of tokens of `per_token` bytes (a config's hidden size × dtype): exactly by
+/// the bytes requested where the trace has them, else within the block's 512-byte rounding.
+/// `Some(true)` when one does, `Some(false)` when there are some and none does, `None` when the
+/// trace shows no embedding (it cannot tell).
+pub(crate) fn embedding_outputs_match(
+    trace: &Trace,
+    process: usize,
+    per_token: u64,
+) -> crate::Result<Option<bool>> {
+    let p = &trace.processes[process];
+    let mut embeddings: HashMap<u32, bool> = HashMap::new();
+    let (mut any, mut matched) = (false, false);
+    trace.for_each_item(|pi, it| {
+        if let Item::Tensor(t) = &it
+            && pi == process
+            && t.action == TensorAction::Alloc
+            && *embeddings.entry(t.stack).or_insert_with(|| {
+                categoriser::py_frames(p, t.stack)
+                    .first()
+                    .is_some_and(is_embedding)
+            })
+        {
+            any = true;
+            matched = if t.requested > 0 {
+                per_token > 0 && t.requested.is_multiple_of(per_token)
+            } else {
+                embedding_tokens(t.size, per_token).is_some()
+            };
+            if matched {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    Ok(any.then_some(matched))
+}
+
 /// Calls `f` with each tensor allocation of `at`'s process and device made before `at`.
 fn for_each_alloc_before(
     trace: &Trace,

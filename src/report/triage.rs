@@ -21,7 +21,8 @@ use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, 
 use crate::report::engine_view;
 pub use crate::report::model_view::{Lever, ModelView, PEAK_TOLERANCE_PERCENT, PeakFit};
 use crate::report::step::{
-    StepPosition, step_at_peak, step_from_generate, step_from_labels, step_from_tensors,
+    StepPosition, embedding_outputs_match, step_at_peak, step_from_generate, step_from_labels,
+    step_from_tensors,
 };
 use crate::report::{ModelInput, Report};
 use crate::torch_replay::{TensorReplay, TorchOom};
@@ -779,7 +780,10 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         class,
         evidence: ev,
     };
-    t.model_warning = model.as_ref().and_then(|m| config_contradiction(&b, m));
+    t.model_warning = match (&model, &opts.model) {
+        (Some(m), Some(mi)) => config_contradiction(trace, f.process, &b, m, &mi.cfg)?,
+        _ => None,
+    };
     let trusted = model.as_ref().filter(|_| t.model_warning.is_none());
     t.levers = levers(opts, &t, trusted, &limit, class, reserve, fl.size);
     t.model = model;
@@ -793,23 +797,37 @@ const WEIGHTS_TOLERANCE_PERCENT: f64 = 5.0;
 /// Whether the model's config contradicts the trace: its predicted weights more than
 /// [`WEIGHTS_TOLERANCE_PERCENT`] from the bytes the categoriser named weights. `None` when they
 /// agree, or when the trace names no weights (a run that loaded none, or an unnamed one).
-fn config_contradiction(b: &Breakdown, m: &ModelView) -> Option<String> {
+fn config_contradiction(
+    trace: &Trace,
+    process: usize,
+    b: &Breakdown,
+    m: &ModelView,
+    cfg: &vramtrace_models::ModelConfig,
+) -> crate::Result<Option<String>> {
     let observed = b.bytes(Category::Weights);
     let predicted = m
         .parts
         .iter()
         .find(|p| p.category == Category::Weights)
-        .map(|p| p.bytes)?;
-    if observed == 0 {
-        return None;
+        .map(|p| p.bytes);
+    if let Some(predicted) = predicted.filter(|_| observed > 0) {
+        let off = (predicted as f64 - observed as f64) * 100.0 / observed as f64;
+        if off.abs() > WEIGHTS_TOLERANCE_PERCENT {
+            return Ok(Some(format!(
+                "the config's weights ({}) are {off:+.1}% from the {} the trace holds as weights: is `--model` the traced model's config? Its figures are shown, its levers are not",
+                gib(predicted),
+                gib(observed)
+            )));
+        }
     }
-    let off = (predicted as f64 - observed as f64) * 100.0 / observed as f64;
-    (off.abs() > WEIGHTS_TOLERANCE_PERCENT).then(|| {
-        format!(
-            "the config's weights ({}) are {off:+.1}% from the {} the trace holds as weights: is `--model` the traced model's config? Its figures are shown, its levers are not",
-            gib(predicted),
-            gib(observed)
-        )
+    let per_token = cfg.hidden_size * cfg.dtype.size_bytes();
+    Ok(match embedding_outputs_match(trace, process, per_token)? {
+        Some(false) => Some(format!(
+            "no embedding output of the run is a whole number of tokens of the config's hidden size ({} × {} B): is `--model` the traced model's config? Its figures are shown, its levers are not",
+            cfg.hidden_size,
+            cfg.dtype.size_bytes()
+        )),
+        _ => None,
     })
 }
 
@@ -923,7 +941,7 @@ fn no_failure(
     t.step = step_at_peak(trace, at, &m.cfg)?;
     match peak_model(trace, opts, m, t, b) {
         Ok(v) => {
-            t.model_warning = config_contradiction(b, &v);
+            t.model_warning = config_contradiction(trace, at.process, b, &v, &m.cfg)?;
             t.model = Some(v);
         }
         Err(e) => t.model_error = Some(e),
@@ -1705,6 +1723,28 @@ fn levers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(name: &str) -> Trace {
+        Trace::open(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("samples/h200")
+                .join(name),
+        )
+        .unwrap()
+    }
+
+    /// transformers' chunked generate of the `hybrid12` model (hidden size 2048, bf16): its
+    /// embedding outputs are whole numbers of 4,096-byte tokens, not of a 2,176-wide model's
+    /// (whose 4,352-byte tokens a 512-byte block rounding would let pass); a run without
+    /// PyTorch's embedding in its stacks cannot tell.
+    #[test]
+    fn a_config_whose_hidden_size_no_embedding_output_has_is_told_apart() {
+        let t = sample("hf-generate-oom");
+        assert_eq!(embedding_outputs_match(&t, 0, 4096).unwrap(), Some(true));
+        assert_eq!(embedding_outputs_match(&t, 0, 4352).unwrap(), Some(false));
+        let native = sample("torch-nocache");
+        assert_eq!(embedding_outputs_match(&native, 0, 4096).unwrap(), None);
+    }
 
     #[test]
     fn pytorch_sizes_as_its_message_prints_them() {

@@ -72,6 +72,15 @@ const CACHE_CAT: &str = "transformers 5.17 cache_utils.py:146/147 DynamicLayer.u
 const REPEAT_KV: &str = "transformers 5.17 integrations/sdpa_attention.py:22 repeat_kv";
 const SDPA: &str =
     "transformers 5.17 integrations/sdpa_attention.py:158 scaled_dot_product_attention";
+const EAGER_MASK: &str = "transformers 5.17 masking_utils.py:594/604 eager_mask: never skipped, torch.where(mask, 0, min) [1, 1, C, L] in the model dtype";
+const EAGER_REPEAT_KV: &str =
+    "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:734/735 repeat_kv";
+const EAGER_SCORES: &str =
+    "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:737 matmul(q, k^T) * scaling";
+const EAGER_MASKED: &str =
+    "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:739 attn_weights + attention_mask";
+const EAGER_SOFTMAX: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:741 softmax(dtype=float32).to(query.dtype)";
+const EAGER_OUT: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:743/744 matmul(attn_weights, v).transpose(1, 2).contiguous()";
 const SDPA_MASK: &str = "transformers 5.17 integrations/sdpa_attention.py:158 (aten convert_boolean_attn_mask: the mask in the query dtype)";
 const GATE_OUT: &str =
     "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:818 attn_output * torch.sigmoid(gate)";
@@ -123,6 +132,46 @@ impl Calibration {
     }
 }
 
+/// The attention the model was loaded with (`attn_implementation`): what the mask and the
+/// attention function materialise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// `sdpa`, transformers' default with PyTorch's `scaled_dot_product_attention`: no mask for
+    /// a first chunk without past (SDPA is causal), from the second chunk a bool `[1, 1, C, L]`
+    /// that SDPA copies into the query dtype, and K/V repeated to the query heads.
+    #[default]
+    Sdpa,
+    /// `eager`: a mask in the model dtype for every chunk (`eager_mask` never skips it), K/V
+    /// repeated, and the scores `[1, H, C, L]` materialised in the model dtype and in fp32
+    /// (`eager_attention_forward`).
+    Eager,
+}
+
+impl Attention {
+    /// transformers' name for it (`attn_implementation`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Sdpa => "sdpa",
+            Attention::Eager => "eager",
+        }
+    }
+}
+
+impl std::str::FromStr for Attention {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, ModelError> {
+        match s {
+            "sdpa" => Ok(Attention::Sdpa),
+            "eager" => Ok(Attention::Eager),
+            other => Err(ModelError::Invalid(format!(
+                "attn_implementation `{other}` is not modelled; the planner knows `sdpa` (transformers' default) and `eager`"
+            ))),
+        }
+    }
+}
+
 /// The planner for `generate(prefill_chunk_size=C)` of one sequence.
 #[derive(Clone, Debug)]
 pub struct GenerateChunked {
@@ -130,6 +179,8 @@ pub struct GenerateChunked {
     pub config: ModelConfig,
     /// `prefill_chunk_size`.
     pub chunk_tokens: u64,
+    /// The attention it was loaded with.
+    pub attention: Attention,
     /// Terms fitted to another run of the same program, if any.
     pub calibration: Option<Calibration>,
 }
@@ -150,6 +201,7 @@ impl GenerateChunked {
         Ok(GenerateChunked {
             config,
             chunk_tokens,
+            attention: Attention::Sdpa,
             calibration: None,
         })
     }
@@ -419,12 +471,25 @@ impl GenerateChunked {
             Some(b) if b > 0 => Some(sim.alloc_bytes("calibrated", b, CALIBRATED, act)?),
             _ => None,
         };
-        // The first chunk needs no mask (`_ignore_causal_mask_sdpa`): SDPA is causal.
-        let mask = if past > 0 {
+        // SDPA's first chunk needs no mask (`_ignore_causal_mask_sdpa`): SDPA is causal. Eager's
+        // mask is the bool one turned into the model dtype, for every chunk.
+        let mask = if past > 0 || self.attention == Attention::Eager {
             let a = sim.alloc("kv_idx <= q_idx", &[1, 1, c, l], DType::Bool, MASK, act)?;
             let m = sim.alloc("causal mask", &[1, 1, c, l], DType::Bool, MASK, act)?;
             sim.free(a);
-            Some(m)
+            if self.attention == Attention::Eager {
+                let f = sim.alloc(
+                    "torch.where(mask, 0, min)",
+                    &[1, 1, c, l],
+                    dt,
+                    EAGER_MASK,
+                    act,
+                )?;
+                sim.free(m);
+                Some(f)
+            } else {
+                Some(m)
+            }
         } else {
             None
         };
@@ -538,16 +603,13 @@ impl GenerateChunked {
             sim.free(old);
         }
         sim.free_all([k, v]);
-        let mut held = Vec::new();
-        if mask.is_some() {
-            if heads > kvh {
-                held.push(sim.alloc("key (repeat_kv)", &[1, heads, l, d], dt, REPEAT_KV, act)?);
-                held.push(sim.alloc("value (repeat_kv)", &[1, heads, l, d], dt, REPEAT_KV, act)?);
+        let (out, weights) = match self.attention {
+            Attention::Sdpa => (self.sdpa(sim, mask.is_some(), c, l)?, None),
+            Attention::Eager => {
+                let (out, w) = self.eager(sim, c, l)?;
+                (out, Some(w))
             }
-            held.push(sim.alloc("attn_mask (query dtype)", &[1, 1, c, l], dt, SDPA_MASK, act)?);
-        }
-        let out = sim.alloc("attn_output", &[1, c, heads, d], dt, SDPA, act)?;
-        sim.free_all(held);
+        };
         sim.free(q);
         let out = match gate {
             Some(g) => {
@@ -566,7 +628,87 @@ impl GenerateChunked {
         };
         let o = sim.alloc("o_proj", &[1, c, cfg.hidden_size], dt, O_PROJ, act)?;
         sim.free(out);
+        // Eager's attention weights are returned with the output and dropped by the decoder
+        // layer (`hidden_states, _ = self.self_attn(...)`).
+        sim.free_all(weights);
         Ok(o)
+    }
+
+    /// SDPA over a context of `l` (the query and the cache are live in the caller): with a mask,
+    /// K and V repeated to the query heads and the mask copied into the query dtype, held
+    /// through the kernel; the output in `[1, C, H, D]` (the kernel's own layout, so the
+    /// `transpose(1, 2).contiguous()` after it copies nothing).
+    fn sdpa(&self, sim: &mut Sim, masked: bool, c: u64, l: u64) -> Result<H, Box<Refused>> {
+        let cfg = &self.config;
+        let (dt, act) = (cfg.dtype, Category::Activations);
+        let (heads, kvh, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let mut held = Vec::new();
+        if masked {
+            if heads > kvh {
+                held.push(sim.alloc("key (repeat_kv)", &[1, heads, l, d], dt, REPEAT_KV, act)?);
+                held.push(sim.alloc("value (repeat_kv)", &[1, heads, l, d], dt, REPEAT_KV, act)?);
+            }
+            held.push(sim.alloc("attn_mask (query dtype)", &[1, 1, c, l], dt, SDPA_MASK, act)?);
+        }
+        let out = sim.alloc("attn_output", &[1, c, heads, d], dt, SDPA, act)?;
+        sim.free_all(held);
+        Ok(out)
+    }
+
+    /// `eager_attention_forward` over a context of `l`: K and V repeated, the scores and their
+    /// scaled copy, the mask added, the softmax in fp32 and its copy in the model dtype (the
+    /// attention weights, returned to the caller), the output and its transposed copy.
+    fn eager(&self, sim: &mut Sim, c: u64, l: u64) -> Result<(H, H), Box<Refused>> {
+        let cfg = &self.config;
+        let (dt, act) = (cfg.dtype, Category::Activations);
+        let (heads, kvh, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let mut repeated = Vec::new();
+        if heads > kvh {
+            let k = sim.alloc(
+                "key_states (repeat_kv)",
+                &[1, heads, l, d],
+                dt,
+                EAGER_REPEAT_KV,
+                act,
+            )?;
+            repeated.push(k);
+            let v = sim.alloc(
+                "value_states (repeat_kv)",
+                &[1, heads, l, d],
+                dt,
+                EAGER_REPEAT_KV,
+                act,
+            )?;
+            repeated.push(v);
+        }
+        let scores = [1, heads, c, l];
+        let s = sim.alloc("q @ k^T", &scores, dt, EAGER_SCORES, act)?;
+        let w = sim.alloc("* scaling", &scores, dt, EAGER_SCORES, act)?;
+        sim.free(s);
+        let m = sim.alloc("+ attention_mask", &scores, dt, EAGER_MASKED, act)?;
+        sim.free(w);
+        let p32 = sim.alloc("softmax (fp32)", &scores, DType::F32, EAGER_SOFTMAX, act)?;
+        let p = sim.alloc("softmax .to(dtype)", &scores, dt, EAGER_SOFTMAX, act)?;
+        sim.free_all([p32, m]);
+        let o = sim.alloc("attn_weights @ v", &[1, heads, c, d], dt, EAGER_OUT, act)?;
+        let out = sim.alloc(
+            "transpose(1, 2).contiguous()",
+            &[1, c, heads, d],
+            dt,
+            EAGER_OUT,
+            act,
+        )?;
+        sim.free(o);
+        sim.free_all(repeated);
+        Ok((out, p))
     }
 
     /// fla's kernel for a chunk of `c` tokens, in its own order (q and k at the value heads when
@@ -919,6 +1061,33 @@ mod tests {
         };
         assert!(run(4096, 0.06) > run(4096, 0.04));
         assert!(run(2048, 0.04) > run(8192, 0.04));
+    }
+
+    /// Eager attention materialises the scores, `[1, H, C, L]` in the model dtype and in fp32,
+    /// and a mask from the first chunk on: it fails far earlier than SDPA, on a scores tensor.
+    #[test]
+    fn eager_attention_is_refused_on_its_scores_long_before_sdpa() {
+        let limit = Limit::PerProcessFraction {
+            capacity: 150_000_000_000,
+            fraction: 0.05,
+        };
+        let mut p = GenerateChunked::new(hybrid(), 2048).unwrap();
+        let sdpa = p.plan(&limit, 1 << 20).unwrap().failure.unwrap();
+        p.attention = "eager".parse().unwrap();
+        let eager = p.plan(&limit, 1 << 20).unwrap().failure.unwrap();
+        assert!(
+            eager.context_tokens * 4 < sdpa.context_tokens,
+            "{eager:?} {sdpa:?}"
+        );
+        let cfg = hybrid();
+        let scores = cfg.num_attention_heads * 2048 * eager.context_tokens;
+        assert!(
+            [2, 4].iter().any(|b| eager.request == scores * b),
+            "{eager:?}"
+        );
+        assert!(eager.source.contains("modeling_qwen3_5.py:7"), "{eager:?}");
+        let e = "flash_attention_2".parse::<Attention>().unwrap_err();
+        assert!(e.to_string().contains("sdpa"), "{e}");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use vramtrace::cliff::{cliff_tokens, default_step, largest_peak_at, peaks_at};
 use vramtrace::parse::parse_range;
+use vramtrace_models::engine::transformers_5::GenerateChunked;
 
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 use vramtrace_models::{
@@ -254,9 +255,10 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
             );
         }
         let chunk = opts.seqlens.iter().sum::<u64>();
+        let mut planner = GenerateChunked::new(cfg, chunk)?;
+        planner.attention = args.whole.attn_implementation.parse()?;
         return crate::commands::model_engine::run(
-            cfg,
-            chunk,
+            planner,
             limit,
             args.whole.context,
             args.whole.prompt_tokens,

@@ -17,14 +17,14 @@ const DEFAULT_PROMPT: u64 = 1 << 20;
 
 /// Runs the planner: exit 0 when the prompt (`--context`) is held, 1 when a chunk is refused.
 pub fn run(
-    cfg: ModelConfig,
-    chunk: u64,
+    mut planner: GenerateChunked,
     limit: Limit,
     context: Option<u64>,
     prompt_tokens: Option<u64>,
     calibrate: Option<&std::path::Path>,
     json_out: bool,
 ) -> anyhow::Result<i32> {
+    let (cfg, chunk) = (planner.config.clone(), planner.chunk_tokens);
     let max = cfg.max_position_embeddings;
     let (prompt, asked) = match (context, prompt_tokens) {
         (Some(_), Some(_)) => bail!(
@@ -39,9 +39,8 @@ pub fn run(
             "{asked} asks for {prompt} tokens, past the model's max_position_embeddings of {m}: transformers would not generate that far"
         );
     }
-    let mut planner = GenerateChunked::new(cfg.clone(), chunk)?;
     if let Some(trace) = calibrate {
-        planner.calibration = Some(calibration(&cfg, &limit, trace)?);
+        planner.calibration = Some(calibration(&planner, &limit, trace)?);
     }
     let basis = if planner.calibration.is_some() {
         Basis::Calibrated
@@ -57,6 +56,7 @@ pub fn run(
         let last_steps: Vec<_> = run.steps.iter().rev().take(4).rev().collect();
         let v = json!({
             "engine": run.engine,
+            "attn_implementation": planner.attention.name(),
             "config": cfg.path,
             "chunk_tokens": chunk,
             "prompt_tokens": prompt,
@@ -79,9 +79,10 @@ pub fn run(
         return Ok(if held { 0 } else { 1 });
     }
     println!(
-        "{}: {} in chunks of {chunk} tokens, against {} ({} the allocator may hold); {}.",
+        "{}: {} in chunks of {chunk} tokens with {} attention, against {} ({} the allocator may hold); {}.",
         cfg.display_name(),
         planner.name(),
+        planner.attention.name(),
         run.limit.describe(),
         fmt_bytes(run.limit_bytes),
         match &planner.calibration {
@@ -238,10 +239,11 @@ pub fn run_cb(
 /// The planner's terms fitted to `trace`: its forwards of `generate` beside the planner's run at
 /// the trace's own chunk, under the limit its refusal names (else `limit`).
 fn calibration(
-    cfg: &ModelConfig,
+    planner: &GenerateChunked,
     limit: &Limit,
     trace: &std::path::Path,
 ) -> anyhow::Result<vramtrace_models::engine::transformers_5::Calibration> {
+    let cfg = &planner.config;
     let t = vramtrace::trace::Trace::open(trace)
         .with_context(|| format!("--calibrate {}", trace.display()))?;
     let observed = vramtrace::calibrate::observe_generate(&t, cfg)?.with_context(|| {
@@ -265,7 +267,12 @@ fn calibration(
         None => *limit,
     };
     let last = observed.forwards.last().map_or(0, |f| f.context_tokens);
-    let planned = GenerateChunked::new(cfg.clone(), traced_chunk)?.plan(&traced_limit, last)?;
+    // The traced run is planned as the target is (the same attention and allocator settings):
+    // calibration carries terms between chunks and limits of one program.
+    let mut traced = planner.clone();
+    traced.chunk_tokens = traced_chunk;
+    traced.calibration = None;
+    let planned = traced.plan(&traced_limit, last)?;
     vramtrace::calibrate::fit(&observed, &planned, &trace.display().to_string()).with_context(
         || {
             format!(

@@ -42,6 +42,10 @@ pub struct StepArgs {
     /// two sets of IO tensors), not `paged|sdpa`.
     #[arg(long, requires = "cb_max_memory_percent")]
     pub cb_flash_attention: bool,
+    /// The transformers planner's `attn_implementation`: `sdpa` (transformers' default) or
+    /// `eager` (the scores materialised, a mask for every chunk).
+    #[arg(long, value_name = "NAME", default_value = "sdpa", requires = "limit")]
+    pub attn_implementation: String,
     /// Calibrate the transformers planner from TRACE, a run of the same program (transformers'
     /// generate with prefill_chunk_size) at another chunk or limit: terms per chunk token, per
     /// chunk token × context token and the reserve, fitted to its forwards and carried to this
