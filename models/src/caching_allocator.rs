@@ -136,12 +136,27 @@ pub enum SegmentEvent {
         /// Segment bytes.
         size: u64,
     },
+    /// Pages mapped into an expandable segment (`cuMemCreate` + `cuMemMap`, one handle a page).
+    Map {
+        /// Synthetic address of the first page.
+        ptr: u64,
+        /// Bytes mapped, whole pages.
+        size: u64,
+    },
+    /// Pages of an expandable segment unmapped (only after a failed allocation).
+    Unmap {
+        /// Synthetic address of the first page.
+        ptr: u64,
+        /// Bytes unmapped, whole pages.
+        size: u64,
+    },
 }
 
 /// A request the simulated device could not satisfy even after releasing cached segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Oom {
-    /// The segment size that could not be allocated.
+    /// The segment size that could not be allocated (`get_allocation_size`, the size PyTorch's
+    /// message names, with expandable segments too).
     pub segment: u64,
     /// Bytes reserved in segments at that moment.
     pub reserved: u64,
@@ -159,15 +174,36 @@ struct Block {
     size: u64,
     pool: Pool,
     allocated: bool,
+    /// Backed by pages: always, except the unmapped ranges of an expandable segment.
+    mapped: bool,
+    /// The expandable segment this block is part of (an index into `segments`).
+    segment: Option<usize>,
     prev: Option<usize>,
     next: Option<usize>,
 }
 
-/// A single-stream simulation of the default caching allocator.
+/// An expandable segment: address space for the whole device, mapped page by page.
+#[derive(Clone, Copy, Debug)]
+struct Expandable {
+    base: u64,
+    page: u64,
+}
+
+/// Address space an expandable segment reserves: PyTorch reserves 1.125 × the device's memory;
+/// the simulation never comes near its end.
+const EXPANDABLE_ADDRESS_SPACE: u64 = 1 << 44;
+
+/// A single-stream simulation of the caching allocator, in its default configuration or with
+/// `expandable_segments:True` ([`CachingAllocator::expandable`]).
 #[derive(Debug, Default)]
 pub struct CachingAllocator {
     blocks: Vec<Block>,
+    /// Free mapped blocks by (pool, size, address): `BlockPool::blocks`.
     free: BTreeSet<(Pool, u64, u64, usize)>,
+    /// Free unmapped ranges of expandable segments by (pool, address): `BlockPool::unmapped`.
+    unmapped: BTreeSet<(Pool, u64, usize)>,
+    segments: Vec<Expandable>,
+    expandable: bool,
     next_ptr: u64,
     capacity: Option<u64>,
     reserved: u64,
@@ -177,7 +213,9 @@ pub struct CachingAllocator {
 }
 
 impl CachingAllocator {
-    /// An empty allocator; with `capacity`, `cudaMalloc` fails once segments would exceed it.
+    /// An empty allocator; with `capacity`, a new segment (or, with expandable segments, new
+    /// pages) is refused once the reserve and the request's segment size would pass it, as
+    /// PyTorch's `alloc_block` refuses past `set_per_process_memory_fraction`.
     pub fn new(capacity: Option<u64>) -> Self {
         CachingAllocator {
             capacity,
@@ -186,60 +224,52 @@ impl CachingAllocator {
         }
     }
 
+    /// The same allocator with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, as
+    /// `c10/cuda/CUDACachingAllocator.cpp` (commit `001074d2`) runs it: one segment per pool that
+    /// grows by pages (2 MiB for the small pool, 20 MiB for the large, `find_expandable_block`),
+    /// mapped at the lowest free range that fits with the free block before it
+    /// (`try_allocate_expandable_block`, `map_block`); any remainder of 512 B or more split off
+    /// in both pools (`should_split`); best fit preferring blocks not followed by unmapped space
+    /// (`get_free_block`); the fraction checked against the request's `get_allocation_size`
+    /// before mapping (`alloc_block`); on a refusal every whole free page unmapped, holes
+    /// included, then one retry (`release_blocks`, `unmap_block`).
+    pub fn expandable(mut self) -> Self {
+        self.expandable = true;
+        self
+    }
+
     /// Allocates a block for `request` bytes (`malloc`). Zero-byte requests are not supported by
     /// the simulation (PyTorch does not call the allocator for them).
     pub fn malloc(&mut self, request: u64) -> Result<BlockId, Oom> {
         let r = rounding(request.max(1));
-        let found = self
-            .free
-            .range((r.pool, r.block, 0, 0)..)
-            .next()
-            .copied()
-            .filter(|(p, ..)| *p == r.pool);
-        let idx = match found {
-            Some(key) => {
-                self.free.remove(&key);
-                key.3
-            }
-            None => {
-                if self.capacity.is_some_and(|c| self.reserved + r.segment > c) {
-                    self.release_cached_segments();
-                    if self.capacity.is_some_and(|c| self.reserved + r.segment > c) {
-                        return Err(Oom {
-                            segment: r.segment,
-                            reserved: self.reserved,
-                            allocated: self.allocated,
-                        });
-                    }
+        let idx = match self.free_block(r.pool, r.block) {
+            Some(idx) => idx,
+            None => match self.alloc_block(&r) {
+                Some(idx) => idx,
+                None => {
+                    self.release_cached_blocks();
+                    self.alloc_block(&r).ok_or(Oom {
+                        segment: r.segment,
+                        reserved: self.reserved,
+                        allocated: self.allocated,
+                    })?
                 }
-                let ptr = self.next_ptr;
-                self.next_ptr += r.segment.next_multiple_of(ROUND_LARGE);
-                self.reserved += r.segment;
-                self.peak_reserved = self.peak_reserved.max(self.reserved);
-                self.events.push(SegmentEvent::SegmentAlloc {
-                    ptr,
-                    size: r.segment,
-                });
-                self.blocks.push(Block {
-                    ptr,
-                    size: r.segment,
-                    pool: r.pool,
-                    allocated: false,
-                    prev: None,
-                    next: None,
-                });
-                self.blocks.len() - 1
-            }
+            },
         };
-        if should_split(r.pool, self.blocks[idx].size, r.block) {
+        self.free.remove(&self.free_key(idx));
+        let remaining = self.blocks[idx].size - r.block;
+        let split = if self.expandable {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            should_split(r.pool, self.blocks[idx].size, r.block)
+        };
+        if split {
             let b = self.blocks[idx].clone();
             let rest = Block {
                 ptr: b.ptr + r.block,
-                size: b.size - r.block,
-                pool: b.pool,
-                allocated: false,
+                size: remaining,
                 prev: Some(idx),
-                next: b.next,
+                ..b
             };
             self.blocks.push(rest);
             let rest_idx = self.blocks.len() - 1;
@@ -248,27 +278,203 @@ impl CachingAllocator {
             }
             self.blocks[idx].next = Some(rest_idx);
             self.blocks[idx].size = r.block;
-            let rb = &self.blocks[rest_idx];
-            self.free.insert((rb.pool, rb.size, rb.ptr, rest_idx));
+            self.free.insert(self.free_key(rest_idx));
         }
         self.blocks[idx].allocated = true;
         self.allocated += self.blocks[idx].size;
         Ok(BlockId(idx))
     }
 
-    /// Returns a block to its pool, merging it with free neighbours (`free_block`).
-    pub fn free(&mut self, id: BlockId) {
-        let idx = id.0;
-        assert!(self.blocks[idx].allocated, "block freed twice");
-        self.blocks[idx].allocated = false;
-        self.allocated -= self.blocks[idx].size;
+    fn free_key(&self, idx: usize) -> (Pool, u64, u64, usize) {
+        let b = &self.blocks[idx];
+        (b.pool, b.size, b.ptr, idx)
+    }
+
+    /// `get_free_block`: the smallest cached block of the pool that fits, lowest address first;
+    /// with expandable segments, a block followed by unmapped space counts with that space, and
+    /// the search moves on to a larger block while that one counts as smaller.
+    fn free_block(&self, pool: Pool, block: u64) -> Option<usize> {
+        let mut fits = self
+            .free
+            .range((pool, block, 0, 0)..)
+            .take_while(|k| k.0 == pool)
+            .map(|k| k.3);
+        let mut found = fits.next()?;
+        if self.expandable {
+            let counted = |i: usize| {
+                let b = &self.blocks[i];
+                b.size
+                    + b.next
+                        .filter(|&n| !self.blocks[n].mapped)
+                        .map_or(0, |n| self.blocks[n].size)
+            };
+            for next in fits {
+                if counted(next) < counted(found) {
+                    found = next;
+                } else {
+                    break;
+                }
+            }
+        }
+        Some(found)
+    }
+
+    /// `alloc_block`: a new segment from the driver, or pages mapped into an expandable segment,
+    /// unless the limit refuses the request's segment size. The block is free, in the free set.
+    fn alloc_block(&mut self, r: &Rounding) -> Option<usize> {
+        if self.capacity.is_some_and(|c| self.reserved + r.segment > c) {
+            return None;
+        }
+        if self.expandable {
+            return Some(self.grow(r.pool, r.block));
+        }
+        let ptr = self.next_ptr;
+        self.next_ptr += r.segment.next_multiple_of(ROUND_LARGE);
+        self.add_reserved(r.segment);
+        self.events.push(SegmentEvent::SegmentAlloc {
+            ptr,
+            size: r.segment,
+        });
+        self.blocks.push(Block {
+            ptr,
+            size: r.segment,
+            pool: r.pool,
+            allocated: false,
+            mapped: true,
+            segment: None,
+            prev: None,
+            next: None,
+        });
+        let idx = self.blocks.len() - 1;
+        self.free.insert(self.free_key(idx));
+        Some(idx)
+    }
+
+    fn add_reserved(&mut self, bytes: u64) {
+        self.reserved += bytes;
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+    }
+
+    /// Whether a block can take part in growing a mapping: not handed out.
+    fn is_free(&self, i: usize) -> bool {
+        !self.blocks[i].allocated
+    }
+
+    /// `find_expandable_block` and `try_allocate_expandable_block`: the lowest unmapped range of
+    /// the pool that, with the free block before it and the free or unmapped blocks after it,
+    /// holds `size`, mapped page by page until the block starting there holds it. A new segment
+    /// when none does.
+    fn grow(&mut self, pool: Pool, size: u64) -> usize {
+        let found = self
+            .unmapped
+            .range((pool, 0, 0)..)
+            .take_while(|k| k.0 == pool)
+            .map(|k| {
+                let u = k.2;
+                self.blocks[u]
+                    .prev
+                    .filter(|&p| self.is_free(p))
+                    .unwrap_or(u)
+            })
+            .find(|&c| {
+                let mut bytes = 0;
+                let mut at = Some(c);
+                while let Some(i) = at.filter(|&i| self.is_free(i)) {
+                    bytes += self.blocks[i].size;
+                    if bytes >= size {
+                        return true;
+                    }
+                    at = self.blocks[i].next;
+                }
+                false
+            });
+        let mut cand = found.unwrap_or_else(|| self.new_segment(pool));
+        if !self.blocks[cand].mapped {
+            let n = self.blocks[cand].size.min(size);
+            cand = self.map_block(cand, n);
+        }
+        while self.blocks[cand].size < size {
+            let nb = self.blocks[cand]
+                .next
+                .expect("find_expandable_block counted the unmapped range after it");
+            let n = (size - self.blocks[cand].size).min(self.blocks[nb].size);
+            cand = self.map_block(nb, n);
+        }
+        cand
+    }
+
+    fn new_segment(&mut self, pool: Pool) -> usize {
+        let page = match pool {
+            Pool::Small => SMALL_BUFFER,
+            Pool::Large => LARGE_BUFFER,
+        };
+        let base = self.next_ptr;
+        self.next_ptr += EXPANDABLE_ADDRESS_SPACE;
+        self.segments.push(Expandable { base, page });
+        self.blocks.push(Block {
+            ptr: base,
+            size: EXPANDABLE_ADDRESS_SPACE,
+            pool,
+            allocated: false,
+            mapped: false,
+            segment: Some(self.segments.len() - 1),
+            prev: None,
+            next: None,
+        });
+        let idx = self.blocks.len() - 1;
+        self.unmapped.insert((pool, base, idx));
+        idx
+    }
+
+    /// `map_block`: maps whole pages for `n` bytes at the start of the unmapped block `u`, the
+    /// rest staying unmapped; the mapped block merges with free mapped neighbours and goes to
+    /// the free set. Returns the merged block.
+    fn map_block(&mut self, u: usize, n: u64) -> usize {
+        let seg = self.segments[self.blocks[u].segment.expect("an expandable block")];
+        let mapped = n.div_ceil(seg.page) * seg.page;
+        let b = self.blocks[u].clone();
+        self.unmapped.remove(&(b.pool, b.ptr, u));
+        if mapped < b.size {
+            let rest = Block {
+                ptr: b.ptr + mapped,
+                size: b.size - mapped,
+                prev: Some(u),
+                ..b.clone()
+            };
+            self.blocks.push(rest);
+            let r = self.blocks.len() - 1;
+            if let Some(x) = b.next {
+                self.blocks[x].prev = Some(r);
+            }
+            self.blocks[u].next = Some(r);
+            self.blocks[u].size = mapped;
+            self.unmapped.insert((b.pool, b.ptr + mapped, r));
+        }
+        self.blocks[u].mapped = true;
+        self.add_reserved(mapped);
+        self.events.push(SegmentEvent::Map {
+            ptr: b.ptr,
+            size: mapped,
+        });
+        self.merge_free_neighbours(u);
+        self.free.insert(self.free_key(u));
+        u
+    }
+
+    /// `try_merge_blocks` with both neighbours: those free and in the same mapped state as `idx`
+    /// join it (taken out of their set).
+    fn merge_free_neighbours(&mut self, idx: usize) {
         for neighbour in [self.blocks[idx].prev, self.blocks[idx].next] {
             let Some(n) = neighbour else { continue };
-            if self.blocks[n].allocated {
+            let nb = self.blocks[n].clone();
+            if nb.allocated || nb.mapped != self.blocks[idx].mapped {
                 continue;
             }
-            let nb = self.blocks[n].clone();
-            self.free.remove(&(nb.pool, nb.size, nb.ptr, n));
+            if nb.mapped {
+                self.free.remove(&(nb.pool, nb.size, nb.ptr, n));
+            } else {
+                self.unmapped.remove(&(nb.pool, nb.ptr, n));
+            }
             if self.blocks[idx].prev == Some(n) {
                 self.blocks[idx].ptr = nb.ptr;
                 self.blocks[idx].prev = nb.prev;
@@ -283,19 +489,36 @@ impl CachingAllocator {
             }
             self.blocks[idx].size += nb.size;
         }
-        let b = &self.blocks[idx];
-        self.free.insert((b.pool, b.size, b.ptr, idx));
     }
 
-    /// `release_cached_blocks`: every free, unsplit segment goes back to the driver.
-    fn release_cached_segments(&mut self) {
-        let whole: Vec<(Pool, u64, u64, usize)> = self
+    /// Returns a block to its pool, merging it with free neighbours (`free_block`); freeing
+    /// never unmaps.
+    pub fn free(&mut self, id: BlockId) {
+        let idx = id.0;
+        assert!(self.blocks[idx].allocated, "block freed twice");
+        self.blocks[idx].allocated = false;
+        self.allocated -= self.blocks[idx].size;
+        self.merge_free_neighbours(idx);
+        self.free.insert(self.free_key(idx));
+    }
+
+    /// `release_cached_blocks`: every free, unsplit segment goes back to the driver; every whole
+    /// page inside a free block of an expandable segment is unmapped.
+    fn release_cached_blocks(&mut self) {
+        let candidates: Vec<(Pool, u64, u64, usize)> = self
             .free
             .iter()
             .copied()
-            .filter(|k| self.blocks[k.3].prev.is_none() && self.blocks[k.3].next.is_none())
+            .filter(|k| {
+                let b = &self.blocks[k.3];
+                b.segment.is_some() || (b.prev.is_none() && b.next.is_none())
+            })
             .collect();
-        for k in whole {
+        for k in candidates {
+            if self.blocks[k.3].segment.is_some() {
+                self.unmap_block(k.3);
+                continue;
+            }
             self.free.remove(&k);
             self.reserved -= k.1;
             self.events.push(SegmentEvent::SegmentFree {
@@ -303,6 +526,62 @@ impl CachingAllocator {
                 size: k.1,
             });
         }
+    }
+
+    /// `unmap_block`: the whole pages inside the free block `idx` are unmapped; the pieces
+    /// before and after them stay free and mapped; the unmapped range merges with unmapped
+    /// neighbours. A segment left wholly unmapped is released.
+    fn unmap_block(&mut self, idx: usize) {
+        let b = self.blocks[idx].clone();
+        let seg = self.segments[b.segment.expect("an expandable block")];
+        let begin = seg.base + (b.ptr - seg.base).div_ceil(seg.page) * seg.page;
+        let end = seg.base + (b.ptr + b.size - seg.base) / seg.page * seg.page;
+        if end <= begin {
+            return;
+        }
+        self.free.remove(&(b.pool, b.size, b.ptr, idx));
+        if b.ptr < begin {
+            self.blocks.push(Block {
+                size: begin - b.ptr,
+                next: Some(idx),
+                ..b.clone()
+            });
+            let before = self.blocks.len() - 1;
+            if let Some(p) = b.prev {
+                self.blocks[p].next = Some(before);
+            }
+            self.blocks[idx].prev = Some(before);
+            self.free.insert(self.free_key(before));
+        }
+        if end < b.ptr + b.size {
+            self.blocks.push(Block {
+                ptr: end,
+                size: b.ptr + b.size - end,
+                prev: Some(idx),
+                ..b.clone()
+            });
+            let after = self.blocks.len() - 1;
+            if let Some(n) = b.next {
+                self.blocks[n].prev = Some(after);
+            }
+            self.blocks[idx].next = Some(after);
+            self.free.insert(self.free_key(after));
+        }
+        let blk = &mut self.blocks[idx];
+        blk.ptr = begin;
+        blk.size = end - begin;
+        blk.mapped = false;
+        self.reserved -= end - begin;
+        self.events.push(SegmentEvent::Unmap {
+            ptr: begin,
+            size: end - begin,
+        });
+        self.merge_free_neighbours(idx);
+        let u = &self.blocks[idx];
+        if u.prev.is_some() || u.next.is_some() {
+            self.unmapped.insert((u.pool, u.ptr, idx));
+        }
+        // Wholly unmapped: `release_expandable_segment` gives its address space back.
     }
 
     /// Bytes currently held in segments (`memory_reserved`).
@@ -447,6 +726,80 @@ mod tests {
         b.free(s);
         let _t = b.malloc((11 << 20) + (1 << 19)).unwrap();
         assert_eq!(b.allocated(), 12 << 20);
+    }
+
+    const M: u64 = 1 << 20;
+
+    /// `expandable_segments:True`: the large pool grows by 20 MiB pages at the end of one
+    /// segment, splits any remainder, and prefers a block not followed by unmapped space.
+    #[test]
+    fn an_expandable_segment_grows_by_pages_and_splits_every_remainder() {
+        let mut a = CachingAllocator::new(None).expandable();
+        let x = a.malloc(100 * M).unwrap();
+        assert_eq!(a.reserved(), 100 * M);
+        // 30 MiB: two pages, the 10 MiB left split off.
+        let _y = a.malloc(30 * M).unwrap();
+        assert_eq!(a.reserved(), 140 * M);
+        assert_eq!(a.allocated(), 130 * M);
+        // 15 MiB: the free 10 MiB at the end grows by one page and is split again.
+        let _z = a.malloc(15 * M).unwrap();
+        assert_eq!(a.reserved(), 160 * M);
+        // Freed, the first 100 MiB is a block of its own; a 10 MiB request is carved from it,
+        // not from the 15 MiB at the end (which counts with the unmapped space after it).
+        a.free(x);
+        let w = a.malloc(10 * M).unwrap();
+        assert_eq!(a.reserved(), 160 * M);
+        a.free(w);
+        assert!(
+            a.segment_events()
+                .iter()
+                .all(|e| matches!(e, SegmentEvent::Map { size, .. } if size % (20 * M) == 0))
+        );
+        // A small request maps one 2 MiB page of the small pool's own segment.
+        let _s = a.malloc(4096).unwrap();
+        assert_eq!(a.reserved(), 162 * M);
+    }
+
+    /// Under a limit the request's segment size is checked before mapping; on a refusal the
+    /// whole free pages are unmapped (a hole where the freed block was), the retry maps at the
+    /// end, and a later request that fits the hole is mapped there, the lowest range.
+    #[test]
+    fn an_expandable_refusal_unmaps_free_pages_and_a_later_request_fills_the_hole() {
+        let base = 1 << 32;
+        let mut a = CachingAllocator::new(Some(200 * M)).expandable();
+        let x = a.malloc(100 * M).unwrap();
+        let _y = a.malloc(60 * M).unwrap();
+        a.free(x);
+        // 160 MiB mapped, 100 free: 120 more would pass 200 MiB, so the free 100 MiB are
+        // unmapped first, then 120 MiB mapped after the 60.
+        let _z = a.malloc(120 * M).unwrap();
+        assert_eq!(a.reserved(), 180 * M);
+        let events = a.segment_events().to_vec();
+        assert_eq!(
+            events[events.len() - 2..],
+            [
+                SegmentEvent::Unmap {
+                    ptr: base,
+                    size: 100 * M
+                },
+                SegmentEvent::Map {
+                    ptr: base + 160 * M,
+                    size: 120 * M
+                }
+            ]
+        );
+        // 20 MiB more reach the limit exactly (not past it): one page, in the hole.
+        let w = a.malloc(20 * M).unwrap();
+        assert_eq!(a.reserved(), 200 * M);
+        assert_eq!(
+            a.segment_events().last(),
+            Some(&SegmentEvent::Map {
+                ptr: base,
+                size: 20 * M
+            })
+        );
+        assert_eq!(a.block_size(w), 20 * M);
+        assert!(a.malloc(2 * M).is_err());
     }
 
     #[test]

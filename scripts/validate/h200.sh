@@ -665,6 +665,26 @@ generate_chunked() {
   done
 }
 
+generate_modes() {
+  # Issue 31, item 2: the planner's expandable segments and eager attention, each case bare
+  # (cap:chunk lists; the predictions were committed first: docs/validation.md, "transformers
+  # generate(prefill_chunk_size)", "Expandable segments and eager attention").
+  [ -f "$W/models/hybrid12/config.json" ] || timeout 300 python3 "$VAL/hf_models.py" "$W/models" hybrid12 || return 1
+  local case c cap
+  for case in ${GEN_EXPANDABLE-6:4096 10:4096 6:8192 8:3072}; do
+    cap=${case%:*} c=${case#*:}
+    echo "--- expandable: chunk $c, cap $cap GiB"
+    timeout 240 python3 "$VAL/hf_generate_chunked.py" "$W/models/hybrid12" --chunk "$c" --cap "$cap" \
+      --expandable 2>&1 | grep -E "^(RESULT|OOM|held)" | tee "$W/gen-exp-c$c-cap$cap.txt"
+  done
+  for case in ${GEN_EAGER-6:1024 6:2048 10:2048 10:4096 14:3072}; do
+    cap=${case%:*} c=${case#*:}
+    echo "--- eager: chunk $c, cap $cap GiB"
+    timeout 240 python3 "$VAL/hf_generate_chunked.py" "$W/models/hybrid12" --chunk "$c" --cap "$cap" \
+      --attn eager 2>&1 | grep -E "^(RESULT|OOM|held)" | tee "$W/gen-eager-c$c-cap$cap.txt"
+  done
+}
+
 cb_plan() {
   # Issue 31: the paged pool and batch of transformers' continuous batching at CB_PERCENTS, as
   # transformers logs them, on the dense model (the predictions were committed first:

@@ -181,6 +181,8 @@ pub struct GenerateChunked {
     pub chunk_tokens: u64,
     /// The attention it was loaded with.
     pub attention: Attention,
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
+    pub expandable_segments: bool,
     /// Terms fitted to another run of the same program, if any.
     pub calibration: Option<Calibration>,
 }
@@ -202,6 +204,7 @@ impl GenerateChunked {
             config,
             chunk_tokens,
             attention: Attention::Sdpa,
+            expandable_segments: false,
             calibration: None,
         })
     }
@@ -270,9 +273,10 @@ struct Refused {
 }
 
 impl Sim {
-    fn new(capacity: u64) -> Self {
+    fn new(capacity: u64, expandable: bool) -> Self {
+        let alloc = CachingAllocator::new(Some(capacity));
         Sim {
-            alloc: CachingAllocator::new(Some(capacity)),
+            alloc: if expandable { alloc.expandable() } else { alloc },
             live: Vec::new(),
             by_category: [0; Category::ALL.len()],
             step_peak_allocated: 0,
@@ -906,7 +910,7 @@ impl Engine for GenerateChunked {
         }
         let cfg = &self.config;
         let weights = weight_bytes(cfg, WeightFormat::Bf16, 1)?.bytes;
-        let mut sim = Sim::new(usable);
+        let mut sim = Sim::new(usable, self.expandable_segments);
         if self.calibration.is_some() {
             sim.basis = Basis::Calibrated;
         }
@@ -1088,6 +1092,23 @@ mod tests {
         assert!(eager.source.contains("modeling_qwen3_5.py:7"), "{eager:?}");
         let e = "flash_attention_2".parse::<Attention>().unwrap_err();
         assert!(e.to_string().contains("sdpa"), "{e}");
+    }
+
+    /// Expandable segments leave no slivers at the ends of per-tensor segments: the same run
+    /// reaches at least as far, and its reserve stays in whole 20 MiB pages.
+    #[test]
+    fn expandable_segments_reach_at_least_as_far() {
+        let limit = Limit::PerProcessFraction {
+            capacity: 150_000_000_000,
+            fraction: 0.05,
+        };
+        let mut p = GenerateChunked::new(hybrid(), 4096).unwrap();
+        let plain = p.plan(&limit, 1 << 20).unwrap();
+        p.expandable_segments = true;
+        let exp = p.plan(&limit, 1 << 20).unwrap();
+        let (a, b) = (plain.failure.unwrap(), exp.failure.clone().unwrap());
+        assert!(b.context_tokens >= a.context_tokens, "{a:?} {b:?}");
+        assert!(exp.steps.iter().all(|s| s.peak_reserved <= exp.limit_bytes));
     }
 
     #[test]

@@ -257,6 +257,7 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
         let chunk = opts.seqlens.iter().sum::<u64>();
         let mut planner = GenerateChunked::new(cfg, chunk)?;
         planner.attention = args.whole.attn_implementation.parse()?;
+        planner.expandable_segments = args.whole.expandable_segments;
         return crate::commands::model_engine::run(
             planner,
             limit,

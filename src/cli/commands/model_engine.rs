@@ -57,6 +57,7 @@ pub fn run(
         let v = json!({
             "engine": run.engine,
             "attn_implementation": planner.attention.name(),
+            "expandable_segments": planner.expandable_segments,
             "config": cfg.path,
             "chunk_tokens": chunk,
             "prompt_tokens": prompt,
@@ -79,10 +80,11 @@ pub fn run(
         return Ok(if held { 0 } else { 1 });
     }
     println!(
-        "{}: {} in chunks of {chunk} tokens with {} attention, against {} ({} the allocator may hold); {}.",
+        "{}: {} in chunks of {chunk} tokens with {} attention{}, against {} ({} the allocator may hold); {}.",
         cfg.display_name(),
         planner.name(),
         planner.attention.name(),
+        if planner.expandable_segments { " and expandable segments" } else { "" },
         run.limit.describe(),
         fmt_bytes(run.limit_bytes),
         match &planner.calibration {

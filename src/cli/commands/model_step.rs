@@ -46,6 +46,11 @@ pub struct StepArgs {
     /// `eager` (the scores materialised, a mask for every chunk).
     #[arg(long, value_name = "NAME", default_value = "sdpa", requires = "limit")]
     pub attn_implementation: String,
+    /// The transformers planner's allocator runs with
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (one segment per pool growing by 2 or
+    /// 20 MiB pages).
+    #[arg(long, requires = "limit")]
+    pub expandable_segments: bool,
     /// Calibrate the transformers planner from TRACE, a run of the same program (transformers'
     /// generate with prefill_chunk_size) at another chunk or limit: terms per chunk token, per
     /// chunk token × context token and the reserve, fitted to its forwards and carried to this
