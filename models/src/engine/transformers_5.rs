@@ -80,6 +80,7 @@ const EAGER_SCORES: &str =
 const EAGER_MASKED: &str =
     "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:739 attn_weights + attention_mask";
 const EAGER_SOFTMAX: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:741 softmax(dtype=float32).to(query.dtype)";
+const SOFTMAX_CONVERT: &str = "PyTorch aten/src/ATen/native/SoftMax.cpp softmax(input, dim, dtype): input.toType(dtype) unless a CUDA fp16 input";
 const EAGER_OUT: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:743/744 matmul(attn_weights, v).transpose(1, 2).contiguous()";
 const SDPA_MASK: &str = "transformers 5.17 integrations/sdpa_attention.py:158 (aten convert_boolean_attn_mask: the mask in the query dtype)";
 const GATE_OUT: &str =
@@ -276,7 +277,11 @@ impl Sim {
     fn new(capacity: u64, expandable: bool) -> Self {
         let alloc = CachingAllocator::new(Some(capacity));
         Sim {
-            alloc: if expandable { alloc.expandable() } else { alloc },
+            alloc: if expandable {
+                alloc.expandable()
+            } else {
+                alloc
+            },
             live: Vec::new(),
             by_category: [0; Category::ALL.len()],
             step_peak_allocated: 0,
@@ -664,7 +669,7 @@ impl GenerateChunked {
     }
 
     /// `eager_attention_forward` over a context of `l`: K and V repeated, the scores and their
-    /// scaled copy, the mask added, the softmax in fp32 and its copy in the model dtype (the
+    /// scaled copy, the mask added, the fp32 copy ATen makes of a bf16 input, the softmax in fp32 and its copy in the model dtype (the
     /// attention weights, returned to the caller), the output and its transposed copy.
     fn eager(&self, sim: &mut Sim, c: u64, l: u64) -> Result<(H, H), Box<Refused>> {
         let cfg = &self.config;
@@ -699,7 +704,21 @@ impl GenerateChunked {
         sim.free(s);
         let m = sim.alloc("+ attention_mask", &scores, dt, EAGER_MASKED, act)?;
         sim.free(w);
+        // ATen's `softmax(input, dim, dtype)` fuses the conversion only for a CUDA fp16 input;
+        // any other input is first copied into the dtype, then soft-maxed into a new tensor.
+        let converted = if dt == DType::F16 {
+            None
+        } else {
+            Some(sim.alloc(
+                "input.toType(float32)",
+                &scores,
+                DType::F32,
+                SOFTMAX_CONVERT,
+                act,
+            )?)
+        };
         let p32 = sim.alloc("softmax (fp32)", &scores, DType::F32, EAGER_SOFTMAX, act)?;
+        sim.free_all(converted);
         let p = sim.alloc("softmax .to(dtype)", &scores, dt, EAGER_SOFTMAX, act)?;
         sim.free_all([p32, m]);
         let o = sim.alloc("attn_weights @ v", &[1, heads, c, d], dt, EAGER_OUT, act)?;
