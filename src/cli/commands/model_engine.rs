@@ -84,7 +84,11 @@ pub fn run(
         cfg.display_name(),
         planner.name(),
         planner.attention.name(),
-        if planner.expandable_segments { " and expandable segments" } else { "" },
+        if planner.expandable_segments {
+            " and expandable segments"
+        } else {
+            ""
+        },
         run.limit.describe(),
         fmt_bytes(run.limit_bytes),
         match &planner.calibration {
