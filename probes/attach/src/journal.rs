@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::ptrace::{SavedRegs, Tracer};
+use crate::ptrace::{SavedRegs, Tracer};
 
 /// Nothing is changed yet, or everything is put back.
 pub const IDLE: u32 = 0;

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::AttachError;
+use crate::AttachError;
 
 /// `CAP_SYS_PTRACE`'s bit in the capability sets (linux/capability.h).
 const CAP_SYS_PTRACE: u32 = 19;

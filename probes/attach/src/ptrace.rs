@@ -24,8 +24,8 @@ struct Stopped {
 
 /// The general registers and the extended (FPU, SSE, AVX) state of a thread, as saved.
 pub struct SavedRegs {
-    pub(super) regs: libc::user_regs_struct,
-    pub(super) xstate: Vec<u8>,
+    pub(crate) regs: libc::user_regs_struct,
+    pub(crate) xstate: Vec<u8>,
 }
 
 /// A process being traced.
