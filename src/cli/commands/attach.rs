@@ -269,7 +269,7 @@ fn finish(
         "threads": attached.threads,
         "hooked": attached.hooks.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
         "python_probe": attached.python,
-        "left_alone": attached.left_alone,
+        "left_alone": attached.left_alone.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "watchdog": attached.watchdog,
     });
     let d = without_job_control(|| detach(attached));
