@@ -9,6 +9,14 @@
 //! driver's allocation entry points, and let the process go. `detach` stops every thread,
 //! writes the original bytes back, turns recording off and lets it go. Any step that fails
 //! undoes the steps before it. x86-64 only: on any other architecture [`attach`] refuses.
+//!
+//! The `vramtrace` binary's `attach` and `live --attach` commands are its callers; it reads no
+//! trace and depends on no other vramtrace crate. Everything that fails is an [`AttachError`]:
+//! [`AttachError::Refused`] when nothing was touched (an [`Ineligible`] process, or something
+//! attaching needs is missing), [`AttachError::Failed`] when a step failed and what was done
+//! before it was undone ([`Undo`] says whether all of it), [`AttachError::DetachFailed`] at
+//! detach; each wraps the cause (a ptrace request and its errno, an ELF symbol, a hook that
+//! cannot be built, a call into the target that timed out, ...).
 
 // The injection itself is x86-64 code (registers, trampolines); elsewhere `attach` refuses and
 // the rest is unused.

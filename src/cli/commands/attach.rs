@@ -1,5 +1,5 @@
 //! `vramtrace attach PID`: record in a running CUDA program until Ctrl-C or `--duration`, then
-//! detach, leaving it as it was (`src/attach/`).
+//! detach, leaving it as it was (the `vramtrace-attach` crate does both).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
