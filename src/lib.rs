@@ -37,8 +37,6 @@
 //! - **Models are named variants of one upstream version each**, never blends, and cite the
 //!   file and line they were read from.
 
-#[cfg(feature = "attach")]
-pub mod attach;
 pub mod attribution;
 pub mod calibrate;
 pub mod categories;

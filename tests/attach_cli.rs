@@ -928,7 +928,7 @@ fn attach_to_torch_and_check(torch_dir: &Path, name: &str, native: bool) {
         .as_array()
         .unwrap()
         .iter()
-        .any(|h| h == vramtrace::attach::C10_REPORT);
+        .any(|h| h == vramtrace_attach::C10_REPORT);
     assert_eq!(hooked_report, native, "{record}");
     let detached_at = record["detached_at_ns"].as_u64().unwrap();
 

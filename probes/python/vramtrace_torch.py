@@ -718,7 +718,7 @@ def attach(lib_path):
 # the main thread, GIL held) and waits for it to report through the preload
 # (`vramtrace_attach_python_done`), so that it can say when it did not run in time.
 
-# What `detach()` reports, bit by bit (the CLI reads them: src/attach/mod.rs, PythonDetach).
+# What `detach()` reports, bit by bit (the CLI reads them: probes/attach/src/lib.rs, PythonDetach).
 DETACH_RAN, DETACH_GPU_TRACE_STAYS, DETACH_NATIVE_OFF, DETACH_ERROR, DETACH_REMOVED = 1, 2, 4, 8, 16
 
 

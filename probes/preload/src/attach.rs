@@ -1,6 +1,6 @@
 //! Arriving late: what `vramtrace attach` calls in a running process after loading this library
-//! into it with a remote `dlopen` (the CLI's `src/attach/`, design in docs/architecture.md,
-//! "Attaching to a running process").
+//! into it with a remote `dlopen` (the CLI's `vramtrace-attach` crate, `probes/attach/`; design
+//! in docs/architecture.md, "Attaching to a running process").
 //!
 //! Loaded late, nothing interposes: the program and cudart already hold the driver's entry
 //! points. The CLI therefore patches the driver's allocation entry points in place (a jump to a

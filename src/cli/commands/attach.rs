@@ -1,5 +1,5 @@
 //! `vramtrace attach PID`: record in a running CUDA program until Ctrl-C or `--duration`, then
-//! detach, leaving it as it was (`src/attach/`).
+//! detach, leaving it as it was (the `vramtrace-attach` crate does both).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::launch;
-use vramtrace::attach::{AttachOptions, PythonDetach, attach, detach};
+use vramtrace_attach::{AttachOptions, PythonDetach, attach, detach};
 
 /// `vramtrace attach` arguments.
 #[derive(Args, Debug)]
@@ -157,10 +157,10 @@ fn start(
     pid: i32,
     out: Option<&Path>,
     preload: Option<&Path>,
-) -> anyhow::Result<(vramtrace::attach::Attached, PathBuf, serde_json::Value)> {
+) -> anyhow::Result<(vramtrace_attach::Attached, PathBuf, serde_json::Value)> {
     let preload = launch::locate(preload)?;
-    let facts = vramtrace::attach::target_facts(pid)?;
-    vramtrace::attach::may_attach(pid, &facts, &vramtrace::attach::self_facts(pid))?;
+    let facts = vramtrace_attach::target_facts(pid)?;
+    vramtrace_attach::may_attach(pid, &facts, &vramtrace_attach::self_facts(pid))?;
     let out = match out {
         Some(dir) => crate::trace_dir::prepare_out_dir(dir)?,
         None => crate::trace_dir::new_out_dir(std::ffi::OsStr::new(&format!("attach-{pid}")))?,
@@ -255,7 +255,7 @@ fn nvml_at_attach(pid: i32) -> serde_json::Value {
 
 /// Detaches and says how it went.
 fn finish(
-    attached: vramtrace::attach::Attached,
+    attached: vramtrace_attach::Attached,
     out: &Path,
     nvml: serde_json::Value,
 ) -> anyhow::Result<()> {
@@ -269,11 +269,11 @@ fn finish(
         "threads": attached.threads,
         "hooked": attached.hooks.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
         "python_probe": attached.python,
-        "left_alone": attached.left_alone,
+        "left_alone": attached.left_alone.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "watchdog": attached.watchdog,
     });
     let d = without_job_control(|| detach(attached));
-    record["detached_at_ns"] = serde_json::json!(vramtrace::attach::monotonic_ns());
+    record["detached_at_ns"] = serde_json::json!(vramtrace_attach::monotonic_ns());
     if let Ok(d) = &d {
         record["detach_paused_ms"] = serde_json::json!(d.pause.as_secs_f64() * 1e3);
         record["exited_while_attached"] = serde_json::json!(d.exited);

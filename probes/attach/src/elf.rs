@@ -6,6 +6,8 @@ use std::path::Path;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
+use crate::AttachError;
+
 /// A loaded object's exported symbols, at their addresses in the target.
 pub struct Symbols {
     by_name: HashMap<String, u64>,
@@ -13,14 +15,14 @@ pub struct Symbols {
 
 impl Symbols {
     /// Reads the defined dynamic symbols of `file`, loaded with its file offset 0 at `base`.
-    pub fn read(file: &Path, base: u64) -> Result<Symbols, String> {
-        let data =
-            std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let elf = object::File::parse(&*data).map_err(|e| {
-            format!(
-                "{} is not an ELF file this vramtrace reads: {e}",
-                file.display()
-            )
+    pub fn read(file: &Path, base: u64) -> Result<Symbols, AttachError> {
+        let data = std::fs::read(file).map_err(|error| AttachError::ReadObject {
+            path: file.to_path_buf(),
+            error,
+        })?;
+        let elf = object::File::parse(&*data).map_err(|error| AttachError::NotElf {
+            path: file.to_path_buf(),
+            error,
         })?;
         // The bias: the object's first loadable segment (its lowest address) is at `base`.
         let first = elf

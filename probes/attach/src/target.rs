@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::AttachError;
+use crate::{AttachError, Ineligible};
 
 /// `CAP_SYS_PTRACE`'s bit in the capability sets (linux/capability.h).
 const CAP_SYS_PTRACE: u32 = 19;
@@ -164,66 +164,45 @@ pub fn parse_status(status: &str) -> TargetFacts {
 }
 
 /// Whether `me` may attach to `target` (pid `pid`), as the kernel would decide it, said
-/// before anything is touched: `Err` holds the reason and what to do.
+/// before anything is touched: `Err` is [`AttachError::Refused`] with the reason (an
+/// [`Ineligible`]) and what to do.
 pub fn may_attach(pid: i32, target: &TargetFacts, me: &SelfFacts) -> Result<(), AttachError> {
-    let refuse = |reason: String| Err(AttachError::Refused { pid, reason });
+    eligible(target, me).map_err(|why| AttachError::refused(pid, why))
+}
+
+/// [`may_attach`]'s decision.
+fn eligible(target: &TargetFacts, me: &SelfFacts) -> Result<(), Ineligible> {
     if target.state == 'Z' || target.state == 'X' {
-        return refuse(
-            "it has exited (a zombie waiting for its parent); nothing to attach to".into(),
-        );
+        return Err(Ineligible::Exited);
     }
     if target.setid_exe || target.uids[0] != target.uids[1] || target.gids[0] != target.gids[1] {
-        return refuse(
-            "it runs a set-user-ID or set-group-ID program (or changed its ids); vramtrace never \
-             injects code into a process with privileges its caller may not have"
-                .into(),
-        );
+        return Err(Ineligible::Privileged);
     }
     if target.tracer != 0 {
-        return refuse(format!(
-            "it is already traced by process {} (a debugger, strace, or another vramtrace attach); \
-             detach that first",
-            target.tracer
-        ));
+        return Err(Ineligible::Traced { by: target.tracer });
     }
     let same_user =
         target.uids.iter().all(|&u| u == me.euid) && target.gids.iter().all(|&g| g == me.egid);
     if !same_user && !me.cap_sys_ptrace {
-        return refuse(format!(
-            "it runs as user {} and vramtrace as user {}; run vramtrace as that user, or as root \
-             (CAP_SYS_PTRACE)",
-            target.uids[1], me.euid
-        ));
+        return Err(Ineligible::OtherUser {
+            target: target.uids[1],
+            ours: me.euid,
+        });
     }
     match me.ptrace_scope {
-        Some(3) => refuse(
-            "/proc/sys/kernel/yama/ptrace_scope is 3: the kernel forbids attaching to any process \
-             until reboot"
-                .into(),
-        ),
-        Some(2) if !me.cap_sys_ptrace => refuse(
-            "/proc/sys/kernel/yama/ptrace_scope is 2: only a process with CAP_SYS_PTRACE may \
-             attach; run vramtrace as root (in a container: --cap-add SYS_PTRACE)"
-                .into(),
-        ),
-        Some(1) if !me.cap_sys_ptrace && !me.is_ancestor => refuse(
-            "/proc/sys/kernel/yama/ptrace_scope is 1: only a parent process or one with \
-             CAP_SYS_PTRACE may attach; run vramtrace as root (in a container: --cap-add \
-             SYS_PTRACE), or set the sysctl to 0 on a machine you own (docs/deploy.md)"
-                .into(),
-        ),
+        Some(scope @ 3) => Err(Ineligible::PtraceScope { scope }),
+        Some(scope @ 2) if !me.cap_sys_ptrace => Err(Ineligible::PtraceScope { scope }),
+        Some(scope @ 1) if !me.cap_sys_ptrace && !me.is_ancestor => {
+            Err(Ineligible::PtraceScope { scope })
+        }
         _ => Ok(()),
     }
 }
 
 /// Reads the facts about process `pid` from `/proc`; a dead pid is a refusal.
 pub fn target_facts(pid: i32) -> Result<TargetFacts, AttachError> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| {
-        AttachError::Refused {
-            pid,
-            reason: "no process with that id is running".into(),
-        }
-    })?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| AttachError::refused(pid, Ineligible::NoSuchProcess))?;
     let mut facts = parse_status(&status);
     // Only the owner (or root) may read the link; without it the id check above still holds.
     if let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) {
@@ -306,7 +285,12 @@ mod tests {
     }
 
     fn reason(r: Result<(), AttachError>) -> String {
-        r.unwrap_err().to_string()
+        let e = r.unwrap_err();
+        assert!(
+            matches!(&e, AttachError::Refused { pid: 7, cause } if matches!(**cause, AttachError::NotEligible(_))),
+            "{e:?}"
+        );
+        e.to_string()
     }
 
     #[test]
@@ -350,6 +334,13 @@ mod tests {
             ..target()
         };
         assert!(reason(may_attach(7, &other_user, &me())).contains("runs as user 0"));
+        assert_eq!(
+            eligible(&other_user, &me()),
+            Err(Ineligible::OtherUser {
+                target: 0,
+                ours: 1000
+            })
+        );
         let root = SelfFacts {
             cap_sys_ptrace: true,
             ..me()
@@ -393,6 +384,10 @@ mod tests {
             assert_eq!(r.is_ok(), ok, "scope {scope} cap {cap} ancestor {ancestor}");
             if let Err(e) = r {
                 assert!(e.to_string().contains(&format!("ptrace_scope is {scope}")));
+                assert_eq!(
+                    eligible(&target(), &who),
+                    Err(Ineligible::PtraceScope { scope })
+                );
             }
         }
     }

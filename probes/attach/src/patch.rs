@@ -12,6 +12,8 @@ use iced_x86::{
     InstructionBlock,
 };
 
+use crate::TrampolineError;
+
 /// Bytes of the `jmp rel32` written at an entry point.
 pub const JUMP_LEN: usize = 5;
 /// Bytes each entry gets in the trampoline page: its pad, then its trampoline.
@@ -21,13 +23,14 @@ pub const TRAMPOLINE_AT: u64 = 16;
 /// Bytes read at an entry point to decode its first instructions.
 pub const PROLOGUE_READ: usize = 32;
 
-/// The `jmp rel32` from `from` to `to`; `None` when out of reach.
-pub fn jump(from: u64, to: u64) -> Option<[u8; JUMP_LEN]> {
+/// The `jmp rel32` from `from` to `to`; [`TrampolineError::OutOfReach`] when `to` is farther
+/// than a `rel32` reaches.
+pub fn jump(from: u64, to: u64) -> Result<[u8; JUMP_LEN], TrampolineError> {
     let rel = (to as i64).wrapping_sub(from as i64 + JUMP_LEN as i64);
-    let rel = i32::try_from(rel).ok()?;
+    let rel = i32::try_from(rel).map_err(|_| TrampolineError::OutOfReach)?;
     let mut out = [0xe9, 0, 0, 0, 0];
     out[1..].copy_from_slice(&rel.to_le_bytes());
-    Some(out)
+    Ok(out)
 }
 
 /// The pad: `jmp [rip+0]` and the absolute address it jumps to.
@@ -49,20 +52,19 @@ pub struct Trampoline {
 
 /// Builds the trampoline of the entry point at `entry`, whose first bytes are `prologue`, for
 /// the address `at`.
-pub fn trampoline(prologue: &[u8], entry: u64, at: u64) -> Result<Trampoline, String> {
+pub fn trampoline(prologue: &[u8], entry: u64, at: u64) -> Result<Trampoline, TrampolineError> {
     let mut decoder = Decoder::with_ip(64, prologue, entry, DecoderOptions::NONE);
     let mut moved = Vec::new();
     let mut covered = 0usize;
     while covered < JUMP_LEN {
         if !decoder.can_decode() {
-            return Err("its first instructions could not be decoded".into());
+            return Err(TrampolineError::Undecodable);
         }
         let ins = decoder.decode();
         if ins.is_invalid() {
-            return Err(format!(
-                "its first bytes are not valid x86-64 code ({:02x?})",
-                &prologue[..prologue.len().min(8)]
-            ));
+            return Err(TrampolineError::Invalid {
+                bytes: prologue[..prologue.len().min(8)].to_vec(),
+            });
         }
         covered += ins.len();
         let ends = matches!(
@@ -70,25 +72,26 @@ pub fn trampoline(prologue: &[u8], entry: u64, at: u64) -> Result<Trampoline, St
             FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
         );
         if ends && covered < JUMP_LEN {
-            return Err(format!(
-                "it is shorter than the {JUMP_LEN}-byte jump a hook needs (it ends after {covered} bytes)"
-            ));
+            return Err(TrampolineError::TooShort { len: covered });
         }
         if ins.code() == Code::Int3 {
-            return Err("its first bytes hold a breakpoint (is a debugger attached?)".into());
+            return Err(TrampolineError::Breakpoint);
         }
         moved.push(ins);
     }
     let back = entry + covered as u64;
     moved.push(
-        Instruction::with_branch(Code::Jmp_rel32_64, back)
-            .map_err(|e| format!("cannot build the jump back: {e}"))?,
+        Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(TrampolineError::JumpBack)?,
     );
     let block = InstructionBlock::new(&moved, at);
     let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
-        .map_err(|e| format!("its first instructions cannot be moved: {e}"))?;
-    if encoded.code_buffer.len() as u64 > SLOT - TRAMPOLINE_AT {
-        return Err("its first instructions do not fit a trampoline".into());
+        .map_err(TrampolineError::Unmovable)?;
+    let room = (SLOT - TRAMPOLINE_AT) as usize;
+    if encoded.code_buffer.len() > room {
+        return Err(TrampolineError::TooLong {
+            len: encoded.code_buffer.len(),
+            room,
+        });
     }
     Ok(Trampoline {
         code: encoded.code_buffer,
@@ -102,9 +105,15 @@ mod tests {
 
     #[test]
     fn jumps_and_pads_are_exact() {
-        assert_eq!(jump(0x1000, 0x1005), Some([0xe9, 0, 0, 0, 0]));
-        assert_eq!(jump(0x1000, 0x1000), Some([0xe9, 0xfb, 0xff, 0xff, 0xff]));
-        assert_eq!(jump(0x1000, 0x1_0000_1000), None);
+        assert_eq!(jump(0x1000, 0x1005).unwrap(), [0xe9, 0, 0, 0, 0]);
+        assert_eq!(
+            jump(0x1000, 0x1000).unwrap(),
+            [0xe9, 0xfb, 0xff, 0xff, 0xff]
+        );
+        assert!(matches!(
+            jump(0x1000, 0x1_0000_1000),
+            Err(TrampolineError::OutOfReach)
+        ));
         assert_eq!(
             pad(0x1122334455667788),
             [
@@ -156,8 +165,26 @@ mod tests {
     #[test]
     fn too_short_functions_are_refused() {
         let err = trampoline(&[0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc], 0x1000, 0x2000).unwrap_err();
-        assert!(err.contains("shorter"), "{err}");
+        assert!(matches!(err, TrampolineError::TooShort { len: 1 }), "{err}");
+        assert!(err.to_string().contains("shorter"), "{err}");
         let err = trampoline(&[0xcc, 0x90, 0x90, 0x90, 0x90, 0x90], 0x1000, 0x2000).unwrap_err();
-        assert!(err.contains("breakpoint"), "{err}");
+        assert!(matches!(err, TrampolineError::Breakpoint), "{err}");
+        assert!(err.to_string().contains("breakpoint"), "{err}");
+    }
+
+    #[test]
+    fn undecodable_and_invalid_prologues_are_refused() {
+        // Two one-byte instructions, then nothing more to decode.
+        let err = trampoline(&[0x90, 0x90], 0x1000, 0x2000).unwrap_err();
+        assert!(matches!(err, TrampolineError::Undecodable), "{err}");
+        // The first two bytes of a five-byte instruction.
+        let err = trampoline(&[0xe9, 0x00], 0x1000, 0x2000).unwrap_err();
+        assert!(matches!(err, TrampolineError::Invalid { .. }), "{err}");
+        // 0x06 (push es) is not an instruction in 64-bit mode.
+        let err = trampoline(&[0x06, 0x90, 0x90, 0x90, 0x90, 0x90], 0x1000, 0x2000).unwrap_err();
+        assert!(
+            matches!(&err, TrampolineError::Invalid { bytes } if bytes[0] == 0x06),
+            "{err}"
+        );
     }
 }

@@ -9,12 +9,21 @@
 //! driver's allocation entry points, and let the process go. `detach` stops every thread,
 //! writes the original bytes back, turns recording off and lets it go. Any step that fails
 //! undoes the steps before it. x86-64 only: on any other architecture [`attach`] refuses.
+//!
+//! The `vramtrace` binary's `attach` and `live --attach` commands are its callers; it reads no
+//! trace and depends on no other vramtrace crate. Everything that fails is an [`AttachError`]:
+//! [`AttachError::Refused`] when nothing was touched (an [`Ineligible`] process, or something
+//! attaching needs is missing), [`AttachError::Failed`] when a step failed and what was done
+//! before it was undone ([`Undo`] says whether all of it), [`AttachError::DetachFailed`] at
+//! detach; each wraps the cause (a ptrace request and its errno, an ELF symbol, a hook that
+//! cannot be built, a call into the target that timed out, ...).
 
 // The injection itself is x86-64 code (registers, trampolines); elsewhere `attach` refuses and
 // the rest is unused.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
 mod elf;
+mod error;
 #[cfg(target_arch = "x86_64")]
 mod journal;
 mod patch;
@@ -25,6 +34,7 @@ mod target;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub use error::{AttachError, Ineligible, StartRefusal, TrampolineError, Undo};
 pub use target::{
     Mapping, SelfFacts, TargetFacts, may_attach, parse_maps, parse_status, self_facts, target_facts,
 };
@@ -34,30 +44,6 @@ use elf::Symbols;
 use journal::{Journal, Watched};
 #[cfg(target_arch = "x86_64")]
 use ptrace::{LANDING, SavedRegs, Tracer};
-
-/// Why attaching or detaching did not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum AttachError {
-    /// Nothing was touched: the process may not or need not be attached.
-    #[error("cannot attach to process {pid}: {reason}")]
-    Refused {
-        /// The process.
-        pid: i32,
-        /// Why, and what to do.
-        reason: String,
-    },
-    /// A step failed; what had been done was undone (or, if even that failed, `reason` says
-    /// what is left).
-    #[error("attaching to process {pid} failed at {step}: {reason}")]
-    Failed {
-        /// The process.
-        pid: i32,
-        /// The step that failed.
-        step: &'static str,
-        /// What went wrong, and what was undone.
-        reason: String,
-    },
-}
 
 /// `c10::reportMemoryUsageToProfiler(void*, int64_t, size_t, size_t, c10::Device)` in
 /// libc10.so: the caching allocator reports each block's size to it, and native tensor capture
@@ -115,8 +101,9 @@ pub struct Attached {
     #[cfg(target_arch = "x86_64")]
     python_at: (u64, u64),
     /// Optional entry points not hooked, and why (PyTorch's `reportMemoryUsageToProfiler` out
-    /// of reach of the trampoline page: native tensor capture then fails its check).
-    pub left_alone: Vec<String>,
+    /// of reach of the trampoline page: native tensor capture then fails its check): each an
+    /// [`AttachError::Hook`].
+    pub left_alone: Vec<AttachError>,
     /// How long the thread that loaded the preload was stopped.
     pub call_pause: Duration,
     /// How long every thread was stopped while the jumps were written.
@@ -149,7 +136,7 @@ pub struct Detached {
     pub exited: bool,
     /// Children forked while attached (they inherited the hooks and recorded into files of
     /// their own), each detached in turn, or why not.
-    pub children: Vec<(i32, Result<(), String>)>,
+    pub children: Vec<(i32, Result<(), AttachError>)>,
     /// What became of the Python probe.
     pub python: PythonDetach,
 }
@@ -215,12 +202,7 @@ fn in_target(pid: i32, path: &Path) -> PathBuf {
 fn maps_of(pid: i32) -> Result<Vec<Mapping>, AttachError> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map(|t| parse_maps(&t))
-        .map_err(|e| AttachError::Refused {
-            pid,
-            reason: format!(
-                "cannot read its memory map ({e}); run vramtrace as its user or as root"
-            ),
-        })
+        .map_err(|error| AttachError::MemoryMap { pid, error })
 }
 
 fn cstr(s: &str) -> Vec<u8> {
@@ -249,20 +231,13 @@ fn attach_state(pid: i32, path: &Path, base: u64) -> Option<(u32, u32)> {
 }
 
 /// Says why a process that has the recorder loaded already must not be attached again.
-fn already_there(pid: i32, path: &Path, base: u64) -> String {
-    let state = attach_state(pid, path, base);
-    match state {
-        Some((1, by)) => format!(
-            "vramtrace is attached to it already (by process {by}); end that one first (Ctrl-C)"
-        ),
-        Some((2, _)) => "vramtrace was attached to it before and detached; attaching to the same \
-                         process a second time is not supported: its first trace is complete"
-            .into(),
-        _ => format!(
-            "it already has vramtrace's recorder loaded ({}): it runs under `vramtrace run`, whose \
-             trace already records everything",
-            path.display()
-        ),
+fn already_there(pid: i32, path: &Path, base: u64) -> Ineligible {
+    match attach_state(pid, path, base) {
+        Some((1, by)) => Ineligible::AlreadyAttached { by },
+        Some((2, _)) => Ineligible::AttachedBefore,
+        _ => Ineligible::UnderRun {
+            recorder: path.to_path_buf(),
+        },
     }
 }
 
@@ -276,14 +251,12 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
 /// The refusal on an architecture `attach` does not support.
 #[cfg(not(target_arch = "x86_64"))]
 fn not_here(pid: i32) -> AttachError {
-    AttachError::Refused {
+    AttachError::refused(
         pid,
-        reason: format!(
-            "attaching is supported on x86-64 only, and this is {}; use `vramtrace run` to \
-             start the program under the recorder instead",
-            std::env::consts::ARCH
-        ),
-    }
+        Ineligible::Unsupported {
+            arch: std::env::consts::ARCH,
+        },
+    )
 }
 
 /// Attaches: after this returns, every allocation the process makes through the driver's
@@ -292,40 +265,32 @@ fn not_here(pid: i32) -> AttachError {
 pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     let pid = opts.pid;
     if pid <= 0 || pid as u32 == std::process::id() {
-        return Err(AttachError::Refused {
-            pid,
-            reason: "that is not a process vramtrace can attach to".into(),
-        });
+        return Err(AttachError::refused(pid, Ineligible::NotAProcess));
     }
     let facts = target::target_facts(pid)?;
     let me = target::self_facts(pid);
     may_attach(pid, &facts, &me)?;
-    let maps = maps_of(pid)?;
-    let refuse = |reason: String| AttachError::Refused { pid, reason };
+    let refuse = |cause: AttachError| AttachError::refused(pid, cause);
+    let maps = maps_of(pid).map_err(refuse)?;
     if let Some((path, base)) = target::find_object(&maps, "libvramtrace_preload") {
-        return Err(refuse(already_there(pid, &path, base)));
+        return Err(refuse(already_there(pid, &path, base).into()));
     }
-    let (cuda_path, cuda_base) = target::find_object(&maps, "libcuda.so").ok_or_else(|| {
-        refuse(
-            "it has not loaded the CUDA driver (libcuda.so.1): there is nothing to record yet; \
-             attach once it has initialised CUDA, or start it with `vramtrace run`"
-                .into(),
-        )
-    })?;
-    let (libc_path, libc_base) = target::find_object(&maps, "libc.so.6").ok_or_else(|| {
-        refuse(
-            "it has no glibc (libc.so.6) loaded; vramtrace attaches to glibc programs only".into(),
-        )
-    })?;
+    let (cuda_path, cuda_base) = target::find_object(&maps, "libcuda.so")
+        .ok_or_else(|| refuse(Ineligible::NoDriver.into()))?;
+    let (libc_path, libc_base) = target::find_object(&maps, "libc.so.6")
+        .ok_or_else(|| refuse(Ineligible::NoGlibc.into()))?;
     let libc = Symbols::read(&in_target(pid, &libc_path), libc_base).map_err(refuse)?;
+    let missing = |symbol: &'static str| {
+        refuse(AttachError::MissingSymbol {
+            object: libc_path.clone(),
+            symbol,
+        })
+    };
     let dlopen = libc
         .get("dlopen")
         .or_else(|| libc.get("__libc_dlopen_mode"))
-        .ok_or_else(|| refuse(format!("{} exports no dlopen", libc_path.display())))?;
-    let need = |name: &str| {
-        libc.get(name)
-            .ok_or_else(|| refuse(format!("{} exports no {name}", libc_path.display())))
-    };
+        .ok_or_else(|| missing("dlopen"))?;
+    let need = |symbol: &'static str| libc.get(symbol).ok_or_else(|| missing(symbol));
     let (dlerror, mmap, munmap) = (need("dlerror")?, need("mmap")?, need("munmap")?);
     let cuda = Symbols::read(&in_target(pid, &cuda_path), cuda_base).map_err(refuse)?;
     // The entry points to hook: every wrapper the preload exports that the driver has too.
@@ -338,10 +303,12 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
         .collect();
     names.sort();
     if names.is_empty() {
-        return Err(refuse(format!(
-            "its driver {} has none of the allocation entry points vramtrace records",
-            cuda_path.display()
-        )));
+        return Err(refuse(
+            Ineligible::NoEntryPoints {
+                driver: cuda_path.clone(),
+            }
+            .into(),
+        ));
     }
     let (lo, hi) = target::object_range(&maps, &cuda_path).unwrap_or((cuda_base, cuda_base));
     // PyTorch's report of each block to its profiler, hooked like the driver's entry points when
@@ -364,8 +331,7 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     near.push((lo, hi));
 
     let mut tracer = Tracer::new(pid).map_err(refuse)?;
-    let mut watched =
-        Watched::start(pid).ok_or_else(|| refuse("cannot map the journal of the attach".into()))?;
+    let mut watched = Watched::start(pid).map_err(refuse)?;
     let watchdog = watched.has_watchdog();
     let j = watched.journal();
     j.phase
@@ -390,18 +356,19 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     let Some(caller) = caller else {
         j.phase
             .store(journal::IDLE, std::sync::atomic::Ordering::SeqCst);
-        return Err(refuse("no thread of it could be stopped".into()));
+        return Err(refuse(AttachError::NoThreadStopped));
     };
     let saved = match tracer.save(caller) {
         Ok(s) => s,
-        Err(reason) => {
+        Err(cause) => {
             tracer.release_all();
             j.phase
                 .store(journal::IDLE, std::sync::atomic::Ordering::SeqCst);
             return Err(AttachError::Failed {
                 pid,
                 step: "saving the registers",
-                reason,
+                cause: Box::new(cause),
+                undo: Undo::Nothing,
             });
         }
     };
@@ -438,10 +405,11 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
             j.regs_changed = 0;
             j.phase
                 .store(journal::ATTACHED, std::sync::atomic::Ordering::SeqCst);
-            restored.map_err(|reason| AttachError::Failed {
+            restored.map_err(|cause| AttachError::Failed {
                 pid,
                 step: "restoring the registers",
-                reason,
+                cause: Box::new(cause),
+                undo: Undo::Nothing,
             })?;
             Ok(Attached {
                 pid,
@@ -459,25 +427,28 @@ pub fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
                 attached_at_ns: monotonic_ns(),
             })
         }
-        Err((step, reason)) => {
-            let left = roll_back(&mut tracer, caller, &saved, j);
+        Err((step, cause)) => {
+            let mut left = roll_back(&mut tracer, caller, &saved, j);
             let restored = tracer.restore(caller, &saved);
             tracer.release_all();
             j.regs_changed = 0;
             j.phase
                 .store(journal::IDLE, std::sync::atomic::Ordering::SeqCst);
             watched.finish();
-            let mut reason = reason;
-            match (left.is_empty(), restored) {
-                (true, Ok(())) => reason.push_str("; everything done before was undone"),
-                (_, r) => {
-                    reason.push_str(&format!("; undoing it left: {}", left.join("; ")));
-                    if let Err(e) = r {
-                        reason.push_str(&format!("; {e}"));
-                    }
-                }
+            if let Err(e) = restored {
+                left.push(e);
             }
-            Err(AttachError::Failed { pid, step, reason })
+            let undo = if left.is_empty() {
+                Undo::Done
+            } else {
+                Undo::Left(left)
+            };
+            Err(AttachError::Failed {
+                pid,
+                step,
+                cause: Box::new(cause),
+                undo,
+            })
         }
     }
 }
@@ -514,7 +485,12 @@ struct Libc {
 #[cfg(target_arch = "x86_64")]
 /// Undoes what the journal says was done, in reverse order; returns what could not be
 /// undone.
-fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journal) -> Vec<String> {
+fn roll_back(
+    tracer: &mut Tracer,
+    caller: i32,
+    saved: &SavedRegs,
+    j: &mut Journal,
+) -> Vec<AttachError> {
     let mut left = Vec::new();
     for i in (0..j.n_hooks as usize).rev() {
         let (entry, original, jump) = (j.entry[i], j.original[i], j.jump[i]);
@@ -537,7 +513,7 @@ fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journa
             CALL_LIMIT,
         ) {
             Ok(_) => j.stop_fn = 0,
-            Err(e) => left.push(format!("recording could not be turned off: {e}")),
+            Err(e) => left.push(AttachError::RecordingStaysOn { cause: Box::new(e) }),
         }
     }
     if j.page != 0 {
@@ -552,14 +528,18 @@ fn roll_back(tracer: &mut Tracer, caller: i32, saved: &SavedRegs, j: &mut Journa
             CALL_LIMIT,
         ) {
             Ok(_) => j.page = 0,
-            Err(e) => left.push(format!("one page at {:#x} stays mapped: {e}", j.page)),
+            Err(e) => left.push(AttachError::PageStays {
+                page: j.page,
+                cause: Box::new(e),
+            }),
         }
     }
     left
 }
 
 #[cfg(target_arch = "x86_64")]
-type StepResult<T> = Result<T, (&'static str, String)>;
+/// A step's failure: the step and what went wrong.
+type StepResult<T> = Result<T, (&'static str, AttachError)>;
 
 #[cfg(target_arch = "x86_64")]
 /// What [`install`] returns.
@@ -576,7 +556,7 @@ struct Installed {
     /// `vramtrace_attach_python` and `vramtrace_attach_python_detached` in the target.
     python_at: (u64, u64),
     /// Why optional entry points were left alone.
-    left_alone: Vec<String>,
+    left_alone: Vec<AttachError>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -643,7 +623,7 @@ fn install(
     // 1. Map the trampoline page within reach of the driver, and put the landing in it: every
     //    later call returns there. This first call returns to address 0 (microseconds).
     let step = "mapping the trampoline page";
-    let maps = maps_of(pid).map_err(|e| (step, e.to_string()))?;
+    let maps = maps_of(pid).map_err(|e| (step, e))?;
     let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
     let mut page = None;
@@ -673,10 +653,7 @@ fn install(
             let _ = call(tracer, libc.munmap, &[], &|_| vec![got, PAGE], 0);
         }
     }
-    let page = page.ok_or((
-        step,
-        "no free page within reach of the driver's code".into(),
-    ))?;
+    let page = page.ok_or((step, AttachError::NoPageInReach))?;
     j.page = page;
     j.munmap = libc.munmap;
     let mut bytes = vec![0xccu8; PAGE as usize];
@@ -701,26 +678,26 @@ fn install(
             .unwrap_or_else(|| "no reason given".into());
         return Err((
             step,
-            format!(
-                "dlopen of {path} in the target failed: {msg} (the target must see that path: \
-                 in a container, put the library inside it)"
-            ),
+            AttachError::Dlopen {
+                path: opts.preload.clone(),
+                message: msg,
+            },
         ));
     }
-    let maps = maps_of(pid).map_err(|e| (step, e.to_string()))?;
-    let (loaded, base) = target::find_object(&maps, "libvramtrace_preload").ok_or((
-        step,
-        "the recorder is not in the target's memory map after dlopen".into(),
-    ))?;
+    let maps = maps_of(pid).map_err(|e| (step, e))?;
+    let (loaded, base) = target::find_object(&maps, "libvramtrace_preload")
+        .ok_or((step, AttachError::RecorderNotMapped))?;
     let ours = Symbols::read(&in_target(pid, &loaded), base).map_err(|e| (step, e))?;
-    let sym = |n: &str| {
-        ours.get(n).ok_or((
-            step,
-            format!(
-                "the recorder at {} lacks {n}: is it this vramtrace's?",
-                loaded.display()
-            ),
-        ))
+    let sym = |symbol: &'static str| {
+        ours.get(symbol).ok_or_else(|| {
+            (
+                step,
+                AttachError::RecorderLacks {
+                    recorder: loaded.clone(),
+                    symbol,
+                },
+            )
+        })
     };
     let (set_real, start, stop, python_fn, python_detached) = (
         sym("vramtrace_attach_real")?,
@@ -739,24 +716,21 @@ fn install(
         let (entry, optional) = (*entry, *optional);
         let slot = page + (i as u64 + 1) * patch::SLOT;
         if slot + patch::SLOT > page + PAGE || i >= journal::MAX_HOOKS {
-            return Err((
-                step,
-                "more entry points than one page of trampolines holds".into(),
-            ));
+            return Err((step, AttachError::TooManyHooks));
         }
         let wrapper = ours
             .get(name)
-            .ok_or((step, format!("the recorder has no wrapper for {name}")))?;
+            .ok_or_else(|| (step, AttachError::NoWrapper { name: name.clone() }))?;
         let prologue = tracer
             .read(entry, patch::PROLOGUE_READ)
             .map_err(|e| (step, e))?;
         let tramp_at = slot + patch::TRAMPOLINE_AT;
         let made = patch::trampoline(&prologue, entry, tramp_at)
-            .map_err(|e| format!("cannot hook {name} at {entry:#x}: {e}"))
-            .and_then(|t| {
-                patch::jump(entry, slot)
-                    .map(|j| (t, j))
-                    .ok_or_else(|| format!("{name} is out of a jump's reach of the page"))
+            .and_then(|t| patch::jump(entry, slot).map(|j| (t, j)))
+            .map_err(|reason| AttachError::Hook {
+                name: name.clone(),
+                entry,
+                reason,
             });
         let (t, jump) = match made {
             Ok(m) => m,
@@ -800,10 +774,10 @@ fn install(
         if rc as i32 != 0 {
             return Err((
                 step,
-                format!(
-                    "the recorder refused the trampoline of {} ({})",
-                    hook.name, rc as i32
-                ),
+                AttachError::TrampolineRefused {
+                    name: hook.name.clone(),
+                    code: rc as i32,
+                },
             ));
         }
     }
@@ -818,14 +792,8 @@ fn install(
     )
     .map_err(|e| (step, e))? as i32;
     if rc != 0 {
-        let why = match rc {
-            -3 => "it already records from its environment (vramtrace run)".to_string(),
-            -4 => "it runs in secure mode (set-user-ID or file capabilities)".to_string(),
-            -5 => format!("the trace directory {dir} is not an absolute path"),
-            -6 => "vramtrace was attached to it before".to_string(),
-            other => format!("code {other}"),
-        };
-        return Err((step, format!("the recorder refused: {why}")));
+        let why = StartRefusal::from_code(rc, opts.out.clone());
+        return Err((step, AttachError::StartRefused(why)));
     }
     j.stop_fn = stop;
     kill_point("started");
@@ -858,10 +826,7 @@ fn install(
             .iter()
             .any(|&(entry, len, _)| rip > entry && rip < entry + len)
         {
-            return Err((
-                step,
-                format!("thread {tid} stays inside a driver entry point's first bytes"),
-            ));
+            return Err((step, AttachError::StuckInEntry { tid }));
         }
     }
     for hook in &hooks {
@@ -869,7 +834,12 @@ fn install(
             .read(hook.entry, patch::JUMP_LEN)
             .map_err(|e| (step, e))?;
         if now != hook.original {
-            return Err((step, format!("{} changed while attaching", hook.name)));
+            return Err((
+                step,
+                AttachError::ChangedWhileAttaching {
+                    name: hook.name.clone(),
+                },
+            ));
         }
         j.add_hook(hook.entry, &hook.original, &hook.jump);
         tracer
@@ -910,8 +880,13 @@ pub fn detach(attached: Attached) -> Result<Detached, AttachError> {
 #[cfg(target_arch = "x86_64")]
 pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let pid = attached.pid;
-    let failed =
-        |step: &'static str| move |reason: String| AttachError::Failed { pid, step, reason };
+    let failed = |step: &'static str| {
+        move |cause: AttachError| AttachError::DetachFailed {
+            pid,
+            step,
+            cause: Box::new(cause),
+        }
+    };
     let gone = || {
         std::fs::read_to_string(format!("/proc/{pid}/status")).map_or(true, |s| {
             s.lines()
@@ -936,7 +911,7 @@ pub fn detach(mut attached: Attached) -> Result<Detached, AttachError> {
     let mut tracer = match Tracer::new(pid) {
         Ok(t) => t,
         Err(_) if gone() => return exited(attached),
-        Err(e) => return Err(failed("detaching")(e)),
+        Err(e) => return Err(failed("opening its memory")(e)),
     };
     // The Python probe's detach(), scheduled in the interpreter (it runs once the main thread is
     // back in its eval loop), with only the main thread stopped, as at attach: scheduling it
@@ -1106,7 +1081,7 @@ fn attached_descendants(pid: i32) -> Vec<i32> {
 /// Detaches every child forked while attached (the same hooks at the same addresses: a fork
 /// copies the address space).
 #[cfg(target_arch = "x86_64")]
-fn detach_children(attached: &Attached) -> Vec<(i32, Result<(), String>)> {
+fn detach_children(attached: &Attached) -> Vec<(i32, Result<(), AttachError>)> {
     attached_descendants(attached.pid)
         .into_iter()
         .map(|child| (child, detach_copy(attached, child)))
@@ -1115,7 +1090,7 @@ fn detach_children(attached: &Attached) -> Vec<(i32, Result<(), String>)> {
 
 /// Detaches process `pid`, a fork of the attached process.
 #[cfg(target_arch = "x86_64")]
-fn detach_copy(attached: &Attached, pid: i32) -> Result<(), String> {
+fn detach_copy(attached: &Attached, pid: i32) -> Result<(), AttachError> {
     let mut tracer = Tracer::new(pid)?;
     let tids = tracer.stop_all()?;
     let Some(&caller) = tids.iter().find(|&&t| t == pid).or(tids.first()) else {

@@ -16,6 +16,8 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use crate::AttachError;
+
 /// A stopped thread.
 struct Stopped {
     /// A signal it was about to take when it stopped, passed on when it is let go.
@@ -24,8 +26,8 @@ struct Stopped {
 
 /// The general registers and the extended (FPU, SSE, AVX) state of a thread, as saved.
 pub struct SavedRegs {
-    pub(super) regs: libc::user_regs_struct,
-    pub(super) xstate: Vec<u8>,
+    pub(crate) regs: libc::user_regs_struct,
+    pub(crate) xstate: Vec<u8>,
 }
 
 /// A process being traced.
@@ -38,18 +40,28 @@ pub struct Tracer {
 /// `NT_X86_XSTATE`: the whole extended state.
 const NT_X86_XSTATE: libc::c_int = 0x202;
 
-fn errno_text(what: &str, e: Errno) -> String {
-    format!("{what}: {}", e.desc())
+/// `Err` of a failed ptrace `request` on thread `tid`.
+fn failed(request: &'static str, tid: i32) -> impl FnOnce(Errno) -> AttachError {
+    move |errno| AttachError::Ptrace {
+        request,
+        tid,
+        errno,
+    }
+}
+
+/// `Err` of a failed `waitpid` on thread `tid`.
+fn wait_failed(tid: i32, during: &'static str, errno: Errno) -> AttachError {
+    AttachError::Wait { tid, during, errno }
 }
 
 impl Tracer {
     /// Opens the target's memory. Nothing is stopped yet.
-    pub fn new(pid: i32) -> Result<Tracer, String> {
+    pub fn new(pid: i32) -> Result<Tracer, AttachError> {
         let mem = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(format!("/proc/{pid}/mem"))
-            .map_err(|e| format!("cannot open /proc/{pid}/mem: {e}"))?;
+            .map_err(|error| AttachError::OpenMemory { pid, error })?;
         Ok(Tracer {
             pid,
             mem,
@@ -58,7 +70,7 @@ impl Tracer {
     }
 
     /// Seizes and stops thread `tid`; `Ok(false)` if it no longer exists.
-    pub fn stop(&mut self, tid: i32) -> Result<bool, String> {
+    pub fn stop(&mut self, tid: i32) -> Result<bool, AttachError> {
         if self.threads.contains_key(&tid) {
             return Ok(true);
         }
@@ -66,17 +78,12 @@ impl Tracer {
         match ptrace::seize(t, ptrace::Options::PTRACE_O_TRACESYSGOOD) {
             Ok(()) => {}
             Err(Errno::ESRCH) => return Ok(false),
-            Err(Errno::EPERM) => {
-                return Err(format!(
-                    "the kernel refused to trace thread {tid} (EPERM): another tracer holds it, or \
-                     ptrace is restricted here (docs/deploy.md)"
-                ));
-            }
-            Err(e) => return Err(errno_text(&format!("PTRACE_SEIZE of thread {tid}"), e)),
+            Err(Errno::EPERM) => return Err(AttachError::TraceDenied { tid }),
+            Err(e) => return Err(failed("PTRACE_SEIZE", tid)(e)),
         }
         if let Err(e) = ptrace::interrupt(t) {
             let _ = ptrace::detach(t, None);
-            return Err(errno_text(&format!("PTRACE_INTERRUPT of thread {tid}"), e));
+            return Err(failed("PTRACE_INTERRUPT", tid)(e));
         }
         let pending = loop {
             match waitpid(t, Some(WaitPidFlag::__WALL)) {
@@ -86,7 +93,7 @@ impl Tracer {
                 Ok(_) => continue,
                 Err(Errno::EINTR) => continue,
                 Err(Errno::ECHILD) => return Ok(false),
-                Err(e) => return Err(errno_text(&format!("waiting for thread {tid}"), e)),
+                Err(e) => return Err(wait_failed(tid, "to stop", e)),
             }
         };
         self.threads.insert(tid, Stopped { pending });
@@ -95,7 +102,7 @@ impl Tracer {
 
     /// Stops every thread of the process, including those created meanwhile; returns their
     /// ids.
-    pub fn stop_all(&mut self) -> Result<Vec<i32>, String> {
+    pub fn stop_all(&mut self) -> Result<Vec<i32>, AttachError> {
         for _ in 0..1000 {
             let tids = self.task_ids()?;
             let new: Vec<i32> = tids
@@ -110,12 +117,13 @@ impl Tracer {
                 self.stop(t)?;
             }
         }
-        Err("the process kept creating threads faster than they could be stopped".into())
+        Err(AttachError::ThreadsKeepComing)
     }
 
-    fn task_ids(&self) -> Result<Vec<i32>, String> {
-        let dir = std::fs::read_dir(format!("/proc/{}/task", self.pid))
-            .map_err(|e| format!("cannot list the threads of process {}: {e}", self.pid))?;
+    fn task_ids(&self) -> Result<Vec<i32>, AttachError> {
+        let pid = self.pid;
+        let dir = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map_err(|error| AttachError::ListThreads { pid, error })?;
         Ok(dir
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
             .collect())
@@ -141,36 +149,37 @@ impl Tracer {
     }
 
     /// Reads `len` bytes at `addr`.
-    pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+    pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>, AttachError> {
         let mut buf = vec![0; len];
         self.mem
             .read_exact_at(&mut buf, addr)
-            .map_err(|e| format!("cannot read {len} bytes at {addr:#x} of the target: {e}"))?;
+            .map_err(|error| AttachError::ReadMemory { addr, len, error })?;
         Ok(buf)
     }
 
     /// Writes `bytes` at `addr` (read-only code pages included: the kernel writes them for a
     /// tracer).
-    pub fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), String> {
-        self.mem.write_all_at(bytes, addr).map_err(|e| {
-            format!(
-                "cannot write {} bytes at {addr:#x} of the target: {e}",
-                bytes.len()
-            )
-        })
+    pub fn write(&self, addr: u64, bytes: &[u8]) -> Result<(), AttachError> {
+        self.mem
+            .write_all_at(bytes, addr)
+            .map_err(|error| AttachError::WriteMemory {
+                addr,
+                len: bytes.len(),
+                error,
+            })
     }
 
     /// The instruction pointer of stopped thread `tid`.
-    pub fn rip(&self, tid: i32) -> Result<u64, String> {
+    pub fn rip(&self, tid: i32) -> Result<u64, AttachError> {
         ptrace::getregs(Pid::from_raw(tid))
             .map(|r| r.rip)
-            .map_err(|e| errno_text(&format!("reading the registers of thread {tid}"), e))
+            .map_err(failed("PTRACE_GETREGS", tid))
     }
 
     /// Executes one instruction of stopped thread `tid`.
-    pub fn step(&mut self, tid: i32) -> Result<(), String> {
+    pub fn step(&mut self, tid: i32) -> Result<(), AttachError> {
         let t = Pid::from_raw(tid);
-        ptrace::step(t, None).map_err(|e| errno_text("PTRACE_SINGLESTEP", e))?;
+        ptrace::step(t, None).map_err(failed("PTRACE_SINGLESTEP", tid))?;
         loop {
             match waitpid(t, Some(WaitPidFlag::__WALL)) {
                 Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => return Ok(()),
@@ -179,22 +188,25 @@ impl Tracer {
                     if let Some(s) = self.threads.get_mut(&tid) {
                         s.pending = Some(sig);
                     }
-                    ptrace::step(t, None).map_err(|e| errno_text("PTRACE_SINGLESTEP", e))?;
+                    ptrace::step(t, None).map_err(failed("PTRACE_SINGLESTEP", tid))?;
                 }
                 Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
                     self.threads.remove(&tid);
-                    return Err(format!("thread {tid} exited while being stepped"));
+                    return Err(AttachError::Exited {
+                        tid,
+                        during: "while being single-stepped",
+                    });
                 }
                 Ok(_) | Err(Errno::EINTR) => continue,
-                Err(e) => return Err(errno_text("waiting for a single step", e)),
+                Err(e) => return Err(wait_failed(tid, "to single-step", e)),
             }
         }
     }
 
     /// Saves the registers and extended state of stopped thread `tid`.
-    pub fn save(&self, tid: i32) -> Result<SavedRegs, String> {
+    pub fn save(&self, tid: i32) -> Result<SavedRegs, AttachError> {
         let t = Pid::from_raw(tid);
-        let regs = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
+        let regs = ptrace::getregs(t).map_err(failed("PTRACE_GETREGS", tid))?;
         let mut xstate = vec![0u8; 1 << 16];
         let mut iov = libc::iovec {
             iov_base: xstate.as_mut_ptr() as *mut libc::c_void,
@@ -211,19 +223,16 @@ impl Tracer {
             )
         };
         if r < 0 {
-            return Err(format!(
-                "PTRACE_GETREGSET(NT_X86_XSTATE): {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(failed("PTRACE_GETREGSET(NT_X86_XSTATE)", tid)(Errno::last()));
         }
         xstate.truncate(iov.iov_len);
         Ok(SavedRegs { regs, xstate })
     }
 
     /// Puts back what [`Tracer::save`] saved.
-    pub fn restore(&self, tid: i32, saved: &SavedRegs) -> Result<(), String> {
+    pub fn restore(&self, tid: i32, saved: &SavedRegs) -> Result<(), AttachError> {
         let t = Pid::from_raw(tid);
-        ptrace::setregs(t, saved.regs).map_err(|e| errno_text("PTRACE_SETREGS", e))?;
+        ptrace::setregs(t, saved.regs).map_err(failed("PTRACE_SETREGS", tid))?;
         let mut xstate = saved.xstate.clone();
         let mut iov = libc::iovec {
             iov_base: xstate.as_mut_ptr() as *mut libc::c_void,
@@ -239,10 +248,7 @@ impl Tracer {
             )
         };
         if r < 0 {
-            return Err(format!(
-                "PTRACE_SETREGSET(NT_X86_XSTATE): {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(failed("PTRACE_SETREGSET(NT_X86_XSTATE)", tid)(Errno::last()));
         }
         Ok(())
     }
@@ -268,7 +274,7 @@ impl Tracer {
         args_of: impl FnOnce(u64) -> Vec<u64>,
         landing: u64,
         limit: Duration,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, AttachError> {
         let t = Pid::from_raw(tid);
         let mut r = saved.regs;
         // Below the red zone (128 bytes) and the data, 16-byte aligned, then the return
@@ -291,15 +297,15 @@ impl Tracer {
         r.rax = 0;
         // Not in a system call: the kernel must not restart one with these registers.
         r.orig_rax = u64::MAX;
-        ptrace::setregs(t, r).map_err(|e| errno_text("PTRACE_SETREGS", e))?;
+        ptrace::setregs(t, r).map_err(failed("PTRACE_SETREGS", tid))?;
         let resume = |sig: Option<Signal>| {
             if landing == 0 {
-                ptrace::cont(t, sig)
+                ptrace::cont(t, sig).map_err(failed("PTRACE_CONT", tid))
             } else {
-                ptrace::syscall(t, sig)
+                ptrace::syscall(t, sig).map_err(failed("PTRACE_SYSCALL", tid))
             }
         };
-        resume(None).map_err(|e| errno_text("PTRACE_CONT", e))?;
+        resume(None)?;
         let start = Instant::now();
         loop {
             match waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
@@ -309,17 +315,12 @@ impl Tracer {
                         // says so rather than pretending the undo is clean.
                         let _ = ptrace::interrupt(t);
                         let _ = waitpid(t, Some(WaitPidFlag::__WALL));
-                        return Err(format!(
-                            "a call into the target did not return within {} s (it may be \
-                             waiting for a lock held where the thread was stopped; the process \
-                             may need a restart)",
-                            limit.as_secs_f64()
-                        ));
+                        return Err(AttachError::CallTimeout { limit });
                     }
                     idle(start);
                 }
                 Ok(WaitStatus::PtraceSyscall(_)) => {
-                    let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
+                    let now = ptrace::getregs(t).map_err(failed("PTRACE_GETREGS", tid))?;
                     if landing != 0
                         && now.orig_rax == libc::SYS_pause as u64
                         && (landing..landing + LANDING.len() as u64).contains(&now.rip)
@@ -328,31 +329,31 @@ impl Tracer {
                         self.park(tid)?;
                         return Ok(result);
                     }
-                    resume(None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+                    resume(None)?;
                 }
                 Ok(WaitStatus::Stopped(_, Signal::SIGSEGV)) => {
-                    let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
+                    let now = ptrace::getregs(t).map_err(failed("PTRACE_GETREGS", tid))?;
                     if now.rip == 0 && landing == 0 {
                         return Ok(now.rax);
                     }
-                    return Err(format!(
-                        "the target faulted at {:#x} during a call into it",
-                        now.rip
-                    ));
+                    return Err(AttachError::CallFaulted { rip: now.rip });
                 }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     // A signal of the program's own: let its handler run now, as it would have.
-                    resume(Some(sig)).map_err(|e| errno_text("PTRACE_CONT", e))?;
+                    resume(Some(sig))?;
                 }
                 Ok(WaitStatus::PtraceEvent(..)) => {
-                    resume(None).map_err(|e| errno_text("PTRACE_CONT", e))?;
+                    resume(None)?;
                 }
                 Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
                     self.threads.remove(&tid);
-                    return Err("the target exited during a call into it".into());
+                    return Err(AttachError::Exited {
+                        tid,
+                        during: "during a call into it",
+                    });
                 }
                 Ok(_) | Err(Errno::EINTR) => continue,
-                Err(e) => return Err(errno_text("waiting for a call into the target", e)),
+                Err(e) => return Err(wait_failed(tid, "during a call into it", e)),
             }
         }
     }
@@ -360,16 +361,16 @@ impl Tracer {
     /// A thread at the entry of the landing's `pause`: lets it enter the call and stops it
     /// there with `PTRACE_INTERRUPT`, the same kind of stop as [`Tracer::stop`]'s, so that the
     /// registers saved at that first stop can be put back as they were.
-    fn park(&mut self, tid: i32) -> Result<(), String> {
+    fn park(&mut self, tid: i32) -> Result<(), AttachError> {
         let t = Pid::from_raw(tid);
-        ptrace::cont(t, None).map_err(|e| errno_text("PTRACE_CONT", e))?;
-        ptrace::interrupt(t).map_err(|e| errno_text("PTRACE_INTERRUPT", e))?;
+        ptrace::cont(t, None).map_err(failed("PTRACE_CONT", tid))?;
+        ptrace::interrupt(t).map_err(failed("PTRACE_INTERRUPT", tid))?;
         loop {
             match waitpid(t, Some(WaitPidFlag::__WALL)) {
                 Ok(WaitStatus::PtraceEvent(..)) => return Ok(()),
                 Ok(WaitStatus::PtraceSyscall(_)) => {
                     // The exit of a pause cut short: stop it again at the next signal check.
-                    ptrace::cont(t, None).map_err(|e| errno_text("PTRACE_CONT", e))?;
+                    ptrace::cont(t, None).map_err(failed("PTRACE_CONT", tid))?;
                 }
                 Ok(WaitStatus::Stopped(_, sig)) => {
                     if let Some(s) = self.threads.get_mut(&tid) {
@@ -379,10 +380,13 @@ impl Tracer {
                 }
                 Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
                     self.threads.remove(&tid);
-                    return Err("the target exited during a call into it".into());
+                    return Err(AttachError::Exited {
+                        tid,
+                        during: "during a call into it",
+                    });
                 }
                 Ok(_) | Err(Errno::EINTR) => continue,
-                Err(e) => return Err(errno_text("stopping the thread after a call", e)),
+                Err(e) => return Err(wait_failed(tid, "to stop after a call", e)),
             }
         }
     }
@@ -398,45 +402,54 @@ impl Tracer {
     /// Runs stopped thread `tid` (whose tracer died during a call) until it enters the
     /// landing's `pause`, then stops it there: the call has finished. False if it did not
     /// within `limit` (it was not in a call after all); it is stopped again either way.
-    pub fn finish_call(&mut self, tid: i32, landing: u64, limit: Duration) -> Result<bool, String> {
+    pub fn finish_call(
+        &mut self,
+        tid: i32,
+        landing: u64,
+        limit: Duration,
+    ) -> Result<bool, AttachError> {
         if self.in_landing(tid, landing) {
             return Ok(true);
         }
         let t = Pid::from_raw(tid);
-        ptrace::syscall(t, None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+        let syscall = |sig| ptrace::syscall(t, sig).map_err(failed("PTRACE_SYSCALL", tid));
+        syscall(None)?;
         let start = Instant::now();
         loop {
             match waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => {
                     if start.elapsed() > limit {
-                        ptrace::interrupt(t).map_err(|e| errno_text("PTRACE_INTERRUPT", e))?;
+                        ptrace::interrupt(t).map_err(failed("PTRACE_INTERRUPT", tid))?;
                         let _ = waitpid(t, Some(WaitPidFlag::__WALL));
                         return Ok(false);
                     }
                     idle(start);
                 }
                 Ok(WaitStatus::PtraceSyscall(_)) => {
-                    let now = ptrace::getregs(t).map_err(|e| errno_text("PTRACE_GETREGS", e))?;
+                    let now = ptrace::getregs(t).map_err(failed("PTRACE_GETREGS", tid))?;
                     if now.orig_rax == libc::SYS_pause as u64
                         && (landing..landing + LANDING.len() as u64).contains(&now.rip)
                     {
                         self.park(tid)?;
                         return Ok(true);
                     }
-                    ptrace::syscall(t, None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+                    syscall(None)?;
                 }
                 Ok(WaitStatus::Stopped(_, sig)) => {
-                    ptrace::syscall(t, Some(sig)).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+                    syscall(Some(sig))?;
                 }
                 Ok(WaitStatus::PtraceEvent(..)) => {
-                    ptrace::syscall(t, None).map_err(|e| errno_text("PTRACE_SYSCALL", e))?;
+                    syscall(None)?;
                 }
                 Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
                     self.threads.remove(&tid);
-                    return Err("the target exited".into());
+                    return Err(AttachError::Exited {
+                        tid,
+                        during: "while finishing a call",
+                    });
                 }
                 Ok(_) | Err(Errno::EINTR) => continue,
-                Err(e) => return Err(errno_text("waiting for the target", e)),
+                Err(e) => return Err(wait_failed(tid, "to finish a call", e)),
             }
         }
     }

@@ -14,7 +14,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::ptrace::{SavedRegs, Tracer};
+use nix::errno::Errno;
+
+use crate::AttachError;
+use crate::ptrace::{SavedRegs, Tracer};
 
 /// Nothing is changed yet, or everything is put back.
 pub const IDLE: u32 = 0;
@@ -79,8 +82,8 @@ unsafe impl Send for Watched {}
 impl Watched {
     /// Maps a journal for `pid` and forks its watchdog. No watchdog is forked when this
     /// process has more than one thread (forking it would not be safe) or the pipe or the fork
-    /// fails; `None` when not even the journal can be mapped.
-    pub fn start(pid: i32) -> Option<Watched> {
+    /// fails; `Err` when not even the journal can be mapped.
+    pub fn start(pid: i32) -> Result<Watched, AttachError> {
         let threads = std::fs::read_dir("/proc/self/task")
             .map(|d| d.count())
             .unwrap_or(0);
@@ -98,7 +101,9 @@ impl Watched {
             )
         };
         if p == libc::MAP_FAILED {
-            return None;
+            return Err(AttachError::Journal {
+                errno: Errno::last(),
+            });
         }
         let journal = p as *mut Journal;
         // Safety: the mapping is ours and large enough.
@@ -111,7 +116,7 @@ impl Watched {
         let mut fds = [0; 2];
         // Safety: a valid array of two descriptors.
         if threads != 1 || unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Some(alone);
+            return Ok(alone);
         }
         // Safety: this process has one thread (checked above), so the child may run Rust code.
         let child = unsafe { libc::fork() };
@@ -121,7 +126,7 @@ impl Watched {
                 libc::close(fds[0]);
                 libc::close(fds[1]);
             }
-            return Some(alone);
+            return Ok(alone);
         }
         if child == 0 {
             // Safety: the child's own copies.
@@ -132,7 +137,7 @@ impl Watched {
         unsafe { libc::close(fds[0]) };
         // `alone` is only a template: its mapping now belongs to the value returned.
         core::mem::forget(alone);
-        Some(Watched {
+        Ok(Watched {
             journal,
             pipe: fds[1],
             watchdog: child,
@@ -246,13 +251,13 @@ fn watchdog(pipe: libc::c_int, journal: *const Journal) -> ! {
 }
 
 /// Puts the target back from the journal.
-fn recover(j: &Journal) -> Result<(), String> {
+fn recover(j: &Journal) -> Result<(), AttachError> {
     let pid = j.pid;
     // The kernel detaches the target from its dead tracer; wait until it has.
     for _ in 0..5000 {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         if status.is_empty() {
-            return Err("the process is gone".into());
+            return Err(AttachError::ProcessGone);
         }
         let tracer = status
             .lines()
@@ -285,9 +290,7 @@ fn recover(j: &Journal) -> Result<(), String> {
     } else if j.regs_changed == 0 {
         tids.first().copied()
     } else {
-        problems.push(format!(
-            "thread {caller} was not found finishing a call; its registers were left as they are"
-        ));
+        problems.push(AttachError::CallerNotParked { tid: caller });
         tids.iter().copied().find(|&t| t != caller)
     };
     if let Some(tid) = call_on.filter(|_| j.landing != 0) {
@@ -300,13 +303,16 @@ fn recover(j: &Journal) -> Result<(), String> {
         if j.stop_fn != 0
             && let Err(e) = tracer.call(tid, &saved, j.stop_fn, &[], |_| vec![], j.landing, limit)
         {
-            problems.push(format!("recording could not be turned off: {e}"));
+            problems.push(AttachError::RecordingStaysOn { cause: Box::new(e) });
         }
         if j.page != 0
             && let Err(e) =
                 tracer.call(tid, &saved, j.munmap, &[], |_| vec![j.page, 4096], 0, limit)
         {
-            problems.push(format!("the trampoline page stays: {e}"));
+            problems.push(AttachError::PageStays {
+                page: j.page,
+                cause: Box::new(e),
+            });
         }
         tracer.restore(tid, &saved)?;
     }
@@ -314,6 +320,6 @@ fn recover(j: &Journal) -> Result<(), String> {
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(problems.join("; "))
+        Err(AttachError::NotRestored(problems))
     }
 }
