@@ -271,3 +271,38 @@ fn a_chunked_generate_oom_names_its_chunk_and_sets_the_planner_beside_it() {
         }
     }
 }
+
+/// A second real OOM of the same program, recorded after the step finder and the planner were
+/// committed (`samples/h200/hf-generate-oom-10g`: 10 GiB, chunks of 4,096; the decoder's
+/// pre-hook counted chunk 36, 151,552 tokens held). The step is named exactly; the planner
+/// holds that step (its replay of the default allocator leaves 1.1 GiB less reserve than the
+/// run did: docs/validation.md) and says so, and its expandable-segments lever predicts how far
+/// the same run gets on expandable segments.
+#[test]
+fn a_second_chunked_generate_oom_is_named_exactly_and_its_allocator_lever_predicted() {
+    let traced =
+        std::fs::read_to_string(sample("hf-generate-oom-10g").join("traced.txt")).unwrap();
+    assert!(
+        traced.contains("\"chunk_index\": 36, \"context\": 151552"),
+        "{traced}"
+    );
+    let r = report_json("hf-generate-oom-10g");
+    let step = &r["step"];
+    assert_eq!(step["chunk_index"], 36, "{step}");
+    assert_eq!(step["chunk_tokens"], 4096);
+    assert_eq!(step["context_tokens"], 151_552);
+    let m = &r["model"];
+    assert_eq!(m["planner"]["attn_implementation"], "sdpa", "{m}");
+    assert_eq!(m["planner"]["expandable_segments"], false);
+    assert_eq!(m["copied_percent"], 0.0);
+    let levers = r["levers"].as_array().expect("levers");
+    let exp = levers
+        .iter()
+        .find(|l| l["change"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        .unwrap_or_else(|| panic!("{levers:?}"));
+    assert_eq!(exp["fits"], true, "{exp}");
+    assert!(
+        exp["ceiling"].as_str().unwrap().contains("208896"),
+        "{exp}"
+    );
+}

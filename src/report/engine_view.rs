@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use vramtrace_models::engine::transformers_5::{
-    ContextFrontier as PlannedFrontier, GenerateChunked,
+    Attention, ContextFrontier as PlannedFrontier, GenerateChunked,
 };
 use vramtrace_models::engine::{Basis, Engine, Part, PlannedRun};
 use vramtrace_models::{
@@ -15,30 +15,54 @@ use vramtrace_models::{
     PartResidual, Residuals, Runtime, ServingShape,
 };
 
-use crate::report::model_view::{Lever, ModelView};
+use crate::report::model_view::{Lever, ModelView, PlannerSettings};
 use crate::report::step::StepPosition;
+use crate::trace::Trace;
 use vramtrace_models::units::fmt_bytes;
 
 /// The smallest chunk the chunk frontier tries, and its step: below it the planner's runs grow
 /// long (one forward a chunk) for a lever no one turns.
 const CHUNK_GRANULE: u64 = 256;
 
-fn plan(cfg: &ModelConfig, chunk: u64, limit: &Limit, prompt: u64) -> Result<PlannedRun, String> {
-    GenerateChunked::new(cfg.clone(), chunk)
-        .and_then(|p| p.plan(limit, prompt))
-        .map_err(|e| e.to_string())
+/// The attention the traced program ran: eager when any of its Python stacks is in transformers'
+/// `eager_attention_forward`, else transformers' default, SDPA.
+pub(crate) fn traced_attention(trace: &Trace) -> Attention {
+    let eager = trace.processes.iter().any(|p| {
+        p.py_stacks.values().flatten().any(|f| {
+            p.string(f.function) == Some("eager_attention_forward")
+        })
+    });
+    if eager {
+        Attention::Eager
+    } else {
+        Attention::Sdpa
+    }
+}
+
+/// The planner of the traced program: the config and the settings the trace shows.
+pub(crate) fn planner(cfg: &ModelConfig, s: PlannerSettings) -> Result<GenerateChunked, String> {
+    let mut p = GenerateChunked::new(cfg.clone(), 1).map_err(|e| e.to_string())?;
+    p.attention = s.attn_implementation;
+    p.expandable_segments = s.expandable_segments;
+    Ok(p)
+}
+
+fn plan(p: &GenerateChunked, chunk: u64, limit: &Limit, prompt: u64) -> Result<PlannedRun, String> {
+    let mut p = p.clone();
+    p.chunk_tokens = chunk.max(1);
+    p.plan(limit, prompt).map_err(|e| e.to_string())
 }
 
 /// Whether a run of `chunk` holds `context` under `limit`.
-fn holds(cfg: &ModelConfig, chunk: u64, limit: &Limit, context: u64) -> Result<bool, String> {
-    Ok(plan(cfg, chunk, limit, context)?.failure.is_none())
+fn holds(p: &GenerateChunked, chunk: u64, limit: &Limit, context: u64) -> Result<bool, String> {
+    Ok(plan(p, chunk, limit, context)?.failure.is_none())
 }
 
 /// The largest chunk (a multiple of [`CHUNK_GRANULE`], at most `context`) whose run holds
 /// `context`, given whether the smallest one's run does (`floor_holds`); `None` when not even
 /// the smallest does.
 fn largest_chunk(
-    cfg: &ModelConfig,
+    p: &GenerateChunked,
     limit: &Limit,
     context: u64,
     floor_holds: bool,
@@ -50,7 +74,7 @@ fn largest_chunk(
     let (mut lo, mut hi) = (1u64, top);
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
-        if holds(cfg, (mid * CHUNK_GRANULE).min(context), limit, context)? {
+        if holds(p, (mid * CHUNK_GRANULE).min(context), limit, context)? {
             lo = mid;
         } else {
             hi = mid - 1;
@@ -100,6 +124,7 @@ fn residuals(parts: &[Part], observed: &BTreeMap<Category, u64>) -> Residuals {
 /// transformers does not meet).
 pub(crate) fn transformers_view(
     cfg: &ModelConfig,
+    settings: PlannerSettings,
     step: &StepPosition,
     limit: &Limit,
     observed: &BTreeMap<Category, u64>,
@@ -108,18 +133,20 @@ pub(crate) fn transformers_view(
         return None;
     }
     let (chunk, context) = (step.chunk_tokens?, step.context_tokens?);
-    Some(view(cfg, step, chunk, context, limit, observed))
+    Some(planner(cfg, settings).and_then(|p| view(&p, settings, step, chunk, context, limit, observed)))
 }
 
 fn view(
-    cfg: &ModelConfig,
+    p: &GenerateChunked,
+    settings: PlannerSettings,
     step: &StepPosition,
     chunk: u64,
     context: u64,
     limit: &Limit,
     observed: &BTreeMap<Category, u64>,
 ) -> Result<ModelView, String> {
-    let to_failure = plan(cfg, chunk, limit, context)?;
+    let cfg = &p.config;
+    let to_failure = plan(p, chunk, limit, context)?;
     let limit_bytes = to_failure.limit_bytes;
     let (counted, parts) = match &to_failure.failure {
         Some(f) => {
@@ -149,7 +176,7 @@ fn view(
         .is_none_or(|f| f.index >= step.chunk_index);
     // The frontier at this chunk: the run to the model's own maximum.
     let max = cfg.max_position_embeddings.unwrap_or(1 << 20).max(context);
-    let whole = plan(cfg, chunk, limit, max)?;
+    let whole = plan(p, chunk, limit, max)?;
     let front = PlannedFrontier::of(&whole, chunk, Basis::Predicted);
     let context_frontier = ContextFrontier {
         chunk_tokens: chunk,
@@ -158,10 +185,10 @@ fn view(
         limited_by_pool: false,
         limit_bytes,
     };
-    let at_floor = plan(cfg, CHUNK_GRANULE.min(context), limit, context)?;
+    let at_floor = plan(p, CHUNK_GRANULE.min(context), limit, context)?;
     let chunk_frontier = ChunkFrontier {
         context_tokens: context,
-        largest_chunk: largest_chunk(cfg, limit, context, at_floor.failure.is_none())?,
+        largest_chunk: largest_chunk(p, limit, context, at_floor.failure.is_none())?,
         floor: ChunkFloor {
             min_tokens: CHUNK_GRANULE,
             multiple: CHUNK_GRANULE,
@@ -175,6 +202,7 @@ fn view(
     Ok(ModelView {
         runtime: Runtime::Transformers,
         engine: Some(to_failure.engine),
+        planner: Some(settings),
         shape: ServingShape::prefill(cfg, chunk, context),
         failure_fits: Some(failure_fits),
         before_fits: Some(before_fits),
@@ -191,14 +219,17 @@ fn view(
 }
 
 /// The levers of a planner view, each predicted by the planner from the config: the chunk, the
-/// prompt, the limit, and (for a refusal with room free inside segments) expandable segments,
-/// which the planner's replay of the default allocator does not model.
+/// prompt, the limit, and expandable segments (for a run on the default allocator whose refusal
+/// left room free inside segments, or whose frontier they move).
 pub(crate) fn transformers_levers(
     cfg: &ModelConfig,
     m: &ModelView,
     limit: &Limit,
     fragmented: Option<(u64, u64)>,
 ) -> Vec<Lever> {
+    let Some(p) = m.planner.and_then(|s| planner(cfg, s).ok()) else {
+        return Vec::new();
+    };
     let (chunk, context) = (m.shape.chunk_tokens, m.shape.context_tokens);
     let mut out = Vec::new();
     match m.chunk_frontier.largest_chunk {
@@ -235,26 +266,60 @@ pub(crate) fn transformers_levers(
         ),
         feasible: m.context_frontier.largest_context.is_some(),
     });
-    if let Some(l) = needed_limit(cfg, chunk, limit, context) {
+    if let Some(l) = needed_limit(&p, chunk, limit, context) {
         out.push(l);
     }
-    if let Some((reserve, request)) = fragmented {
-        out.push(Lever {
-            change: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
-            fits: None,
-            ceiling: format!(
-                "the {} free inside segments could serve the {} request as one mapped range; the planner replays the default allocator and does not predict it",
-                fmt_bytes(reserve),
-                fmt_bytes(request)
-            ),
-            feasible: true,
-        });
+    if let Some(l) = expandable_lever(&p, m, limit, fragmented) {
+        out.push(l);
     }
     out
 }
 
+/// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` for a run on the default allocator: the
+/// planner replayed with expandable segments at the step's chunk, whether it holds the step and
+/// how far it gets. Shown when the refusal left room free inside segments or the frontier moves.
+fn expandable_lever(
+    p: &GenerateChunked,
+    m: &ModelView,
+    limit: &Limit,
+    fragmented: Option<(u64, u64)>,
+) -> Option<Lever> {
+    if p.expandable_segments {
+        return None;
+    }
+    let (chunk, context) = (m.shape.chunk_tokens, m.shape.context_tokens);
+    let mut e = p.clone();
+    e.expandable_segments = true;
+    let max = p.config.max_position_embeddings.unwrap_or(1 << 20).max(context);
+    let run = plan(&e, chunk, limit, max).ok()?;
+    let front = PlannedFrontier::of(&run, chunk, Basis::Predicted);
+    let fits = holds(&e, chunk, limit, context).ok()?;
+    if fragmented.is_none() && front.context_at_chunk <= m.context_frontier.largest_context {
+        return None;
+    }
+    let reach = match front.context_at_chunk {
+        Some(l) => format!("its chunks of {chunk} complete up to {l} tokens"),
+        None => "not even the first chunk completes".into(),
+    };
+    let free = fragmented.map_or(String::new(), |(reserve, request)| {
+        format!(
+            "; the refusal left {} free inside segments beside the {} request",
+            fmt_bytes(reserve),
+            fmt_bytes(request)
+        )
+    });
+    Some(Lever {
+        change: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
+        fits: Some(fits),
+        ceiling: format!(
+            "the planner replayed on expandable segments (pages mapped as needed, no slivers left at segment ends): {reach}{free}"
+        ),
+        feasible: true,
+    })
+}
+
 /// The smallest limit (in steps of 64 MiB, up to the card) under which the run holds `context`.
-fn needed_limit(cfg: &ModelConfig, chunk: u64, limit: &Limit, context: u64) -> Option<Lever> {
+fn needed_limit(p: &GenerateChunked, chunk: u64, limit: &Limit, context: u64) -> Option<Lever> {
     const STEP: u64 = 64 << 20;
     let capacity = match *limit {
         Limit::PerProcessFraction { capacity, .. } | Limit::Card { capacity } => capacity,
@@ -267,7 +332,7 @@ fn needed_limit(cfg: &ModelConfig, chunk: u64, limit: &Limit, context: u64) -> O
         },
         _ => Limit::Card { capacity: bytes },
     };
-    let ok = |bytes: u64| holds(cfg, chunk, &with(bytes), context).unwrap_or(false);
+    let ok = |bytes: u64| holds(p, chunk, &with(bytes), context).unwrap_or(false);
     let (mut lo, mut hi) = (0u64, capacity / STEP);
     if !ok(hi * STEP) {
         return Some(Lever {
@@ -315,6 +380,7 @@ type Curve = Vec<(u64, u64)>;
 /// counts over a run to `context`.
 pub(crate) fn transformers_curves(
     cfg: &ModelConfig,
+    settings: PlannerSettings,
     chunk: u64,
     context: u64,
     hi_context: u64,
@@ -332,13 +398,14 @@ pub(crate) fn transformers_curves(
         }
         v
     };
+    let p = planner(cfg, settings)?;
     let max = cfg
         .max_position_embeddings
         .map_or(hi_context, |m| hi_context.min(m.max(context)));
-    let ctx = counted(&plan(cfg, chunk, limit, max.max(context))?);
+    let ctx = counted(&plan(&p, chunk, limit, max.max(context))?);
     let mut chk = Vec::new();
     for &c in chunks.iter().filter(|&&c| c >= CHUNK_GRANULE.min(context)) {
-        let run = plan(cfg, c, limit, context)?;
+        let run = plan(&p, c, limit, context)?;
         if let Some(most) = counted(&run).iter().map(|&(_, b)| b).max() {
             chk.push((c, most));
         }

@@ -120,8 +120,11 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
             // The planner's own curves: what it holds at each step of its run, and the most it
             // holds over a run of each chunk to the failing context.
             Some(engine) => {
+                let settings = m.planner.ok_or_else(|| {
+                    crate::Error::Invalid("a planner's view carries its settings".into())
+                })?;
                 let (ctx, chk) = crate::report::engine_view::transformers_curves(
-                    &mi.cfg, chunk, context, hi_ctx, &limit, &chunks,
+                    &mi.cfg, settings, chunk, context, hi_ctx, &limit, &chunks,
                 )
                 .map_err(crate::Error::Invalid)?;
                 (ctx, chk, format!("the planner of {engine}"))

@@ -494,6 +494,10 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
         block_size: opts.block_size,
         capacity: opts.capacity,
         gpu_memory_utilization: opts.gpu_memory_utilization,
+        expandable_segments: opts
+            .versions
+            .iter()
+            .any(|(k, v)| k == "PYTORCH_CUDA_ALLOC_CONF" && expandable_in(v)),
     };
     match triage::triage(trace, &report, &topts) {
         Ok(t) => report.triage = Some(t),
@@ -726,9 +730,28 @@ pub fn rank_of(cmdline: &[String]) -> Option<String> {
     (!found.is_empty()).then(|| found.join(", "))
 }
 
+/// Whether a `PYTORCH_CUDA_ALLOC_CONF` value turns expandable segments on (PyTorch reads
+/// `expandable_segments:True`, comma-separated from other options; `False` or absent is off).
+fn expandable_in(conf: &str) -> bool {
+    conf.split(',').any(|o| {
+        o.split_once(':').is_some_and(|(k, v)| {
+            k.trim() == "expandable_segments" && v.trim().eq_ignore_ascii_case("true")
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expandable_segments_are_read_from_the_alloc_conf() {
+        assert!(expandable_in("expandable_segments:True"));
+        assert!(expandable_in("max_split_size_mb:128, expandable_segments: true"));
+        assert!(!expandable_in("expandable_segments:False"));
+        assert!(!expandable_in("(unset)"));
+        assert!(!expandable_in(""));
+    }
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

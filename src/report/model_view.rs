@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 use vramtrace_models::engine::Part;
+use vramtrace_models::engine::transformers_5::Attention;
 use vramtrace_models::{
     ChunkFrontier, ContextFrontier, KnownParts, Limit, Residuals, Runtime, ServingShape,
 };
@@ -19,6 +20,10 @@ pub struct ModelView {
     /// whole-step model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine: Option<&'static str>,
+    /// How the planner ran the traced program, as the trace shows it (absent for the whole-step
+    /// model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planner: Option<PlannerSettings>,
     /// Every part of the step with where its figure comes from: `predicted` from the config and
     /// the flags, `copied` from this trace (which then agrees with it by construction).
     pub parts: Vec<Part>,
@@ -47,6 +52,17 @@ pub struct ModelView {
     /// Without a failure: the model's peak beside the observed one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_fit: Option<PeakFit>,
+}
+
+/// The settings of the traced program the planner runs with, read from the trace: the attention
+/// its frames show (`eager_attention_forward`, else transformers' default SDPA) and the
+/// allocator mode `vramtrace run` recorded (`PYTORCH_CUDA_ALLOC_CONF` in `versions.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PlannerSettings {
+    /// `attn_implementation`.
+    pub attn_implementation: Attention,
+    /// `expandable_segments:True`.
+    pub expandable_segments: bool,
 }
 
 /// The whole-step model's predicted peak beside the observed one, for a run without a failure.

@@ -19,7 +19,9 @@ use vramtrace_models::{
 
 use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, breakdown_at};
 use crate::report::engine_view;
-pub use crate::report::model_view::{Lever, ModelView, PEAK_TOLERANCE_PERCENT, PeakFit};
+pub use crate::report::model_view::{
+    Lever, ModelView, PEAK_TOLERANCE_PERCENT, PeakFit, PlannerSettings,
+};
 use crate::report::step::{
     StepPosition, embedding_outputs_match, step_at_peak, step_from_generate, step_from_labels,
     step_from_tensors,
@@ -222,6 +224,9 @@ pub struct TriageOptions {
     /// vLLM's `--gpu-memory-utilization` the run was given: the budget of this process, a
     /// fraction of the card (`--capacity`, else the device's total).
     pub gpu_memory_utilization: Option<f64>,
+    /// Whether the run's allocator had `expandable_segments:True` (`PYTORCH_CUDA_ALLOC_CONF` as
+    /// `vramtrace run` recorded it).
+    pub expandable_segments: bool,
 }
 
 /// PyTorch's `format_size` (c10/cuda/CUDACachingAllocator.cpp): bytes, KiB, MiB or GiB with two
@@ -1148,6 +1153,7 @@ fn peak_model(
     Ok(ModelView {
         runtime,
         engine: None,
+        planner: None,
         parts,
         copied_percent,
         shape,
@@ -1334,7 +1340,11 @@ fn whole_step(
             .iter()
             .filter_map(|(k, &v)| Some((Category::parse(k)?, v)))
             .collect();
-        if let Some(v) = engine_view::transformers_view(cfg, step, limit, &seen) {
+        let settings = PlannerSettings {
+            attn_implementation: engine_view::traced_attention(trace),
+            expandable_segments: opts.expandable_segments,
+        };
+        if let Some(v) = engine_view::transformers_view(cfg, settings, step, limit, &seen) {
             return v;
         }
     }
@@ -1377,6 +1387,7 @@ fn whole_step(
     Ok(ModelView {
         runtime,
         engine: None,
+        planner: None,
         parts,
         copied_percent,
         shape,

@@ -511,9 +511,18 @@ pub(super) fn triage_sections(out: &mut String, r: &Report) {
             Some(e) => {
                 let _ = writeln!(
                     out,
-                    "## The engine's planner beside the failing step\n\nA step of {} new tokens with {} tokens held, as {e} runs it: every tensor of every chunk's forward replayed through PyTorch's caching allocator under the limit, from the config alone (every part predicted, none copied from this trace).\n",
+                    "## The engine's planner beside the failing step\n\nA step of {} new tokens with {} tokens held, as {e} runs it{}: every tensor of every chunk's forward replayed through PyTorch's caching allocator under the limit, from the config alone (every part predicted, none copied from this trace).\n",
                     m.shape.chunk_tokens,
                     exact(m.shape.context_tokens),
+                    m.planner.map_or(String::new(), |s| format!(
+                        " with {} attention and {} (as the trace shows the program ran)",
+                        s.attn_implementation.name(),
+                        if s.expandable_segments {
+                            "expandable segments"
+                        } else {
+                            "the default allocator"
+                        }
+                    )),
                 );
             }
             None => {
