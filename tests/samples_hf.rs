@@ -280,8 +280,7 @@ fn a_chunked_generate_oom_names_its_chunk_and_sets_the_planner_beside_it() {
 /// the same run gets on expandable segments.
 #[test]
 fn a_second_chunked_generate_oom_is_named_exactly_and_its_allocator_lever_predicted() {
-    let traced =
-        std::fs::read_to_string(sample("hf-generate-oom-10g").join("traced.txt")).unwrap();
+    let traced = std::fs::read_to_string(sample("hf-generate-oom-10g").join("traced.txt")).unwrap();
     assert!(
         traced.contains("\"chunk_index\": 36, \"context\": 151552"),
         "{traced}"
@@ -301,8 +300,5 @@ fn a_second_chunked_generate_oom_is_named_exactly_and_its_allocator_lever_predic
         .find(|l| l["change"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
         .unwrap_or_else(|| panic!("{levers:?}"));
     assert_eq!(exp["fits"], true, "{exp}");
-    assert!(
-        exp["ceiling"].as_str().unwrap().contains("208896"),
-        "{exp}"
-    );
+    assert!(exp["ceiling"].as_str().unwrap().contains("208896"), "{exp}");
 }

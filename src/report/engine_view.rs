@@ -28,9 +28,10 @@ const CHUNK_GRANULE: u64 = 256;
 /// `eager_attention_forward`, else transformers' default, SDPA.
 pub(crate) fn traced_attention(trace: &Trace) -> Attention {
     let eager = trace.processes.iter().any(|p| {
-        p.py_stacks.values().flatten().any(|f| {
-            p.string(f.function) == Some("eager_attention_forward")
-        })
+        p.py_stacks
+            .values()
+            .flatten()
+            .any(|f| p.string(f.function) == Some("eager_attention_forward"))
     });
     if eager {
         Attention::Eager
@@ -133,7 +134,10 @@ pub(crate) fn transformers_view(
         return None;
     }
     let (chunk, context) = (step.chunk_tokens?, step.context_tokens?);
-    Some(planner(cfg, settings).and_then(|p| view(&p, settings, step, chunk, context, limit, observed)))
+    Some(
+        planner(cfg, settings)
+            .and_then(|p| view(&p, settings, step, chunk, context, limit, observed)),
+    )
 }
 
 fn view(
@@ -290,7 +294,11 @@ fn expandable_lever(
     let (chunk, context) = (m.shape.chunk_tokens, m.shape.context_tokens);
     let mut e = p.clone();
     e.expandable_segments = true;
-    let max = p.config.max_position_embeddings.unwrap_or(1 << 20).max(context);
+    let max = p
+        .config
+        .max_position_embeddings
+        .unwrap_or(1 << 20)
+        .max(context);
     let run = plan(&e, chunk, limit, max).ok()?;
     let front = PlannedFrontier::of(&run, chunk, Basis::Predicted);
     let fits = holds(&e, chunk, limit, context).ok()?;

@@ -747,7 +747,9 @@ mod tests {
     #[test]
     fn expandable_segments_are_read_from_the_alloc_conf() {
         assert!(expandable_in("expandable_segments:True"));
-        assert!(expandable_in("max_split_size_mb:128, expandable_segments: true"));
+        assert!(expandable_in(
+            "max_split_size_mb:128, expandable_segments: true"
+        ));
         assert!(!expandable_in("expandable_segments:False"));
         assert!(!expandable_in("(unset)"));
         assert!(!expandable_in(""));
