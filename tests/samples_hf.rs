@@ -171,7 +171,16 @@ fn transformers_serve_every_byte_named_and_the_model_within_5_percent() {
         notes.contains("the pool holds exactly 2592768 token slots × 32768 B per token"),
         "{notes}"
     );
+    // The step at the peak is read from continuous batching's own loop: the 100th forward under
+    // `_generation_step`, 3,376 query tokens; its context is in the paged pool, not in any size.
     assert_eq!(r["step"]["chunk_tokens"], 3_376);
+    assert_eq!(r["step"]["chunk_index"], 99);
+    assert!(r["step"]["context_tokens"].is_null(), "{}", r["step"]);
+    let source = r["step"]["source"].as_str().unwrap();
+    assert!(
+        source.contains("continuous batching loop") && source.contains("_generation_step"),
+        "{source}"
+    );
     assert_eq!(
         parts(&r),
         [

@@ -164,16 +164,31 @@ pub(crate) fn step_from_labels(f: &FailureReport) -> Option<StepPosition> {
 pub(crate) enum GenerateForward {
     Prefill,
     Decode,
+    /// A step of continuous batching's loop (`generation/continuous_batching/continuous_api.py`
+    /// `_generation_step`, transformers 5.17: `:551`): one forward of the batch the scheduler
+    /// packed, its query tokens sliced from the static input buffer (`input_outputs.py:471-477`).
+    Batch,
+}
+
+/// The frame of the engine's loop a forward runs under: continuous batching's step, else the
+/// innermost frame of `generation/utils.py`.
+fn loop_frame<'a, 'b>(py: &'b [categoriser::PyFrame<'a>]) -> Option<&'b categoriser::PyFrame<'a>> {
+    py.iter()
+        .find(|f| {
+            f.function == "_generation_step"
+                && f.file.ends_with("continuous_batching/continuous_api.py")
+        })
+        .or_else(|| py.iter().find(|f| f.file.ends_with("generation/utils.py")))
 }
 
 pub(crate) fn generate_forward(py: &[categoriser::PyFrame<'_>]) -> Option<GenerateForward> {
     if !py.first().is_some_and(is_embedding) {
         return None;
     }
-    let loop_frame = py
-        .iter()
-        .find(|f| f.file.ends_with("generation/utils.py"))?;
-    Some(if loop_frame.function == "_prefill" {
+    let f = loop_frame(py)?;
+    Some(if f.function == "_generation_step" {
+        GenerateForward::Batch
+    } else if f.function == "_prefill" {
         GenerateForward::Prefill
     } else {
         GenerateForward::Decode
@@ -191,6 +206,26 @@ pub(crate) fn step_from_generate(
     at: At,
     cfg: Option<&ModelConfig>,
 ) -> crate::Result<Option<StepPosition>> {
+    Ok(loop_step(trace, at, cfg)?.map(|(_, s)| s))
+}
+
+/// The step of continuous batching's loop at `at` ([`GenerateForward::Batch`]), when the last
+/// forward begun before it is one.
+pub(crate) fn batch_step_at(
+    trace: &Trace,
+    at: At,
+    cfg: Option<&ModelConfig>,
+) -> crate::Result<Option<StepPosition>> {
+    Ok(loop_step(trace, at, cfg)?
+        .filter(|(k, _)| *k == GenerateForward::Batch)
+        .map(|(_, s)| s))
+}
+
+fn loop_step(
+    trace: &Trace,
+    at: At,
+    cfg: Option<&ModelConfig>,
+) -> crate::Result<Option<(GenerateForward, StepPosition)>> {
     let p = &trace.processes[at.process];
     let mut kinds: HashMap<u32, Option<(GenerateForward, String)>> = HashMap::new();
     // The forwards of the current call: kind, embedding bytes, site.
@@ -199,11 +234,7 @@ pub(crate) fn step_from_generate(
         let kind = kinds.entry(t.stack).or_insert_with(|| {
             let py = categoriser::py_frames(p, t.stack);
             let k = generate_forward(&py)?;
-            let site = py
-                .iter()
-                .find(|f| f.file.ends_with("generation/utils.py"))
-                .map(ToString::to_string)
-                .unwrap_or_default();
+            let site = loop_frame(&py).map(ToString::to_string).unwrap_or_default();
             Some((k, site))
         });
         if let Some((k, site)) = kind.clone() {
@@ -220,6 +251,9 @@ pub(crate) fn step_from_generate(
     let Some((kind, bytes, site)) = call.last().cloned() else {
         return Ok(None);
     };
+    if kind == GenerateForward::Batch {
+        return Ok(Some((kind, batch_step(&call, bytes, &site, cfg))));
+    }
     let index = call.iter().filter(|(k, ..)| *k == kind).count() as u64 - 1;
     let per_token = cfg.map(|c| c.hidden_size * c.dtype.size_bytes());
     let tokens_of = |b: u64| per_token.and_then(|pt| embedding_tokens(b, pt));
@@ -227,7 +261,7 @@ pub(crate) fn step_from_generate(
     let all: Option<u64> = call.iter().map(|(_, b, _)| tokens_of(*b)).sum();
     let what = match kind {
         GenerateForward::Prefill => format!("prefill chunk {index}"),
-        GenerateForward::Decode => format!("decode step {index}"),
+        GenerateForward::Decode | GenerateForward::Batch => format!("decode step {index}"),
     };
     let source = match (tokens, all, per_token) {
         (Some(t), Some(c), Some(pt)) => format!(
@@ -239,13 +273,49 @@ pub(crate) fn step_from_generate(
             call.len()
         ),
     };
-    Ok(Some(StepPosition {
+    Ok(Some((
+        kind,
+        StepPosition {
+            chunk_index: index,
+            chunk_tokens: tokens,
+            context_tokens: all,
+            source,
+            from_engine_loop: kind == GenerateForward::Prefill,
+        },
+    )))
+}
+
+/// A step of continuous batching's loop: its index among the loop's forwards so far, the query
+/// tokens of its batch from the embedding's output. The context the batch's requests hold is in
+/// the paged pool, allocated whole at start, so no size in the trace tells it.
+fn batch_step(
+    forwards: &[(GenerateForward, u64, String)],
+    bytes: u64,
+    site: &str,
+    cfg: Option<&ModelConfig>,
+) -> StepPosition {
+    let index = forwards
+        .iter()
+        .filter(|(k, ..)| *k == GenerateForward::Batch)
+        .count() as u64
+        - 1;
+    let per_token = cfg.map(|c| c.hidden_size * c.dtype.size_bytes());
+    let tokens = per_token.and_then(|pt| embedding_tokens(bytes, pt));
+    let source = match (tokens, per_token) {
+        (Some(t), Some(pt)) => format!(
+            "transformers' continuous batching loop (`{site}`): batch step {index}; its embedding output is {bytes} B = {t} query tokens × {pt} B (hidden size × dtype), as the batch was laid out for the forward; the context its requests hold is in the paged pool, which no allocation size tells"
+        ),
+        _ => format!(
+            "transformers' continuous batching loop (`{site}`): batch step {index}, its embedding output {bytes} B; give --model with the run's config for its tokens"
+        ),
+    };
+    StepPosition {
         chunk_index: index,
         chunk_tokens: tokens,
-        context_tokens: all,
+        context_tokens: None,
         source,
-        from_engine_loop: kind == GenerateForward::Prefill,
-    }))
+        from_engine_loop: false,
+    }
 }
 
 /// The step of an unlabelled PyTorch run, from the Python lines of its tensors: a step begins

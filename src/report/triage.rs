@@ -23,8 +23,8 @@ pub use crate::report::model_view::{
     Lever, ModelView, PEAK_TOLERANCE_PERCENT, PeakFit, PlannerSettings,
 };
 use crate::report::step::{
-    StepPosition, embedding_outputs_match, step_at_peak, step_from_generate, step_from_labels,
-    step_from_tensors,
+    StepPosition, batch_step_at, embedding_outputs_match, step_at_peak, step_from_generate,
+    step_from_labels, step_from_tensors,
 };
 use crate::report::{ModelInput, Report};
 use crate::torch_replay::{TensorReplay, TorchOom};
@@ -943,7 +943,10 @@ fn no_failure(
     let Some(m) = &opts.model else {
         return Ok(());
     };
-    t.step = step_at_peak(trace, at, &m.cfg)?;
+    t.step = match batch_step_at(trace, at, Some(&m.cfg))? {
+        Some(s) => Some(s),
+        None => step_at_peak(trace, at, &m.cfg)?,
+    };
     match peak_model(trace, opts, m, t, b) {
         Ok(v) => {
             t.model_warning = config_contradiction(trace, at.process, b, &v, &m.cfg)?;
