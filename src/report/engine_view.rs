@@ -12,7 +12,7 @@ use vramtrace_models::engine::transformers_5::{
 use vramtrace_models::engine::{Basis, Engine, Part, PlannedRun};
 use vramtrace_models::{
     Category, ChunkFloor, ChunkFrontier, ContextFrontier, KnownParts, Limit, ModelConfig,
-    PartResidual, Residuals, Runtime, ServingShape,
+    ModelError, PartResidual, Residuals, Runtime, ServingShape,
 };
 
 use crate::report::model_view::{Lever, ModelView, PlannerSettings};
@@ -41,21 +41,29 @@ pub(crate) fn traced_attention(trace: &Trace) -> Attention {
 }
 
 /// The planner of the traced program: the config and the settings the trace shows.
-pub(crate) fn planner(cfg: &ModelConfig, s: PlannerSettings) -> Result<GenerateChunked, String> {
-    let mut p = GenerateChunked::new(cfg.clone(), 1).map_err(|e| e.to_string())?;
+pub(crate) fn planner(
+    cfg: &ModelConfig,
+    s: PlannerSettings,
+) -> Result<GenerateChunked, ModelError> {
+    let mut p = GenerateChunked::new(cfg.clone(), 1)?;
     p.attention = s.attn_implementation;
     p.expandable_segments = s.expandable_segments;
     Ok(p)
 }
 
-fn plan(p: &GenerateChunked, chunk: u64, limit: &Limit, prompt: u64) -> Result<PlannedRun, String> {
+fn plan(
+    p: &GenerateChunked,
+    chunk: u64,
+    limit: &Limit,
+    prompt: u64,
+) -> Result<PlannedRun, ModelError> {
     let mut p = p.clone();
     p.chunk_tokens = chunk.max(1);
-    p.plan(limit, prompt).map_err(|e| e.to_string())
+    p.plan(limit, prompt)
 }
 
 /// Whether a run of `chunk` holds `context` under `limit`.
-fn holds(p: &GenerateChunked, chunk: u64, limit: &Limit, context: u64) -> Result<bool, String> {
+fn holds(p: &GenerateChunked, chunk: u64, limit: &Limit, context: u64) -> Result<bool, ModelError> {
     Ok(plan(p, chunk, limit, context)?.failure.is_none())
 }
 
@@ -67,7 +75,7 @@ fn largest_chunk(
     limit: &Limit,
     context: u64,
     floor_holds: bool,
-) -> Result<Option<u64>, String> {
+) -> Result<Option<u64>, ModelError> {
     let top = (context / CHUNK_GRANULE).max(1);
     if !floor_holds {
         return Ok(None);
@@ -129,7 +137,7 @@ pub(crate) fn transformers_view(
     step: &StepPosition,
     limit: &Limit,
     observed: &BTreeMap<Category, u64>,
-) -> Option<Result<ModelView, String>> {
+) -> Option<Result<ModelView, ModelError>> {
     if !step.from_engine_loop || matches!(limit, Limit::GpuMemoryUtilization { .. }) {
         return None;
     }
@@ -148,7 +156,7 @@ fn view(
     context: u64,
     limit: &Limit,
     observed: &BTreeMap<Category, u64>,
-) -> Result<ModelView, String> {
+) -> Result<ModelView, ModelError> {
     let cfg = &p.config;
     let to_failure = plan(p, chunk, limit, context)?;
     let limit_bytes = to_failure.limit_bytes;
@@ -394,7 +402,7 @@ pub(crate) fn transformers_curves(
     hi_context: u64,
     limit: &Limit,
     chunks: &[u64],
-) -> Result<(Curve, Curve), String> {
+) -> Result<(Curve, Curve), ModelError> {
     let counted = |run: &PlannedRun| -> Vec<(u64, u64)> {
         let mut v: Vec<(u64, u64)> = run
             .steps

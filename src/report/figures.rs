@@ -125,8 +125,7 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
                 })?;
                 let (ctx, chk) = crate::report::engine_view::transformers_curves(
                     &mi.cfg, settings, chunk, context, hi_ctx, &limit, &chunks,
-                )
-                .map_err(crate::Error::Invalid)?;
+                )?;
                 (ctx, chk, format!("the planner of {engine}"))
             }
             None => {

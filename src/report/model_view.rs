@@ -5,6 +5,7 @@
 //! both build them without importing each other.
 
 use serde::Serialize;
+use vramtrace_models::ModelError;
 use vramtrace_models::engine::Part;
 use vramtrace_models::engine::transformers_5::Attention;
 use vramtrace_models::{
@@ -104,4 +105,36 @@ pub struct Lever {
     pub ceiling: String,
     /// Whether it can be turned at all (the chunk lever below vLLM's block floor cannot).
     pub feasible: bool,
+}
+
+/// Why no model could be set beside a step: what the trace does not say, or what the model
+/// refused. The report prints it in place of the model's view (`model_error`).
+#[derive(Debug, thiserror::Error)]
+pub enum ModelViewError {
+    /// Neither `--runtime` nor the trace's frames name the program.
+    #[error(
+        "the trace does not say which program ran the step (no engine's frames, or both vLLM's and transformers'); pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)"
+    )]
+    NoRuntime,
+    /// No step was found before the failure.
+    #[error(
+        "the trace does not say which chunk failed (no chunk label, no step loop in the tensors' lines)"
+    )]
+    NoFailingStep,
+    /// The step was found, not its tokens.
+    #[error(
+        "the trace does not say how many tokens the chunk held ({source_of_step}); pass a config whose hidden size it matches"
+    )]
+    NoChunkTokens {
+        /// How the step was found.
+        source_of_step: String,
+    },
+    /// No embedding output of the config's hidden size at a peak.
+    #[error(
+        "no embedding output of the config's hidden size is live at the peak, so the step's tokens are not known; is the config the traced model's?"
+    )]
+    NoPeakTokens,
+    /// The model refused the shape, the limit or the config.
+    #[error(transparent)]
+    Model(#[from] ModelError),
 }

@@ -20,7 +20,7 @@ use vramtrace_models::{
 use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, breakdown_at};
 use crate::report::engine_view;
 pub use crate::report::model_view::{
-    Lever, ModelView, PEAK_TOLERANCE_PERCENT, PeakFit, PlannerSettings,
+    Lever, ModelView, ModelViewError, PEAK_TOLERANCE_PERCENT, PeakFit, PlannerSettings,
 };
 use crate::report::step::{
     StepPosition, batch_step_at, embedding_outputs_match, step_at_peak, step_from_generate,
@@ -602,7 +602,7 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
         ) {
             Ok(v) => Some(v),
             Err(e) => {
-                t.model_error = Some(e);
+                t.model_error = Some(e.to_string());
                 None
             }
         },
@@ -952,7 +952,7 @@ fn no_failure(
             t.model_warning = config_contradiction(trace, at.process, b, &v, &m.cfg)?;
             t.model = Some(v);
         }
-        Err(e) => t.model_error = Some(e),
+        Err(e) => t.model_error = Some(e.to_string()),
     }
     Ok(())
 }
@@ -966,15 +966,16 @@ fn peak_model(
     m: &ModelInput,
     t: &Triage,
     b: &Breakdown,
-) -> Result<ModelView, String> {
-    let runtime = opts.runtime.or_else(|| detect_runtime(trace)).ok_or(
-        "the trace does not say which program ran the step (no engine's frames, or both vLLM's and transformers'); pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
-    )?;
+) -> Result<ModelView, ModelViewError> {
+    let runtime = opts
+        .runtime
+        .or_else(|| detect_runtime(trace))
+        .ok_or(ModelViewError::NoRuntime)?;
     let tokens = t
         .step
         .as_ref()
         .and_then(|s| s.chunk_tokens)
-        .ok_or("no embedding output of the config's hidden size is live at the peak, so the step's tokens are not known; is the config the traced model's?")?;
+        .ok_or(ModelViewError::NoPeakTokens)?;
     let nz = |c: Category| Some(b.bytes(c)).filter(|&x| x > 0);
     let pool = kv_pool_of(b);
     let cfg = &m.cfg;
@@ -998,8 +999,7 @@ fn peak_model(
             "the KV pool ({}) is the engine's decision (sized from its memory heuristics, not from the context), so it is taken from the trace ({why}), not predicted",
             gib(*bytes)
         ));
-        let per = vramtrace_models::kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)
-            .map_err(|e| e.to_string())?;
+        let per = vramtrace_models::kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)?;
         let transformers_cb = why.contains("continuous_batching");
         if let Some(slots) = bytes.checked_div(per.bytes_per_token) {
             let rest = bytes - slots * per.bytes_per_token;
@@ -1063,15 +1063,17 @@ fn peak_model(
         Some(fraction) => Limit::GpuMemoryUtilization { capacity, fraction },
         None => Limit::Card { capacity },
     };
-    let step = model.check(&shape, &limit).map_err(|e| e.to_string())?;
-    let lc = step.limit.clone().ok_or("the model was not checked")?;
+    let step = model.check(&shape, &limit)?;
+    let lc = step.limit.clone().ok_or_else(|| {
+        vramtrace_models::ModelError::Invalid("the model was not checked against the limit".into())
+    })?;
     let mut observed: BTreeMap<String, u64> = BTreeMap::new();
     for r in &b.rows {
         if r.bytes > 0 {
             *observed.entry(r.category.key().to_string()).or_default() += r.bytes;
         }
     }
-    let mut res = residuals(&step, &observed).map_err(|e| e.to_string())?;
+    let mut res = residuals(&step, &observed)?;
     peak_causes(&mut res, &step, &known);
     let diff = if res.observed_total == 0 {
         0.0
@@ -1113,14 +1115,10 @@ fn peak_model(
             .max(tokens.saturating_mul(4))
             .max(pool_slots.saturating_add(1)),
     };
-    let context_frontier = model
-        .largest_context_at(&shape, &limit, max_ctx)
-        .map_err(|e| e.to_string())?;
+    let context_frontier = model.largest_context_at(&shape, &limit, max_ctx)?;
     // The largest chunk at the step's own context (for one forward, chunk = context: the
     // largest prompt in one forward is computed below).
-    let chunk_frontier = model
-        .largest_chunk_at(&shape, &limit, &floor)
-        .map_err(|e| e.to_string())?;
+    let chunk_frontier = model.largest_chunk_at(&shape, &limit, &floor)?;
     let one_forward = largest_single_forward(&model, &shape, &limit, max_ctx);
     if let Some(n) = one_forward {
         notes.push(format!(
@@ -1295,20 +1293,18 @@ fn whole_step(
     reserve: u64,
     other_in: u64,
     context_in: u64,
-) -> Result<ModelView, String> {
-    let runtime = opts.runtime.or_else(|| detect_runtime(trace)).ok_or(
-        "the trace does not say which program ran the step (no engine's frames, or both vLLM's and transformers'); pass --runtime (workload, torch-prefill-script, vllm-0.20.1, transformers)",
-    )?;
-    let step = t.step.as_ref().ok_or(
-        "the trace does not say which chunk failed (no chunk label, no step loop in the tensors' lines)",
-    )?;
+) -> Result<ModelView, ModelViewError> {
+    let runtime = opts
+        .runtime
+        .or_else(|| detect_runtime(trace))
+        .ok_or(ModelViewError::NoRuntime)?;
+    let step = t.step.as_ref().ok_or(ModelViewError::NoFailingStep)?;
     let (chunk, context) = match (step.chunk_tokens, step.context_tokens) {
         (Some(c), Some(l)) => (c, l),
         _ => {
-            return Err(format!(
-                "the trace does not say how many tokens the chunk held ({}); pass a config whose hidden size it matches",
-                step.source
-            ));
+            return Err(ModelViewError::NoChunkTokens {
+                source_of_step: step.source.clone(),
+            });
         }
     };
     let nz = |c: Category| Some(b.bytes(c)).filter(|&x| x > 0);
@@ -1348,7 +1344,7 @@ fn whole_step(
             expandable_segments: opts.expandable_segments,
         };
         if let Some(v) = engine_view::transformers_view(cfg, settings, step, limit, &seen) {
-            return v;
+            return v.map_err(ModelViewError::from);
         }
     }
     let model = StepModel::new(
@@ -1358,7 +1354,7 @@ fn whole_step(
     );
     let mut shape = ServingShape::prefill(cfg, chunk, context);
     shape.tp = m.opts.tp.max(1);
-    let failing = model.check(&shape, limit).map_err(|e| e.to_string())?;
+    let failing = model.check(&shape, limit)?;
     let before = (context > chunk)
         .then(|| {
             model
@@ -1367,25 +1363,23 @@ fn whole_step(
         })
         .flatten()
         .and_then(|s| s.fits());
-    let lc = failing.limit.clone().ok_or("the model was not checked")?;
-    let res = residuals(&failing, &observed).map_err(|e| e.to_string())?;
+    let lc = failing.limit.clone().ok_or_else(|| {
+        vramtrace_models::ModelError::Invalid("the model was not checked against the limit".into())
+    })?;
+    let res = residuals(&failing, &observed)?;
     let hybrid = cfg.layer_types.contains(&LayerKind::LinearAttention);
     let floor = if hybrid && matches!(runtime, Runtime::Vllm | Runtime::Workload) {
         ChunkFloor::vllm_mamba_align(opts.block_size.unwrap_or(chunk))
     } else {
         ChunkFloor::none()
     };
-    let chunk_frontier = model
-        .largest_chunk_at(&shape, limit, &floor)
-        .map_err(|e| e.to_string())?;
+    let chunk_frontier = model.largest_chunk_at(&shape, limit, &floor)?;
     // The engine stops at the model's own maximum context: so does the frontier.
     let max_ctx = match cfg.max_position_embeddings {
         Some(m) => m.max(context),
         None => MAX_SEARCHED_CONTEXT.max(context.saturating_mul(4)),
     };
-    let context_frontier = model
-        .largest_context_at(&shape.with_context(chunk), limit, max_ctx)
-        .map_err(|e| e.to_string())?;
+    let context_frontier = model.largest_context_at(&shape.with_context(chunk), limit, max_ctx)?;
     let (parts, copied_percent) = parts_of(&failing, &known);
     Ok(ModelView {
         runtime,
