@@ -23,6 +23,9 @@ pub enum Error {
     /// Every trace file of a directory was unreadable.
     #[error("{0} holds no readable trace file: {1}")]
     NoReadableTrace(PathBuf, String),
+    /// A trace file with no bytes.
+    #[error("the file is empty: its process ended (or was killed) before it wrote the header")]
+    EmptyTraceFile,
     /// A total went past what 64 bits hold: the trace's sizes cannot be real.
     #[error("{0}")]
     Overflow(String),
@@ -38,9 +41,27 @@ pub enum Error {
     /// No model variant could be set beside a moment.
     #[error("no model variant to compare with")]
     NoVariant,
-    /// The moment asked for (a peak, a failure, a window) is not in the trace.
-    #[error("{0}")]
-    Moment(String),
+    /// No device allocation of the process and device asked for is in the trace.
+    #[error("no device allocation of the chosen process and device is in the trace")]
+    NoDeviceAllocation,
+    /// The failure asked for is not in the trace.
+    #[error(
+        "process {pid} has {count} out-of-memory failure(s) on device {device}{}; there is no failure #{index}{}",
+        if *.with_tensors { " (PyTorch's allocator's and the driver's together)" } else { "" },
+        if *.with_tensors { "" } else { " (calls refused for other reasons, such as CUDA_ERROR_NOT_PERMITTED, are not out-of-memory: `vramtrace summary` lists them)" }
+    )]
+    NoSuchFailure {
+        /// The process.
+        pid: u32,
+        /// The device.
+        device: i32,
+        /// The failure asked for, counting from 0.
+        index: usize,
+        /// How many it has.
+        count: usize,
+        /// Whether PyTorch's refusals are counted with the driver's.
+        with_tensors: bool,
+    },
     /// A value given on the command line or in an option is not valid; the message says what to
     /// write instead.
     #[error("{0}")]

@@ -48,7 +48,7 @@ pub enum ImportError {
     #[error(
         "{0} is not a pickle that can be read safely: {1} (only plain values are decoded; nothing in the file is run)"
     )]
-    Pickle(std::path::PathBuf, String),
+    Pickle(std::path::PathBuf, unpickle::PickleError),
     /// A pickle, but not a snapshot.
     #[error("{0} is not a PyTorch memory snapshot: {1}")]
     NotSnapshot(std::path::PathBuf, String),

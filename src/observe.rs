@@ -9,6 +9,7 @@
 //! (as `summary` numbers them), its request the refused tensor (or the driver's request), and
 //! each tensor carries its Python frames, which [`crate::attribution::weigh`] weighs.
 
+use crate::Error;
 use std::ops::ControlFlow;
 
 use vramtrace_format::{Event, TensorAction, TensorEvent};
@@ -187,41 +188,39 @@ fn tensors_live_at(
     pi: usize,
     dev: i32,
     seq: usize,
-) -> Result<Vec<(LiveTensor, Option<vramtrace_format::Annotation>)>, String> {
+) -> Result<Vec<(LiveTensor, Option<vramtrace_format::Annotation>)>, Error> {
     let mut t = TensorReplay::new();
     let mut names: FastMap<u64, vramtrace_format::Annotation> = FastMap::default();
     let mut i = 0usize;
-    trace
-        .for_each_item(|p, it| {
-            if i > seq {
-                // Past the moment, the names given to its tensors until the process's next
-                // tensor event still count: `--torch-shapes` describes an operator's outputs
-                // after the operator returns, so after its last allocation.
-                return match &it {
-                    Item::Tensor(_) if p == pi => ControlFlow::Break(()),
-                    Item::Annotate(a) if p == pi => {
-                        names.insert(a.ptr, a.clone());
-                        ControlFlow::Continue(())
-                    }
-                    _ => ControlFlow::Continue(()),
-                };
-            }
-            match &it {
-                Item::Tensor(e) => {
-                    if p == pi && e.action == TensorAction::Alloc {
-                        names.remove(&e.ptr);
-                    }
-                    t.apply(p, i, e);
-                }
+    trace.for_each_item(|p, it| {
+        if i > seq {
+            // Past the moment, the names given to its tensors until the process's next
+            // tensor event still count: `--torch-shapes` describes an operator's outputs
+            // after the operator returns, so after its last allocation.
+            return match &it {
+                Item::Tensor(_) if p == pi => ControlFlow::Break(()),
                 Item::Annotate(a) if p == pi => {
                     names.insert(a.ptr, a.clone());
+                    ControlFlow::Continue(())
                 }
-                _ => {}
+                _ => ControlFlow::Continue(()),
+            };
+        }
+        match &it {
+            Item::Tensor(e) => {
+                if p == pi && e.action == TensorAction::Alloc {
+                    names.remove(&e.ptr);
+                }
+                t.apply(p, i, e);
             }
-            i += 1;
-            ControlFlow::Continue(())
-        })
-        .map_err(|e| e.to_string())?;
+            Item::Annotate(a) if p == pi => {
+                names.insert(a.ptr, a.clone());
+            }
+            _ => {}
+        }
+        i += 1;
+        ControlFlow::Continue(())
+    })?;
     let mut live = t.live_set(pi, dev);
     live.sort_by_key(|x| x.seq);
     Ok(live
@@ -260,7 +259,7 @@ pub fn observe(
     pid: Option<u32>,
     device: Option<i32>,
     at: At,
-) -> Result<ObservedMoment, String> {
+) -> Result<ObservedMoment, Error> {
     let t0 = trace.start_ns();
     // First pass: levels, and the failures up to the one asked for, per process and device.
     let keep = match at {
@@ -282,74 +281,70 @@ pub fn observe(
     let mut pending = 0usize; // keys in PeakCopy::Now
     let mut budget = 0usize;
     let mut seq = 0usize;
-    trace
-        .for_each_item(|pi, it| {
-            budget += 1;
-            match it {
-                Item::Event(e) => {
-                    if pending > 0
-                        && let Some((dev, Pool::Device)) = replay.would_remove(pi, &e)
-                        && let Some(p) = peaks.get_mut(&(pi, dev))
-                        && matches!(p, PeakCopy::Now)
+    trace.for_each_item(|pi, it| {
+        budget += 1;
+        match it {
+            Item::Event(e) => {
+                if pending > 0
+                    && let Some((dev, Pool::Device)) = replay.would_remove(pi, &e)
+                    && let Some(p) = peaks.get_mut(&(pi, dev))
+                    && matches!(p, PeakCopy::Now)
+                {
+                    // The first change to the set since its peak: copy it now or never.
+                    pending -= 1;
+                    let cost = replay.live_len();
+                    *p = if cost <= budget {
+                        budget -= cost;
+                        let set = replay.live_set(pi, dev, Pool::Device);
+                        set.iter().for_each(|a| replay.follow(a));
+                        PeakCopy::Taken(set)
+                    } else {
+                        PeakCopy::Later
+                    };
+                }
+                match replay.apply(pi, seq, &e) {
+                    Step::Failed => {
+                        let f = failures.entry((pi, e.device)).or_default();
+                        if f.0.len() < keep {
+                            f.0.push((seq, Failed::Driver(e)));
+                        }
+                        f.1 += 1;
+                    }
+                    Step::Allocated { pool: Pool::Device }
+                        if at_peak
+                            && replay.level(pi, e.device, Pool::Device).peak_seq == seq
+                            && wanted(pi, e.device) =>
                     {
-                        // The first change to the set since its peak: copy it now or never.
-                        pending -= 1;
-                        let cost = replay.live_len();
-                        *p = if cost <= budget {
-                            budget -= cost;
-                            let set = replay.live_set(pi, dev, Pool::Device);
-                            set.iter().for_each(|a| replay.follow(a));
-                            PeakCopy::Taken(set)
-                        } else {
-                            PeakCopy::Later
-                        };
-                    }
-                    match replay.apply(pi, seq, &e) {
-                        Step::Failed => {
-                            let f = failures.entry((pi, e.device)).or_default();
-                            if f.0.len() < keep {
-                                f.0.push((seq, Failed::Driver(e)));
+                        let p = peaks.entry((pi, e.device)).or_insert(PeakCopy::Later);
+                        match std::mem::replace(p, PeakCopy::Now) {
+                            PeakCopy::Now => {}
+                            PeakCopy::Taken(old) => {
+                                old.iter().for_each(|a| replay.unfollow(a));
+                                pending += 1;
                             }
-                            f.1 += 1;
+                            PeakCopy::Later => pending += 1,
                         }
-                        Step::Allocated { pool: Pool::Device }
-                            if at_peak
-                                && replay.level(pi, e.device, Pool::Device).peak_seq == seq
-                                && wanted(pi, e.device) =>
-                        {
-                            let p = peaks.entry((pi, e.device)).or_insert(PeakCopy::Later);
-                            match std::mem::replace(p, PeakCopy::Now) {
-                                PeakCopy::Now => {}
-                                PeakCopy::Taken(old) => {
-                                    old.iter().for_each(|a| replay.unfollow(a));
-                                    pending += 1;
-                                }
-                                PeakCopy::Later => pending += 1,
-                            }
-                        }
-                        _ => {}
                     }
+                    _ => {}
                 }
-                Item::Tensor(t) if tensors.apply(pi, seq, &t) == TensorStep::Refused => {
-                    let f = failures.entry((pi, t.device)).or_default();
-                    if f.0.len() < keep {
-                        f.0.push((seq, Failed::Torch(t)));
-                    }
-                    f.1 += 1;
-                }
-                // Names given before a copy is taken travel with it; later ones are followed.
-                Item::Annotate(a) if at_peak => {
-                    replay.annotate(pi, &a);
-                }
-                _ => {}
             }
-            seq += 1;
-            ControlFlow::Continue(())
-        })
-        .map_err(|e| e.to_string())?;
-    if let Some(m) = replay.overflow() {
-        return Err(m.to_string());
-    }
+            Item::Tensor(t) if tensors.apply(pi, seq, &t) == TensorStep::Refused => {
+                let f = failures.entry((pi, t.device)).or_default();
+                if f.0.len() < keep {
+                    f.0.push((seq, Failed::Torch(t)));
+                }
+                f.1 += 1;
+            }
+            // Names given before a copy is taken travel with it; later ones are followed.
+            Item::Annotate(a) if at_peak => {
+                replay.annotate(pi, &a);
+            }
+            _ => {}
+        }
+        seq += 1;
+        ControlFlow::Continue(())
+    })?;
+    replay.check_overflow()?;
     // Choose the process and device: the highest driver-level peak, else tensor peak.
     let mut highest: FastMap<(usize, i32), (u64, u64)> = FastMap::default();
     for ((pi, d, pool), l) in replay.levels() {
@@ -369,7 +364,7 @@ pub fn observe(
         .collect();
     keys.sort_by_key(|k| (std::cmp::Reverse(k.2), k.0, k.1));
     let Some(&(pi, dev, _)) = keys.first() else {
-        return Err("no device allocation of the chosen process and device is in the trace".into());
+        return Err(Error::NoDeviceAllocation);
     };
     // Blocks with no bytes are what the probe sees with the caching allocator off (the
     // allocator's counters do not move; each tensor is a driver allocation): the driver's
@@ -400,7 +395,7 @@ pub fn observe(
     let p = &trace.processes[pi];
     // The whole live set of the chosen process and device after replay index `seq`, in time
     // order, each allocation with its final name.
-    let live_at = |seq: usize| -> Result<Vec<LiveAlloc>, String> {
+    let live_at = |seq: usize| -> Result<Vec<LiveAlloc>, Error> {
         let want = Capture {
             seq,
             process: pi,
@@ -408,7 +403,7 @@ pub fn observe(
             pool: Pool::Device,
             top: usize::MAX,
         };
-        let mut sets = capture(trace, &[want]).map_err(|e| e.to_string())?;
+        let mut sets = capture(trace, &[want])?;
         let mut v = sets.pop().map(|(v, _)| v).unwrap_or_default();
         v.sort_by_key(|a| a.seq);
         Ok(v)
@@ -436,10 +431,13 @@ pub fn observe(
         At::Failure(n) => {
             let (mine, count) = failures.remove(&(pi, dev)).unwrap_or_default();
             let Some((seq, Failed::Driver(e))) = mine.get(n).cloned() else {
-                return Err(format!(
-                    "process {} has {count} out-of-memory failure(s) on device {dev}; there is no failure #{n} (calls refused for other reasons, such as CUDA_ERROR_NOT_PERMITTED, are not out-of-memory: `vramtrace summary` lists them)",
-                    p.pid(),
-                ));
+                return Err(Error::NoSuchFailure {
+                    pid: p.pid(),
+                    device: dev,
+                    index: n,
+                    count,
+                    with_tensors: false,
+                });
             };
             let mut obs: Vec<Observed> = live_at(seq)?
                 .iter()
@@ -470,50 +468,48 @@ pub fn observe(
             let mut made: Vec<Result<LiveAlloc, Event>> = Vec::new();
             let mut r = Replayer::new();
             let mut seq = 0usize;
-            trace
-                .for_each_item(|i, it| {
-                    let e = match it {
-                        Item::Event(e) => e,
-                        Item::Annotate(a) => {
-                            r.annotate(i, &a);
-                            seq += 1;
-                            return ControlFlow::Continue(());
-                        }
-                        other => {
-                            seq += 1;
-                            return if other.t_ns() > hi && !r.following_live() {
-                                ControlFlow::Break(())
-                            } else {
-                                ControlFlow::Continue(())
+            trace.for_each_item(|i, it| {
+                let e = match it {
+                    Item::Event(e) => e,
+                    Item::Annotate(a) => {
+                        r.annotate(i, &a);
+                        seq += 1;
+                        return ControlFlow::Continue(());
+                    }
+                    other => {
+                        seq += 1;
+                        return if other.t_ns() > hi && !r.following_live() {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        };
+                    }
+                };
+                let step = r.apply(i, seq, &e);
+                if i == pi && e.device == dev && e.t_ns >= lo && e.t_ns <= hi {
+                    match step {
+                        Step::Allocated { pool: Pool::Device } => {
+                            let a = LiveAlloc {
+                                process: pi,
+                                seq,
+                                event: e,
+                                pool: Pool::Device,
+                                annotation: None,
                             };
+                            r.follow(&a);
+                            made.push(Ok(a));
                         }
-                    };
-                    let step = r.apply(i, seq, &e);
-                    if i == pi && e.device == dev && e.t_ns >= lo && e.t_ns <= hi {
-                        match step {
-                            Step::Allocated { pool: Pool::Device } => {
-                                let a = LiveAlloc {
-                                    process: pi,
-                                    seq,
-                                    event: e,
-                                    pool: Pool::Device,
-                                    annotation: None,
-                                };
-                                r.follow(&a);
-                                made.push(Ok(a));
-                            }
-                            Step::Failed => made.push(Err(e)),
-                            _ => {}
-                        }
+                        Step::Failed => made.push(Err(e)),
+                        _ => {}
                     }
-                    seq += 1;
-                    if e.t_ns > hi && !r.following_live() {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
-                })
-                .map_err(|e| e.to_string())?;
+                }
+                seq += 1;
+                if e.t_ns > hi && !r.following_live() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })?;
             let obs = made
                 .into_iter()
                 .map(|m| match m {
@@ -547,7 +543,7 @@ fn observe_tensors(
     at: At,
     level: crate::torch_replay::TensorLevel,
     failures: Option<(Vec<(usize, Failed)>, usize)>,
-) -> Result<ObservedMoment, String> {
+) -> Result<ObservedMoment, Error> {
     use vramtrace_models::units::fmt_bytes;
     let t0 = trace.start_ns();
     let p = &trace.processes[pi];
@@ -577,10 +573,13 @@ fn observe_tensors(
         At::Failure(n) => {
             let (mine, count) = failures.unwrap_or_default();
             let Some((seq, failed)) = mine.get(n).cloned() else {
-                return Err(format!(
-                    "process {} has {count} out-of-memory failure(s) on device {dev} (PyTorch's allocator's and the driver's together); there is no failure #{n}",
-                    p.pid(),
-                ));
+                return Err(Error::NoSuchFailure {
+                    pid: p.pid(),
+                    device: dev,
+                    index: n,
+                    count,
+                    with_tensors: true,
+                });
             };
             let mut obs = as_observed(tensors_live_at(trace, pi, dev, seq)?);
             let (request, t_ns, description) = match &failed {
@@ -632,43 +631,41 @@ fn observe_tensors(
                 Result<(TensorEvent, Option<vramtrace_format::Annotation>), TensorEvent>,
             > = Vec::new();
             let mut open: FastMap<u64, usize> = FastMap::default();
-            trace
-                .for_each_item(|i, it| {
-                    if i != pi {
-                        return ControlFlow::Continue(());
-                    }
-                    match it {
-                        Item::Tensor(t) if t.device == dev => {
-                            let inside = t.t_ns >= lo && t.t_ns <= hi;
-                            match t.action {
-                                TensorAction::Alloc => {
-                                    open.remove(&t.ptr);
-                                    if inside {
-                                        open.insert(t.ptr, made.len());
-                                        made.push(Ok((t, None)));
-                                    } else if t.t_ns > hi && open.is_empty() {
-                                        return ControlFlow::Break(());
-                                    }
+            trace.for_each_item(|i, it| {
+                if i != pi {
+                    return ControlFlow::Continue(());
+                }
+                match it {
+                    Item::Tensor(t) if t.device == dev => {
+                        let inside = t.t_ns >= lo && t.t_ns <= hi;
+                        match t.action {
+                            TensorAction::Alloc => {
+                                open.remove(&t.ptr);
+                                if inside {
+                                    open.insert(t.ptr, made.len());
+                                    made.push(Ok((t, None)));
+                                } else if t.t_ns > hi && open.is_empty() {
+                                    return ControlFlow::Break(());
                                 }
-                                TensorAction::Free => {
-                                    open.remove(&t.ptr);
-                                }
-                                TensorAction::AllocFailed if inside => made.push(Err(t)),
-                                TensorAction::AllocFailed | TensorAction::Live => {}
                             }
-                        }
-                        Item::Annotate(a) => {
-                            if let Some(&k) = open.get(&a.ptr)
-                                && let Ok((_, n)) = &mut made[k]
-                            {
-                                *n = Some(a);
+                            TensorAction::Free => {
+                                open.remove(&t.ptr);
                             }
+                            TensorAction::AllocFailed if inside => made.push(Err(t)),
+                            TensorAction::AllocFailed | TensorAction::Live => {}
                         }
-                        _ => {}
                     }
-                    ControlFlow::Continue(())
-                })
-                .map_err(|e| e.to_string())?;
+                    Item::Annotate(a) => {
+                        if let Some(&k) = open.get(&a.ptr)
+                            && let Ok((_, n)) = &mut made[k]
+                        {
+                            *n = Some(a);
+                        }
+                    }
+                    _ => {}
+                }
+                ControlFlow::Continue(())
+            })?;
             let obs = made
                 .into_iter()
                 .enumerate()

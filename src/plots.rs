@@ -344,5 +344,5 @@ pub fn observe_at(
     device: Option<i32>,
     at: At,
 ) -> crate::Result<ObservedMoment> {
-    observe(trace, pid, device, at).map_err(Error::Moment)
+    observe(trace, pid, device, at)
 }

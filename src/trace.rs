@@ -428,18 +428,13 @@ fn check_regular(path: &Path) -> Result<(), Error> {
 }
 
 /// Opens one file of a trace directory, or says why it cannot be read.
-fn open_file(path: &Path) -> Result<Process, String> {
-    check_regular(path).map_err(|e| chain(&e))?;
+fn open_file(path: &Path) -> Result<Process, Error> {
+    check_regular(path)?;
     match std::fs::metadata(path) {
-        Ok(m) if m.len() == 0 => {
-            return Err(
-                "the file is empty: its process ended (or was killed) before it wrote the header"
-                    .into(),
-            );
-        }
+        Ok(m) if m.len() == 0 => return Err(Error::EmptyTraceFile),
         _ => {}
     }
-    Process::open(path).map_err(|e| chain(&e))
+    Process::open(path)
 }
 
 impl Trace {
@@ -467,7 +462,10 @@ impl Trace {
         for f in files {
             match open_file(&f) {
                 Ok(p) => processes.push(p),
-                Err(reason) => unreadable.push(Unreadable { file: f, reason }),
+                Err(e) => unreadable.push(Unreadable {
+                    file: f,
+                    reason: chain(&e),
+                }),
             }
         }
         if processes.is_empty() {

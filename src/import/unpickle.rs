@@ -34,39 +34,73 @@ enum Node {
 /// Objects deeper than this are refused (a snapshot is a few levels deep; a cycle is endless).
 const MAX_DEPTH: usize = 64;
 
+/// Why a pickle was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PickleError {
+    /// The opcodes do not make a value: truncated, unbalanced or of the wrong kind.
+    #[error("{0}")]
+    Malformed(&'static str),
+    /// A text number that does not parse.
+    #[error("a number that does not parse: {0}")]
+    Number(String),
+    /// An opcode that would import or build a Python object (never run here).
+    #[error(
+        "opcode {op:?} at byte {at} would name or build a Python object; a snapshot holds plain values only"
+    )]
+    RunsCode {
+        /// The opcode.
+        op: char,
+        /// Its offset in the file.
+        at: usize,
+    },
+    /// An opcode of no pickle protocol.
+    #[error("unknown opcode {op:#04x} at byte {at}")]
+    UnknownOpcode {
+        /// The opcode.
+        op: u8,
+        /// Its offset in the file.
+        at: usize,
+    },
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     pos: usize,
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize) -> Result<&[u8], PickleError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len());
-        let end = end.ok_or("the pickle ends in the middle of an opcode")?;
+        let end = end.ok_or(PickleError::Malformed(
+            "the pickle ends in the middle of an opcode",
+        ))?;
         let s = &self.b[self.pos..end];
         self.pos = end;
         Ok(s)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    fn u8(&mut self) -> Result<u8, PickleError> {
         Ok(self.take(1)?[0])
     }
-    fn le(&mut self, n: usize) -> Result<u64, String> {
+    fn le(&mut self, n: usize) -> Result<u64, PickleError> {
         let mut v = 0u64;
         for (i, b) in self.take(n)?.iter().enumerate() {
             v |= u64::from(*b) << (8 * i);
         }
         Ok(v)
     }
-    fn line(&mut self) -> Result<&str, String> {
+    fn line(&mut self) -> Result<&str, PickleError> {
         let rest = &self.b[self.pos..];
         let n = rest
             .iter()
             .position(|&c| c == b'\n')
-            .ok_or("the pickle ends in the middle of a line")?;
+            .ok_or(PickleError::Malformed(
+                "the pickle ends in the middle of a line",
+            ))?;
         self.pos += n + 1;
-        std::str::from_utf8(&rest[..n]).map_err(|_| "a text opcode is not UTF-8".into())
+        std::str::from_utf8(&rest[..n])
+            .map_err(|_| PickleError::Malformed("a text opcode is not UTF-8"))
     }
-    fn str(&mut self, n: usize) -> Result<Value, String> {
+    fn str(&mut self, n: usize) -> Result<Value, PickleError> {
         let s = self.take(n)?;
         Ok(Value::String(String::from_utf8_lossy(s).into_owned()))
     }
@@ -92,16 +126,16 @@ fn int_from_le(bytes: &[u8]) -> Value {
 }
 
 /// Decodes `bytes` into a value tree, or says which opcode it refused.
-pub fn loads(bytes: &[u8]) -> Result<Value, String> {
+pub fn loads(bytes: &[u8]) -> Result<Value, PickleError> {
     let mut r = Reader { b: bytes, pos: 0 };
     let mut stack: Vec<V> = Vec::new();
     let mut memo: BTreeMap<u64, V> = BTreeMap::new();
     let mut arena: Vec<Node> = Vec::new();
-    let pop_mark = |stack: &mut Vec<V>| -> Result<Vec<V>, String> {
+    let pop_mark = |stack: &mut Vec<V>| -> Result<Vec<V>, PickleError> {
         let at = stack
             .iter()
             .rposition(|v| matches!(v, V::Mark))
-            .ok_or("no mark on the pickle stack")?;
+            .ok_or(PickleError::Malformed("no mark on the pickle stack"))?;
         let items = stack.split_off(at + 1);
         stack.pop();
         Ok(items)
@@ -147,7 +181,10 @@ pub fn loads(bytes: &[u8]) -> Result<Value, String> {
                 r.take(8)?.try_into().unwrap(),
             )))),
             b'F' => {
-                let v = r.line()?.parse::<f64>().map_err(|e| e.to_string())?;
+                let v = r
+                    .line()?
+                    .parse::<f64>()
+                    .map_err(|e| PickleError::Number(e.to_string()))?;
                 stack.push(V::Leaf(Value::F64(v)));
             }
             0x8c => {
@@ -222,14 +259,18 @@ pub fn loads(bytes: &[u8]) -> Result<Value, String> {
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
                 if stack.len() < n {
-                    return Err("a tuple opcode on a short stack".into());
+                    return Err(PickleError::Malformed("a tuple opcode on a short stack"));
                 }
                 let items = stack.split_off(stack.len() - n);
                 stack.push(V::Tuple(items));
             }
             b'a' | b'e' | 0x90 => {
                 let items = if op == b'a' {
-                    vec![stack.pop().ok_or("append on an empty stack")?]
+                    vec![
+                        stack
+                            .pop()
+                            .ok_or(PickleError::Malformed("append on an empty stack"))?,
+                    ]
                 } else {
                     pop_mark(&mut stack)?
                 };
@@ -238,13 +279,21 @@ pub fn loads(bytes: &[u8]) -> Result<Value, String> {
                         Node::List(l) | Node::Set(l) => l.extend(items),
                         Node::Dict(_) => unreachable!("lists and sets hold list nodes"),
                     },
-                    _ => return Err("append to something that is not a list".into()),
+                    _ => {
+                        return Err(PickleError::Malformed(
+                            "append to something that is not a list",
+                        ));
+                    }
                 }
             }
             b's' | b'u' => {
                 let items = if op == b's' {
-                    let v = stack.pop().ok_or("setitem on an empty stack")?;
-                    let k = stack.pop().ok_or("setitem on a short stack")?;
+                    let v = stack
+                        .pop()
+                        .ok_or(PickleError::Malformed("setitem on an empty stack"))?;
+                    let k = stack
+                        .pop()
+                        .ok_or(PickleError::Malformed("setitem on a short stack"))?;
                     vec![k, v]
                 } else {
                     pop_mark(&mut stack)?
@@ -254,35 +303,69 @@ pub fn loads(bytes: &[u8]) -> Result<Value, String> {
                         Node::Dict(d) => d.extend(pairs(items)?),
                         _ => unreachable!("dicts hold dict nodes"),
                     },
-                    _ => return Err("setitem on something that is not a dict".into()),
+                    _ => {
+                        return Err(PickleError::Malformed(
+                            "setitem on something that is not a dict",
+                        ));
+                    }
                 }
             }
             b'q' => {
                 let id = r.le(1)?;
-                memo.insert(id, stack.last().cloned().ok_or("memo of nothing")?);
+                memo.insert(
+                    id,
+                    stack
+                        .last()
+                        .cloned()
+                        .ok_or(PickleError::Malformed("memo of nothing"))?,
+                );
             }
             b'r' => {
                 let id = r.le(4)?;
-                memo.insert(id, stack.last().cloned().ok_or("memo of nothing")?);
+                memo.insert(
+                    id,
+                    stack
+                        .last()
+                        .cloned()
+                        .ok_or(PickleError::Malformed("memo of nothing"))?,
+                );
             }
             b'p' => {
-                let id = r.line()?.parse::<u64>().map_err(|e| e.to_string())?;
-                memo.insert(id, stack.last().cloned().ok_or("memo of nothing")?);
+                let id = r
+                    .line()?
+                    .parse::<u64>()
+                    .map_err(|e| PickleError::Number(e.to_string()))?;
+                memo.insert(
+                    id,
+                    stack
+                        .last()
+                        .cloned()
+                        .ok_or(PickleError::Malformed("memo of nothing"))?,
+                );
             }
             0x94 => {
                 let id = memo.len() as u64;
-                memo.insert(id, stack.last().cloned().ok_or("memo of nothing")?);
+                memo.insert(
+                    id,
+                    stack
+                        .last()
+                        .cloned()
+                        .ok_or(PickleError::Malformed("memo of nothing"))?,
+                );
             }
             b'h' | b'j' | b'g' => {
                 let id = match op {
                     b'h' => r.le(1)?,
                     b'j' => r.le(4)?,
-                    _ => r.line()?.parse::<u64>().map_err(|e| e.to_string())?,
+                    _ => r
+                        .line()?
+                        .parse::<u64>()
+                        .map_err(|e| PickleError::Number(e.to_string()))?,
                 };
                 stack.push(
                     memo.get(&id)
                         .cloned()
-                        .ok_or("a memo reference to nothing")?,
+                        .ok_or(PickleError::Malformed("a memo reference to nothing"))?,
                 );
             }
             b'0' => {
@@ -291,7 +374,12 @@ pub fn loads(bytes: &[u8]) -> Result<Value, String> {
             b'1' => {
                 pop_mark(&mut stack)?;
             }
-            b'2' => stack.push(stack.last().cloned().ok_or("dup of nothing")?),
+            b'2' => stack.push(
+                stack
+                    .last()
+                    .cloned()
+                    .ok_or(PickleError::Malformed("dup of nothing"))?,
+            ),
             b'c'
             | 0x93
             | b'R'
@@ -304,22 +392,28 @@ pub fn loads(bytes: &[u8]) -> Result<Value, String> {
             | b'Q'
             | 0x82..=0x84
             | 0x96..=0x98 => {
-                return Err(format!(
-                    "opcode {:?} at byte {} would name or build a Python object; a snapshot holds plain values only",
-                    op as char,
-                    r.pos - 1
-                ));
+                return Err(PickleError::RunsCode {
+                    op: op as char,
+                    at: r.pos - 1,
+                });
             }
-            other => return Err(format!("unknown opcode {other:#04x} at byte {}", r.pos - 1)),
+            other => {
+                return Err(PickleError::UnknownOpcode {
+                    op: other,
+                    at: r.pos - 1,
+                });
+            }
         }
     }
-    let top = stack.pop().ok_or("the pickle holds nothing")?;
+    let top = stack
+        .pop()
+        .ok_or(PickleError::Malformed("the pickle holds nothing"))?;
     build(&top, &arena, 0)
 }
 
-fn pairs(items: Vec<V>) -> Result<Vec<(V, V)>, String> {
+fn pairs(items: Vec<V>) -> Result<Vec<(V, V)>, PickleError> {
     if !items.len().is_multiple_of(2) {
-        return Err("a dict with a key and no value".into());
+        return Err(PickleError::Malformed("a dict with a key and no value"));
     }
     let mut it = items.into_iter();
     let mut out = Vec::new();
@@ -329,14 +423,16 @@ fn pairs(items: Vec<V>) -> Result<Vec<(V, V)>, String> {
     Ok(out)
 }
 
-fn build(v: &V, arena: &[Node], depth: usize) -> Result<Value, String> {
+fn build(v: &V, arena: &[Node], depth: usize) -> Result<Value, PickleError> {
     if depth > MAX_DEPTH {
-        return Err("objects nested deeper than a snapshot's (or a cycle)".into());
+        return Err(PickleError::Malformed(
+            "objects nested deeper than a snapshot's (or a cycle)",
+        ));
     }
     let b = |x: &V| build(x, arena, depth + 1);
     Ok(match v {
         V::Leaf(l) => l.clone(),
-        V::Mark => return Err("a mark left on the stack".into()),
+        V::Mark => return Err(PickleError::Malformed("a mark left on the stack")),
         V::Tuple(items) => Value::Tuple(items.iter().map(b).collect::<Result<_, _>>()?),
         V::List(i) | V::Set(i) | V::Dict(i) => match &arena[*i] {
             Node::List(items) => Value::List(items.iter().map(b).collect::<Result<_, _>>()?),
@@ -357,9 +453,9 @@ fn build(v: &V, arena: &[Node], depth: usize) -> Result<Value, String> {
     })
 }
 
-fn hashable(v: Value) -> Result<HashableValue, String> {
+fn hashable(v: Value) -> Result<HashableValue, PickleError> {
     v.into_hashable()
-        .map_err(|_| "a dict key or set item that cannot be one".to_string())
+        .map_err(|_| PickleError::Malformed("a dict key or set item that cannot be one"))
 }
 
 #[cfg(test)]
@@ -379,7 +475,13 @@ mod tests {
         );
         // pickle.dumps(os.system) refers to a global: refused, never resolved.
         let global = b"\x80\x02cposix\nsystem\nq\x00.";
-        assert!(loads(global).unwrap_err().contains("plain values only"));
-        assert!(loads(b"\x80\x02]q\x00(K\x01").is_err(), "cut short");
+        let e = loads(global).unwrap_err();
+        assert_eq!(e, PickleError::RunsCode { op: 'c', at: 2 });
+        assert!(e.to_string().contains("plain values only"));
+        assert_eq!(
+            loads(b"\x80\x02]q\x00(K\x01").unwrap_err(),
+            PickleError::Malformed("the pickle ends in the middle of an opcode"),
+            "cut short"
+        );
     }
 }

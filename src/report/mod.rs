@@ -531,8 +531,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
         let workload = Workload::from_config(&m.cfg, &m.opts)?;
         for f in report.failures.iter_mut().take(MAX_COMPARED_FAILURES) {
             let pid = trace.processes[f.process].header.pid;
-            let moment = observe(trace, Some(pid), Some(f.device), At::Failure(f.index))
-                .map_err(Error::Moment)?;
+            let moment = observe(trace, Some(pid), Some(f.device), At::Failure(f.index))?;
             let mut c = compare(m, &workload, &moment)?;
             c.describe_held(&f.failure.live, f.failure.tensors.as_ref());
             f.comparison = Some(c);
@@ -577,7 +576,7 @@ fn peak_comparison(
         return Ok(None);
     };
     let pid = trace.processes[p.process].header.pid;
-    let moment = observe(trace, Some(pid), Some(p.device), At::Peak).map_err(Error::Moment)?;
+    let moment = observe(trace, Some(pid), Some(p.device), At::Peak)?;
     let mut c = compare(m, workload, &moment)?;
     if let Some(d) = report.device(p.process, p.device) {
         let tensors = d.tensors.as_ref().and_then(|t| t.at_peak.as_ref());

@@ -53,7 +53,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<i32> {
     let workload = Workload::from_config(&cfg, &opts)?;
     let trace = Trace::open(&args.trace)?;
     vramtrace::trace::warn_unreadable(&trace);
-    let m = observe(&trace, args.pid, args.device, at).map_err(anyhow::Error::msg)?;
+    let m = observe(&trace, args.pid, args.device, at)?;
     let align = args.align.max(1);
     // One variant named: that one. Otherwise every variant of the kernels asked for (all by
     // default) is set beside the moment, and the one with the most evidence-backed bytes is
