@@ -337,7 +337,7 @@ pub fn for_each_event<'t>(
             frames: None,
             unmatched: false,
         };
-        if let Step::Released { freed } = replay.apply(pi, seq, &e) {
+        if let Step::Released { freed, .. } = replay.apply(pi, seq, &e) {
             match freed {
                 Some(a) => {
                     line.size = a.event.size;

@@ -3,7 +3,8 @@
 //!
 //! Pairing is by namespace: a `cuMemFree*` releases what a `cuMemAlloc*` returned, a
 //! `cuMemRelease` a `cuMemCreate` handle, a `cuMemAddressFree` a reservation, a `cuMemFreeHost`
-//! pinned host memory, a `cuArrayDestroy` an array, a `cuMemUnmap` a mapping. Pointers are only
+//! pinned host memory, a `cuArrayDestroy` an array, a `cuMemUnmap` a mapping (every mapping in
+//! the range it unmaps: ggml maps its pool piece by piece and unmaps it whole). Pointers are only
 //! meaningful inside their process, so every key includes the process.
 
 use std::collections::HashMap;
@@ -197,6 +198,10 @@ pub enum Step {
     Released {
         /// The released allocation.
         freed: Option<LiveAlloc>,
+        /// Further mappings the same `cuMemUnmap` ended: it unmaps a range, which may hold
+        /// several mappings made one by one (ggml's CUDA pool maps in pieces and unmaps the
+        /// whole range at once). Empty for every other release.
+        also: Vec<LiveAlloc>,
     },
     /// An allocation failed because the device was out of memory
     /// (`CUDA_ERROR_OUT_OF_MEMORY`); nothing changed.
@@ -443,11 +448,30 @@ impl Replayer {
             Step::Allocated { pool }
         } else {
             let freed = self.live.remove(&key);
+            let mut also = Vec::new();
             if let Some(f) = &freed {
                 self.gone(process, f);
+                if ns == Namespace::Mapping {
+                    // The mappings after the first that the unmapped range covers, each
+                    // starting where the one before it ends.
+                    let mut covered = f.size;
+                    while covered > 0 && covered < e.size {
+                        let next = LiveKey {
+                            ptr: e.ptr.saturating_add(covered),
+                            ..key
+                        };
+                        let Some(l) = self.live.remove(&next) else {
+                            break;
+                        };
+                        self.gone(process, &l);
+                        covered = covered.saturating_add(l.size);
+                        also.push(l.into_alloc(&next));
+                    }
+                }
             }
             Step::Released {
                 freed: freed.map(|f| f.into_alloc(&key)),
+                also,
             }
         }
     }

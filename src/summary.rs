@@ -573,11 +573,15 @@ impl Pass {
             Step::Allocated { pool } => {
                 self.acc.entry((pi, e.device)).or_default().other[pool_index(pool)].0 += 1;
             }
-            Step::Released { freed: Some(f) } if f.pool == Pool::Device => {
+            Step::Released { freed: Some(f), .. } if f.pool == Pool::Device => {
                 self.acc.entry((pi, f.event.device)).or_default().frees += 1
             }
-            Step::Released { freed: Some(f) } => {
-                self.acc.entry((pi, f.event.device)).or_default().other[pool_index(f.pool)].1 += 1
+            Step::Released {
+                freed: Some(f),
+                also,
+            } => {
+                self.acc.entry((pi, f.event.device)).or_default().other[pool_index(f.pool)].1 +=
+                    1 + also.len() as u64
             }
             Step::Unchanged if e.kind == EventKind::AllocFailed => {
                 let a = self.acc.entry((pi, e.device)).or_default();

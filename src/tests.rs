@@ -251,6 +251,60 @@ fn vmm_handles_and_mappings_pair_separately_from_pointers() {
     assert_eq!((mapped.peak_bytes, mapped.live_at_end), (20 * MIB, 0));
 }
 
+/// ggml's CUDA pool (llama.cpp) maps its range in pieces, 8 + 8 + 24 MiB, each `cuMemCreate` +
+/// `cuMemMap` + `cuMemRelease`, and at teardown unmaps the whole 40 MiB with one `cuMemUnmap`:
+/// every mapping inside the range ends there, none is left live.
+#[test]
+fn one_unmap_of_a_range_ends_every_mapping_inside_it() {
+    use EventKind::*;
+    use MemKind::*;
+    let base = 0x7000_0000u64;
+    let mut recs = vec![Record::Event(ev(
+        1,
+        Alloc,
+        Address,
+        "cuMemAddressReserve",
+        base,
+        1 << 30,
+    ))];
+    let mut t = 2;
+    let mut at = base;
+    for (i, size) in [8 * MIB, 8 * MIB, 24 * MIB].into_iter().enumerate() {
+        let h = 0x100 + i as u64;
+        recs.push(Record::Event(ev(t, Alloc, Device, "cuMemCreate", h, size)));
+        recs.push(Record::Event(ev(t + 1, Map, Mapping, "cuMemMap", at, size)));
+        recs.push(Record::Event(ev(t + 2, Free, Device, "cuMemRelease", h, 0)));
+        t += 3;
+        at += size;
+    }
+    recs.push(Record::Event(ev(
+        t,
+        Unmap,
+        Mapping,
+        "cuMemUnmap",
+        base,
+        40 * MIB,
+    )));
+    recs.push(Record::Event(ev(
+        t + 1,
+        Free,
+        Address,
+        "cuMemAddressFree",
+        base,
+        0,
+    )));
+    let s = summarize(&trace_of(5, recs), SummaryOptions::default()).unwrap();
+    let d = &s.processes[0].devices[0];
+    let mapped = d
+        .other_pools
+        .iter()
+        .find(|p| p.pool == Pool::Mapped)
+        .unwrap();
+    assert_eq!(mapped.peak_bytes, 40 * MIB);
+    assert_eq!(mapped.live_at_end, 0, "{mapped:?}");
+    assert_eq!((mapped.allocations, mapped.frees), (3, 3));
+}
+
 #[test]
 fn items_merge_processes_in_time_order_ties_to_the_earlier_process() {
     use EventKind::*;

@@ -429,7 +429,7 @@ impl TimelineFold {
                         *h = (total, t, cats);
                     }
                 }
-                Some(Step::Released { freed: Some(f) }) if f.pool == Pool::Device => {
+                Some(Step::Released { freed: Some(f), .. }) if f.pool == Pool::Device => {
                     high.entry(f.event.device).or_insert((0, t, [0; N]));
                 }
                 Some(Step::Failed) => {

@@ -184,7 +184,7 @@ pub fn what_if(trace: &Trace, opts: WhatIfOptions) -> Result<WhatIf, Error> {
                 }
                 d.series.record(e.t_ns.saturating_sub(start), d.live);
             }
-            Step::Released { freed: Some(a) } if a.pool == Pool::Device => {
+            Step::Released { freed: Some(a), .. } if a.pool == Pool::Device => {
                 if let Some(d) = devices.get_mut(&a.event.device) {
                     d.live = d.live.saturating_sub(rounded(a.size(), opts.granularity));
                     d.series.record(e.t_ns.saturating_sub(start), d.live);

@@ -282,14 +282,14 @@ fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, 
                 let mut tensor = None;
                 let mut unmatched = false;
                 match replay.apply(pi, seq, &e) {
-                    Step::Released { freed: Some(a) } => {
+                    Step::Released { freed: Some(a), .. } => {
                         size = a.event.size;
                         device = a.event.device;
                         mem = a.event.mem;
                         pool = a.pool.name();
                         tensor = a.annotation;
                     }
-                    Step::Released { freed: None } => unmatched = e.result == 0,
+                    Step::Released { freed: None, .. } => unmatched = e.result == 0,
                     Step::Allocated { pool: p } => pool = p.name(),
                     Step::Failed | Step::Unchanged => {}
                 }
@@ -420,7 +420,7 @@ fn write_tensors(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64,
                             .or_default()
                             .insert(e.ptr, e.size);
                     }
-                    Step::Released { freed: Some(a) } if super::is_segment(&a.event) => {
+                    Step::Released { freed: Some(a), .. } if super::is_segment(&a.event) => {
                         if let Some(s) = segments.get_mut(&(pi, a.event.device)) {
                             s.remove(&a.event.ptr);
                         }

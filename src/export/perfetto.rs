@@ -205,7 +205,7 @@ pub fn export_perfetto(
                     counter(&mut w, &replay, pi, pid, e.device, pool, ts)?;
                     n.counters += 1;
                 }
-                Step::Released { freed: Some(a) } => {
+                Step::Released { freed: Some(a), .. } => {
                     if let Some(tid) = lane_of.remove(&(pi, a.seq)) {
                         slice(&mut w, trace, &a, tid, start, e.t_ns, false)?;
                         n.slices += 1;
@@ -229,7 +229,7 @@ pub fn export_perfetto(
                         "pid": pid, "tid": e.tid, "ts": ts, "args": args}))?;
                     n.failures += 1;
                 }
-                Step::Released { freed: None } | Step::Unchanged => {
+                Step::Released { freed: None, .. } | Step::Unchanged => {
                     if e.kind == EventKind::FreeFailed {
                         w.event(&json!({"ph": "i", "s": "t", "cat": "failure",
                             "name": format!("{} failed", e.api.name()), "pid": pid,

@@ -186,7 +186,9 @@ pub fn export_pytorch(
                             .entry((pi, e.device, e.ptr, e.t_ns))
                             .or_default() += 1;
                     }
-                    Step::Released { freed: Some(a) } if role(&a.event) == Some(Role::Segment) => {
+                    Step::Released { freed: Some(a), .. }
+                        if role(&a.event) == Some(Role::Segment) =>
+                    {
                         let a = &a.event;
                         live_segments.remove(&(pi, a.device, a.ptr));
                         *segment_entries
@@ -197,7 +199,7 @@ pub fn export_pytorch(
                 }
                 let n = match step {
                     Step::Allocated { .. } if role(&e).is_some() => Some((e.device, 2, 1)),
-                    Step::Released { freed: Some(a) } if role(&a.event).is_some() => {
+                    Step::Released { freed: Some(a), .. } if role(&a.event).is_some() => {
                         Some((a.event.device, 3, 1))
                     }
                     Step::Failed
@@ -877,7 +879,7 @@ impl DeviceTrace<'_, '_> {
                     })?;
                 }
             }
-            Step::Released { freed: Some(a) } if a.event.device == self.device => {
+            Step::Released { freed: Some(a), .. } if a.event.device == self.device => {
                 let Some(r) = role(&a.event) else {
                     return Ok(());
                 };
@@ -936,9 +938,9 @@ impl DeviceTrace<'_, '_> {
             Step::Allocated { .. } if !is_torch_segment(&self.of.foreign, e) => {
                 return Ok(());
             }
-            Step::Released { freed: Some(ref a) }
-                if !is_torch_segment(&self.of.foreign, &a.event) =>
-            {
+            Step::Released {
+                freed: Some(ref a), ..
+            } if !is_torch_segment(&self.of.foreign, &a.event) => {
                 return Ok(());
             }
             Step::Allocated { .. } if e.device == self.device => match role(e) {
@@ -946,13 +948,13 @@ impl DeviceTrace<'_, '_> {
                 Some(Role::Mapped) => ("segment_map", e),
                 None => return Ok(()),
             },
-            Step::Released { freed: Some(ref a) } if a.event.device == self.device => {
-                match role(&a.event) {
-                    Some(Role::Segment) => ("segment_free", &a.event),
-                    Some(Role::Mapped) => ("segment_unmap", &a.event),
-                    None => return Ok(()),
-                }
-            }
+            Step::Released {
+                freed: Some(ref a), ..
+            } if a.event.device == self.device => match role(&a.event) {
+                Some(Role::Segment) => ("segment_free", &a.event),
+                Some(Role::Mapped) => ("segment_unmap", &a.event),
+                None => return Ok(()),
+            },
             _ => return Ok(()),
         };
         // PyTorch gives a new segment the frames of the request that needed it; a release has
