@@ -11,8 +11,9 @@
 
 use serde::Serialize;
 
+use crate::engine::{torch_script, transformers_5_layers, vllm_0_20_1, workload};
 use crate::error::fit_bytes;
-use crate::step_layers::{self, LayerPeak};
+use crate::step_layers::{Dims, LayerPeak};
 use crate::{
     Category, DType, KnownParts, Limit, ModelConfig, ModelError, Runtime, ServingShape,
     StepVariants, gdn_state_per_seq, kv_cache_per_token, tp_split, weight_bytes,
@@ -144,12 +145,12 @@ impl StepModel {
         let v = &self.variants;
         let w = u128::from;
         let weights = match v.runtime {
-            Runtime::TorchPrefillScript => step_layers::script_weight_bytes(cfg, shape)?,
+            Runtime::TorchPrefillScript => torch_script::weight_bytes(cfg, shape)?,
             _ => weight_bytes(cfg, v.weights, shape.tp)?.bytes,
         };
         let per_seq_tokens = shape.context_tokens.div_ceil(shape.block_size) * shape.block_size;
         let kv_per_token = match v.runtime {
-            Runtime::TorchPrefillScript => step_layers::script_kv_bytes_per_token(cfg, shape)?,
+            Runtime::TorchPrefillScript => torch_script::kv_bytes_per_token(cfg, shape)?,
             _ => kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)?.bytes_per_token,
         };
         let kv_payload = fit_bytes(
@@ -179,7 +180,7 @@ impl StepModel {
         };
         let state = fit_bytes("the GDN state", w(state_per_seq) * w(shape.batch))?;
 
-        let layers = step_layers::layer_peaks(cfg, v, shape)?;
+        let layers = layer_peaks(cfg, v, shape)?;
         let activations = layers
             .iter()
             .max_by_key(|l| l.bytes)
@@ -237,6 +238,22 @@ impl StepModel {
             headroom: (i128::from(limit_bytes) - i128::from(counted)) as i64,
         });
         Ok(b)
+    }
+}
+
+/// Every layer kind's peak for the step, in the order GDN, attention, MLP, logits (those the
+/// config and the runtime have), from the runtime's own room.
+fn layer_peaks(
+    cfg: &ModelConfig,
+    v: &StepVariants,
+    s: &ServingShape,
+) -> Result<Vec<LayerPeak>, ModelError> {
+    let d = Dims::new(cfg, s)?;
+    match v.runtime {
+        Runtime::Workload => workload::layers(cfg, v, s, &d),
+        Runtime::TorchPrefillScript => torch_script::layers(cfg, v, s, &d),
+        Runtime::Vllm => vllm_0_20_1::layers(cfg, v, s, &d),
+        Runtime::Transformers => transformers_5_layers::layers(cfg, v, s, &d),
     }
 }
 

@@ -8,8 +8,12 @@
 //! - [`transformers_5`]: transformers 5.17 `generate(..., prefill_chunk_size=C)` with a
 //!   `DynamicCache` (Qwen3.5 hybrid and dense attention models), on PyTorch's caching allocator.
 
+pub(crate) mod torch_script;
 pub mod transformers_5;
+pub(crate) mod transformers_5_layers;
 pub mod transformers_cb;
+pub(crate) mod vllm_0_20_1;
+pub(crate) mod workload;
 
 use serde::Serialize;
 
