@@ -15,8 +15,8 @@ use crate::engine::{torch_script, transformers_5_layers, vllm_0_20_1, workload};
 use crate::error::fit_bytes;
 use crate::step_layers::{Dims, LayerPeak};
 use crate::{
-    Category, DType, KnownParts, Limit, ModelConfig, ModelError, Runtime, ServingShape,
-    StepVariants, gdn_state_per_seq, kv_cache_per_token, tp_split, weight_bytes,
+    Category, KnownParts, Limit, ModelConfig, ModelError, Runtime, ServingShape, StepVariants,
+    gdn_state_per_seq, kv_cache_per_token, weight_bytes,
 };
 
 /// The step checked against a limit.
@@ -160,22 +160,7 @@ impl StepModel {
         let kv_cache = self.known.kv_pool.unwrap_or(kv_payload);
         let kv_fits_pool = self.known.kv_pool.map(|pool| kv_payload <= pool);
         let state_per_seq = match v.runtime {
-            // `state[i]` is the fp32 final state fla returns; the script keeps no conv state.
-            Runtime::TorchPrefillScript => {
-                let hv = tp_split(
-                    "linear_num_value_heads",
-                    cfg.linear_num_value_heads,
-                    shape.tp,
-                )?;
-                fit_bytes(
-                    "the GDN state",
-                    w(cfg.num_linear_layers())
-                        * w(hv)
-                        * w(cfg.linear_key_head_dim)
-                        * w(cfg.linear_value_head_dim)
-                        * w(DType::F32.size_bytes()),
-                )?
-            }
+            Runtime::TorchPrefillScript => torch_script::state_bytes_per_seq(cfg, shape)?,
             _ => gdn_state_per_seq(cfg, shape.tp, v.conv_dtype, v.ssm_dtype, 0)?.bytes_per_seq,
         };
         let state = fit_bytes("the GDN state", w(state_per_seq) * w(shape.batch))?;

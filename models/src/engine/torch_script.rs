@@ -1,19 +1,20 @@
 //! The project's validation script `scripts/validate/torch_prefill.py` (the `samples/h200/torch-oom`
 //! sample): plain PyTorch layers prefilling one sequence chunk by chunk, as the whole-step model
 //! ([`crate::StepModel`]) runs them for [`crate::Runtime::TorchPrefillScript`]: the script's
-//! weights, its K/V per token and each layer kind's tensors.
+//! weights, its K/V per token, its recurrent state and each layer kind's tensors.
 //!
 //! Read from the script itself (each tensor cites its line): its Python names keep a layer's
 //! outputs alive until the same name is rebound in a later layer, its K/V are kept as views of
 //! each chunk's fused qkv projection, and attention runs over K/V concatenated and repeated to the
 //! query heads (fla 0.6.0 for the GDN layers).
 
+use crate::error::fit_bytes;
 use crate::step_layers::{
     Dims, LayerPeaks, StepLayer, free_all, gdn_kernel, gdn_shape, splice_named,
 };
 use crate::{
     DType, LayerPeak, ModelConfig, ModelError, ServingShape, StepVariants, Tensor, TensorId,
-    Timeline,
+    Timeline, tp_split,
 };
 
 /// The script's layer kinds for the step: GDN and attention (those the config has), then the
@@ -90,18 +91,33 @@ pub(crate) fn weight_bytes(cfg: &ModelConfig, s: &ServingShape) -> Result<u64, M
     let params = w(cfg.num_hidden_layers) * mlp
         + w(cfg.num_linear_layers()) * gdn
         + w(cfg.num_attention_layers()) * attn;
-    crate::error::fit_bytes("the script's weights", params * w(d.dt.size_bytes()))
+    fit_bytes("the script's weights", params * w(d.dt.size_bytes()))
 }
 
 /// The script keeps each chunk's K and V as views of its fused qkv projection
 /// (`torch_prefill.py:71`), so every attention layer holds the whole projection per token.
 pub(crate) fn kv_bytes_per_token(cfg: &ModelConfig, s: &ServingShape) -> Result<u64, ModelError> {
     let d = Dims::new(cfg, s)?;
-    crate::error::fit_bytes(
+    fit_bytes(
         "the script's K/V per token",
         u128::from(cfg.num_attention_layers())
             * u128::from(attn_width(&d))
             * u128::from(d.dt.size_bytes()),
+    )
+}
+
+/// The script's recurrent state per sequence: `state[i]` is the fp32 final state fla returns
+/// (`torch_prefill.py:64`), one per GDN layer; the script keeps no conv state.
+pub(crate) fn state_bytes_per_seq(cfg: &ModelConfig, s: &ServingShape) -> Result<u64, ModelError> {
+    let w = u128::from;
+    let hv = tp_split("linear_num_value_heads", cfg.linear_num_value_heads, s.tp)?;
+    fit_bytes(
+        "the GDN state",
+        w(cfg.num_linear_layers())
+            * w(hv)
+            * w(cfg.linear_key_head_dim)
+            * w(cfg.linear_value_head_dim)
+            * w(DType::F32.size_bytes()),
     )
 }
 
