@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::engine::{torch_script, transformers_5_layers, vllm_0_20_1, workload};
 use crate::error::fit_bytes;
-use crate::step_layers::{Dims, LayerPeak};
+use crate::step_layers::{LayerPeak, LayerStep};
 use crate::{
     Category, KnownParts, Limit, ModelConfig, ModelError, Runtime, ServingShape, StepVariants,
     gdn_state_per_seq, kv_cache_per_token, weight_bytes,
@@ -233,12 +233,12 @@ fn layer_peaks(
     v: &StepVariants,
     s: &ServingShape,
 ) -> Result<Vec<LayerPeak>, ModelError> {
-    let d = Dims::new(cfg, s)?;
+    let st = LayerStep::new(cfg, v, s)?;
     match v.runtime {
-        Runtime::Workload => workload::layers(cfg, v, s, &d),
-        Runtime::TorchPrefillScript => torch_script::layers(cfg, v, s, &d),
-        Runtime::Vllm => vllm_0_20_1::layers(cfg, v, s, &d),
-        Runtime::Transformers => transformers_5_layers::layers(cfg, v, s, &d),
+        Runtime::Workload => workload::layers(&st),
+        Runtime::TorchPrefillScript => torch_script::layers(&st),
+        Runtime::Vllm => vllm_0_20_1::layers(&st),
+        Runtime::Transformers => transformers_5_layers::layers(&st),
     }
 }
 

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::{
     DType, FaShape, FfnShape, GdnShape, ModelConfig, ModelError, ServingShape, StepVariants,
-    Tensor, TensorId, Timeline, Variant, events, fa_dao_2_5_9, fa_dao_2_8_3, fa_pytorch,
+    Tensor, TensorId, Timeline, Variant, events, fa_dao_2_5_9, fa_dao_2_8_3, fa_pytorch, ffn,
     gdn_fla_0_4_2, gdn_fla_0_6_0, gdn_vllm_0_10_2, gdn_vllm_0_20_1, peak, tp_split,
 };
 
@@ -113,6 +113,64 @@ impl Dims {
     }
 }
 
+/// One step as every layer model reads it: the config, the program's kernels, the serving shape
+/// and its per-rank dimensions.
+pub(crate) struct LayerStep<'a> {
+    pub(crate) cfg: &'a ModelConfig,
+    pub(crate) v: &'a StepVariants,
+    pub(crate) s: &'a ServingShape,
+    pub(crate) d: Dims,
+}
+
+impl<'a> LayerStep<'a> {
+    pub(crate) fn new(
+        cfg: &'a ModelConfig,
+        v: &'a StepVariants,
+        s: &'a ServingShape,
+    ) -> Result<Self, ModelError> {
+        Ok(LayerStep {
+            cfg,
+            v,
+            s,
+            d: Dims::new(cfg, s)?,
+        })
+    }
+
+    /// The GDN kernel's shape for the step: one chunk per sequence, the runtime's l2norm, and q
+    /// and k at the value heads when the program repeats them before the call (`repeat_qk`).
+    pub(crate) fn gdn_shape(&self, repeat_qk: bool) -> Result<GdnShape, ModelError> {
+        let s = self.s;
+        let seqlens = vec![s.chunk_tokens; s.batch as usize];
+        let mut g = GdnShape::from_config(self.cfg, &seqlens, s.tp, s.dtype)?;
+        g.l2norm_in_kernel = self.v.l2norm_in_kernel;
+        if repeat_qk {
+            g.num_k_heads = g.num_v_heads;
+        }
+        Ok(g)
+    }
+
+    /// The FlashAttention varlen forward's shape for the step: one chunk of queries per
+    /// sequence, keys up to `max_seqlen_k`.
+    pub(crate) fn fa_shape(&self, max_seqlen_k: u64) -> Result<FaShape, ModelError> {
+        let s = self.s;
+        let seqlens = vec![s.chunk_tokens; s.batch as usize];
+        FaShape::from_config(
+            self.cfg,
+            &seqlens,
+            Some(max_seqlen_k),
+            s.tp,
+            s.dtype,
+            s.num_sms,
+        )
+    }
+
+    /// vLLM 0.20.1's eager dense MLP ([`crate::ffn`]) over the step's tokens.
+    pub(crate) fn ffn_kernel(&self) -> Result<Vec<Tensor>, ModelError> {
+        let f = FfnShape::from_config(self.cfg, self.d.t, self.s.tp, self.s.dtype)?;
+        ffn::tensors(&f)
+    }
+}
+
 /// A step's layer kinds as a room adds them, each taken to its peak.
 #[derive(Default)]
 pub(crate) struct LayerPeaks(Vec<LayerPeak>);
@@ -153,7 +211,7 @@ impl LayerPeaks {
 
 /// Replays a kernel's tensor list into `tl` in its own order; returns the tensors it does not
 /// free (its outputs), in allocation order.
-pub(crate) fn splice(tl: &mut Timeline, tensors: &[Tensor]) -> Vec<TensorId> {
+fn splice(tl: &mut Timeline, tensors: &[Tensor]) -> Vec<TensorId> {
     splice_named(tl, tensors)
         .into_iter()
         .map(|(_, id)| id)
@@ -209,26 +267,21 @@ pub(crate) fn fa_kernel(variant: Variant, s: &FaShape) -> Result<Vec<Tensor>, Mo
     }
 }
 
-/// The GDN kernel's shape for the step: one chunk per sequence, the runtime's l2norm, and q and
-/// k at the value heads when the program repeats them before the call (`repeat_qk`).
-pub(crate) fn gdn_shape(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    repeat_qk: bool,
-) -> Result<GdnShape, ModelError> {
-    let seqlens = vec![s.chunk_tokens; s.batch as usize];
-    let mut g = GdnShape::from_config(cfg, &seqlens, s.tp, s.dtype)?;
-    g.l2norm_in_kernel = v.l2norm_in_kernel;
-    if repeat_qk {
-        g.num_k_heads = g.num_v_heads;
-    }
-    Ok(g)
-}
-
 /// Frees every tensor in `ids`.
 pub(crate) fn free_all(tl: &mut Timeline, ids: impl IntoIterator<Item = TensorId>) {
     for id in ids {
         tl.free(id);
     }
+}
+
+/// A layer that ends with a kernel: `kernel` spliced in after the layer's own tensors `ids`, then
+/// those and the kernel's outputs freed; the layer's timeline.
+pub(crate) fn kernel_layer(
+    mut tl: Timeline,
+    mut ids: Vec<TensorId>,
+    kernel: &[Tensor],
+) -> Result<Vec<Tensor>, ModelError> {
+    ids.extend(splice(&mut tl, kernel));
+    free_all(&mut tl, ids);
+    tl.finish()
 }

@@ -10,36 +10,30 @@
 
 use crate::error::fit_bytes;
 use crate::step_layers::{
-    Dims, LayerPeaks, StepLayer, free_all, gdn_kernel, gdn_shape, splice_named,
+    Dims, LayerPeaks, LayerStep, StepLayer, free_all, gdn_kernel, splice_named,
 };
 use crate::{
-    DType, LayerPeak, ModelConfig, ModelError, ServingShape, StepVariants, Tensor, TensorId,
-    Timeline, tp_split,
+    DType, LayerPeak, ModelConfig, ModelError, ServingShape, Tensor, TensorId, Timeline, tp_split,
 };
 
 /// The script's layer kinds for the step: GDN and attention (those the config has), then the
 /// MLP; the script prefills one sequence, so a batch of more is refused.
-pub(crate) fn layers(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<LayerPeak>, ModelError> {
-    if s.batch != 1 {
+pub(crate) fn layers(st: &LayerStep) -> Result<Vec<LayerPeak>, ModelError> {
+    if st.s.batch != 1 {
         return Err(ModelError::Invalid(format!(
             "torch_prefill.py prefills one sequence, not {}; give a batch of 1",
-            s.batch
+            st.s.batch
         )));
     }
-    let attn_layers = cfg.num_attention_layers();
-    let has_gdn = cfg.num_linear_layers() > 0;
+    let attn_layers = st.cfg.num_attention_layers();
+    let has_gdn = st.cfg.num_linear_layers() > 0;
     let mut out = LayerPeaks::default();
     out.mixers(
-        cfg,
-        || gdn(cfg, v, s, d, attn_layers),
-        || attention(d, attn_layers),
+        st.cfg,
+        || gdn(st, attn_layers),
+        || attention(&st.d, attn_layers),
     )?;
-    out.push(StepLayer::Mlp, mlp(d, attn_layers, has_gdn)?);
+    out.push(StepLayer::Mlp, mlp(&st.d, attn_layers, has_gdn)?);
     Ok(out.into_vec())
 }
 
@@ -142,6 +136,18 @@ fn gdn_leftovers(tl: &mut Timeline, d: &Dims) -> [TensorId; 6] {
     ]
 }
 
+/// The last attention layer's `kc` and `vc` at the step's context, still bound while a later GDN
+/// layer or MLP runs (none in a model without attention layers).
+fn held_kv(tl: &mut Timeline, d: &Dims, attn_layers: u64) -> Vec<TensorId> {
+    if attn_layers == 0 {
+        return Vec::new();
+    }
+    vec![
+        tl.alloc("kc", &[d.l, d.heads, d.head_dim], d.dt, SC_KC),
+        tl.alloc("vc", &[d.l, d.heads, d.head_dim], d.dt, SC_VC),
+    ]
+}
+
 /// `x = x + mm @ w` at line 79: the product, the new `x`, then the product and the old `x` go.
 fn residual_add(tl: &mut Timeline, d: &Dims, x: TensorId) -> TensorId {
     let mm = tl.alloc("o @ o_w", &[d.t, d.hidden], d.dt, SC_MM_O);
@@ -155,22 +161,14 @@ fn residual_add(tl: &mut Timeline, d: &Dims, x: TensorId) -> TensorId {
 /// `vc` still bound: the new projection, the split releasing the previous layer's leftovers,
 /// the repeated q and k (fla gets them with the value heads), g and beta, fla's forward with
 /// in-kernel l2norm, then `o` and the state rebound and the residual add.
-fn gdn(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-    attn_layers: u64,
-) -> Result<Vec<Tensor>, ModelError> {
+fn gdn(st: &LayerStep, attn_layers: u64) -> Result<Vec<Tensor>, ModelError> {
+    let d = &st.d;
     let (t, dt) = (d.t, d.dt);
     let mut tl = Timeline::new();
     let x = tl.alloc("x", &[t, d.hidden], dt, SC_X);
     let h = tl.alloc("h", &[t, 2 * d.inter], dt, SC_H);
     let mut kept = vec![h];
-    if attn_layers > 0 {
-        kept.push(tl.alloc("kc", &[d.l, d.heads, d.head_dim], dt, SC_KC));
-        kept.push(tl.alloc("vc", &[d.l, d.heads, d.head_dim], dt, SC_VC));
-    }
+    kept.extend(held_kv(&mut tl, d, attn_layers));
     let [qkv0, g0, beta0, q0, k0, o0] = gdn_leftovers(&mut tl, d);
     let qkv = tl.alloc("qkv (gdn)", &[t, gdn_width(d)], dt, SC_QKV);
     free_all(&mut tl, [qkv0, g0, q0, k0]);
@@ -181,7 +179,7 @@ fn gdn(
     tl.free(gf);
     let beta = tl.alloc("beta", &[1, t, d.hv], dt, SC_BETA);
     tl.free(beta0);
-    let outs = splice_named(&mut tl, &gdn_kernel(v.gdn, &gdn_shape(cfg, v, s, true)?)?);
+    let outs = splice_named(&mut tl, &gdn_kernel(st.v.gdn, &st.gdn_shape(true)?)?);
     tl.free(o0);
     // `o, state[i] = ...`: the previous `o` goes; the old state goes and the new one is the
     // layer's state, which the step counts once, so the kernel's final_state is released here.
@@ -260,11 +258,7 @@ fn mlp(d: &Dims, attn_layers: u64, has_gdn: bool) -> Result<Vec<Tensor>, ModelEr
     let mut tl = Timeline::new();
     let x = tl.alloc("x", &[t, d.hidden], dt, SC_X79);
     let h0 = tl.alloc("h (previous layer)", &[t, 2 * d.inter], dt, SC_H);
-    let mut kept = Vec::new();
-    if attn_layers > 0 {
-        kept.push(tl.alloc("kc", &[d.l, d.heads, d.head_dim], dt, SC_KC));
-        kept.push(tl.alloc("vc", &[d.l, d.heads, d.head_dim], dt, SC_VC));
-    }
+    let mut kept = held_kv(&mut tl, d, attn_layers);
     if has_gdn {
         kept.extend(gdn_leftovers(&mut tl, d));
     }

@@ -9,22 +9,17 @@
 //! 0.6.0 (`samples/h200/hf-prefill-qwen35`): `models/qwen3_5/modeling_qwen3_5.py`,
 //! `cache_utils.py` and `integrations/sdpa_attention.py`.
 
-use crate::step_layers::{Dims, LayerPeaks, StepLayer, free_all, gdn_kernel, gdn_shape, splice};
-use crate::{
-    DType, LayerPeak, ModelConfig, ModelError, ServingShape, StepVariants, Tensor, Timeline,
-    Variant,
+use crate::step_layers::{
+    Dims, LayerPeaks, LayerStep, StepLayer, free_all, gdn_kernel, kernel_layer,
 };
+use crate::{DType, LayerPeak, ModelError, Tensor, TensorId, Timeline, Variant};
 
 /// transformers' layer kinds for the step: GDN and attention (those the config has), the MLP,
 /// then the logits.
-pub(crate) fn layers(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<LayerPeak>, ModelError> {
+pub(crate) fn layers(st: &LayerStep) -> Result<Vec<LayerPeak>, ModelError> {
+    let d = &st.d;
     let mut out = LayerPeaks::default();
-    out.mixers(cfg, || gdn(cfg, v, s, d), || attention(d))?;
+    out.mixers(st.cfg, || gdn(st), || attention(d))?;
     out.push(StepLayer::Mlp, mlp(d)?);
     out.push(StepLayer::Logits, logits(d)?);
     Ok(out.into_vec())
@@ -49,6 +44,16 @@ const TF_SDPA: &str = "transformers src/transformers/integrations/sdpa_attention
 const TF_MLP: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5MLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x))";
 const TF_LOGITS: &str = "transformers src/transformers/models/qwen3_5/modeling_qwen3_5.py Qwen3_5ForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]) (logits_to_keep=0: every token)";
 
+/// What every layer holds when it starts: the embedding's output (bound by the model's forward
+/// through every layer) and the residual stream.
+fn carried(tl: &mut Timeline, d: &Dims) -> [TensorId; 3] {
+    [
+        tl.alloc("inputs_embeds", &[1, d.t, d.hidden], d.dt, TF_EMB),
+        tl.alloc("hidden_states", &[1, d.t, d.hidden], d.dt, TF_RES),
+        tl.alloc("residual", &[1, d.t, d.hidden], d.dt, TF_RES),
+    ]
+}
+
 /// One GDN layer of transformers' Qwen3.5 with fla (`Qwen3_5GatedDeltaNet.forward`, read at
 /// transformers commit `009e78d6` and checked against the tensors of transformers 5.17 traced
 /// with fla 0.6.0, `samples/h200/hf-prefill-qwen35`): the embedding's output (bound by the
@@ -61,22 +66,16 @@ const TF_LOGITS: &str = "transformers src/transformers/models/qwen3_5/modeling_q
 /// `cos`/`sin` (`[1, T, rotary dim]` each; the config's partial rotary factor is not read), the
 /// conv state's concatenation in `update_conv_state`, the gated norm and `out_proj` after the
 /// kernel.
-fn gdn(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<Tensor>, ModelError> {
-    let repeat = v.gdn == Variant::GdnFla042 || d.hv > d.hk;
-    let g = gdn_shape(cfg, v, s, repeat)?;
+fn gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let d = &st.d;
+    let repeat = st.v.gdn == Variant::GdnFla042 || d.hv > d.hk;
+    let g = st.gdn_shape(repeat)?;
     let (t, dt) = (d.t, d.dt);
     let key_dim = d.hk * d.kd;
     let value_dim = d.hv * d.vd;
     let mut tl = Timeline::new();
-    let mut ids = vec![
-        tl.alloc("inputs_embeds", &[1, t, d.hidden], dt, TF_EMB),
-        tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES),
-        tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES),
+    let mut ids = carried(&mut tl, d).to_vec();
+    ids.extend([
         tl.alloc("z", &[1, t, value_dim], dt, TF_Z),
         tl.alloc("b", &[1, t, d.hv], dt, TF_BA),
         tl.alloc("a", &[1, t, d.hv], dt, TF_BA),
@@ -88,7 +87,7 @@ fn gdn(
         ),
         tl.alloc("beta", &[1, t, d.hv], dt, TF_BETA),
         tl.alloc("g", &[1, t, d.hv], DType::F32, TF_G),
-    ];
+    ]);
     if repeat {
         ids.push(tl.alloc("query (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP));
         ids.push(tl.alloc("key (repeated)", &[1, t, d.hv, d.kd], dt, TF_REP));
@@ -97,9 +96,7 @@ fn gdn(
         ids.push(tl.alloc("key (contiguous)", &[1, t, d.hk, d.kd], dt, TF_CONTIG));
     }
     ids.push(tl.alloc("value (contiguous)", &[1, t, d.hv, d.vd], dt, TF_CONTIG));
-    ids.extend(splice(&mut tl, &gdn_kernel(v.gdn, &g)?));
-    free_all(&mut tl, ids);
-    tl.finish()
+    kernel_layer(tl, ids, &gdn_kernel(st.v.gdn, &g)?)
 }
 
 /// One attention layer of transformers with SDPA and a `DynamicCache`: the projections (q with
@@ -109,10 +106,8 @@ fn attention(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     let (t, dt, l) = (d.t, d.dt, d.l);
     let hd = d.head_dim;
     let mut tl = Timeline::new();
-    let mut ids = vec![
-        tl.alloc("inputs_embeds", &[1, t, d.hidden], dt, TF_EMB),
-        tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES),
-        tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES),
+    let mut ids = carried(&mut tl, d).to_vec();
+    ids.extend([
         tl.alloc(
             "q (with its gate when gated)",
             &[1, t, d.gate * d.heads * hd],
@@ -121,7 +116,7 @@ fn attention(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
         ),
         tl.alloc("k", &[1, d.kv_heads, t, hd], dt, TF_ATT),
         tl.alloc("v", &[1, d.kv_heads, t, hd], dt, TF_ATT),
-    ];
+    ]);
     let old = l - t;
     // The cache's new keys and values are the step's KV cache; the old ones are released as the
     // cache rebinds them, so during the concatenation they are an activation.
@@ -152,9 +147,7 @@ fn attention(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
 fn mlp(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     let (t, dt) = (d.t, d.dt);
     let mut tl = Timeline::new();
-    let emb = tl.alloc("inputs_embeds", &[1, t, d.hidden], dt, TF_EMB);
-    let hs = tl.alloc("hidden_states", &[1, t, d.hidden], dt, TF_RES);
-    let res = tl.alloc("residual", &[1, t, d.hidden], dt, TF_RES);
+    let [emb, hs, res] = carried(&mut tl, d);
     let gate = tl.alloc("gate_proj(x)", &[1, t, d.inter], dt, TF_MLP);
     let act = tl.alloc("act_fn(gate)", &[1, t, d.inter], dt, TF_MLP);
     tl.free(gate);

@@ -9,25 +9,17 @@
 //! `v1/sample/sampler.py`; its GDN kernel is [`crate::gdn_vllm_0_20_1`].
 
 use crate::step_layers::{
-    Dims, LayerPeaks, StepLayer, fa_kernel, free_all, gdn_kernel, gdn_shape, splice,
+    Dims, LayerPeaks, LayerStep, StepLayer, fa_kernel, free_all, gdn_kernel, kernel_layer,
 };
-use crate::{
-    DType, FaShape, FfnShape, LayerPeak, ModelConfig, ModelError, ServingShape, StepVariants,
-    Tensor, Timeline, ffn,
-};
+use crate::{DType, LayerPeak, ModelError, Tensor, TensorId, Timeline};
 
 /// vLLM's layer kinds for the step: GDN and attention (those the config has), the MLP, then the
 /// logits.
-pub(crate) fn layers(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<LayerPeak>, ModelError> {
+pub(crate) fn layers(st: &LayerStep) -> Result<Vec<LayerPeak>, ModelError> {
     let mut out = LayerPeaks::default();
-    out.mixers(cfg, || gdn(cfg, v, s, d), || attention(cfg, v, s, d))?;
-    out.push(StepLayer::Mlp, mlp(cfg, s, d)?);
-    out.push(StepLayer::Logits, logits(d)?);
+    out.mixers(st.cfg, || gdn(st), || attention(st))?;
+    out.push(StepLayer::Mlp, mlp(st)?);
+    out.push(StepLayer::Logits, logits(&st.d)?);
     Ok(out.into_vec())
 }
 
@@ -46,26 +38,30 @@ const VL_LOGITS: &str =
 const VL_LOGITS32: &str =
     "vllm-0.20.1 vllm/v1/sample/sampler.py Sampler.forward: logits = logits.to(torch.float32)";
 
+/// The residual stream every layer holds: `hidden_states` and `residual`.
+fn residual_stream(tl: &mut Timeline, d: &Dims) -> Vec<TensorId> {
+    vec![
+        tl.alloc("hidden_states", &[d.t, d.hidden], d.dt, VL_RES),
+        tl.alloc("residual", &[d.t, d.hidden], d.dt, VL_RES),
+    ]
+}
+
 /// One GDN layer of vLLM 0.20.1 on the Triton prefill path, as far as modelled: the residual
 /// stream (`hidden_states` and `residual`), the `in_proj_qkvz` and `in_proj_ba` outputs with
-/// contiguous copies of `b` and `a`, the output buffer `core_attn_out`, the conv output, fp32 `g` and `beta`, the normalised q/k and
-/// contiguous v handed to the kernel (`fused_post_conv_prep`), then the kernel. Not modelled:
+/// contiguous copies of `b` and `a`, the output buffer `core_attn_out`, the conv output, fp32 `g`
+/// and `beta`, the normalised q/k and contiguous v handed to the kernel (`fused_post_conv_prep`),
+/// then the kernel. Not modelled:
 /// the gated norm's and `out_proj`'s outputs after the kernel (below its peak), the metadata
 /// tensors, and FlashInfer's GDN prefill (vLLM's default on SM90, a different kernel).
-fn gdn(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<Tensor>, ModelError> {
-    let g = gdn_shape(cfg, v, s, false)?;
+fn gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let g = st.gdn_shape(false)?;
+    let d = &st.d;
     let (t, dt) = (d.t, d.dt);
     let key_dim = d.hk * d.kd;
     let value_dim = d.hv * d.vd;
     let mut tl = Timeline::new();
-    let mut ids = vec![
-        tl.alloc("hidden_states", &[t, d.hidden], dt, VL_RES),
-        tl.alloc("residual", &[t, d.hidden], dt, VL_RES),
+    let mut ids = residual_stream(&mut tl, d);
+    ids.extend([
         tl.alloc(
             "projected_states_qkvz",
             &[t, 2 * key_dim + 2 * value_dim],
@@ -87,54 +83,28 @@ fn gdn(
         tl.alloc("q (normalised)", &[1, t, d.hk, d.kd], dt, VL_QKVN),
         tl.alloc("k (normalised)", &[1, t, d.hk, d.kd], dt, VL_QKVN),
         tl.alloc("v", &[1, t, d.hv, d.vd], dt, VL_QKVN),
-    ];
-    ids.extend(splice(&mut tl, &gdn_kernel(v.gdn, &g)?));
-    free_all(&mut tl, ids);
-    tl.finish()
+    ]);
+    kernel_layer(tl, ids, &gdn_kernel(st.v.gdn, &g)?)
 }
 
 /// One attention layer of vLLM 0.20.1: the residual stream, the fused qkv projection (q doubled
 /// by the output gate), then FlashAttention's varlen forward over the paged cache (its outputs
 /// are sized by the queries; the K/V are written into the cache in place).
-fn attention(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<Tensor>, ModelError> {
-    let seqlens = vec![s.chunk_tokens; s.batch as usize];
-    let fa = FaShape::from_config(
-        cfg,
-        &seqlens,
-        Some(s.context_tokens),
-        s.tp,
-        s.dtype,
-        s.num_sms,
-    )?;
-    let (t, dt) = (d.t, d.dt);
+fn attention(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let fa = st.fa_shape(st.s.context_tokens)?;
+    let d = &st.d;
     let width = (d.gate * d.heads + 2 * d.kv_heads) * d.head_dim;
     let mut tl = Timeline::new();
-    let mut ids = vec![
-        tl.alloc("hidden_states", &[t, d.hidden], dt, VL_RES),
-        tl.alloc("residual", &[t, d.hidden], dt, VL_RES),
-        tl.alloc("qkv", &[t, width], dt, VL_ATT_QKV),
-    ];
-    ids.extend(splice(&mut tl, &fa_kernel(v.attention, &fa)?));
-    free_all(&mut tl, ids);
-    tl.finish()
+    let mut ids = residual_stream(&mut tl, d);
+    ids.push(tl.alloc("qkv", &[d.t, width], d.dt, VL_ATT_QKV));
+    kernel_layer(tl, ids, &fa_kernel(st.v.attention, &fa)?)
 }
 
 /// vLLM's dense MLP ([`crate::ffn`]) beside the residual stream.
-fn mlp(cfg: &ModelConfig, s: &ServingShape, d: &Dims) -> Result<Vec<Tensor>, ModelError> {
-    let f = FfnShape::from_config(cfg, d.t, s.tp, s.dtype)?;
+fn mlp(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
     let mut tl = Timeline::new();
-    let mut ids = vec![
-        tl.alloc("hidden_states", &[d.t, d.hidden], d.dt, VL_RES),
-        tl.alloc("residual", &[d.t, d.hidden], d.dt, VL_RES),
-    ];
-    ids.extend(splice(&mut tl, &ffn::tensors(&f)?));
-    free_all(&mut tl, ids);
-    tl.finish()
+    let ids = residual_stream(&mut tl, &st.d);
+    kernel_layer(tl, ids, &st.ffn_kernel()?)
 }
 
 /// vLLM computes logits for one row per sequence (`logits_indices`, the last scheduled token),

@@ -8,25 +8,15 @@
 //! starts, so nothing is carried in from earlier layers; there is no residual stream, no
 //! projection and no sampler.
 
-use crate::step_layers::{
-    Dims, LayerPeaks, StepLayer, fa_kernel, free_all, gdn_kernel, gdn_shape, splice,
-};
-use crate::{
-    DType, FaShape, FfnShape, LayerPeak, ModelConfig, ModelError, ServingShape, StepVariants,
-    Tensor, Timeline, ffn,
-};
+use crate::step_layers::{LayerPeaks, LayerStep, StepLayer, fa_kernel, gdn_kernel, kernel_layer};
+use crate::{DType, LayerPeak, ModelError, Tensor, Timeline};
 
 /// The workload's layer kinds for the step: GDN and attention (those the config has), then the
 /// MLP.
-pub(crate) fn layers(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<LayerPeak>, ModelError> {
+pub(crate) fn layers(st: &LayerStep) -> Result<Vec<LayerPeak>, ModelError> {
     let mut out = LayerPeaks::default();
-    out.mixers(cfg, || gdn(cfg, v, s, d), || attention(cfg, v, s, d))?;
-    out.push(StepLayer::Mlp, mlp(cfg, s, d)?);
+    out.mixers(st.cfg, || gdn(st), || attention(st))?;
+    out.push(StepLayer::Mlp, mlp(st)?);
     Ok(out.into_vec())
 }
 
@@ -40,16 +30,12 @@ const WL_FA: &str = "testbed/workload/src/fa.rs allocate_inputs_encoded";
 /// the layer. The index tensors are allocated with the inputs here; fla allocates them inside
 /// the call (after the l2norm copies, before `h`) and both live through its peak, so the peak is
 /// the same.
-fn gdn(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<Tensor>, ModelError> {
-    let g = gdn_shape(cfg, v, s, false)?;
+fn gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let g = st.gdn_shape(false)?;
+    let d = &st.d;
     let (t, n, dt) = (d.t, d.n, d.dt);
     let mut tl = Timeline::new();
-    let mut ids = vec![
+    let ids = vec![
         tl.alloc("q", &[1, t, d.hk, d.kd], dt, WL_GDN),
         tl.alloc("k", &[1, t, d.hk, d.kd], dt, WL_GDN),
         tl.alloc("v", &[1, t, d.hv, d.vd], dt, WL_GDN),
@@ -65,47 +51,27 @@ fn gdn(
         ),
         tl.alloc("chunk_offsets", &[n + 1], DType::I64, WL_GDN_IDX),
     ];
-    ids.extend(splice(&mut tl, &gdn_kernel(v.gdn, &g)?));
-    free_all(&mut tl, ids);
-    tl.finish()
+    kernel_layer(tl, ids, &gdn_kernel(st.v.gdn, &g)?)
 }
 
 /// `attention_layer`: q, k, v of the chunk and the two `cu_seqlens`, then FlashAttention over
 /// the chunk's own keys (the workload's outputs are sized by the chunk, not the context).
-fn attention(
-    cfg: &ModelConfig,
-    v: &StepVariants,
-    s: &ServingShape,
-    d: &Dims,
-) -> Result<Vec<Tensor>, ModelError> {
-    let seqlens = vec![s.chunk_tokens; s.batch as usize];
-    let fa = FaShape::from_config(
-        cfg,
-        &seqlens,
-        Some(s.chunk_tokens),
-        s.tp,
-        s.dtype,
-        s.num_sms,
-    )?;
+fn attention(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let fa = st.fa_shape(st.s.chunk_tokens)?;
+    let d = &st.d;
     let (t, n, dt) = (d.t, d.n, d.dt);
     let mut tl = Timeline::new();
-    let mut ids = vec![
+    let ids = vec![
         tl.alloc("q", &[t, d.heads, d.head_dim], dt, WL_FA),
         tl.alloc("k", &[t, d.kv_heads, d.head_dim], dt, WL_FA),
         tl.alloc("v", &[t, d.kv_heads, d.head_dim], dt, WL_FA),
         tl.alloc("cu_seqlens_q", &[n + 1], DType::I32, WL_FA),
         tl.alloc("cu_seqlens_k", &[n + 1], DType::I32, WL_FA),
     ];
-    ids.extend(splice(&mut tl, &fa_kernel(v.attention, &fa)?));
-    free_all(&mut tl, ids);
-    tl.finish()
+    kernel_layer(tl, ids, &fa_kernel(st.v.attention, &fa)?)
 }
 
 /// `mlp`: vLLM 0.20.1's eager dense MLP allocations ([`crate::ffn`]), nothing else.
-fn mlp(cfg: &ModelConfig, s: &ServingShape, d: &Dims) -> Result<Vec<Tensor>, ModelError> {
-    let f = FfnShape::from_config(cfg, d.t, s.tp, s.dtype)?;
-    let mut tl = Timeline::new();
-    let ids = splice(&mut tl, &ffn::tensors(&f)?);
-    free_all(&mut tl, ids);
-    tl.finish()
+fn mlp(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    kernel_layer(Timeline::new(), Vec::new(), &st.ffn_kernel()?)
 }
