@@ -5,8 +5,9 @@
 //! context — and whether that fits a limit.
 //!
 //! Layers run one after another, so the step's activation peak is the largest of the layer
-//! kinds' peaks ([`crate::step_layers`] builds each as a tensor timeline and [`crate::peak`]
-//! takes its peak), on top of what persists through the step. The parts a config cannot know
+//! kinds' peaks (the runtime's room of [`crate::engine`] builds each as a tensor timeline with
+//! the machinery of `step_layers.rs`, and [`crate::peak`] takes its peak), on top of what
+//! persists through the step. The parts a config cannot know
 //! (engine buffers, graph pools, reserve, context) come from [`KnownParts`].
 
 use serde::Serialize;
