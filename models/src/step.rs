@@ -5,17 +5,19 @@
 //! context — and whether that fits a limit.
 //!
 //! Layers run one after another, so the step's activation peak is the largest of the layer
-//! kinds' peaks ([`crate::step_layers`] builds each as a tensor timeline and [`crate::peak`]
-//! takes its peak), on top of what persists through the step. The parts a config cannot know
+//! kinds' peaks (the runtime's room of [`crate::engine`] builds each as a tensor timeline with
+//! the machinery of `step_layers.rs`, and [`crate::peak`] takes its peak), on top of what
+//! persists through the step. The parts a config cannot know
 //! (engine buffers, graph pools, reserve, context) come from [`KnownParts`].
 
 use serde::Serialize;
 
+use crate::engine::{torch_script, transformers_5_layers, vllm_0_20_1, workload};
 use crate::error::fit_bytes;
-use crate::step_layers::{self, LayerPeak};
+use crate::step_layers::{LayerPeak, LayerStep};
 use crate::{
-    Category, DType, KnownParts, Limit, ModelConfig, ModelError, Runtime, ServingShape,
-    StepVariants, gdn_state_per_seq, kv_cache_per_token, tp_split, weight_bytes,
+    Category, KnownParts, Limit, ModelConfig, ModelError, Runtime, ServingShape, StepVariants,
+    gdn_state_per_seq, kv_cache_per_token, weight_bytes,
 };
 
 /// The step checked against a limit.
@@ -144,12 +146,12 @@ impl StepModel {
         let v = &self.variants;
         let w = u128::from;
         let weights = match v.runtime {
-            Runtime::TorchPrefillScript => step_layers::script_weight_bytes(cfg, shape)?,
+            Runtime::TorchPrefillScript => torch_script::weight_bytes(cfg, shape)?,
             _ => weight_bytes(cfg, v.weights, shape.tp)?.bytes,
         };
         let per_seq_tokens = shape.context_tokens.div_ceil(shape.block_size) * shape.block_size;
         let kv_per_token = match v.runtime {
-            Runtime::TorchPrefillScript => step_layers::script_kv_bytes_per_token(cfg, shape)?,
+            Runtime::TorchPrefillScript => torch_script::kv_bytes_per_token(cfg, shape)?,
             _ => kv_cache_per_token(cfg, shape.tp, shape.kv_dtype)?.bytes_per_token,
         };
         let kv_payload = fit_bytes(
@@ -159,27 +161,12 @@ impl StepModel {
         let kv_cache = self.known.kv_pool.unwrap_or(kv_payload);
         let kv_fits_pool = self.known.kv_pool.map(|pool| kv_payload <= pool);
         let state_per_seq = match v.runtime {
-            // `state[i]` is the fp32 final state fla returns; the script keeps no conv state.
-            Runtime::TorchPrefillScript => {
-                let hv = tp_split(
-                    "linear_num_value_heads",
-                    cfg.linear_num_value_heads,
-                    shape.tp,
-                )?;
-                fit_bytes(
-                    "the GDN state",
-                    w(cfg.num_linear_layers())
-                        * w(hv)
-                        * w(cfg.linear_key_head_dim)
-                        * w(cfg.linear_value_head_dim)
-                        * w(DType::F32.size_bytes()),
-                )?
-            }
+            Runtime::TorchPrefillScript => torch_script::state_bytes_per_seq(cfg, shape)?,
             _ => gdn_state_per_seq(cfg, shape.tp, v.conv_dtype, v.ssm_dtype, 0)?.bytes_per_seq,
         };
         let state = fit_bytes("the GDN state", w(state_per_seq) * w(shape.batch))?;
 
-        let layers = step_layers::layer_peaks(cfg, v, shape)?;
+        let layers = layer_peaks(cfg, v, shape)?;
         let activations = layers
             .iter()
             .max_by_key(|l| l.bytes)
@@ -237,6 +224,22 @@ impl StepModel {
             headroom: (i128::from(limit_bytes) - i128::from(counted)) as i64,
         });
         Ok(b)
+    }
+}
+
+/// Every layer kind's peak for the step, in the order GDN, attention, MLP, logits (those the
+/// config and the runtime have), from the runtime's own room.
+fn layer_peaks(
+    cfg: &ModelConfig,
+    v: &StepVariants,
+    s: &ServingShape,
+) -> Result<Vec<LayerPeak>, ModelError> {
+    let st = LayerStep::new(cfg, v, s)?;
+    match v.runtime {
+        Runtime::Workload => workload::layers(&st),
+        Runtime::TorchPrefillScript => torch_script::layers(&st),
+        Runtime::Vllm => vllm_0_20_1::layers(&st),
+        Runtime::Transformers => transformers_5_layers::layers(&st),
     }
 }
 

@@ -7,9 +7,23 @@
 //! Rooms:
 //! - [`transformers_5`]: transformers 5.17 `generate(..., prefill_chunk_size=C)` with a
 //!   `DynamicCache` (Qwen3.5 hybrid and dense attention models), on PyTorch's caching allocator.
+//! - [`transformers_cb`]: transformers 5.17's continuous batching, its paged pool and batch.
+//!
+//! The whole-step model's layers ([`crate::StepModel`]: one step's layer kinds as tensor
+//! timelines, with the machinery they share in `step_layers.rs`) have a room per
+//! [`crate::Runtime`] here too, each read from its program's own source:
+//! - `workload.rs`: the reference workload's prefill (`testbed/workload/`);
+//! - `torch_script.rs`: `scripts/validate/torch_prefill.py`, with its weights, K/V per token and
+//!   recurrent state;
+//! - `vllm_0_20_1.rs`: vLLM 0.20.1 serving a Qwen3-Next / Qwen3.5 model;
+//! - `transformers_5_layers.rs`: transformers 5.x `Qwen3_5ForCausalLM.forward` on one chunk.
 
+pub(crate) mod torch_script;
 pub mod transformers_5;
+pub(crate) mod transformers_5_layers;
 pub mod transformers_cb;
+pub(crate) mod vllm_0_20_1;
+pub(crate) mod workload;
 
 use serde::Serialize;
 

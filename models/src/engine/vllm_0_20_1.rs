@@ -1,0 +1,121 @@
+//! vLLM 0.20.1 serving a Qwen3-Next / Qwen3.5 model: one step's layers as the whole-step model
+//! ([`crate::StepModel`]) runs them for [`crate::Runtime::Vllm`] — the residual stream, the
+//! projections around each kernel, FlashAttention over a paged KV cache and logits for one row
+//! per sequence.
+//!
+//! Read from vLLM 0.20.1's own source (paths under `vllm/`, each tensor citing its function):
+//! `model_executor/models/qwen3_next.py`, `model_executor/layers/mamba/gdn_linear_attn.py`,
+//! `model_executor/layers/logits_processor.py`, `v1/worker/gpu_model_runner.py` and
+//! `v1/sample/sampler.py`; its GDN kernel is [`crate::gdn_vllm_0_20_1`].
+
+use crate::step_layers::{
+    Dims, LayerPeaks, LayerStep, StepLayer, fa_kernel, free_all, gdn_kernel, kernel_layer,
+};
+use crate::{DType, LayerPeak, ModelError, Tensor, TensorId, Timeline};
+
+/// vLLM's layer kinds for the step: GDN and attention (those the config has), the MLP, then the
+/// logits.
+pub(crate) fn layers(st: &LayerStep) -> Result<Vec<LayerPeak>, ModelError> {
+    let mut out = LayerPeaks::default();
+    out.mixers(st.cfg, || gdn(st), || attention(st))?;
+    out.push(StepLayer::Mlp, mlp(st)?);
+    out.push(StepLayer::Logits, logits(&st.d)?);
+    Ok(out.into_vec())
+}
+
+const VL_RES: &str = "vllm-0.20.1 vllm/model_executor/models/qwen3_next.py Qwen3NextDecoderLayer.forward: hidden_states, residual";
+const VL_QKVZ: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: projected_states_qkvz = self.in_proj_qkvz(hidden_states)";
+const VL_BA: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: projected_states_ba = self.in_proj_ba(hidden_states)";
+const VL_B_A: &str = "vllm vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: b, a = ba.chunk(2, dim=-1); b = b.contiguous(); a = a.contiguous()";
+const VL_CORE: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py forward: core_attn_out = torch.zeros((num_tokens, num_v_heads / tp, head_v_dim))";
+const VL_CONV: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py _forward_core: mixed_qkv after causal_conv1d_fn";
+const VL_GATE: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py _forward_core: g, beta = fused_gdn_gating(..) (fp32)";
+const VL_QKVN: &str = "vllm-0.20.1 vllm/model_executor/layers/mamba/gdn_linear_attn.py _forward_core: fused_post_conv_prep (normalised q, k; contiguous v)";
+const VL_ATT_QKV: &str = "vllm-0.20.1 vllm/model_executor/models/qwen3_next.py Qwen3NextAttention.forward: qkv, _ = self.qkv_proj(hidden_states) (q doubled by the output gate)";
+const VL_LOGIT_H: &str = "vllm-0.20.1 vllm/v1/worker/gpu_model_runner.py execute_model: sample_hidden_states = hidden_states[logits_indices]";
+const VL_LOGITS: &str =
+    "vllm-0.20.1 vllm/model_executor/layers/logits_processor.py: logits = lm_head(hidden_states)";
+const VL_LOGITS32: &str =
+    "vllm-0.20.1 vllm/v1/sample/sampler.py Sampler.forward: logits = logits.to(torch.float32)";
+
+/// The residual stream every layer holds: `hidden_states` and `residual`.
+fn residual_stream(tl: &mut Timeline, d: &Dims) -> Vec<TensorId> {
+    vec![
+        tl.alloc("hidden_states", &[d.t, d.hidden], d.dt, VL_RES),
+        tl.alloc("residual", &[d.t, d.hidden], d.dt, VL_RES),
+    ]
+}
+
+/// One GDN layer of vLLM 0.20.1 on the Triton prefill path, as far as modelled: the residual
+/// stream (`hidden_states` and `residual`), the `in_proj_qkvz` and `in_proj_ba` outputs with
+/// contiguous copies of `b` and `a`, the output buffer `core_attn_out`, the conv output, fp32 `g`
+/// and `beta`, the normalised q/k and contiguous v handed to the kernel (`fused_post_conv_prep`),
+/// then the kernel. Not modelled:
+/// the gated norm's and `out_proj`'s outputs after the kernel (below its peak), the metadata
+/// tensors, and FlashInfer's GDN prefill (vLLM's default on SM90, a different kernel).
+fn gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let g = st.gdn_shape(false)?;
+    let d = &st.d;
+    let (t, dt) = (d.t, d.dt);
+    let key_dim = d.hk * d.kd;
+    let value_dim = d.hv * d.vd;
+    let mut tl = Timeline::new();
+    let mut ids = residual_stream(&mut tl, d);
+    ids.extend([
+        tl.alloc(
+            "projected_states_qkvz",
+            &[t, 2 * key_dim + 2 * value_dim],
+            dt,
+            VL_QKVZ,
+        ),
+        tl.alloc("projected_states_ba", &[t, 2 * d.hv], dt, VL_BA),
+        tl.alloc("b (contiguous)", &[t, d.hv], dt, VL_B_A),
+        tl.alloc("a (contiguous)", &[t, d.hv], dt, VL_B_A),
+        tl.alloc("core_attn_out", &[t, d.hv, d.vd], dt, VL_CORE),
+        tl.alloc(
+            "mixed_qkv (conv)",
+            &[t, 2 * key_dim + value_dim],
+            dt,
+            VL_CONV,
+        ),
+        tl.alloc("g", &[1, t, d.hv], DType::F32, VL_GATE),
+        tl.alloc("beta", &[1, t, d.hv], DType::F32, VL_GATE),
+        tl.alloc("q (normalised)", &[1, t, d.hk, d.kd], dt, VL_QKVN),
+        tl.alloc("k (normalised)", &[1, t, d.hk, d.kd], dt, VL_QKVN),
+        tl.alloc("v", &[1, t, d.hv, d.vd], dt, VL_QKVN),
+    ]);
+    kernel_layer(tl, ids, &gdn_kernel(st.v.gdn, &g)?)
+}
+
+/// One attention layer of vLLM 0.20.1: the residual stream, the fused qkv projection (q doubled
+/// by the output gate), then FlashAttention's varlen forward over the paged cache (its outputs
+/// are sized by the queries; the K/V are written into the cache in place).
+fn attention(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let fa = st.fa_shape(st.s.context_tokens)?;
+    let d = &st.d;
+    let width = (d.gate * d.heads + 2 * d.kv_heads) * d.head_dim;
+    let mut tl = Timeline::new();
+    let mut ids = residual_stream(&mut tl, d);
+    ids.push(tl.alloc("qkv", &[d.t, width], d.dt, VL_ATT_QKV));
+    kernel_layer(tl, ids, &fa_kernel(st.v.attention, &fa)?)
+}
+
+/// vLLM's dense MLP ([`crate::ffn`]) beside the residual stream.
+fn mlp(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let mut tl = Timeline::new();
+    let ids = residual_stream(&mut tl, &st.d);
+    kernel_layer(tl, ids, &st.ffn_kernel()?)
+}
+
+/// vLLM computes logits for one row per sequence (`logits_indices`, the last scheduled token),
+/// in the model dtype, then the sampler's fp32 copy: `[N, vocab]` twice, beside the final hidden
+/// states.
+fn logits(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
+    let mut tl = Timeline::new();
+    let hs = tl.alloc("hidden_states", &[d.t, d.hidden], d.dt, VL_RES);
+    let rows = tl.alloc("sample_hidden_states", &[d.n, d.hidden], d.dt, VL_LOGIT_H);
+    let logits = tl.alloc("logits", &[d.n, d.vocab], d.dt, VL_LOGITS);
+    let l32 = tl.alloc("logits (fp32)", &[d.n, d.vocab], DType::F32, VL_LOGITS32);
+    free_all(&mut tl, [hs, rows, logits, l32]);
+    tl.finish()
+}
