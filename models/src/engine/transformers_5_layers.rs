@@ -117,7 +117,7 @@ fn attention(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
         tl.alloc("k", &[1, d.kv_heads, t, hd], dt, TF_ATT),
         tl.alloc("v", &[1, d.kv_heads, t, hd], dt, TF_ATT),
     ]);
-    let old = l - t;
+    let old = l.saturating_sub(t);
     // The cache's new keys and values are the step's KV cache; the old ones are released as the
     // cache rebinds them, so during the concatenation they are an activation.
     if old > 0 {
