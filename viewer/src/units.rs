@@ -1,7 +1,10 @@
-//! Byte sizes and times as people read them.
+//! Byte sizes, times and counts as the live view and the plots write them: bytes through the
+//! one formatter (`vramtrace_models::units`, models/src/units.rs) in its short style, counts
+//! from `vramtrace-view-model`.
 
 pub use vramtrace_models::units::ByteUnit;
 use vramtrace_models::units::{ByteStyle, format_bytes as format_in};
+pub use vramtrace_view_model::format_count;
 
 /// `bytes` in the largest fitting binary unit, in the short style of the live view and the plots
 /// (`vramtrace_models::units::ByteStyle::Short`): `512 B`, `318.9 MiB`, `23.50 GiB`.
@@ -23,19 +26,6 @@ pub fn format_seconds(s: f64) -> String {
     } else {
         format!("{s:.0} s")
     }
-}
-
-/// A token count with thousands separators: `12,345`.
-pub fn format_count(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The smallest of 1, 1.5, 2, 2.5, 3, 4, 5, 6 and 8 times a power of ten that is at least `x`
@@ -79,14 +69,10 @@ mod tests {
     }
 
     #[test]
-    fn seconds_and_counts() {
+    fn seconds() {
         assert_eq!(format_seconds(0.0), "0.00 s");
         assert_eq!(format_seconds(0.0015), "1.5 ms");
         assert_eq!(format_seconds(12.345), "12.35 s");
         assert_eq!(format_seconds(1234.0), "1234 s");
-        assert_eq!(format_count(0), "0");
-        assert_eq!(format_count(999), "999");
-        assert_eq!(format_count(12_345), "12,345");
-        assert_eq!(format_count(1_234_567), "1,234,567");
     }
 }
