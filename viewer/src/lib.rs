@@ -7,8 +7,8 @@
 //! dependency, re-exported here) and hand them here. This crate draws them:
 //!
 //! - [`tui`]: the live view (`vramtrace live`). [`tui::run`] takes a
-//!   [`tui::LiveSource`], which the CLI implements over a growing trace
-//!   directory, and runs draw → keys → tick until the user quits.
+//!   [`tui::LiveSource`], which the library implements over a growing trace
+//!   directory (src/live.rs), and runs draw → keys → tick until the user quits.
 //! - [`plot`]: timeline, breakdown and cliff plots written as PNG or SVG
 //!   (`vramtrace plot`), with an embedded font.
 //!
