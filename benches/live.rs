@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use live_writer::LiveWriter;
 use vramtrace::live::{DirSource, LiveOptions};
 use vramtrace_format::{Api, DeviceInfo, Event, EventKind, Header, MemKind, Record};
-use vramtrace_viewer::tui::LiveSource;
+use vramtrace_view_model::LiveSource;
 
 fn mono_ns() -> u64 {
     let mut ts = libc::timespec {

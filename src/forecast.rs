@@ -20,7 +20,7 @@ mod tensors;
 use vramtrace_models::{
     KnownParts, Limit, ModelConfig, Runtime, ServingShape, StepModel, StepVariants,
 };
-use vramtrace_viewer::model::{BreakdownEntry, Forecast, ModelAtCursor, ModelPart, ModelTensors};
+use vramtrace_view_model::{BreakdownEntry, Forecast, ModelAtCursor, ModelPart, ModelTensors};
 
 use crate::attribution::Observed;
 use crate::categories::{self, CATEGORIES, Category, N};

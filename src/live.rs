@@ -34,11 +34,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vramtrace_format::{FILE_EXTENSION, Follower, Problem, Record};
-use vramtrace_viewer::model::{
-    BreakdownEntry, DeviceInfo, LineGroup, LiveAllocation, LiveSnapshot, NvmlPanel, ProcessInfo,
-    SnapshotQuery, Update,
+use vramtrace_view_model::{
+    BreakdownEntry, DeviceInfo, LineGroup, LiveAllocation, LiveSnapshot, LiveSource, NvmlPanel,
+    ProcessInfo, SnapshotQuery, Update,
 };
-use vramtrace_viewer::tui::LiveSource;
 
 use crate::attribution::Observed;
 use crate::categories::{CATEGORIES, N};
@@ -703,7 +702,7 @@ fn top_frame(fs: &[crate::symbolize::Frame], shown: &[String]) -> String {
 /// whole figure; only `pid`'s when the view is about one process.
 fn add_untraced(
     breakdown: &mut Vec<BreakdownEntry>,
-    nvml: &[vramtrace_viewer::model::NvmlProcess],
+    nvml: &[vramtrace_view_model::NvmlProcess],
     traced: &[(u32, u64)],
     pid: Option<u32>,
 ) {
@@ -990,7 +989,7 @@ mod tests {
 
     #[test]
     fn nvml_adds_context_and_other_processes() {
-        use vramtrace_viewer::model::NvmlProcess;
+        use vramtrace_view_model::NvmlProcess;
         let nvml = [
             NvmlProcess {
                 pid: 7,

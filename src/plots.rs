@@ -13,11 +13,10 @@ use std::path::Path;
 
 use vramtrace_models::units::fmt_bytes;
 use vramtrace_models::{ModelConfig, Variant, WorkloadOptions};
-use vramtrace_viewer::model::{
-    BreakdownPlot, BreakdownRow, CliffCurve, DeviceInfo, TimelinePoint, Update,
+use vramtrace_view_model::{
+    BreakdownPlot, BreakdownRow, CliffCurve, DEFAULT_MAX_POINTS, DeviceInfo, Timeline,
+    TimelinePlot, TimelinePoint, Update,
 };
-use vramtrace_viewer::plot::TimelinePlot;
-use vramtrace_viewer::{DEFAULT_MAX_POINTS, Timeline};
 
 use crate::attribution::Attribution;
 use crate::categories::CATEGORIES;

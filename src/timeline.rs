@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use vramtrace_format::{Event, TensorAction, TensorEvent};
-use vramtrace_viewer::model::{DeviceInfo, FailedAllocation, TimelinePoint, Update};
+use vramtrace_view_model::{DeviceInfo, FailedAllocation, TimelinePoint, Update};
 
 use crate::categories::{CATEGORIES, N};
 use crate::categoriser::{Category, StackCategories, categorise_stack};

@@ -11,8 +11,7 @@ use common::*;
 use vramtrace::forecast::LiveModel;
 use vramtrace::live::{DirSource, LiveOptions};
 use vramtrace_models::{ModelConfig, Runtime};
-use vramtrace_viewer::model::{SnapshotQuery, Update};
-use vramtrace_viewer::tui::LiveSource;
+use vramtrace_view_model::{LiveSource, SnapshotQuery, Update};
 
 const CONFIG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -83,7 +82,7 @@ fn the_live_cliff_falls_in_the_chunk_that_failed() {
         t.title,
         format!(
             "gdn layer's peak, chunk 4,128 at context {}",
-            vramtrace_viewer::format_count((failed_chunk + 1) * CHUNK)
+            vramtrace_view_model::format_count((failed_chunk + 1) * CHUNK)
         )
     );
     assert!(

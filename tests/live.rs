@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use live_writer::LiveWriter;
 use vramtrace::live::{DirSource, LiveOptions};
 use vramtrace_format::{Annotation, Api, DeviceInfo, Event, EventKind, Header, MemKind, Record};
-use vramtrace_viewer::model::{SnapshotQuery, Update};
-use vramtrace_viewer::tui::LiveSource;
+use vramtrace_view_model::{LiveSource, SnapshotQuery, Update};
 
 const T0: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;

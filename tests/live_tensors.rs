@@ -9,8 +9,7 @@ use vramtrace::categories::Category;
 use vramtrace::forecast::LiveModel;
 use vramtrace::live::{DirSource, LiveOptions};
 use vramtrace_models::{ModelConfig, Runtime};
-use vramtrace_viewer::model::{LiveSnapshot, SnapshotQuery, Update};
-use vramtrace_viewer::tui::LiveSource;
+use vramtrace_view_model::{LiveSnapshot, LiveSource, SnapshotQuery, Update};
 
 const MIB: u64 = 1 << 20;
 
@@ -416,7 +415,7 @@ fn transformers_prefill_tensors_at_the_peak() {
 #[test]
 fn the_tensor_table_is_kept_while_the_live_set_stays() {
     use vramtrace::attribution::Observed;
-    use vramtrace_viewer::model::BreakdownEntry;
+    use vramtrace_view_model::BreakdownEntry;
     let cfg = ModelConfig::from_path(sample("hf-prefill-qwen35").join("config.json")).unwrap();
     let mut model = LiveModel::new(cfg, Runtime::Transformers, 16_384, 1, None).unwrap();
     let breakdown = [BreakdownEntry {
@@ -457,7 +456,7 @@ fn the_tensor_table_is_kept_while_the_live_set_stays() {
 /// parts as they stand, where it once read a context of 2,592,768 tokens and a cliff.
 #[test]
 fn a_preallocated_kv_pool_is_not_a_context() {
-    use vramtrace_viewer::model::BreakdownEntry;
+    use vramtrace_view_model::BreakdownEntry;
     use vramtrace_viewer::tui::forecast_text;
     let cfg = ModelConfig::from_path(sample("hf-serve-cb").join("config.json")).unwrap();
     let mut model = LiveModel::new(cfg, Runtime::Transformers, 1500, 256, None).unwrap();

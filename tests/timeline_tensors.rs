@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use vramtrace::categories::Category;
 use vramtrace::timeline::{fold, fold_with};
 use vramtrace::trace::Trace;
-use vramtrace_viewer::model::Update;
+use vramtrace_view_model::Update;
 
 fn samples_of(name: &str) -> Vec<(f64, Vec<u64>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::units::ByteUnit;
 use crate::{Category, ModelError, StepBreakdown};
 
 /// One category's prediction against the trace.
@@ -89,7 +90,7 @@ fn likely_cause(step: &StepBreakdown, c: Category, predicted: Option<u64>, r: i6
         return "agrees".into();
     }
     let over = r > 0;
-    let mib = |b: i64| format!("{:.2} MiB", b.unsigned_abs() as f64 / (1u64 << 20) as f64);
+    let mib = |b: i64| ByteUnit::MiB.format(b.unsigned_abs() as f64, 2);
     let by = if over {
         format!("the model is {} above the trace", mib(r))
     } else {

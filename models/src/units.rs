@@ -1,18 +1,134 @@
 //! Byte and time quantities as users read and type them.
+//!
+//! This module holds vramtrace's one byte formatter ([`format_bytes`]) and its one byte parser
+//! ([`parse_bytes`]). Every crate that writes a byte count for people goes through
+//! [`format_bytes`]: the reports and the CLI in PyTorch's style ([`fmt_bytes`], [`ByteStyle::Torch`]),
+//! the live view and the plots in their shorter one ([`ByteStyle::Short`]), a column or an axis
+//! in one fixed unit ([`ByteUnit::format`], [`ByteUnit::number`]). (`torch_format_size` in
+//! `src/report/triage.rs` is not a formatter of its own: it reproduces PyTorch's message, its
+//! `bytes` and its `<=` bounds included.)
 
-/// Formats bytes the way PyTorch's OOM message does: `50.00 MiB`, `23.69 GiB`, `512 B`.
-pub fn fmt_bytes(b: u64) -> String {
-    const KIB: f64 = 1024.0;
-    let f = b as f64;
-    if b < 1024 {
-        format!("{b} B")
-    } else if f < KIB * KIB {
-        format!("{:.2} KiB", f / KIB)
-    } else if f < KIB * KIB * KIB {
-        format!("{:.2} MiB", f / (KIB * KIB))
-    } else {
-        format!("{:.2} GiB", f / (KIB * KIB * KIB))
+const KIB: f64 = 1024.0;
+const MIB: f64 = KIB * 1024.0;
+const GIB: f64 = MIB * 1024.0;
+const TIB: f64 = GIB * 1024.0;
+
+/// A binary byte unit: chosen for one count by [`format_bytes`], or once for a whole axis or
+/// column so that every label on it agrees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ByteUnit {
+    /// Bytes.
+    B,
+    /// 2¹⁰ bytes.
+    KiB,
+    /// 2²⁰ bytes.
+    MiB,
+    /// 2³⁰ bytes.
+    GiB,
+    /// 2⁴⁰ bytes.
+    TiB,
+}
+
+impl ByteUnit {
+    /// The largest unit in which `bytes` (or its magnitude) is at least one.
+    pub fn for_bytes(bytes: f64) -> Self {
+        let b = bytes.abs();
+        if b >= TIB {
+            Self::TiB
+        } else if b >= GIB {
+            Self::GiB
+        } else if b >= MIB {
+            Self::MiB
+        } else if b >= KIB {
+            Self::KiB
+        } else {
+            Self::B
+        }
     }
+
+    /// Bytes in one of this unit.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Self::B => 1.0,
+            Self::KiB => KIB,
+            Self::MiB => MIB,
+            Self::GiB => GIB,
+            Self::TiB => TIB,
+        }
+    }
+
+    /// The unit's symbol.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Self::B => "B",
+            Self::KiB => "KiB",
+            Self::MiB => "MiB",
+            Self::GiB => "GiB",
+            Self::TiB => "TiB",
+        }
+    }
+
+    /// `bytes` in this unit as a bare number with `decimals` digits after the point (none in
+    /// bytes, which are whole): `318.91` for a column headed `MiB`.
+    pub fn number(self, bytes: f64, decimals: usize) -> String {
+        if self == Self::B {
+            return format!("{bytes:.0}");
+        }
+        format!("{:.*}", decimals, bytes / self.bytes())
+    }
+
+    /// `bytes` in this unit with `decimals` digits after the point and the symbol: `318.91 MiB`,
+    /// `3 GiB`, `512 B` (bytes are whole).
+    pub fn format(self, bytes: f64, decimals: usize) -> String {
+        format!("{} {}", self.number(bytes, decimals), self.symbol())
+    }
+}
+
+/// How [`format_bytes`] writes a count: the largest unit it uses and the digits after the point
+/// in each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ByteStyle {
+    /// PyTorch's OOM message (`50.00 MiB`, `23.69 GiB`, `512 B`): two decimals, and GiB however
+    /// large the count, as PyTorch writes it. The reports, the CLI and the models' text.
+    Torch,
+    /// The live view and the plots, where space is short (`318.9 MiB`, `23.50 GiB`,
+    /// `1.25 TiB`): one decimal in KiB and MiB, two in GiB and TiB.
+    Short,
+}
+
+impl ByteStyle {
+    /// The largest unit this style writes.
+    pub fn largest_unit(self) -> ByteUnit {
+        match self {
+            Self::Torch => ByteUnit::GiB,
+            Self::Short => ByteUnit::TiB,
+        }
+    }
+
+    /// The digits after the point in `unit`.
+    pub fn decimals(self, unit: ByteUnit) -> usize {
+        match (self, unit) {
+            (_, ByteUnit::B) => 0,
+            (Self::Torch, _) => 2,
+            (Self::Short, ByteUnit::KiB | ByteUnit::MiB) => 1,
+            (Self::Short, ByteUnit::GiB | ByteUnit::TiB) => 2,
+        }
+    }
+}
+
+/// The one byte formatter: `bytes` in the largest binary unit in which it is at least one (up to
+/// the style's largest), with the style's decimals. A negative count keeps its sign (`-1.50 GiB`);
+/// callers that write differences their own way (`+`, `−`) format the magnitude.
+pub fn format_bytes(bytes: i128, style: ByteStyle) -> String {
+    let b = bytes as f64;
+    let unit = ByteUnit::for_bytes(b).min(style.largest_unit());
+    unit.format(b, style.decimals(unit))
+}
+
+/// Formats bytes the way PyTorch's OOM message does: `50.00 MiB`, `23.69 GiB`, `512 B`
+/// ([`format_bytes`] in [`ByteStyle::Torch`]).
+pub fn fmt_bytes(b: u64) -> String {
+    format_bytes(i128::from(b), ByteStyle::Torch)
 }
 
 /// Formats seconds with a unit suited to their size.
@@ -112,6 +228,32 @@ mod tests {
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(24 << 30), "24.00 GiB");
         assert_eq!(fmt_bytes(50_724_864), "48.38 MiB");
+        assert_eq!(fmt_bytes(1023), "1023 B");
+        assert_eq!(fmt_bytes(1024), "1.00 KiB");
+        // PyTorch writes no TiB.
+        assert_eq!(fmt_bytes(1 << 50), "1048576.00 GiB");
+    }
+
+    #[test]
+    fn the_short_style_of_the_live_view_and_the_plots() {
+        let short = |b: i128| format_bytes(b, ByteStyle::Short);
+        assert_eq!(short(0), "0 B");
+        assert_eq!(short(512), "512 B");
+        assert_eq!(short(1536), "1.5 KiB");
+        assert_eq!(short(334_399_488), "318.9 MiB");
+        assert_eq!(short(24 << 30), "24.00 GiB");
+        assert_eq!(short(23 * (1 << 30) + (1 << 29)), "23.50 GiB");
+        assert_eq!(short(5 << 39), "2.50 TiB");
+        assert_eq!(short(-(3 << 29)), "-1.50 GiB");
+    }
+
+    #[test]
+    fn one_unit_for_a_column_or_an_axis() {
+        assert_eq!(ByteUnit::GiB.format(3.0 * GIB, 0), "3 GiB");
+        assert_eq!(ByteUnit::MiB.format(32.0 * MIB, 2), "32.00 MiB");
+        assert_eq!(ByteUnit::MiB.number(334_399_488.0, 2), "318.91");
+        assert_eq!(ByteUnit::B.format(512.0, 2), "512 B");
+        assert_eq!(ByteUnit::for_bytes(-2.0 * GIB), ByteUnit::GiB);
     }
 
     #[test]

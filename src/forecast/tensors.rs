@@ -13,8 +13,7 @@
 //! are whole figures in the model (the category table), not named tensors, so they have no rows.
 
 use vramtrace_models::{LayerPeak, StepBreakdown};
-use vramtrace_viewer::format_count;
-use vramtrace_viewer::model::{ModelTensor, ModelTensors};
+use vramtrace_view_model::{ModelTensor, ModelTensors, format_count};
 
 use crate::attribution::{self, Attribution, MatchedBy, Moment, Observed};
 use crate::evidence::{Evidence, python_site, source_file};

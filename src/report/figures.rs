@@ -1,11 +1,11 @@
-//! The report's own plots, as view models for `vramtrace-viewer`: the breakdown as one
-//! stacked capacity bar against the enforced limit (weights, KV, state, activations, reserve,
-//! context, free) with the failing request overhanging it, and the whole-step cliff in two
-//! panels (the context at the step's chunk, the chunk at the failing context), the failure
-//! marked.
+//! The report's own plots, as view models (`vramtrace-view-model`) for the viewer: the
+//! breakdown as one stacked capacity bar against the enforced limit (weights, KV, state,
+//! activations, reserve, context, free) with the failing request overhanging it, and the
+//! whole-step cliff in two panels (the context at the step's chunk, the chunk at the failing
+//! context), the failure marked.
 
 use vramtrace_models::{Limit, StepModel, StepVariants};
-use vramtrace_viewer::model::{CapacityBar, CapacityPart, CliffPanel, CliffPanels};
+use vramtrace_view_model::{CapacityBar, CapacityPart, CliffPanel, CliffPanels};
 
 use crate::categoriser::Category;
 use crate::report::Report;

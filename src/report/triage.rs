@@ -1231,7 +1231,7 @@ fn peak_causes(res: &mut Residuals, step: &vramtrace_models::StepBreakdown, know
         && engine.as_ref().is_some_and(|e| {
             e.observed == 0 && e.predicted == Some(vramtrace_models::CUBLAS_WORKSPACE_SM90)
         });
-    let mib = |b: i64| format!("{:.2} MiB", b.unsigned_abs() as f64 / (1u64 << 20) as f64);
+    let mib = |b: i64| vramtrace_models::units::ByteUnit::MiB.format(b.unsigned_abs() as f64, 2);
     for p in &mut res.parts {
         let by = if p.residual > 0 {
             format!("the model is {} above the trace", mib(p.residual))

@@ -1,13 +1,14 @@
 //! Presentation for vramtrace: a live terminal view and plot files, drawn
 //! from plain view models.
 //!
-//! The CLI reads traces, replays them, asks NVML and runs the analytical
-//! models; it turns what it found into the types of [`model`] and hands them
-//! here. This crate draws them:
+//! The library reads traces, replays them and runs the analytical models, and
+//! the CLI asks NVML; they turn what they found into the types of [`model`]
+//! (the crate `vramtrace-view-model`, viewer/model/, which has no rendering
+//! dependency, re-exported here) and hand them here. This crate draws them:
 //!
 //! - [`tui`]: the live view (`vramtrace live`). [`tui::run`] takes a
-//!   [`tui::LiveSource`], which the CLI implements over a growing trace
-//!   directory, and runs draw → keys → tick until the user quits.
+//!   [`tui::LiveSource`], which the library implements over a growing trace
+//!   directory (src/live.rs), and runs draw → keys → tick until the user quits.
 //! - [`plot`]: timeline, breakdown and cliff plots written as PNG or SVG
 //!   (`vramtrace plot`), with an embedded font.
 //!
@@ -58,14 +59,15 @@
 //! ```
 
 mod error;
-pub mod model;
 pub mod plot;
-mod timeline;
 pub mod tui;
 mod units;
 
 pub use error::ViewerError;
-pub use timeline::{DEFAULT_MAX_POINTS, MAX_KEPT_FAILURES, Timeline};
 pub use units::{
     ByteUnit, format_bytes, format_count, format_seconds, format_signed_bytes, nice_ceil,
 };
+/// The view models, the [`Timeline`] and the [`tui::LiveSource`] trait: the crate
+/// `vramtrace-view-model` (viewer/model/).
+pub use vramtrace_view_model as model;
+pub use vramtrace_view_model::{DEFAULT_MAX_POINTS, MAX_KEPT_FAILURES, Timeline};

@@ -9,7 +9,7 @@ use vramtrace::cliff::{cliff_tokens, default_step, largest_peak_at, peaks_at};
 use vramtrace::parse::parse_range;
 use vramtrace_models::engine::transformers_5::GenerateChunked;
 
-use vramtrace_models::units::{fmt_bytes, parse_bytes};
+use vramtrace_models::units::{ByteUnit, fmt_bytes, parse_bytes};
 use vramtrace_models::{
     DType, Kernel, Limit, ModelConfig, Tensor, Variant, WeightFormat, Workload, WorkloadOptions,
     gdn_state_per_seq, kv_cache_per_token, naive_sum, peak, replay, rounding, weight_bytes,
@@ -494,10 +494,6 @@ fn json_report(
     })
 }
 
-fn mib(b: u64) -> String {
-    format!("{:.2}", b as f64 / 1048576.0)
-}
-
 fn human_report(
     cfg: &ModelConfig,
     opts: &WorkloadOptions,
@@ -543,7 +539,7 @@ fn human_report(
                 t.shape_string(),
                 t.dtype.to_string(),
                 t.bytes,
-                mib(t.bytes),
+                ByteUnit::MiB.number(t.bytes as f64, 2),
                 t.alloc_at,
                 t.freed_at.map_or("ret".to_string(), |f| f.to_string()),
                 if p.live.contains(&i) { "live" } else { "" }

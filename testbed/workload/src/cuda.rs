@@ -168,8 +168,8 @@ fn open(ordinal: usize) -> Result<(Arc<CudaContext>, String)> {
     let total = guarded("cuDeviceTotalMem_v2", || ctx.total_mem()).ok();
     let description = match total {
         Some(t) => format!(
-            "device {ordinal}: {name}, {:.1} GiB",
-            t as f64 / (1u64 << 30) as f64
+            "device {ordinal}: {name}, {}",
+            vramtrace_models::units::ByteUnit::GiB.format(t as f64, 1)
         ),
         None => format!("device {ordinal}: {name}"),
     };

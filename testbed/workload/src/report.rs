@@ -2,6 +2,7 @@
 //! freed), the peak, and the timing; as a table or as JSON.
 
 use serde_json::{Value, json};
+use vramtrace_models::units::ByteUnit;
 
 use crate::gdn::RunTiming;
 use crate::tensor::{LedgerEvent, TensorSpec};
@@ -87,8 +88,9 @@ pub fn tensors(ledger: &[LedgerEvent]) -> Vec<TensorRow> {
     rows
 }
 
-fn mib(b: usize) -> f64 {
-    b as f64 / (1u64 << 20) as f64
+/// `b` in MiB with one decimal: `97.5 MiB`.
+fn mib(b: usize) -> String {
+    ByteUnit::MiB.format(b as f64, 1)
 }
 
 impl Report {
@@ -186,13 +188,13 @@ impl Report {
         );
         for (i, r) in rows.iter().enumerate() {
             s += &format!(
-                "{:>3}  {:<22} {:<5} {:<22} {:>12} {:>10.2}  {:<18} {:>5} {:>5}  {}\n",
+                "{:>3}  {:<22} {:<5} {:<22} {:>12} {:>10}  {:<18} {:>5} {:>5}  {}\n",
                 i + 1,
                 r.spec.name,
                 r.spec.dtype.name(),
                 format!("{:?}", r.spec.shape),
                 r.spec.bytes(),
-                mib(r.spec.bytes()),
+                ByteUnit::MiB.number(r.spec.bytes() as f64, 2),
                 format!("{:#x}", r.ptr),
                 r.alloc_seq,
                 r.free_seq.map_or("-".to_string(), |f| f.to_string()),
@@ -210,7 +212,7 @@ impl Report {
             self.ledger.len()
         );
         s += &format!(
-            "peak live: {} bytes ({:.1} MiB) when `{}` was allocated; {} bytes ({:.1} MiB) above the {:.1} MiB of inputs\n",
+            "peak live: {} bytes ({}) when `{}` was allocated; {} bytes ({}) above the {} of inputs\n",
             peak_bytes,
             mib(peak_bytes),
             at_name,

@@ -21,7 +21,9 @@ use plotters::prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingA
 pub use breakdown::plot_breakdown;
 pub use cliff::plot_cliff;
 pub use panels::{plot_capacity_bar, plot_cliff_panels};
-pub use timeline::{TimelinePlot, plot_timeline};
+pub use timeline::plot_timeline;
+/// The timeline plot's view model, from `vramtrace-view-model` (viewer/model/).
+pub use vramtrace_view_model::TimelinePlot;
 
 use crate::error::ViewerError;
 

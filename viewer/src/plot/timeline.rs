@@ -7,24 +7,15 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::Timeline;
 use crate::error::ViewerError;
-use crate::model::DeviceInfo;
+use crate::model::TimelinePlot;
 use crate::plot::style::{self, bold, byte_axis, byte_label, text};
 use crate::plot::{DrawResult, Figure, write_plot};
-use crate::timeline::Timeline;
 use crate::units::{format_bytes, format_seconds};
 
 /// Failures labelled with their name and size (all are marked).
 const LABELLED_FAILURES: usize = 3;
-
-/// The timeline plot: one panel per device.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TimelinePlot {
-    /// Title above all panels.
-    pub title: String,
-    /// Devices with their timelines, one panel each.
-    pub devices: Vec<(DeviceInfo, Timeline)>,
-}
 
 /// Writes the timeline plot to `path` (`.png` or `.svg`).
 pub fn plot_timeline(plot: &TimelinePlot, path: &Path) -> Result<(), ViewerError> {

@@ -8,7 +8,7 @@ use crate::model::{
     DeviceInfo, FailedAllocation, LiveAllocation, LiveSnapshot, NvmlPanel, ProcessInfo,
     SnapshotQuery, Update,
 };
-use crate::timeline::{DEFAULT_MAX_POINTS, Timeline};
+use crate::{DEFAULT_MAX_POINTS, Timeline};
 
 /// Ticks a new failure stays highlighted in the header.
 pub const FLASH_TICKS: u32 = 10;

@@ -8,10 +8,10 @@ use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Axis, Block, Chart, Dataset, GraphType, Paragraph, Widget};
 
-use crate::timeline::RESERVE_CATEGORY as RESERVE;
 use crate::tui::app::{App, Mode};
 use crate::tui::theme;
 use crate::units::{ByteUnit, format_bytes, format_seconds, nice_ceil};
+use vramtrace_view_model::RESERVE_CATEGORY as RESERVE;
 
 /// Draws the selected device's timeline into `area`.
 pub fn render(app: &App, area: Rect, buf: &mut Buffer) {

@@ -9,7 +9,6 @@ mod help;
 mod largest;
 mod nvml;
 mod run;
-mod source;
 mod stack;
 mod status;
 pub(crate) mod tables;
@@ -22,6 +21,7 @@ mod snapshot_tests;
 pub use app::{Action, App, DeviceView, FLASH_TICKS, Mode, Overlay, Table, ViewOptions};
 pub use help::KEYS;
 pub use run::{KeyInput, RunOptions, TerminalKeys, run, run_loop};
-pub use source::{LiveSource, ScriptedSource};
 pub use tables::forecast_text;
 pub use ui::{MIN_HEIGHT, MIN_WIDTH};
+/// What feeds the view, from `vramtrace-view-model` (viewer/model/).
+pub use vramtrace_view_model::{LiveSource, ScriptedSource};

@@ -8,8 +8,8 @@ use ratatui::backend::Backend;
 use ratatui::crossterm::event::{self, Event, KeyEvent, KeyEventKind};
 
 use crate::error::ViewerError;
+use crate::tui::LiveSource;
 use crate::tui::app::{Action, App, Mode, ViewOptions};
-use crate::tui::source::LiveSource;
 
 /// Settings of [`run`].
 #[derive(Debug, Clone, PartialEq)]
@@ -148,7 +148,7 @@ mod tests {
 
     use super::*;
     use crate::model::{LiveSnapshot, TimelinePoint, Update};
-    use crate::tui::source::ScriptedSource;
+    use crate::tui::ScriptedSource;
 
     /// Keys from a script; `None` entries are timeouts (a tick passes).
     struct ScriptedKeys(VecDeque<Option<KeyCode>>);

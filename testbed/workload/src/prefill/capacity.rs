@@ -1,6 +1,8 @@
 //! How `--capacity` holds a run to a smaller card: a ballast on a real GPU,
 //! the stand-in driver's own capacity under `--simulate`.
 
+use vramtrace_models::units::ByteUnit;
+
 use crate::error::{Error, Result};
 
 /// The name of the allocation that shrinks a real GPU to `--capacity`.
@@ -42,12 +44,12 @@ pub fn plan_capacity(
     let Some(req) = requested else {
         return Ok(plan);
     };
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let gib = |b: usize| ByteUnit::GiB.format(b as f64, 2);
     if let Some((_, total)) = mem
         && req > total
     {
         return Err(Error::InvalidShape(format!(
-            "--capacity {req} bytes ({:.2} GiB) is larger than the card ({total} bytes, {:.2} GiB); \
+            "--capacity {req} bytes ({}) is larger than the card ({total} bytes, {}); \
              give at most {total}",
             gib(req),
             gib(total)
@@ -65,15 +67,15 @@ pub fn plan_capacity(
         (true, Some((free, _))) if free > req => plan.ballast = free - req,
         (true, Some((free, _))) => {
             plan.note = Some(format!(
-                "the card has only {free} bytes ({:.2} GiB) free, not more than --capacity: no \
+                "the card has only {free} bytes ({}) free, not more than --capacity: no \
                  ballast, the card's own free memory limits",
                 gib(free)
             ));
         }
         (false, Some((_, total))) if total != req => {
             plan.note = Some(format!(
-                "on the stand-in driver its own capacity limits ({total} bytes, {:.2} GiB): set \
-                 VRAMTRACE_FAKE_CAPACITY={req} to simulate a {:.2} GiB card",
+                "on the stand-in driver its own capacity limits ({total} bytes, {}): set \
+                 VRAMTRACE_FAKE_CAPACITY={req} to simulate a {} card",
                 gib(total),
                 gib(req)
             ));

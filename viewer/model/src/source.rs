@@ -4,8 +4,9 @@ use std::collections::VecDeque;
 
 use crate::model::{LiveSnapshot, SnapshotQuery, Update};
 
-/// A supply of view-model updates: the CLI implements it over a growing trace
-/// directory (and NVML); tests use [`ScriptedSource`].
+/// A supply of view-model updates: the library implements it over a growing
+/// trace directory (`DirSource`, src/live.rs; the CLI adds NVML); tests use
+/// [`ScriptedSource`].
 ///
 /// Both methods are called from the event loop between frames, so they
 /// should return quickly: do the reading in small steps, or on a thread that

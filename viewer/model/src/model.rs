@@ -1,7 +1,9 @@
-//! The view models: plain data the CLI computes from traces and NVML and hands
-//! to the viewer. Nothing here knows where the numbers came from.
+//! The view models: plain data the library computes from traces and NVML and the
+//! viewer draws. Nothing here knows where the numbers came from.
 //!
 //! Sizes are bytes (`u64`), times are seconds since the trace's start (`f64`).
+
+use crate::timeline::Timeline;
 
 /// One traced process, as the header lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,7 +297,7 @@ pub enum NvmlPanel {
     Unavailable(String),
 }
 
-/// One new piece of information from a [`crate::tui::LiveSource`].
+/// One new piece of information from a [`crate::LiveSource`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Update {
     /// A process appeared (or its details changed; keyed by pid).
@@ -332,6 +334,15 @@ pub enum Update {
         /// Its pid.
         pid: u32,
     },
+}
+
+/// The timeline plot: one panel per device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelinePlot {
+    /// Title above all panels.
+    pub title: String,
+    /// Devices with their timelines, one panel each.
+    pub devices: Vec<(DeviceInfo, Timeline)>,
 }
 
 /// Observed beside predicted bytes of one tensor, for the breakdown plot.
