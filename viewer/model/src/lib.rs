@@ -37,5 +37,5 @@ mod units;
 
 pub use model::*;
 pub use source::{LiveSource, ScriptedSource};
-pub use timeline::{DEFAULT_MAX_POINTS, MAX_KEPT_FAILURES, RESERVE_CATEGORY, Timeline};
+pub use timeline::{DEFAULT_MAX_POINTS, MAX_KEPT_FAILURES, RESERVE_CATEGORY, Timeline, TimelinePlot};
 pub use units::format_count;

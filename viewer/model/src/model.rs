@@ -3,8 +3,6 @@
 //!
 //! Sizes are bytes (`u64`), times are seconds since the trace's start (`f64`).
 
-use crate::timeline::Timeline;
-
 /// One traced process, as the header lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessInfo {
@@ -334,15 +332,6 @@ pub enum Update {
         /// Its pid.
         pid: u32,
     },
-}
-
-/// The timeline plot: one panel per device.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TimelinePlot {
-    /// Title above all panels.
-    pub title: String,
-    /// Devices with their timelines, one panel each.
-    pub devices: Vec<(DeviceInfo, Timeline)>,
 }
 
 /// Observed beside predicted bytes of one tensor, for the breakdown plot.

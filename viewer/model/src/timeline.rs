@@ -1,6 +1,6 @@
 //! A device's live-bytes timeline with a bounded number of points.
 
-use crate::model::{FailedAllocation, Peak, TimelinePoint};
+use crate::model::{DeviceInfo, FailedAllocation, Peak, TimelinePoint};
 
 /// Points a timeline keeps by default before it thins older ones.
 pub const DEFAULT_MAX_POINTS: usize = 4096;
@@ -241,6 +241,15 @@ fn extremes(group: &[TimelinePoint]) -> (usize, usize) {
         }
     }
     (lo, hi)
+}
+
+/// The timeline plot: one panel per device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelinePlot {
+    /// Title above all panels.
+    pub title: String,
+    /// Devices with their timelines, one panel each.
+    pub devices: Vec<(DeviceInfo, Timeline)>,
 }
 
 #[cfg(test)]
