@@ -659,8 +659,9 @@ generate_chunked() {
     cap=${c#*:} c=${c%:*} d=$W/gen-trace-c$c-cap$cap
     rm -rf "$d"
     echo "--- traced: chunk $c, cap $cap GiB"
+    # shellcheck disable=SC2086  # GEN_FLAGS (e.g. --expandable) is a list of flags
     timeout 240 $VT run --quiet --out "$d" -- python3 "$VAL/hf_generate_chunked.py" "$W/models/hybrid12" \
-      --chunk "$c" --cap "$cap" 2>&1 | grep -E "^(RESULT|OOM|held)" | tee "$d.txt"
+      --chunk "$c" --cap "$cap" ${GEN_FLAGS:-} 2>&1 | grep -E "^(RESULT|OOM|held)" | tee "$d.txt"
     $VT summary "$d" | head -40
   done
 }
