@@ -17,7 +17,11 @@ use vramtrace_models::{
 
 use crate::report::model_view::{Lever, ModelView, PlannerSettings};
 use crate::report::step::StepPosition;
-use crate::trace::Trace;
+use std::ops::ControlFlow;
+
+use vramtrace_format::{EventKind, MemKind, TensorAction};
+
+use crate::trace::{Item, Trace};
 use vramtrace_models::units::fmt_bytes;
 
 /// The smallest chunk the chunk frontier tries, and its step: below it the planner's runs grow
@@ -38,6 +42,36 @@ pub(crate) fn traced_attention(trace: &Trace) -> Attention {
     } else {
         Attention::Sdpa
     }
+}
+
+/// Whether the traced PyTorch allocator ran on expandable segments: a tensor's segment lies in
+/// address space the process reserved (`cuMemAddressReserve`), which PyTorch does only for them
+/// (its default segments are `cudaMalloc`s). This holds however the option was set, in the
+/// environment or by the program itself before importing torch.
+pub(crate) fn traced_expandable_segments(trace: &Trace) -> crate::Result<bool> {
+    let mut reserved: Vec<(usize, u64, u64)> = Vec::new();
+    let mut found = false;
+    trace.for_each_item(|pi, it| {
+        match &it {
+            Item::Event(e)
+                if e.kind == EventKind::Alloc && e.mem == MemKind::Address && e.result == 0 =>
+            {
+                reserved.push((pi, e.ptr, e.ptr.saturating_add(e.size)));
+            }
+            Item::Tensor(t) if t.action == TensorAction::Alloc && t.segment != 0 => {
+                if reserved
+                    .iter()
+                    .any(|&(p, lo, hi)| p == pi && (lo..hi).contains(&t.segment))
+                {
+                    found = true;
+                    return ControlFlow::Break(());
+                }
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    })?;
+    Ok(found)
 }
 
 /// The planner of the traced program: the config and the settings the trace shows.

@@ -137,4 +137,7 @@ pub enum ModelViewError {
     /// The model refused the shape, the limit or the config.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Reading the trace for the program's settings failed.
+    #[error(transparent)]
+    Trace(#[from] crate::Error),
 }

@@ -1341,7 +1341,8 @@ fn whole_step(
             .collect();
         let settings = PlannerSettings {
             attn_implementation: engine_view::traced_attention(trace),
-            expandable_segments: opts.expandable_segments,
+            expandable_segments: opts.expandable_segments
+                || engine_view::traced_expandable_segments(trace)?,
         };
         if let Some(v) = engine_view::transformers_view(cfg, settings, step, limit, &seen) {
             return v.map_err(ModelViewError::from);

@@ -37,5 +37,7 @@ mod units;
 
 pub use model::*;
 pub use source::{LiveSource, ScriptedSource};
-pub use timeline::{DEFAULT_MAX_POINTS, MAX_KEPT_FAILURES, RESERVE_CATEGORY, Timeline, TimelinePlot};
+pub use timeline::{
+    DEFAULT_MAX_POINTS, MAX_KEPT_FAILURES, RESERVE_CATEGORY, Timeline, TimelinePlot,
+};
 pub use units::format_count;
