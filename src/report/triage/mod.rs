@@ -27,8 +27,15 @@ use crate::report::step::{
     step_from_labels, step_from_tensors,
 };
 use crate::report::{ModelInput, Report};
-use crate::torch_replay::{TensorReplay, TorchOom};
+use crate::torch_replay::TensorReplay;
 use crate::trace::{Item, Trace};
+
+mod runtime;
+mod torch_oom;
+
+use runtime::first_user_frame;
+pub use runtime::{detect_runtime, user_stack};
+pub use torch_oom::{pytorch_message, torch_format_size, torch_segment_size};
 
 /// The longest context the context frontier searches (tokens per sequence).
 const MAX_SEARCHED_CONTEXT: u64 = 1 << 20;
@@ -227,140 +234,6 @@ pub struct TriageOptions {
     /// Whether the run's allocator had `expandable_segments:True` (`PYTORCH_CUDA_ALLOC_CONF` as
     /// `vramtrace run` recorded it).
     pub expandable_segments: bool,
-}
-
-/// PyTorch's `format_size` (c10/cuda/CUDACachingAllocator.cpp): bytes, KiB, MiB or GiB with two
-/// decimals.
-pub fn torch_format_size(b: u64) -> String {
-    const K: f64 = 1024.0;
-    let f = b as f64;
-    if b <= 1024 {
-        format!("{b} bytes")
-    } else if f <= K * K {
-        format!("{:.2} KiB", f / K)
-    } else if f <= K * K * K {
-        format!("{:.2} MiB", f / (K * K))
-    } else {
-        format!("{:.2} GiB", f / (K * K * K))
-    }
-}
-
-/// The segment size PyTorch's caching allocator asks for to serve `size` bytes
-/// (`get_allocation_size`: 2 MiB for small requests, 20 MiB up to 10 MiB, else rounded to
-/// 2 MiB; docs/architecture.md).
-pub fn torch_segment_size(size: u64) -> u64 {
-    const MIB: u64 = 1 << 20;
-    if size <= MIB {
-        2 * MIB
-    } else if size < 10 * MIB {
-        20 * MIB
-    } else {
-        size.div_ceil(2 * MIB) * 2 * MIB
-    }
-}
-
-/// PyTorch's message as its allocator wrote it (torch 2.x, `CUDACachingAllocator.cpp`'s
-/// `malloc`): "this process has" is NVML's figure for the process, here total − free − the
-/// other traced processes (the trace has no NVML reading); private pools are not told apart.
-pub fn pytorch_message(device: i32, t: &TorchOom, total: u64, process_in_use: u64) -> String {
-    let allowed = if t.limit > 0 {
-        format!("{} allowed; ", torch_format_size(t.limit))
-    } else {
-        String::new()
-    };
-    format!(
-        "CUDA out of memory. Tried to allocate {}. GPU {device} has a total capacity of {} of which {} is free. Including non-PyTorch memory, this process has {} memory in use. {allowed}Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
-        torch_format_size(t.requested),
-        torch_format_size(total),
-        torch_format_size(t.free),
-        torch_format_size(process_in_use),
-        torch_format_size(t.allocated),
-        torch_format_size(t.reserved.saturating_sub(t.allocated)),
-    )
-}
-
-/// The program a trace ran, from the engines' own signatures, counted over every Python frame of
-/// every process (so the answer does not depend on which stack is met first): frames under a
-/// `vllm/` package are vLLM's, under `transformers/` transformers'; the reference workload by its
-/// chunk labels. `None` when none shows, or when vLLM's and transformers' frames both do (vLLM
-/// imports transformers' configs): then `--runtime` says. The project's own validation scripts
-/// are not recognised by their file names: give `--runtime torch-prefill-script`.
-pub fn detect_runtime(trace: &Trace) -> Option<Runtime> {
-    let (mut vllm, mut transformers, mut workload) = (0u64, 0u64, false);
-    for p in &trace.processes {
-        for frames in p.py_stacks.values() {
-            for f in frames {
-                let file = p.string(f.file).unwrap_or("");
-                if file.contains("/vllm/") {
-                    vllm += 1;
-                } else if file.contains("/transformers/") {
-                    transformers += 1;
-                }
-            }
-        }
-        workload |= p.strings.values().any(|s| s.starts_with("prefill/chunk."));
-    }
-    match (vllm > 0, transformers > 0) {
-        (true, false) => Some(Runtime::Vllm),
-        (false, true) => Some(Runtime::Transformers),
-        // vLLM runs transformers' config and tokenizer code too: its frames decide only when
-        // the model's forward ran under vLLM's own modules.
-        (true, true) => None,
-        (false, false) => workload.then_some(Runtime::Workload),
-    }
-}
-
-/// Frames of the allocation machinery a triager does not look for: the driver binding, the
-/// caching allocator, PyTorch's C++ dispatch, Rust's runtime (unwinding guards), a backend's
-/// allocation wrapper and the reference workload's tensor factory (`Session::empty`, its
-/// `torch.empty`).
-const MACHINERY: [&str; 16] = [
-    "cudarc::",
-    "cuMem",
-    "libcuda",
-    "c10::",
-    "at::",
-    "libc10",
-    "libtorch",
-    "Backend",
-    "backend::",
-    "::alloc",
-    "core::",
-    "std::",
-    "__rust",
-    "::guarded",
-    "Session::empty",
-    "__libc",
-];
-
-fn is_user_frame(f: &str) -> bool {
-    !f.contains("(not the traced file)")
-        && !f.starts_with("0x")
-        && !MACHINERY.iter().any(|m| f.contains(m))
-}
-
-/// The first user or library frame of a stack: the innermost Python frame
-/// (`file.py:LINE function`), else the innermost symbolised frame past the allocation machinery
-/// ([`MACHINERY`]); `None` when neither is there.
-fn first_user_frame(frames: &[String]) -> Option<String> {
-    frames
-        .iter()
-        .find(|f| f.contains(".py:"))
-        .or_else(|| frames.iter().find(|f| is_user_frame(f)))
-        .cloned()
-}
-
-/// A stack (innermost first) from its first user or library frame: the frames of the
-/// allocation machinery before it dropped, and how many were. Python frames count as the
-/// program's; a stack with no such frame is kept whole.
-pub fn user_stack(frames: &[String]) -> (usize, &[String]) {
-    match frames
-        .iter()
-        .position(|f| f.contains(".py:") || is_user_frame(f))
-    {
-        Some(i) => (i, &frames[i..]),
-        None => (0, frames),
-    }
 }
 
 fn rows_of(b: &Breakdown) -> Vec<CategoryRow> {
@@ -1752,16 +1625,5 @@ mod tests {
         assert_eq!(embedding_outputs_match(&t, 0, 4352).unwrap(), Some(false));
         let native = sample("torch-nocache");
         assert_eq!(embedding_outputs_match(&native, 0, 4096).unwrap(), None);
-    }
-
-    #[test]
-    fn pytorch_sizes_as_its_message_prints_them() {
-        assert_eq!(torch_format_size(512), "512 bytes");
-        assert_eq!(torch_format_size(1_319_108_608), "1.23 GiB");
-        assert_eq!(torch_format_size(3_149_126_656), "2.93 GiB");
-        assert_eq!(torch_format_size(25_769_803_776), "24.00 GiB");
-        assert_eq!(torch_segment_size(1_319_108_608), 1_319_108_608);
-        assert_eq!(torch_segment_size(5 << 20), 20 << 20);
-        assert_eq!(torch_segment_size(100), 2 << 20);
     }
 }
