@@ -7,33 +7,31 @@
 //! [`triage`] computes it from a trace and a built [`Report`]; `report --json` serialises it and
 //! the Markdown's first screen renders it.
 
-use std::ops::ControlFlow;
-
 use serde::Serialize;
 use vramtrace_models::{KnownParts, Limit, Runtime, StepModel, StepVariants};
 
-use crate::categoriser::{self, At, Breakdown, Category, Evidence, Expectations, breakdown_at};
+use crate::categoriser::{self, Breakdown, Category, Evidence, Expectations, breakdown_at};
 pub use crate::report::model_view::{
     Lever, ModelView, ModelViewError, PEAK_TOLERANCE_PERCENT, PeakFit, PlannerSettings,
 };
-use crate::report::step::{
-    StepPosition, batch_step_at, embedding_outputs_match, step_at_peak, step_from_generate,
-    step_from_labels, step_from_tensors,
-};
+use crate::report::step::{StepPosition, step_from_generate, step_from_labels, step_from_tensors};
 use crate::report::{ModelInput, Report};
-use crate::torch_replay::TensorReplay;
-use crate::trace::{Item, Trace};
+use crate::trace::Trace;
 
+mod config_check;
 mod levers;
+mod peak;
 mod runtime;
 mod torch_oom;
 mod whole_step;
 
+use config_check::config_contradiction;
 use levers::levers;
+use peak::{no_failure, peak_moment};
 use runtime::first_user_frame;
 pub use runtime::{detect_runtime, user_stack};
 pub use torch_oom::{pytorch_message, torch_format_size, torch_segment_size};
-use whole_step::{peak_model, whole_step};
+use whole_step::whole_step;
 
 /// What ran out, in one of the classes a maintainer asks about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -661,174 +659,4 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
     t.levers = levers(opts, &t, trusted, &limit, class, reserve, fl.size);
     t.model = model;
     Ok(t)
-}
-
-/// How far a config's weights may be from the trace's before the report says the config is not
-/// the traced model's: 5%.
-const WEIGHTS_TOLERANCE_PERCENT: f64 = 5.0;
-
-/// Whether the model's config contradicts the trace: its predicted weights more than
-/// [`WEIGHTS_TOLERANCE_PERCENT`] from the bytes the categoriser named weights. `None` when they
-/// agree, or when the trace names no weights (a run that loaded none, or an unnamed one).
-fn config_contradiction(
-    trace: &Trace,
-    process: usize,
-    b: &Breakdown,
-    m: &ModelView,
-    cfg: &vramtrace_models::ModelConfig,
-) -> crate::Result<Option<String>> {
-    let observed = b.bytes(Category::Weights);
-    let predicted = m
-        .parts
-        .iter()
-        .find(|p| p.category == Category::Weights)
-        .map(|p| p.bytes);
-    if let Some(predicted) = predicted.filter(|_| observed > 0) {
-        let off = (predicted as f64 - observed as f64) * 100.0 / observed as f64;
-        if off.abs() > WEIGHTS_TOLERANCE_PERCENT {
-            return Ok(Some(format!(
-                "the config's weights ({}) are {off:+.1}% from the {} the trace holds as weights: is `--model` the traced model's config? Its figures are shown, its levers are not",
-                gib(predicted),
-                gib(observed)
-            )));
-        }
-    }
-    let per_token = cfg.hidden_size * cfg.dtype.size_bytes();
-    Ok(match embedding_outputs_match(trace, process, per_token)? {
-        Some(false) => Some(format!(
-            "no embedding output of the run is a whole number of tokens of the config's hidden size ({} × {} B): is `--model` the traced model's config? Its figures are shown, its levers are not",
-            cfg.hidden_size,
-            cfg.dtype.size_bytes()
-        )),
-        _ => None,
-    })
-}
-
-/// The moment of the highest peak of one process and device: its highest device bytes and,
-/// among the moments at that level (a peak is a plateau under a caching allocator), the one
-/// where PyTorch's live tensors were highest — the step's own peak. The moment, its time and
-/// the live tensor bytes then.
-fn peak_moment(
-    trace: &Trace,
-    process: usize,
-    device: i32,
-) -> crate::Result<Option<(At, u64, u64)>> {
-    let mut r = crate::replay::Replayer::new();
-    // PyTorch's live tensors (a restatement counts as the allocation the ring dropped).
-    let mut tensors = TensorReplay::new();
-    let mut best: Option<(u64, u64, usize, u64)> = None;
-    let mut i = 0usize;
-    trace.for_each_item(|pi, it| {
-        let mine = pi == process;
-        match &it {
-            Item::Event(e) => {
-                r.apply(pi, i, e);
-            }
-            Item::Tensor(t) if mine && t.device == device => {
-                tensors.apply(pi, i, t);
-            }
-            _ => {}
-        }
-        if mine {
-            let level = r.level(process, device, crate::replay::Pool::Device).live;
-            let live = tensors.level(process, device).live;
-            if level > 0 && best.is_none_or(|(l, tb, _, _)| (level, live) > (l, tb)) {
-                best = Some((level, live, i, it.t_ns()));
-            }
-        }
-        i += 1;
-        ControlFlow::Continue(())
-    })?;
-    Ok(best.map(|(_, tb, seq, t_ns)| {
-        (
-            At {
-                process,
-                device,
-                seq,
-            },
-            t_ns,
-            tb,
-        )
-    }))
-}
-
-/// The triage of a run where nothing failed: the peak, its categories, and with a model the
-/// whole-step model's peak beside the observed one, part by part, and its frontier.
-#[allow(clippy::too_many_arguments)]
-fn no_failure(
-    trace: &Trace,
-    opts: &TriageOptions,
-    t: &mut Triage,
-    at: At,
-    b: &Breakdown,
-    t_ns: u64,
-    tensors: u64,
-) -> crate::Result<()> {
-    let p = &trace.processes[at.process];
-    let unnamed = b.bytes(Category::Unnamed);
-    let named = b.total.saturating_sub(unnamed);
-    let percent = |x: u64| {
-        if b.total == 0 {
-            0.0
-        } else {
-            100.0 * x as f64 / b.total as f64
-        }
-    };
-    t.peak = Some(PeakView {
-        pid: p.pid(),
-        device: at.device,
-        t_s: t_ns.saturating_sub(trace.start_ns()) as f64 / 1e9,
-        bytes: b.total,
-        tensor_bytes: tensors,
-        named_bytes: named,
-        named_percent: percent(named),
-        moment: "the process's highest device bytes; of the moments at that level, the one with the most live PyTorch tensors (the step's own peak)".into(),
-    });
-    t.verdict.evidence.push(format!(
-        "no allocation failed; the highest peak, {}, has {:.2}% of its bytes in a named category",
-        gib(b.total),
-        percent(named)
-    ));
-    let Some(m) = &opts.model else {
-        return Ok(());
-    };
-    t.step = match batch_step_at(trace, at, Some(&m.cfg))? {
-        Some(s) => Some(s),
-        None => step_at_peak(trace, at, &m.cfg)?,
-    };
-    match peak_model(trace, opts, m, t, b) {
-        Ok(v) => {
-            t.model_warning = config_contradiction(trace, at.process, b, &v, &m.cfg)?;
-            t.model = Some(v);
-        }
-        Err(e) => t.model_error = Some(e.to_string()),
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample(name: &str) -> Trace {
-        Trace::open(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("samples/h200")
-                .join(name),
-        )
-        .unwrap()
-    }
-
-    /// transformers' chunked generate of the `hybrid12` model (hidden size 2048, bf16): its
-    /// embedding outputs are whole numbers of 4,096-byte tokens, not of a 2,176-wide model's
-    /// (whose 4,352-byte tokens a 512-byte block rounding would let pass); a run without
-    /// PyTorch's embedding in its stacks cannot tell.
-    #[test]
-    fn a_config_whose_hidden_size_no_embedding_output_has_is_told_apart() {
-        let t = sample("hf-generate-oom");
-        assert_eq!(embedding_outputs_match(&t, 0, 4096).unwrap(), Some(true));
-        assert_eq!(embedding_outputs_match(&t, 0, 4352).unwrap(), Some(false));
-        let native = sample("torch-nocache");
-        assert_eq!(embedding_outputs_match(&native, 0, 4096).unwrap(), None);
-    }
 }
