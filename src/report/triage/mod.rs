@@ -8,29 +8,34 @@
 //! the Markdown's first screen renders it.
 
 use serde::Serialize;
-use vramtrace_models::{KnownParts, Limit, Runtime, StepModel, StepVariants};
+use vramtrace_models::{Limit, Runtime};
 
-use crate::categoriser::{self, Breakdown, Category, Evidence, Expectations, breakdown_at};
+use crate::categoriser::{self, At, Breakdown, Expectations, breakdown_at};
 pub use crate::report::model_view::{
     Lever, ModelView, ModelViewError, PEAK_TOLERANCE_PERCENT, PeakFit, PlannerSettings,
 };
 use crate::report::step::{StepPosition, step_from_generate, step_from_labels, step_from_tensors};
-use crate::report::{ModelInput, Report};
+use crate::report::{FailureReport, ModelInput, Report};
 use crate::trace::Trace;
 
 mod config_check;
 mod levers;
 mod peak;
+mod refusal;
 mod runtime;
 mod torch_oom;
+mod verdict;
 mod whole_step;
 
 use config_check::config_contradiction;
 use levers::levers;
 use peak::{no_failure, peak_moment};
+use refusal::refusal;
 use runtime::first_user_frame;
 pub use runtime::{detect_runtime, user_stack};
+use torch_oom::message_at;
 pub use torch_oom::{pytorch_message, torch_format_size, torch_segment_size};
+use verdict::verdict;
 use whole_step::whole_step;
 
 /// What ran out, in one of the classes a maintainer asks about.
@@ -121,7 +126,7 @@ pub struct Tipping {
 /// One category of the moment, as `report --json` lists it.
 #[derive(Debug, Clone, Serialize)]
 pub struct CategoryRow {
-    /// `weights`, `kv_cache`, … ([`Category::key`]).
+    /// `weights`, `kv_cache`, … ([`Category::key`](crate::categoriser::Category::key)).
     pub category: &'static str,
     /// Bytes.
     pub bytes: u64,
@@ -248,48 +253,55 @@ fn gib(b: u64) -> String {
     vramtrace_models::units::fmt_bytes(b)
 }
 
-/// The bytes of `other_process` and `context` inside the limit: under a card smaller than the
-/// device (`--capacity` with a ballast), the device's bytes past the card are other processes'
-/// first (the ballast), then the context's.
-fn inside_limit(b: &Breakdown, device_total: u64, limit: &Limit) -> (u64, u64) {
-    let other = b.bytes(Category::OtherProcess);
-    let context = b.bytes(Category::Context);
-    match limit {
-        Limit::Card { capacity } | Limit::GpuMemoryUtilization { capacity, .. }
-            if *capacity < device_total =>
-        {
-            let outside = device_total - capacity;
-            let other_out = other.min(outside);
-            let context_out = context.min(outside - other_out);
-            (other - other_out, context - context_out)
-        }
-        _ => (other, context),
-    }
-}
-
 /// Computes the triage of `report` (built from `trace`).
 pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Result<Triage> {
     let failure = report.first_failure();
-    let mut on_peak: Option<(u64, u64)> = None;
-    let at = match failure {
-        Some(_) => categoriser::first_failure(trace)?,
-        None => match report.highest_peak() {
-            Some(p) => match peak_moment(trace, p.process, p.device)? {
-                Some((at, t_ns, tensors)) => {
-                    on_peak = Some((t_ns, tensors));
-                    Some(at)
-                }
-                None => None,
-            },
-            None => None,
-        },
-    };
+    let (at, on_peak) = moment_of(trace, report)?;
     let breakdown = match at {
         Some(at) => Some(breakdown_at(trace, at, Expectations::default())?),
         None => None,
     };
-    let categories = breakdown.as_ref().map(rows_of).unwrap_or_default();
-    let moment = match failure {
+    let mut t = Triage::at(moment_words(trace, failure, on_peak), breakdown.clone());
+    if let (None, Some(at), Some(b), Some((t_ns, tensors))) = (failure, at, &breakdown, on_peak) {
+        no_failure(trace, opts, &mut t, at, b, t_ns, tensors)?;
+        return Ok(t);
+    }
+    let (Some(f), Some(at), Some(b)) = (failure, at, breakdown) else {
+        t.verdict.evidence.push(match report.highest_peak() {
+            Some(_) => "no allocation failed; the categories are those of the highest peak".into(),
+            None => "no device allocation was recorded".into(),
+        });
+        return Ok(t);
+    };
+    at_failure(trace, report, opts, &mut t, f, at, &b)?;
+    Ok(t)
+}
+
+/// The time of a peak's moment (ns) and the bytes of PyTorch's live tensors then.
+type PeakTime = (u64, u64);
+
+/// The moment the categories are of: the first failure, else the highest peak's (with its time
+/// and the bytes of PyTorch's live tensors then); `None` when nothing was allocated.
+fn moment_of(trace: &Trace, report: &Report) -> crate::Result<(Option<At>, Option<PeakTime>)> {
+    if report.first_failure().is_some() {
+        return Ok((categoriser::first_failure(trace)?, None));
+    }
+    let Some(p) = report.highest_peak() else {
+        return Ok((None, None));
+    };
+    Ok(match peak_moment(trace, p.process, p.device)? {
+        Some((at, t_ns, tensors)) => (Some(at), Some((t_ns, tensors))),
+        None => (None, None),
+    })
+}
+
+/// Which moment the categories are of, in words.
+fn moment_words(
+    trace: &Trace,
+    failure: Option<&FailureReport>,
+    on_peak: Option<PeakTime>,
+) -> String {
+    match failure {
         Some(f) => format!("the first failure ({:.3} s)", f.failure.t_s),
         None => match on_peak {
             Some((t_ns, tensors)) => format!(
@@ -303,168 +315,73 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
             ),
             None => "the highest peak".to_string(),
         },
-    };
-    let mut t = Triage {
-        verdict: Verdict {
-            class: VerdictClass::None,
-            evidence: Vec::new(),
-        },
-        moment,
-        limit: None,
-        shortfall: None,
-        tipping: None,
-        step: None,
-        peak: None,
-        categories,
-        breakdown: breakdown.clone(),
-        model: None,
-        model_error: None,
-        model_warning: None,
-        levers: Vec::new(),
-        pytorch_message: None,
-        inside_limit: None,
-    };
-    if let (None, Some(at), Some(b), Some((t_ns, tensors))) = (failure, at, &breakdown, on_peak) {
-        no_failure(trace, opts, &mut t, at, b, t_ns, tensors)?;
-        return Ok(t);
     }
-    let (Some(f), Some(at), Some(b)) = (failure, at, breakdown) else {
-        t.verdict.evidence.push(match report.highest_peak() {
-            Some(_) => "no allocation failed; the categories are those of the highest peak".into(),
-            None => "no device allocation was recorded".into(),
-        });
-        return Ok(t);
-    };
-    let fl = &f.failure;
-    let total = report
-        .device(f.process, f.device)
-        .and_then(|d| d.total_bytes)
-        .filter(|&t| t > 0)
-        .unwrap_or(fl.total_bytes);
-    let torch = fl.torch.as_ref();
+}
 
-    // The limit enforced, and the shortfall against it.
-    let (limit, source) = match (torch.filter(|t| t.limit > 0), opts.capacity) {
-        (None, c) if opts.gpu_memory_utilization.is_some() => {
-            let fraction = opts.gpu_memory_utilization.unwrap_or(1.0);
-            let capacity = c.unwrap_or(total);
-            (
-                Limit::GpuMemoryUtilization { capacity, fraction },
-                format!(
-                    "vLLM's --gpu-memory-utilization {fraction} of {} (given): this process's budget, its context included",
-                    gib(capacity)
-                ),
-            )
-        }
-        (Some(tl), _) => (
-            Limit::PerProcessFraction {
-                capacity: total,
-                fraction: tl.limit as f64 / total as f64,
+impl Triage {
+    /// The triage of a moment before anything is weighed: its categories, no verdict yet.
+    fn at(moment: String, breakdown: Option<Breakdown>) -> Triage {
+        Triage {
+            verdict: Verdict {
+                class: VerdictClass::None,
+                evidence: Vec::new(),
             },
-            format!(
-                "PyTorch's per-process limit of {} (`set_per_process_memory_fraction`), read from its refusal",
-                gib(tl.limit)
-            ),
-        ),
-        (None, Some(c)) => (
-            Limit::Card { capacity: c },
-            format!("a card of {} (given with --capacity)", gib(c)),
-        ),
-        (None, None) => (
-            Limit::Card { capacity: total },
-            format!("the card: {} total", gib(total)),
-        ),
-    };
-    let limit_bytes = match torch.filter(|t| t.limit > 0) {
-        Some(tl) => tl.limit,
-        None => limit.bytes().unwrap_or(total),
-    };
-    let segment = torch.map(|tl| torch_segment_size(tl.requested));
-    let shortfall = match torch {
-        Some(tl) if tl.limit > 0 => (tl.reserved + segment.unwrap_or(tl.requested))
-            .saturating_sub(tl.limit)
-            .max(1),
-        Some(tl) => segment
-            .unwrap_or(tl.requested)
-            .saturating_sub(tl.free)
-            .max(1),
-        None => match limit {
-            // The budget counts this process, its context included; other processes are
-            // outside it.
-            Limit::GpuMemoryUtilization { capacity, .. } => {
-                let (other_in, _) = inside_limit(&b, total, &limit);
-                let outside = total.saturating_sub(capacity);
-                let used = total
-                    .saturating_sub(fl.free_bytes)
-                    .saturating_sub(outside)
-                    .saturating_sub(other_in);
-                (used + fl.size)
-                    .saturating_sub(limit_bytes)
-                    .max(fl.size.saturating_sub(fl.free_bytes))
-                    .max(1)
-            }
-            _ => fl.size.saturating_sub(fl.free_bytes).max(1),
-        },
-    };
-    t.limit = Some(EnforcedLimit {
-        limit,
-        bytes: limit_bytes,
-        source,
-    });
-    t.shortfall = Some(shortfall);
+            moment,
+            limit: None,
+            shortfall: None,
+            tipping: None,
+            step: None,
+            peak: None,
+            categories: breakdown.as_ref().map(rows_of).unwrap_or_default(),
+            breakdown,
+            model: None,
+            model_error: None,
+            model_warning: None,
+            levers: Vec::new(),
+            pytorch_message: None,
+            inside_limit: None,
+        }
+    }
+}
+
+/// The triage of a failure: the limit enforced and the shortfall against it, the request that
+/// tipped it over, PyTorch's message, the failing step, the whole-step model beside it, the
+/// verdict, the config check and the levers.
+fn at_failure(
+    trace: &Trace,
+    report: &Report,
+    opts: &TriageOptions,
+    t: &mut Triage,
+    f: &FailureReport,
+    at: At,
+    b: &Breakdown,
+) -> crate::Result<()> {
+    let r = refusal(report, opts, f, b);
+    let fl = r.failure;
+    t.limit = Some(r.limit.clone());
+    t.shortfall = Some(r.shortfall);
     t.tipping = Some(Tipping {
         bytes: fl.size,
         line: first_user_frame(&f.frames),
         label: fl.label.clone(),
         category: "activations",
     });
-    if let Some(tl) = torch {
-        let others: u64 = f
-            .traced_by_process
-            .iter()
-            .filter(|(pid, _)| *pid != report.summary.processes[f.process].pid)
-            .map(|(_, b)| *b)
-            .sum();
-        let in_use = total.saturating_sub(tl.free).saturating_sub(others);
-        t.pytorch_message = Some(pytorch_message(f.device, tl, total, in_use));
-    }
-
-    // Where in the run: labels, else the tensors' lines.
-    let cfg = opts.model.as_ref().map(|m| &m.cfg);
-    t.step = match step_from_labels(f) {
-        Some(s) => Some(s),
-        None => match step_from_generate(trace, at, cfg)? {
-            Some(s) => Some(s),
-            None => step_from_tensors(trace, at, cfg)?,
-        },
-    };
-
-    // The whole-step model.
-    let (other_in, context_in) = inside_limit(&b, total, &limit);
-    t.inside_limit = Some(InsideLimit {
-        other_process: other_in,
-        context: context_in,
-        outside: match limit {
-            Limit::Card { capacity } | Limit::GpuMemoryUtilization { capacity, .. } => {
-                total.saturating_sub(capacity)
-            }
-            _ => 0,
-        },
-    });
-    let reserve = match torch {
-        Some(tl) => tl.reserved.saturating_sub(tl.allocated),
-        None => b.bytes(Category::AllocatorReserve),
-    };
-    let largest_free = b
-        .segments
-        .iter()
-        .map(|s| s.largest_free_block)
-        .max()
-        .unwrap_or(0);
+    t.pytorch_message = message_at(report, f, r.total);
+    t.step = failing_step(trace, opts, f, at)?;
+    t.inside_limit = Some(r.inside);
+    let limit = &r.limit.limit;
     let model = match &opts.model {
         None => None,
         Some(m) => match whole_step(
-            trace, opts, m, &t, &b, &limit, reserve, other_in, context_in,
+            trace,
+            opts,
+            m,
+            t,
+            b,
+            limit,
+            r.reserve,
+            r.inside.other_process,
+            r.inside.context,
         ) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -473,190 +390,31 @@ pub fn triage(trace: &Trace, report: &Report, opts: &TriageOptions) -> crate::Re
             }
         },
     };
-
-    // The verdict.
-    let kv = b.bytes(Category::KvCache);
-    let graphs = b.bytes(Category::CudaGraphs);
-    let kv_grows = b.rows.iter().any(|r| {
-        r.category == Category::KvCache
-            && r.evidence.iter().any(|l| {
-                matches!(l.evidence, Evidence::Lifetime { .. })
-                    || l.evidence.to_string().contains("kv_cache")
-            })
-    });
-    let chunk_index = t.step.as_ref().map(|s| s.chunk_index).unwrap_or(0);
-    let mut ev = Vec::new();
-    let without_fits = |part: KnownParts| -> Option<bool> {
-        let m = model.as_ref().filter(|m| m.engine.is_none())?;
-        let mi = opts.model.as_ref()?;
-        let sm = StepModel::new(
-            mi.cfg.clone(),
-            StepVariants::for_runtime(m.runtime, &mi.cfg),
-            part,
-        );
-        sm.check(&m.shape, &limit).ok()?.fits()
-    };
-    // Only what the limit counts can have made the request not fit under it (PyTorch's
-    // per-process limit counts its own segments, not the context or other processes).
-    let other_in = if limit.counts(vramtrace_models::Category::OtherProcess) {
-        other_in
-    } else {
-        0
-    };
-    let context_in = if limit.counts(vramtrace_models::Category::Context) {
-        context_in
-    } else {
-        0
-    };
-    // The class comes from the trace alone; the model adds lines of evidence and never flips it.
-    let class = if other_in > 0 && other_in >= shortfall {
-        ev.push(format!(
-            "other processes held {} inside the limit, more than the {} the request lacked",
-            gib(other_in),
-            gib(shortfall)
-        ));
-        VerdictClass::OtherProcess
-    } else if graphs >= shortfall {
-        ev.push(format!(
-            "CUDA graphs' pools held {} at the failure, more than the {} the request lacked",
-            gib(graphs),
-            gib(shortfall)
-        ));
-        VerdictClass::CudaGraphs
-    } else if torch.is_some() && reserve >= fl.size && largest_free < fl.size {
-        ev.push(format!(
-            "{} was free inside PyTorch's segments (reserved {} − allocated {}), more than the {} request, but the largest free block was {}: no segment could serve it",
-            gib(reserve),
-            gib(torch.map_or(0, |x| x.reserved)),
-            gib(torch.map_or(0, |x| x.allocated)),
-            gib(fl.size),
-            gib(largest_free)
-        ));
-        if let Some(fits) = without_fits(KnownParts {
-            allocator_reserve: None,
-            ..model.as_ref().map(|m| m.known.clone()).unwrap_or_default()
-        }) {
-            ev.push(format!(
-                "the whole-step model {} without that reserve",
-                if fits {
-                    "fits the same step"
-                } else {
-                    "still does not fit the step"
-                }
-            ));
-        }
-        VerdictClass::Fragmentation
-    } else if kv > 0 && chunk_index > 0 && (kv_grows || t.step.is_some()) {
-        ev.push(format!(
-            "the KV cache held {} at chunk {chunk_index}{}",
-            gib(kv),
-            if chunk_index > 0 {
-                format!(
-                    ", about {} per chunk since the first",
-                    gib(kv / (chunk_index + 1))
-                )
-            } else {
-                String::new()
-            }
-        ));
-        if let Some(m) = &model {
-            ev.push(format!(
-                "the model fits a chunk of {} tokens up to a context of {} tokens; this step held {}",
-                m.shape.chunk_tokens,
-                m.context_frontier.largest_context.unwrap_or(0),
-                m.shape.context_tokens
-            ));
-        }
-        VerdictClass::KvGrowth
-    } else if context_in > 0
-        && context_in.saturating_mul(4) >= limit_bytes
-        && context_in >= shortfall
-    {
-        ev.push(format!(
-            "the context, modules and libraries' workspaces took {} of the {} limit",
-            gib(context_in),
-            gib(limit_bytes)
-        ));
-        VerdictClass::Context
-    } else if limit_bytes < total && !matches!(limit, Limit::Card { .. }) {
-        ev.push(format!(
-            "the limit, {}, is below what the step needed; the card still had {} free",
-            t.limit.as_ref().map_or(String::new(), |l| l.source.clone()),
-            gib(fl.free_bytes)
-        ));
-        if let Some(m) = &model
-            && m.context_frontier.largest_context.is_none()
-        {
-            ev.push(format!(
-                "the whole-step model fits no context at a chunk of {} under it: what is resident (weights, state, the context) already takes it",
-                m.shape.chunk_tokens
-            ));
-        }
-        VerdictClass::Limit
-    } else {
-        if fl.size > limit_bytes {
-            ev.push(format!(
-                "the request alone, {}, is larger than the whole limit of {}: no cache or chunk setting makes it fit",
-                gib(fl.size),
-                gib(limit_bytes)
-            ));
-        } else {
-            ev.push(format!(
-                "the failing step's tensors: {} in activations when the {} request came",
-                gib(b.bytes(Category::Activations)),
-                gib(fl.size)
-            ));
-            if let Some(r) = b
-                .rows
-                .iter()
-                .filter(|r| r.category != Category::Activations)
-                .max_by_key(|r| r.bytes)
-            {
-                ev.push(format!(
-                    "the largest other part: {} {}{}",
-                    r.category.title(),
-                    gib(r.bytes),
-                    r.evidence
-                        .first()
-                        .map(|l| format!(" ({})", l.evidence))
-                        .unwrap_or_default()
-                ));
-            }
-        }
-        VerdictClass::KernelLiveSet
-    };
-    if matches!(limit, Limit::PerProcessFraction { .. }) && class != VerdictClass::Limit {
-        ev.push(format!(
-            "under an enforced limit: {}",
-            t.limit.as_ref().map_or(String::new(), |l| l.source.clone())
-        ));
-    }
-    if let Some(m) = &model {
-        ev.push(format!(
-            "{}: the failing step {} ({} counted against {})",
-            m.engine
-                .map_or("the whole-step model".to_string(), |e| format!(
-                    "the planner of {e} (from the config)"
-                )),
-            if m.failure_fits == Some(false) {
-                "does not fit"
-            } else {
-                "fits — a residual the trace must explain"
-            },
-            gib(m.counted),
-            gib(limit_bytes)
-        ));
-    }
-    t.verdict = Verdict {
-        class,
-        evidence: ev,
-    };
+    t.verdict = verdict(opts, b, &r, t.step.as_ref(), model.as_ref());
     t.model_warning = match (&model, &opts.model) {
-        (Some(m), Some(mi)) => config_contradiction(trace, f.process, &b, m, &mi.cfg)?,
+        (Some(m), Some(mi)) => config_contradiction(trace, f.process, b, m, &mi.cfg)?,
         _ => None,
     };
     let trusted = model.as_ref().filter(|_| t.model_warning.is_none());
-    t.levers = levers(opts, &t, trusted, &limit, class, reserve, fl.size);
+    t.levers = levers(opts, t, trusted, limit, t.verdict.class, r.reserve, fl.size);
     t.model = model;
-    Ok(t)
+    Ok(())
+}
+
+/// Where in the run the failing step was: its labels, else transformers' generate loop, else
+/// the tensors' lines.
+fn failing_step(
+    trace: &Trace,
+    opts: &TriageOptions,
+    f: &FailureReport,
+    at: At,
+) -> crate::Result<Option<StepPosition>> {
+    let cfg = opts.model.as_ref().map(|m| &m.cfg);
+    Ok(match step_from_labels(f) {
+        Some(s) => Some(s),
+        None => match step_from_generate(trace, at, cfg)? {
+            Some(s) => Some(s),
+            None => step_from_tensors(trace, at, cfg)?,
+        },
+    })
 }

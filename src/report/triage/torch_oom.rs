@@ -2,6 +2,7 @@
 //! ([`torch_format_size`]), the segment its caching allocator asks for to serve a request
 //! ([`torch_segment_size`]), and the message itself ([`pytorch_message`]).
 
+use crate::report::{FailureReport, Report};
 use crate::torch_replay::TorchOom;
 
 /// PyTorch's `format_size` (c10/cuda/CUDACachingAllocator.cpp): bytes, KiB, MiB or GiB with two
@@ -52,6 +53,21 @@ pub fn pytorch_message(device: i32, t: &TorchOom, total: u64, process_in_use: u6
         torch_format_size(t.allocated),
         torch_format_size(t.reserved.saturating_sub(t.allocated)),
     )
+}
+
+/// PyTorch's message for the failure `f` when PyTorch refused it, on a device of `total` bytes:
+/// "this process has" is what the device held less what was free and the other traced
+/// processes' bytes.
+pub(super) fn message_at(report: &Report, f: &FailureReport, total: u64) -> Option<String> {
+    let tl = f.failure.torch.as_ref()?;
+    let others: u64 = f
+        .traced_by_process
+        .iter()
+        .filter(|(pid, _)| *pid != report.summary.processes[f.process].pid)
+        .map(|(_, b)| *b)
+        .sum();
+    let in_use = total.saturating_sub(tl.free).saturating_sub(others);
+    Some(pytorch_message(f.device, tl, total, in_use))
 }
 
 #[cfg(test)]
