@@ -6,6 +6,13 @@
 //!
 //! [`triage`] computes it from a trace and a built [`Report`]; `report --json` serialises it and
 //! the Markdown's first screen renders it.
+//!
+//! This module holds the types and [`triage`] with its phases; each job has a module of its own:
+//! the refusal at a failure (`refusal.rs`: the enforced limit, the shortfall, the bytes inside
+//! the limit, the allocator's reserve), the verdict (`verdict.rs`), the whole-step model beside
+//! the failing step or the peak (`whole_step.rs`), the levers (`levers.rs`), a run where nothing
+//! failed (`peak.rs`), whether `--model` is the traced model's (`config_check.rs`), PyTorch's
+//! message and sizes (`torch_oom.rs`) and the runtime and user frames (`runtime.rs`).
 
 use serde::Serialize;
 use vramtrace_models::{Limit, Runtime};
