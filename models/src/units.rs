@@ -5,8 +5,8 @@
 //! [`format_bytes`]: the reports and the CLI in PyTorch's style ([`fmt_bytes`], [`ByteStyle::Torch`]),
 //! the live view and the plots in their shorter one ([`ByteStyle::Short`]), a column or an axis
 //! in one fixed unit ([`ByteUnit::format`], [`ByteUnit::number`]). (`torch_format_size` in
-//! `src/report/triage.rs` is not a formatter of its own: it reproduces PyTorch's message, its
-//! `bytes` and its `<=` bounds included.)
+//! `src/report/triage/torch_oom.rs` is not a formatter of its own: it reproduces PyTorch's
+//! message, its `bytes` and its `<=` bounds included.)
 
 const KIB: f64 = 1024.0;
 const MIB: f64 = KIB * 1024.0;
