@@ -58,14 +58,15 @@ pub(crate) fn traced_expandable_segments(trace: &Trace) -> crate::Result<bool> {
             {
                 reserved.push((pi, e.ptr, e.ptr.saturating_add(e.size)));
             }
-            Item::Tensor(t) if t.action == TensorAction::Alloc && t.segment != 0 => {
-                if reserved
-                    .iter()
-                    .any(|&(p, lo, hi)| p == pi && (lo..hi).contains(&t.segment))
-                {
-                    found = true;
-                    return ControlFlow::Break(());
-                }
+            Item::Tensor(t)
+                if t.action == TensorAction::Alloc
+                    && t.segment != 0
+                    && reserved
+                        .iter()
+                        .any(|&(p, lo, hi)| p == pi && (lo..hi).contains(&t.segment)) =>
+            {
+                found = true;
+                return ControlFlow::Break(());
             }
             _ => {}
         }
