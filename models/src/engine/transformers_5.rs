@@ -650,54 +650,51 @@ impl GenerateChunked {
     fn sdpa(&self, sim: &mut Sim, masked: bool, c: u64, l: u64) -> Result<H, Box<Refused>> {
         let cfg = &self.config;
         let (dt, act) = (cfg.dtype, Category::Activations);
-        let (heads, kvh, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
         let mut held = Vec::new();
         if masked {
-            if heads > kvh {
-                held.push(sim.alloc("key (repeat_kv)", &[1, heads, l, d], dt, REPEAT_KV, act)?);
-                held.push(sim.alloc("value (repeat_kv)", &[1, heads, l, d], dt, REPEAT_KV, act)?);
-            }
+            held = self.repeat_kv(sim, l, REPEAT_KV)?;
             held.push(sim.alloc("attn_mask (query dtype)", &[1, 1, c, l], dt, SDPA_MASK, act)?);
         }
-        let out = sim.alloc("attn_output", &[1, c, heads, d], dt, SDPA, act)?;
+        let shape = [1, c, cfg.num_attention_heads, cfg.head_dim];
+        let out = sim.alloc("attn_output", &shape, dt, SDPA, act)?;
         sim.free_all(held);
         Ok(out)
     }
 
+    /// `repeat_kv`: K and V `[1, H, L, D]`, copied to the query heads (none when there are as many
+    /// KV heads: it returns its input).
+    fn repeat_kv(
+        &self,
+        sim: &mut Sim,
+        l: u64,
+        source: &'static str,
+    ) -> Result<Vec<H>, Box<Refused>> {
+        let cfg = &self.config;
+        let (heads, d) = (cfg.num_attention_heads, cfg.head_dim);
+        if heads <= cfg.num_key_value_heads {
+            return Ok(Vec::new());
+        }
+        let act = Category::Activations;
+        let k = sim.alloc("key (repeat_kv)", &[1, heads, l, d], cfg.dtype, source, act)?;
+        let v = sim.alloc(
+            "value (repeat_kv)",
+            &[1, heads, l, d],
+            cfg.dtype,
+            source,
+            act,
+        )?;
+        Ok(vec![k, v])
+    }
+
     /// `eager_attention_forward` over a context of `l`: K and V repeated, the scores and their
-    /// scaled copy, the mask added, the fp32 copy ATen makes of a bf16 input, the softmax in fp32 and its copy in the model dtype (the
-    /// attention weights, returned to the caller), the output and its transposed copy.
+    /// scaled copy, the mask added, the fp32 copy ATen makes of a bf16 input, the softmax in fp32
+    /// and its copy in the model dtype (the attention weights, returned to the caller), the
+    /// output and its transposed copy.
     fn eager(&self, sim: &mut Sim, c: u64, l: u64) -> Result<(H, H), Box<Refused>> {
         let cfg = &self.config;
         let (dt, act) = (cfg.dtype, Category::Activations);
-        let (heads, kvh, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let mut repeated = Vec::new();
-        if heads > kvh {
-            let k = sim.alloc(
-                "key_states (repeat_kv)",
-                &[1, heads, l, d],
-                dt,
-                EAGER_REPEAT_KV,
-                act,
-            )?;
-            repeated.push(k);
-            let v = sim.alloc(
-                "value_states (repeat_kv)",
-                &[1, heads, l, d],
-                dt,
-                EAGER_REPEAT_KV,
-                act,
-            )?;
-            repeated.push(v);
-        }
+        let (heads, d) = (cfg.num_attention_heads, cfg.head_dim);
+        let repeated = self.repeat_kv(sim, l, EAGER_REPEAT_KV)?;
         let scores = [1, heads, c, l];
         let s = sim.alloc("q @ k^T", &scores, dt, EAGER_SCORES, act)?;
         let w = sim.alloc("* scaling", &scores, dt, EAGER_SCORES, act)?;
