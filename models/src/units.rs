@@ -142,6 +142,34 @@ pub fn fmt_secs(s: f64) -> String {
     }
 }
 
+/// Why a byte count did not parse; each message names the input and what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseBytesError {
+    /// A unit that is none of B, KiB, MiB, GiB, TiB, KB, MB, GB, TB.
+    #[error("unknown unit {unit:?} in {input:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")]
+    UnknownUnit {
+        /// The unit as written.
+        unit: String,
+        /// The whole input.
+        input: String,
+    },
+    /// No number before the unit.
+    #[error("{0:?} is not a byte count (expected e.g. 24GiB or 1048576)")]
+    NotACount(String),
+    /// More than 2^64 − 1 bytes.
+    #[error("{0:?} is out of range: byte counts go up to {max} (16 EiB)", max = u64::MAX)]
+    OutOfRange(String),
+    /// A fraction of a byte.
+    #[error("{0:?} is not a whole number of bytes")]
+    NotWhole(String),
+    /// Not a decimal number.
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    /// Finer than any byte count needs.
+    #[error("{0:?} has more than 18 digits after the decimal point")]
+    TooPrecise(String),
+}
+
 /// Parses a byte count: a plain integer or a number with a unit (`24GiB`, `512 MiB`, `80GB`,
 /// `1.5G`, `23.5GiB`; binary for `KiB/MiB/GiB/TiB` and bare `K/M/G/T`, decimal for
 /// `KB/MB/GB/TB`). Units are case-insensitive and may follow a space; `_` may group digits.
@@ -150,7 +178,7 @@ pub fn fmt_secs(s: f64) -> String {
 /// is 1610612736. A fraction that does not come to whole bytes (`0.1KiB`) rounds to the nearest
 /// byte, halves up. A bare number or one in `B` must be whole. Counts above `u64::MAX` are refused,
 /// never wrapped.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, ParseBytesError> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
@@ -169,37 +197,29 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
         other => {
-            return Err(format!(
-                "unknown unit {other:?} in {s:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
-            ));
+            return Err(ParseBytesError::UnknownUnit {
+                unit: other.to_string(),
+                input: s.to_string(),
+            });
         }
     };
     if num.is_empty() {
-        return Err(format!(
-            "{s:?} is not a byte count (expected e.g. 24GiB or 1048576)"
-        ));
+        return Err(ParseBytesError::NotACount(s.to_string()));
     }
-    let out_of_range = || {
-        format!(
-            "{s:?} is out of range: byte counts go up to {} (16 EiB)",
-            u64::MAX
-        )
-    };
+    let out_of_range = || ParseBytesError::OutOfRange(s.to_string());
     let (whole, frac) = num.split_once('.').unwrap_or((&num, ""));
     if mult == 1 {
         if !frac.is_empty() || num.contains('.') {
-            return Err(format!("{s:?} is not a whole number of bytes"));
+            return Err(ParseBytesError::NotWhole(s.to_string()));
         }
         return whole.parse::<u64>().map_err(|_| out_of_range());
     }
     if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
-        return Err(format!("{s:?} is not a number"));
+        return Err(ParseBytesError::NotANumber(s.to_string()));
     }
     // 18 digits keep `fraction * unit` within u128 and are far finer than one byte.
     if frac.len() > 18 {
-        return Err(format!(
-            "{s:?} has more than 18 digits after the decimal point"
-        ));
+        return Err(ParseBytesError::TooPrecise(s.to_string()));
     }
     let whole: u64 = match whole {
         "" => 0,
@@ -209,7 +229,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let frac_bytes = match frac {
         "" => 0,
         f => {
-            let digits: u128 = f.parse().map_err(|_| format!("{s:?} is not a number"))?;
+            let digits: u128 = f
+                .parse()
+                .map_err(|_| ParseBytesError::NotANumber(s.to_string()))?;
             let den = 10u128.pow(f.len() as u32);
             // Rounds half up; the quotient is below `mult`, so it fits in a u64.
             ((digits * u128::from(mult) + den / 2) / den) as u64
@@ -303,12 +325,11 @@ mod tests {
             "99999999999999999999999G",
         ] {
             let e = parse_bytes(huge).unwrap_err();
-            assert!(e.contains("out of range"), "{huge:?}: {e}");
+            assert_eq!(e, ParseBytesError::OutOfRange(huge.to_string()));
+            assert!(e.to_string().contains("out of range"), "{huge:?}: {e}");
         }
-        assert!(
-            parse_bytes("1.0000000000000000001G")
-                .unwrap_err()
-                .contains("18 digits")
-        );
+        let e = parse_bytes("1.0000000000000000001G").unwrap_err();
+        assert!(matches!(e, ParseBytesError::TooPrecise(_)), "{e}");
+        assert!(e.to_string().contains("18 digits"));
     }
 }

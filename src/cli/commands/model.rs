@@ -286,12 +286,8 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
     let weights: WeightFormat = args.weights.parse().map_err(anyhow::Error::msg)?;
 
     if let (Some(cap), Some(res)) = (&args.capacity, &args.resident) {
-        let cap = parse_bytes(cap)
-            .map_err(anyhow::Error::msg)
-            .context("--capacity")?;
-        let res = parse_bytes(res)
-            .map_err(anyhow::Error::msg)
-            .context("--resident")?;
+        let cap = parse_bytes(cap).context("--capacity")?;
+        let res = parse_bytes(res).context("--resident")?;
         return cliff(&cfg, &variants, &opts, cap, res, args.json);
     }
     if let Some(range) = &args.sweep {

@@ -97,9 +97,7 @@ pub fn limit(args: &StepArgs) -> anyhow::Result<Option<Limit>> {
     let Some(b) = &args.limit else {
         return Ok(None);
     };
-    let capacity = parse_bytes(b)
-        .map_err(anyhow::Error::msg)
-        .context("--limit")?;
+    let capacity = parse_bytes(b).context("--limit")?;
     Ok(Some(
         match (args.gpu_memory_utilization, args.memory_fraction) {
             (Some(fraction), _) => Limit::GpuMemoryUtilization { capacity, fraction },

@@ -161,9 +161,7 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
             let mut observed = Vec::new();
             let mut resident = match args.resident.as_str() {
                 "auto" => 0,
-                r => parse_bytes(r)
-                    .map_err(anyhow::Error::msg)
-                    .context("--resident")?,
+                r => parse_bytes(r).context("--resident")?,
             };
             let tokens: u64 = opts.seqlens.iter().sum();
             if let Some(dir) = &args.trace {

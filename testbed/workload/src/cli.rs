@@ -223,7 +223,7 @@ fn parse_weight_format(s: &str) -> Result<WeightFormat, String> {
 }
 
 fn parse_capacity(s: &str) -> Result<u64, String> {
-    match vramtrace_models::units::parse_bytes(s)? {
+    match vramtrace_models::units::parse_bytes(s).map_err(|e| e.to_string())? {
         0 => Err("a capacity of 0 bytes holds nothing; give e.g. 24GiB".into()),
         n => Ok(n),
     }
