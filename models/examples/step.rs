@@ -84,7 +84,7 @@ fn run() -> Result<(), String> {
     let model = StepModel::new(cfg, variants, KnownParts::default());
     let step = match opt.get("capacity") {
         Some(c) => {
-            let capacity = vramtrace_models::units::parse_bytes(c)?;
+            let capacity = vramtrace_models::units::parse_bytes(c).map_err(|e| e.to_string())?;
             let limit = match opt.get("fraction") {
                 Some(f) => Limit::PerProcessFraction {
                     capacity,
