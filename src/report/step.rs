@@ -251,18 +251,19 @@ fn loop_step(
     let Some((kind, bytes, site)) = call.last().cloned() else {
         return Ok(None);
     };
-    if kind == GenerateForward::Batch {
-        return Ok(Some((kind, batch_step(&call, bytes, &site, cfg))));
-    }
     let index = call.iter().filter(|(k, ..)| *k == kind).count() as u64 - 1;
     let per_token = cfg.map(|c| c.hidden_size * c.dtype.size_bytes());
     let tokens_of = |b: u64| per_token.and_then(|pt| embedding_tokens(b, pt));
     let tokens = tokens_of(bytes);
-    let all: Option<u64> = call.iter().map(|(_, b, _)| tokens_of(*b)).sum();
     let what = match kind {
         GenerateForward::Prefill => format!("prefill chunk {index}"),
-        GenerateForward::Decode | GenerateForward::Batch => format!("decode step {index}"),
+        GenerateForward::Decode => format!("decode step {index}"),
+        GenerateForward::Batch => {
+            let step = batch_step(index, bytes, tokens.zip(per_token), &site);
+            return Ok(Some((kind, step)));
+        }
     };
+    let all: Option<u64> = call.iter().map(|(_, b, _)| tokens_of(*b)).sum();
     let source = match (tokens, all, per_token) {
         (Some(t), Some(c), Some(pt)) => format!(
             "transformers' generate loop (`{site}`): {what} (forward {} of the call); its embedding output is {bytes} B = {t} tokens × {pt} B (hidden size × dtype), {c} tokens held at its end",
@@ -286,23 +287,12 @@ fn loop_step(
 }
 
 /// A step of continuous batching's loop: its index among the loop's forwards so far, the query
-/// tokens of its batch from the embedding's output. The context the batch's requests hold is in
+/// tokens of its batch from the embedding's output (`tokens`: the tokens and the bytes a token,
+/// when the config gives them). The context the batch's requests hold is in
 /// the paged pool, allocated whole at start, so no size in the trace tells it.
-fn batch_step(
-    forwards: &[(GenerateForward, u64, String)],
-    bytes: u64,
-    site: &str,
-    cfg: Option<&ModelConfig>,
-) -> StepPosition {
-    let index = forwards
-        .iter()
-        .filter(|(k, ..)| *k == GenerateForward::Batch)
-        .count() as u64
-        - 1;
-    let per_token = cfg.map(|c| c.hidden_size * c.dtype.size_bytes());
-    let tokens = per_token.and_then(|pt| embedding_tokens(bytes, pt));
-    let source = match (tokens, per_token) {
-        (Some(t), Some(pt)) => format!(
+fn batch_step(index: u64, bytes: u64, tokens: Option<(u64, u64)>, site: &str) -> StepPosition {
+    let source = match tokens {
+        Some((t, pt)) => format!(
             "transformers' continuous batching loop (`{site}`): batch step {index}; its embedding output is {bytes} B = {t} query tokens × {pt} B (hidden size × dtype), as the batch was laid out for the forward; the context its requests hold is in the paged pool, which no allocation size tells"
         ),
         _ => format!(
@@ -311,7 +301,7 @@ fn batch_step(
     };
     StepPosition {
         chunk_index: index,
-        chunk_tokens: tokens,
+        chunk_tokens: tokens.map(|(t, _)| t),
         context_tokens: None,
         source,
         from_engine_loop: false,

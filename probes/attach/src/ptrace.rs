@@ -49,6 +49,34 @@ fn failed(request: &'static str, tid: i32) -> impl FnOnce(Errno) -> AttachError 
     }
 }
 
+/// `PTRACE_GETREGSET` or `PTRACE_SETREGSET` of the x86 extended state of stopped thread `tid`
+/// through `buf`; the bytes the kernel read or wrote.
+fn xstate_regset(
+    request: libc::c_uint,
+    name: &'static str,
+    tid: i32,
+    buf: &mut [u8],
+) -> Result<usize, AttachError> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // Safety: a regset request on a stopped tracee with an iovec over a buffer of ours; the
+    // kernel reads or writes at most iov_len bytes and sets iov_len to what it used.
+    let r = unsafe {
+        libc::ptrace(
+            request,
+            tid,
+            NT_X86_XSTATE as usize as *mut libc::c_void,
+            &mut iov as *mut libc::iovec as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        return Err(failed(name, tid)(Errno::last()));
+    }
+    Ok(iov.iov_len)
+}
+
 /// `Err` of a failed `waitpid` on thread `tid`.
 fn wait_failed(tid: i32, during: &'static str, errno: Errno) -> AttachError {
     AttachError::Wait { tid, during, errno }
@@ -208,24 +236,13 @@ impl Tracer {
         let t = Pid::from_raw(tid);
         let regs = ptrace::getregs(t).map_err(failed("PTRACE_GETREGS", tid))?;
         let mut xstate = vec![0u8; 1 << 16];
-        let mut iov = libc::iovec {
-            iov_base: xstate.as_mut_ptr() as *mut libc::c_void,
-            iov_len: xstate.len(),
-        };
-        // Safety: PTRACE_GETREGSET on a stopped tracee with an iovec over our own buffer; the
-        // kernel writes at most iov_len bytes and sets iov_len to what it wrote.
-        let r = unsafe {
-            libc::ptrace(
-                libc::PTRACE_GETREGSET,
-                tid,
-                NT_X86_XSTATE as usize as *mut libc::c_void,
-                &mut iov as *mut libc::iovec as *mut libc::c_void,
-            )
-        };
-        if r < 0 {
-            return Err(failed("PTRACE_GETREGSET(NT_X86_XSTATE)", tid)(Errno::last()));
-        }
-        xstate.truncate(iov.iov_len);
+        let len = xstate_regset(
+            libc::PTRACE_GETREGSET,
+            "PTRACE_GETREGSET(NT_X86_XSTATE)",
+            tid,
+            &mut xstate,
+        )?;
+        xstate.truncate(len);
         Ok(SavedRegs { regs, xstate })
     }
 
@@ -233,23 +250,14 @@ impl Tracer {
     pub fn restore(&self, tid: i32, saved: &SavedRegs) -> Result<(), AttachError> {
         let t = Pid::from_raw(tid);
         ptrace::setregs(t, saved.regs).map_err(failed("PTRACE_SETREGS", tid))?;
+        // The very bytes GETREGSET filled (the kernel does not write through a SETREGSET).
         let mut xstate = saved.xstate.clone();
-        let mut iov = libc::iovec {
-            iov_base: xstate.as_mut_ptr() as *mut libc::c_void,
-            iov_len: xstate.len(),
-        };
-        // Safety: PTRACE_SETREGSET with the very buffer GETREGSET filled, on a stopped tracee.
-        let r = unsafe {
-            libc::ptrace(
-                libc::PTRACE_SETREGSET,
-                tid,
-                NT_X86_XSTATE as usize as *mut libc::c_void,
-                &mut iov as *mut libc::iovec as *mut libc::c_void,
-            )
-        };
-        if r < 0 {
-            return Err(failed("PTRACE_SETREGSET(NT_X86_XSTATE)", tid)(Errno::last()));
-        }
+        xstate_regset(
+            libc::PTRACE_SETREGSET,
+            "PTRACE_SETREGSET(NT_X86_XSTATE)",
+            tid,
+            &mut xstate,
+        )?;
         Ok(())
     }
 
