@@ -235,7 +235,12 @@ fn the_first_screen_without_a_failure_leads_with_the_peak_and_the_model() {
 /// per-process fraction of 6 GiB on the H200 (`samples/h200/hf-generate-oom`, recorded under
 /// `vramtrace run`; the decoder's pre-hook counted chunk 18, 77,824 tokens held, in
 /// `traced.txt`). The step is read from transformers' own loop, exactly; the model beside it is
-/// the engine's planner, every part predicted from the config, none copied from the trace.
+/// the engine's planner, every part predicted from the config, none copied from the trace. Met
+/// with the allocator's segments and blocks the trace held when the step began, the planner's
+/// own tensors for that step are refused, short by exactly what PyTorch was short by, and the
+/// step before is held; from an empty cache (the config alone) the step is held.
+/// (This trace showed the order of the step's tensors the planner now follows: it built that
+/// order and checks nothing about it; docs/validation.md.)
 #[test]
 fn a_chunked_generate_oom_names_its_chunk_and_sets_the_planner_beside_it() {
     let traced = std::fs::read_to_string(sample("hf-generate-oom").join("traced.txt")).unwrap();
@@ -265,10 +270,11 @@ fn a_chunked_generate_oom_names_its_chunk_and_sets_the_planner_beside_it() {
     let basis = m["parts"].as_array().unwrap();
     assert!(!basis.is_empty());
     assert!(basis.iter().all(|p| p["basis"] == "predicted"), "{basis:?}");
-    // The planner holds this step (the same case run bare was refused one chunk later, at
-    // 81,920, as the planner predicts: docs/validation.md); its frontier at the chunk is that.
-    assert_eq!(m["failure_fits"], true);
-    assert_eq!(m["context_frontier"]["largest_context"], 77_824);
+    assert_eq!(m["fits_basis"], "traced_segments", "{m}");
+    assert_eq!(m["failure_fits"], false);
+    assert_eq!(m["before_fits"], true);
+    assert_eq!(m["headroom"], -r["shortfall"].as_i64().unwrap(), "{m}");
+    assert_eq!(m["failure_fits_config"], true);
     // Weights and the KV cache agree with the trace within 0.3% (the categoriser counts the GDN
     // conv states with the KV cache).
     for (name, _, observed, residual) in parts(&r) {
@@ -283,10 +289,11 @@ fn a_chunked_generate_oom_names_its_chunk_and_sets_the_planner_beside_it() {
 
 /// A second real OOM of the same program, recorded after the step finder and the planner were
 /// committed (`samples/h200/hf-generate-oom-10g`: 10 GiB, chunks of 4,096; the decoder's
-/// pre-hook counted chunk 36, 151,552 tokens held). The step is named exactly; the planner
-/// holds that step (its replay of the default allocator leaves 1.1 GiB less reserve than the
-/// run did: docs/validation.md) and says so, and its expandable-segments lever predicts how far
-/// the same run gets on expandable segments.
+/// pre-hook counted chunk 36, 151,552 tokens held). The step is named exactly; met with the
+/// segments the trace held at the step's start, the planner's tensors are refused short by
+/// PyTorch's own shortfall, to the byte, and the step before is held; its expandable-segments
+/// lever predicts how far the same run gets on expandable segments. (Like the 6 GiB trace, it
+/// showed the step's tensor order the planner follows, so it checks nothing about that order.)
 #[test]
 fn a_second_chunked_generate_oom_is_named_exactly_and_its_allocator_lever_predicted() {
     let traced = std::fs::read_to_string(sample("hf-generate-oom-10g").join("traced.txt")).unwrap();
@@ -303,6 +310,10 @@ fn a_second_chunked_generate_oom_is_named_exactly_and_its_allocator_lever_predic
     assert_eq!(m["planner"]["attn_implementation"], "sdpa", "{m}");
     assert_eq!(m["planner"]["expandable_segments"], false);
     assert_eq!(m["copied_percent"], 0.0);
+    assert_eq!(m["fits_basis"], "traced_segments", "{m}");
+    assert_eq!(m["failure_fits"], false);
+    assert_eq!(m["before_fits"], true);
+    assert_eq!(m["headroom"], -r["shortfall"].as_i64().unwrap(), "{m}");
     let levers = r["levers"].as_array().expect("levers");
     let exp = levers
         .iter()

@@ -238,6 +238,95 @@ impl CachingAllocator {
         self
     }
 
+    /// The allocator in the state a trace shows at one moment, default mode: `segments` are the
+    /// segments it held (base and bytes, as `cudaMalloc` gave them), `blocks` the blocks handed
+    /// out in them (base and block bytes, as PyTorch's hooks report a block), and every gap
+    /// between blocks of a segment a free block of that segment's pool (2 MiB segments are the
+    /// small pool's, `get_allocation_size`). Returns, beside it, each of `blocks`' handles in
+    /// the same order; `None` for a block inside no segment or overlapping one before it, which
+    /// then takes no part.
+    pub fn from_state(
+        capacity: Option<u64>,
+        segments: &[(u64, u64)],
+        blocks: &[(u64, u64)],
+    ) -> (Self, Vec<Option<BlockId>>) {
+        let mut a = CachingAllocator::new(capacity);
+        let mut segs: Vec<(u64, u64)> = segments.iter().copied().filter(|s| s.1 > 0).collect();
+        segs.sort_unstable();
+        segs.dedup_by_key(|s| s.0);
+        // Each block with the segment it lies in, in address order.
+        let mut placed: Vec<(usize, u64, u64, usize)> = Vec::new();
+        for (i, &(ptr, size)) in blocks.iter().enumerate() {
+            let s = segs.partition_point(|x| x.0 <= ptr);
+            if s == 0 || size == 0 {
+                continue;
+            }
+            let (base, bytes) = segs[s - 1];
+            if ptr.saturating_add(size) <= base + bytes {
+                placed.push((s - 1, ptr, size, i));
+            }
+        }
+        placed.sort_unstable();
+        let mut ids = vec![None; blocks.len()];
+        let mut at = 0;
+        for (si, &(base, bytes)) in segs.iter().enumerate() {
+            let pool = if bytes == SMALL_BUFFER {
+                Pool::Small
+            } else {
+                Pool::Large
+            };
+            let end = base + bytes;
+            let mut cursor = base;
+            let mut prev: Option<usize> = None;
+            let mut push = |a: &mut CachingAllocator, ptr: u64, size: u64, allocated: bool| {
+                a.blocks.push(Block {
+                    ptr,
+                    size,
+                    pool,
+                    allocated,
+                    mapped: true,
+                    segment: None,
+                    prev,
+                    next: None,
+                });
+                let idx = a.blocks.len() - 1;
+                if let Some(p) = prev {
+                    a.blocks[p].next = Some(idx);
+                }
+                prev = Some(idx);
+                if allocated {
+                    a.allocated += size;
+                } else {
+                    a.free.insert(a.free_key(idx));
+                }
+                idx
+            };
+            while at < placed.len() && placed[at].0 == si {
+                let (_, ptr, size, i) = placed[at];
+                at += 1;
+                if ptr < cursor {
+                    continue;
+                }
+                if ptr > cursor {
+                    push(&mut a, cursor, ptr - cursor, false);
+                }
+                ids[i] = Some(BlockId(push(&mut a, ptr, size, true)));
+                cursor = ptr + size;
+            }
+            if cursor < end {
+                push(&mut a, cursor, end - cursor, false);
+            }
+            a.add_reserved(bytes);
+            a.next_ptr = a.next_ptr.max(end.next_multiple_of(ROUND_LARGE));
+        }
+        (a, ids)
+    }
+
+    /// The limit new segments are checked against, if any.
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
     /// Allocates a block for `request` bytes (`malloc`). Zero-byte requests are not supported by
     /// the simulation (PyTorch does not call the allocator for them).
     pub fn malloc(&mut self, request: u64) -> Result<BlockId, Oom> {
@@ -660,6 +749,41 @@ pub fn replay(tensors: &[Tensor], capacity: Option<u64>) -> SegmentReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_read_from_a_trace_keeps_its_holes() {
+        const MIB: u64 = 1 << 20;
+        let base = 1 << 40;
+        // One 100 MiB segment holding 30 MiB at its start and 20 MiB at 60 MiB: free holes of
+        // 30 MiB and 20 MiB; and one 2 MiB segment of the small pool, empty.
+        let (mut a, ids) = CachingAllocator::from_state(
+            Some(102 * MIB),
+            &[(base, 100 * MIB), (base + 200 * MIB, SMALL_BUFFER)],
+            &[
+                (base, 30 * MIB),
+                (base + 60 * MIB, 20 * MIB),
+                (base + 500 * MIB, MIB),
+            ],
+        );
+        assert!(ids[0].is_some() && ids[1].is_some());
+        assert_eq!(ids[2], None, "a block in no segment takes no part");
+        assert_eq!(a.reserved(), 102 * MIB);
+        assert_eq!(a.allocated(), 50 * MIB);
+        // 40 MiB fits no hole and no new segment fits the limit, even after the empty small
+        // segment went back: refused, though 50 MiB is free.
+        let oom = a.malloc(40 * MIB).unwrap_err();
+        assert_eq!(oom.segment, 40 * MIB);
+        assert_eq!(a.reserved(), 100 * MIB);
+        // Freeing the first block merges it with the hole after it: 60 MiB, which takes it.
+        a.free(ids[0].unwrap());
+        let big = a.malloc(40 * MIB).unwrap();
+        assert_eq!(a.block_size(big), 40 * MIB);
+        // Best fit: 18 MiB goes to the 20 MiB hole at the end, not the 20 MiB left at the start
+        // (equal size: the lower address), whole since less than 1 MiB more would remain.
+        let small = a.malloc(19 * MIB + 512).unwrap();
+        assert_eq!(a.block_size(small), 20 * MIB);
+        assert_eq!(a.reserved(), 100 * MIB, "no segment was added");
+    }
 
     #[test]
     fn rounding_cases() {

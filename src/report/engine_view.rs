@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use vramtrace_models::engine::transformers_5::{
-    Attention, ContextFrontier as PlannedFrontier, GenerateChunked,
+    AllocatorSeed, Attention, ContextFrontier as PlannedFrontier, GenerateChunked,
 };
 use vramtrace_models::engine::{Basis, Engine, Part, PlannedRun};
 use vramtrace_models::{
@@ -15,7 +15,8 @@ use vramtrace_models::{
     ModelError, PartResidual, Residuals, Runtime, ServingShape,
 };
 
-use crate::report::model_view::{Lever, ModelView, PlannerSettings};
+use crate::categoriser::At;
+use crate::report::model_view::{FitsBasis, Lever, ModelView, PlannerSettings};
 use crate::report::step::StepPosition;
 use std::ops::ControlFlow;
 
@@ -73,6 +74,108 @@ pub(crate) fn traced_expandable_segments(trace: &Trace) -> crate::Result<bool> {
         ControlFlow::Continue(())
     })?;
     Ok(found)
+}
+
+/// The state of PyTorch's caching allocator in the trace just before `start` (the first
+/// allocation of forward `index`), in `start`'s process and device: the segments it held (the
+/// driver's allocations some tensor was placed in) and the blocks handed out, oldest first.
+pub(crate) fn allocator_seed(trace: &Trace, start: At, index: u64) -> crate::Result<AllocatorSeed> {
+    let mut driver: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
+    // Live blocks: by order of allocation, and that order by address.
+    let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut order_of: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    let mut seq = 0usize;
+    let mut n = 0u64;
+    trace.for_each_item(|pi, it| {
+        if seq >= start.seq {
+            return ControlFlow::Break(());
+        }
+        seq += 1;
+        if pi != start.process {
+            return ControlFlow::Continue(());
+        }
+        match &it {
+            // A free names no device (the driver call takes only the pointer).
+            Item::Event(e) if e.mem == MemKind::Device => match e.kind {
+                EventKind::Alloc if e.result == 0 && e.size > 0 && e.device == start.device => {
+                    driver.insert(e.ptr, e.size);
+                }
+                EventKind::Free => {
+                    driver.remove(&e.ptr);
+                    segments.remove(&e.ptr);
+                }
+                _ => {}
+            },
+            Item::Tensor(t) if t.device == start.device => match t.action {
+                TensorAction::Alloc if t.size > 0 => {
+                    let base = if t.segment != 0 {
+                        Some(t.segment)
+                    } else {
+                        driver
+                            .range(..=t.ptr)
+                            .next_back()
+                            .filter(|(b, s)| t.ptr < *b + *s)
+                            .map(|(b, _)| *b)
+                    };
+                    if let Some(size) = base.and_then(|b| driver.get(&b)) {
+                        segments.insert(base.unwrap_or_default(), *size);
+                    }
+                    if let Some(old) = order_of.insert(t.ptr, n) {
+                        live.remove(&old);
+                    }
+                    live.insert(n, (t.ptr, t.size));
+                    n += 1;
+                }
+                TensorAction::Free => {
+                    if let Some(o) = order_of.remove(&t.ptr) {
+                        live.remove(&o);
+                    }
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    })?;
+    Ok(AllocatorSeed {
+        index,
+        segments: segments.into_iter().collect(),
+        blocks: live.into_values().collect(),
+    })
+}
+
+/// The traced allocator's state at the start of the failing forward and of the one before it,
+/// for a run on the default allocator whose step was read from `generate`'s loop.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StepSeeds {
+    pub failing: Option<AllocatorSeed>,
+    pub before: Option<AllocatorSeed>,
+}
+
+impl StepSeeds {
+    /// Read from `trace` at `step`'s forwards; none with expandable segments.
+    pub(crate) fn read(
+        trace: &Trace,
+        step: &StepPosition,
+        expandable_segments: bool,
+    ) -> crate::Result<StepSeeds> {
+        if expandable_segments || !step.from_engine_loop {
+            return Ok(StepSeeds::default());
+        }
+        let starts = &step.forward_starts;
+        let at = |k: u64| -> crate::Result<Option<AllocatorSeed>> {
+            match starts.get(k as usize) {
+                Some(&s) => allocator_seed(trace, s, k).map(Some),
+                None => Ok(None),
+            }
+        };
+        let i = step.chunk_index;
+        Ok(StepSeeds {
+            failing: at(i)?,
+            before: if i > 0 { at(i - 1)? } else { None },
+        })
+    }
 }
 
 /// The planner of the traced program: the config and the settings the trace shows.
@@ -172,6 +275,7 @@ pub(crate) fn transformers_view(
     step: &StepPosition,
     limit: &Limit,
     observed: &BTreeMap<Category, u64>,
+    seeds: &StepSeeds,
 ) -> Option<Result<ModelView, ModelError>> {
     if !step.from_engine_loop || matches!(limit, Limit::GpuMemoryUtilization { .. }) {
         return None;
@@ -179,10 +283,11 @@ pub(crate) fn transformers_view(
     let (chunk, context) = (step.chunk_tokens?, step.context_tokens?);
     Some(
         planner(cfg, settings)
-            .and_then(|p| view(&p, settings, step, chunk, context, limit, observed)),
+            .and_then(|p| view(&p, settings, step, chunk, context, limit, observed, seeds)),
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn view(
     p: &GenerateChunked,
     settings: PlannerSettings,
@@ -191,11 +296,12 @@ fn view(
     context: u64,
     limit: &Limit,
     observed: &BTreeMap<Category, u64>,
+    seeds: &StepSeeds,
 ) -> Result<ModelView, ModelError> {
     let cfg = &p.config;
     let to_failure = plan(p, chunk, limit, context)?;
     let limit_bytes = to_failure.limit_bytes;
-    let (counted, parts) = match &to_failure.failure {
+    let (mut counted, parts) = match &to_failure.failure {
         Some(f) => {
             let mut parts = f.parts.clone();
             match parts
@@ -216,11 +322,28 @@ fn view(
             to_failure.last_step_parts.clone(),
         ),
     };
-    let failure_fits = to_failure.failure.is_none();
-    let before_fits = to_failure
+    let config_fits = to_failure.failure.is_none();
+    let mut failure_fits = config_fits;
+    let mut before_fits = to_failure
         .failure
         .as_ref()
         .is_none_or(|f| f.index >= step.chunk_index);
+    let mut fits_basis = FitsBasis::Config;
+    // On the default allocator, the step met with the segments the run held at its start.
+    let mut seeded = p.clone();
+    seeded.chunk_tokens = chunk;
+    if let Some(seed) = &seeds.failing {
+        let run = seeded.plan_from(limit, seed)?;
+        failure_fits = run.failure.is_none();
+        counted = match &run.failure {
+            Some(f) => f.reserved + f.segment,
+            None => run.steps.last().map_or(0, |s| s.peak_reserved),
+        };
+        fits_basis = FitsBasis::TracedSegments;
+        if let Some(b) = &seeds.before {
+            before_fits = seeded.plan_from(limit, b)?.failure.is_none();
+        }
+    }
     // The frontier at this chunk: the run to the model's own maximum.
     let max = cfg.max_position_embeddings.unwrap_or(1 << 20).max(context);
     let whole = plan(p, chunk, limit, max)?;
@@ -253,6 +376,8 @@ fn view(
         shape: ServingShape::prefill(cfg, chunk, context),
         failure_fits: Some(failure_fits),
         before_fits: Some(before_fits),
+        fits_basis: Some(fits_basis),
+        failure_fits_config: (fits_basis != FitsBasis::Config).then_some(config_fits),
         headroom: (i128::from(limit_bytes) - i128::from(counted)) as i64,
         counted,
         known: KnownParts::default(),

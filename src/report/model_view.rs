@@ -38,6 +38,14 @@ pub struct ModelView {
     /// Whether the step before it (one chunk less context) fits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub before_fits: Option<bool>,
+    /// What `failure_fits` and `before_fits` rest on (absent for the whole-step model, whose
+    /// answer is the config's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fits_basis: Option<FitsBasis>,
+    /// The planner's answer from the config alone, when `failure_fits` rests on the traced
+    /// segments: the two differ by what the run's segment placement left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_fits_config: Option<bool>,
     /// The limit's bytes minus what the step counts against it (negative: short by).
     pub headroom: i64,
     /// Bytes the step counts against the limit.
@@ -53,6 +61,32 @@ pub struct ModelView {
     /// Without a failure: the model's peak beside the observed one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_fit: Option<PeakFit>,
+}
+
+/// What a planner's answer on the failing step rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FitsBasis {
+    /// The planner's run from the config and the limit alone, its allocator replayed from an
+    /// empty cache.
+    Config,
+    /// The planner's step from the segments and blocks PyTorch's allocator held at the step's
+    /// start in the trace (copied), every tensor the step allocates predicted: on the default
+    /// allocator the holes between blocks, which the driver's placement of segments decides,
+    /// are the run's, not a replay's.
+    TracedSegments,
+}
+
+impl FitsBasis {
+    /// In words, for the report.
+    pub fn words(self) -> &'static str {
+        match self {
+            FitsBasis::Config => "predicted from the config",
+            FitsBasis::TracedSegments => {
+                "its tensors predicted from the config, met with the allocator's segments and blocks the trace held at the step's start"
+            }
+        }
+    }
 }
 
 /// The settings of the traced program the planner runs with, read from the trace: the attention

@@ -67,11 +67,12 @@ pub(crate) fn embedding_outputs_match(
     Ok(any.then_some(matched))
 }
 
-/// Calls `f` with each tensor allocation of `at`'s process and device made before `at`.
+/// Calls `f` with each tensor allocation of `at`'s process and device made before `at`, and its
+/// place in the replay.
 fn for_each_alloc_before(
     trace: &Trace,
     at: At,
-    mut f: impl FnMut(&vramtrace_format::TensorEvent),
+    mut f: impl FnMut(&vramtrace_format::TensorEvent, At),
 ) -> crate::Result<()> {
     let mut i = 0usize;
     trace.for_each_item(|pi, it| {
@@ -84,7 +85,7 @@ fn for_each_alloc_before(
             && t.device == at.device
             && t.action == TensorAction::Alloc
         {
-            f(t);
+            f(t, At { seq: i - 1, ..at });
         }
         ControlFlow::Continue(())
     })?;
@@ -106,6 +107,10 @@ pub struct StepPosition {
     /// the engine's planner can be set beside the step.
     #[serde(skip)]
     pub from_engine_loop: bool,
+    /// Where each forward of the engine's loop of the step's kind began, the step's last (its
+    /// first allocation, the embedding's output); empty when not read from the loop.
+    #[serde(skip)]
+    pub forward_starts: Vec<At>,
 }
 
 /// `prefill/chunk.27/layer.0/…` → 27.
@@ -152,6 +157,7 @@ pub(crate) fn step_from_labels(f: &FailureReport) -> Option<StepPosition> {
             None => format!("the failure's label `{label}` names chunk {n}"),
         },
         from_engine_loop: false,
+        forward_starts: Vec::new(),
     })
 }
 
@@ -228,9 +234,9 @@ fn loop_step(
 ) -> crate::Result<Option<(GenerateForward, StepPosition)>> {
     let p = &trace.processes[at.process];
     let mut kinds: HashMap<u32, Option<(GenerateForward, String)>> = HashMap::new();
-    // The forwards of the current call: kind, embedding bytes, site.
-    let mut call: Vec<(GenerateForward, u64, String)> = Vec::new();
-    for_each_alloc_before(trace, at, |t| {
+    // The forwards of the current call: kind, embedding bytes, site, where it began.
+    let mut call: Vec<(GenerateForward, u64, String, At)> = Vec::new();
+    for_each_alloc_before(trace, at, |t, here| {
         let kind = kinds.entry(t.stack).or_insert_with(|| {
             let py = categoriser::py_frames(p, t.stack);
             let k = generate_forward(&py)?;
@@ -245,10 +251,10 @@ fn loop_step(
             {
                 call.clear();
             }
-            call.push((k, t.size, site));
+            call.push((k, t.size, site, here));
         }
     })?;
-    let Some((kind, bytes, site)) = call.last().cloned() else {
+    let Some((kind, bytes, site, _)) = call.last().cloned() else {
         return Ok(None);
     };
     let index = call.iter().filter(|(k, ..)| *k == kind).count() as u64 - 1;
@@ -263,7 +269,7 @@ fn loop_step(
             return Ok(Some((kind, step)));
         }
     };
-    let all: Option<u64> = call.iter().map(|(_, b, _)| tokens_of(*b)).sum();
+    let all: Option<u64> = call.iter().map(|(_, b, ..)| tokens_of(*b)).sum();
     let source = match (tokens, all, per_token) {
         (Some(t), Some(c), Some(pt)) => format!(
             "transformers' generate loop (`{site}`): {what} (forward {} of the call); its embedding output is {bytes} B = {t} tokens × {pt} B (hidden size × dtype), {c} tokens held at its end",
@@ -282,6 +288,7 @@ fn loop_step(
             context_tokens: all,
             source,
             from_engine_loop: kind == GenerateForward::Prefill,
+            forward_starts: call.iter().filter(|f| f.0 == kind).map(|f| f.3).collect(),
         },
     )))
 }
@@ -305,6 +312,7 @@ fn batch_step(index: u64, bytes: u64, tokens: Option<(u64, u64)>, site: &str) ->
         context_tokens: None,
         source,
         from_engine_loop: false,
+        forward_starts: Vec::new(),
     }
 }
 
@@ -327,7 +335,7 @@ pub(crate) fn step_from_tensors(
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut by_stack: HashMap<u32, Option<(usize, String)>> = HashMap::new();
     let mut latest: Option<usize> = None;
-    for_each_alloc_before(trace, at, |t| {
+    for_each_alloc_before(trace, at, |t, _| {
         let place = by_stack.entry(t.stack).or_insert_with(|| {
             let py = crate::categoriser::py_frames(p, t.stack);
             if py
@@ -384,6 +392,7 @@ pub(crate) fn step_from_tensors(
         context_tokens: tokens.map(|t| (n + 1) * t),
         source,
         from_engine_loop: false,
+        forward_starts: Vec::new(),
     }))
 }
 
@@ -441,6 +450,7 @@ pub(crate) fn step_at_peak(
         context_tokens: Some(tokens),
         source,
         from_engine_loop: false,
+        forward_starts: Vec::new(),
     }))
 }
 

@@ -42,6 +42,8 @@
 //! scratch, Triton's autotuning buffers, and the weights' own loading order (one block of the
 //! weights' bytes, as `caching_allocator_warmup` reserves them).
 
+use std::collections::{HashMap, VecDeque};
+
 use serde::Serialize;
 
 use super::{Basis, Engine, Part, PlannedFailure, PlannedRun, PlannedStep};
@@ -57,8 +59,18 @@ const GEN_BUFFERS: &str =
     "transformers 5.17 generation/utils.py:892/918 attention_mask, position_ids [1, N] int64";
 const GEN_INPUT: &str = "transformers 5.17 generation/utils.py:682 input_ids.clone()";
 const EMBED: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:1254 inputs_embeds = self.embed_tokens(input_ids)";
-const MASK: &str = "transformers 5.17 masking_utils.py:517 sdpa_mask: bool [1, 1, C, L]";
+const MASK_BOOL: &str = "transformers 5.17 masking_utils.py:825 attention_mask.to(bool) [1, L]";
+const MASK_ARANGE: &str =
+    "transformers 5.17 masking_utils.py:510/511 q_arange, kv_arange = arange(n) + offset (int64)";
+const MASK_CAUSAL: &str = "transformers 5.17 masking_utils.py:81 causal_mask_function: kv_idx <= q_idx, bool [1, 1, C, L]";
+const MASK: &str =
+    "transformers 5.17 masking_utils.py:57 and_mask: result & mask(...), bool [1, 1, C, L]";
+const MASK_PADDING: &str = "transformers 5.17 masking_utils.py:178 inner_mask: padding_mask[batch_idx, kv_idx] (the int64 index broadcast, then bool [1, 1, 1, L])";
 const ROTARY: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:186-202 rotary cos, sin";
+const MROPE: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:192-198 position_ids.float(), freqs [3, 1, C, rot/2] fp32, cos()/sin() * attention_scaling";
+const MROPE_CAT: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:213 recomposition_frequencies: torch.cat((freqs_thw, freqs_thw), -1) fp32";
+const MROPE_CAST: &str =
+    "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:202 cos.to(x.dtype), sin.to(x.dtype)";
 const NORM: &str =
     "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:841-855 Qwen3_5RMSNorm (fp32 inside)";
 const RESIDUAL: &str =
@@ -66,12 +78,16 @@ const RESIDUAL: &str =
 const Q_PROJ: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:787-790 q_proj (query and gate), gate.reshape";
 const KV_PROJ: &str =
     "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py Qwen3_5Attention: k_proj, v_proj";
-const ROPE: &str =
-    "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py apply_rotary_pos_emb (partial: cat)";
+const ROPE: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:703/704 (q_rot * cos) + (rotate_half(q_rot) * sin)";
+const ROTATE_HALF: &str = "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:670 rotate_half: torch.cat((-x2, x1), -1)";
+const ROPE_CAT: &str =
+    "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:707/708 torch.cat([q_embed, q_pass], -1)";
 const CACHE_CAT: &str = "transformers 5.17 cache_utils.py:146/147 DynamicLayer.update torch.cat";
 const REPEAT_KV: &str = "transformers 5.17 integrations/sdpa_attention.py:22 repeat_kv";
 const SDPA: &str =
     "transformers 5.17 integrations/sdpa_attention.py:158 scaled_dot_product_attention";
+const SDPA_CONTIGUOUS: &str =
+    "transformers 5.17 integrations/sdpa_attention.py:168 attn_output.transpose(1, 2).contiguous()";
 const EAGER_MASK: &str = "transformers 5.17 masking_utils.py:594/604 eager_mask: never skipped, torch.where(mask, 0, min) [1, 1, C, L] in the model dtype";
 const EAGER_REPEAT_KV: &str =
     "transformers 5.17 models/qwen3_5/modeling_qwen3_5.py:734/735 repeat_kv";
@@ -131,6 +147,21 @@ impl Calibration {
             0
         }
     }
+}
+
+/// The caching allocator's state at the start of one forward of a traced run (default mode, read
+/// from the trace): its segments and the blocks handed out in them. A step planned from it
+/// ([`GenerateChunked::plan_from`]) meets the holes the run had left there, which no config
+/// gives (the driver placed each segment; docs/validation.md, "Why the default allocator's runs
+/// spread"), while every tensor the step allocates stays the planner's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorSeed {
+    /// The forward it was read at the start of, counting from 0.
+    pub index: u64,
+    /// The segments PyTorch held from the driver: base, bytes.
+    pub segments: Vec<(u64, u64)>,
+    /// The blocks handed out at that moment, in the order they were allocated: base, bytes.
+    pub blocks: Vec<(u64, u64)>,
 }
 
 /// The attention the model was loaded with (`attn_implementation`): what the mask and the
@@ -274,8 +305,8 @@ struct Refused {
 }
 
 impl Sim {
-    fn new(capacity: u64, expandable: bool) -> Self {
-        let alloc = CachingAllocator::new(Some(capacity));
+    fn new(capacity: Option<u64>, expandable: bool) -> Self {
+        let alloc = CachingAllocator::new(capacity);
         Sim {
             alloc: if expandable {
                 alloc.expandable()
@@ -429,6 +460,36 @@ impl Sim {
         Ok(out)
     }
 
+    /// Replaces the allocator with the traced state `seed` under `capacity`: each live tensor of
+    /// the planner takes the oldest traced block of its bytes not yet taken (the weights, the
+    /// caches, the states and the inputs the trace holds too); one with no such block leaves the
+    /// books (the traced blocks hold its bytes, or the trace had none), and the traced blocks no
+    /// tensor took stay handed out to the end.
+    fn reseed(&mut self, seed: &AllocatorSeed, capacity: u64) {
+        let (alloc, ids) =
+            CachingAllocator::from_state(Some(capacity), &seed.segments, &seed.blocks);
+        let mut by_size: HashMap<u64, VecDeque<BlockId>> = HashMap::new();
+        for (&(_, bytes), id) in seed.blocks.iter().zip(ids) {
+            if let Some(id) = id {
+                by_size.entry(bytes).or_default().push_back(id);
+            }
+        }
+        for slot in &mut self.live {
+            let Some((id, block, category)) = slot else {
+                continue;
+            };
+            match by_size.get_mut(block).and_then(VecDeque::pop_front) {
+                Some(traced) => *id = traced,
+                None => {
+                    self.by_category[category.index()] -= *block;
+                    *slot = None;
+                }
+            }
+        }
+        self.alloc = alloc;
+        self.begin_step();
+    }
+
     fn begin_step(&mut self) {
         self.step_peak_allocated = self.alloc.allocated();
         self.step_peak_reserved = self.alloc.reserved();
@@ -460,6 +521,102 @@ impl GenerateChunked {
         }
     }
 
+    /// The mask `create_causal_mask` builds for a chunk of `c` on a context of `l`
+    /// (`masking_utils.py` `sdpa_mask`, the non-vmap path, with the padding mask `generate`
+    /// passes): the int64 aranges, then `and_masks(causal, padding)` — the causal comparison,
+    /// its `&` with the all-true start, the padding index and its `&`, each `&` a new
+    /// `[1, 1, C, L]` bool freeing the one before — and the aranges freed at the end.
+    fn causal_mask(&self, sim: &mut Sim, c: u64, l: u64) -> Result<H, Box<Refused>> {
+        let act = Category::Activations;
+        let bool_mask = sim.alloc(
+            "attention_mask.to(bool)",
+            &[1, l],
+            DType::Bool,
+            MASK_BOOL,
+            act,
+        )?;
+        let q0 = sim.alloc("arange(q_length)", &[c], DType::I64, MASK_ARANGE, act)?;
+        let q = sim.alloc("q_arange", &[c], DType::I64, MASK_ARANGE, act)?;
+        sim.free(q0);
+        let kv0 = sim.alloc("arange(kv_length)", &[l], DType::I64, MASK_ARANGE, act)?;
+        let kv = sim.alloc("kv_arange", &[l], DType::I64, MASK_ARANGE, act)?;
+        sim.free(kv0);
+        let causal = sim.alloc(
+            "kv_idx <= q_idx",
+            &[1, 1, c, l],
+            DType::Bool,
+            MASK_CAUSAL,
+            act,
+        )?;
+        let with_causal = sim.alloc("result & causal", &[1, 1, c, l], DType::Bool, MASK, act)?;
+        sim.free(causal);
+        let index = sim.alloc(
+            "padding index",
+            &[1, 1, 1, l],
+            DType::I64,
+            MASK_PADDING,
+            act,
+        )?;
+        let padding = sim.alloc(
+            "padding_mask[b, kv_idx]",
+            &[1, 1, 1, l],
+            DType::Bool,
+            MASK_PADDING,
+            act,
+        )?;
+        sim.free(index);
+        let mask = sim.alloc("result & padding", &[1, 1, c, l], DType::Bool, MASK, act)?;
+        sim.free_all([padding, with_causal, q, kv, bool_mask]);
+        Ok(mask)
+    }
+
+    /// The rotary embedding's `cos` and `sin` for a chunk of `c`, in the model dtype. Qwen3.5's
+    /// multimodal rotary (`Qwen3_5TextRotaryEmbedding.forward`): the fp32 frequencies over its
+    /// three position grids, their `cos()` and `sin()` times `attention_scaling` (each a new
+    /// tensor, the unscaled one freed), recomposed into `[1, C, rot]` fp32 by a `cat` (freeing
+    /// the grids' copy), cast to the model dtype; the fp32 tensors freed on return. Other
+    /// models: one grid, `cat((freqs, freqs))`, `cos()`, `sin()` cast.
+    fn rotary(&self, sim: &mut Sim, c: u64) -> Result<(H, H), Box<Refused>> {
+        let (dt, act) = (self.config.dtype, Category::Activations);
+        let rot = self.rotary_dim();
+        let mrope =
+            matches!(self.config.model_type.as_deref(), Some(t) if t.starts_with("qwen3_5"));
+        if !mrope {
+            let freqs = sim.alloc("freqs", &[1, c, rot], DType::F32, ROTARY, act)?;
+            let cos32 = sim.alloc("emb.cos()", &[1, c, rot], DType::F32, ROTARY, act)?;
+            let cos = sim.alloc("cos", &[1, c, rot], dt, ROTARY, act)?;
+            sim.free(cos32);
+            let sin32 = sim.alloc("emb.sin()", &[1, c, rot], DType::F32, ROTARY, act)?;
+            let sin = sim.alloc("sin", &[1, c, rot], dt, ROTARY, act)?;
+            sim.free_all([sin32, freqs]);
+            return Ok((cos, sin));
+        }
+        let grid = [3, 1, c, rot / 2];
+        let pos = sim.alloc(
+            "position_ids.float()",
+            &[3, 1, 1, c],
+            DType::F32,
+            MROPE,
+            act,
+        )?;
+        let freqs = sim.alloc("freqs", &grid, DType::F32, MROPE, act)?;
+        let mut scaled = Vec::with_capacity(2);
+        for name in ["freqs.cos()", "freqs.sin()"] {
+            let raw = sim.alloc(name, &grid, DType::F32, MROPE, act)?;
+            scaled.push(sim.alloc("* attention_scaling", &grid, DType::F32, MROPE, act)?);
+            sim.free(raw);
+        }
+        let (cos_g, sin_g) = (scaled[0], scaled[1]);
+        let sin32 = sim.alloc("sin (recomposed)", &[1, c, rot], DType::F32, MROPE_CAT, act)?;
+        sim.free(sin_g);
+        let cos32 = sim.alloc("cos (recomposed)", &[1, c, rot], DType::F32, MROPE_CAT, act)?;
+        sim.free(cos_g);
+        let cos = sim.alloc("cos", &[1, c, rot], dt, MROPE_CAST, act)?;
+        let sin = sim.alloc("sin", &[1, c, rot], dt, MROPE_CAST, act)?;
+        sim.free_all([pos, freqs, cos32, sin32]);
+        Ok((cos, sin))
+    }
+
     /// One chunk's forward of `c` tokens on top of `past`.
     fn forward(
         &self,
@@ -468,6 +625,7 @@ impl GenerateChunked {
         kernel: &[crate::Tensor],
         c: u64,
         past: u64,
+        seed: Option<(&AllocatorSeed, u64)>,
     ) -> Result<H, Box<Refused>> {
         let cfg = &self.config;
         let dt = cfg.dtype;
@@ -475,6 +633,11 @@ impl GenerateChunked {
         let l = past + c;
         let h = cfg.hidden_size;
         let ids = sim.alloc("input_ids (chunk)", &[1, c], DType::I64, GEN_INPUT, act)?;
+        // A traced state is read just before the forward's embedding output: its chunk's ids
+        // are among its blocks.
+        if let Some((seed, capacity)) = seed {
+            sim.reseed(seed, capacity);
+        }
         let emb = sim.alloc("inputs_embeds", &[1, c, h], dt, EMBED, act)?;
         let held = match self.calibration.as_ref().map(|k| k.held(c, l)) {
             Some(b) if b > 0 => Some(sim.alloc_bytes("calibrated", b, CALIBRATED, act)?),
@@ -483,9 +646,7 @@ impl GenerateChunked {
         // SDPA's first chunk needs no mask (`_ignore_causal_mask_sdpa`): SDPA is causal. Eager's
         // mask is the bool one turned into the model dtype, for every chunk.
         let mask = if past > 0 || self.attention == Attention::Eager {
-            let a = sim.alloc("kv_idx <= q_idx", &[1, 1, c, l], DType::Bool, MASK, act)?;
-            let m = sim.alloc("causal mask", &[1, 1, c, l], DType::Bool, MASK, act)?;
-            sim.free(a);
+            let m = self.causal_mask(sim, c, l)?;
             if self.attention == Attention::Eager {
                 let f = sim.alloc(
                     "torch.where(mask, 0, min)",
@@ -502,14 +663,7 @@ impl GenerateChunked {
         } else {
             None
         };
-        let rot = self.rotary_dim();
-        let freqs = sim.alloc("freqs", &[1, c, rot], DType::F32, ROTARY, act)?;
-        let cos32 = sim.alloc("emb.cos()", &[1, c, rot], DType::F32, ROTARY, act)?;
-        let cos = sim.alloc("cos", &[1, c, rot], dt, ROTARY, act)?;
-        sim.free(cos32);
-        let sin32 = sim.alloc("emb.sin()", &[1, c, rot], DType::F32, ROTARY, act)?;
-        let sin = sim.alloc("sin", &[1, c, rot], dt, ROTARY, act)?;
-        sim.free_all([sin32, freqs]);
+        let (cos, sin) = self.rotary(sim, c)?;
         // `hidden_states` starts as `inputs_embeds` itself; a later rebinding frees the old one
         // unless it is still the embedding (held by the model's forward throughout).
         let mut hidden: Option<H> = None;
@@ -525,16 +679,16 @@ impl GenerateChunked {
                 _ => unreachable!("caches follow layer_types"),
             };
             sim.free(normed);
-            let r = sim.alloc("residual + attn", &[1, c, h], dt, RESIDUAL, act)?;
+            let mid = sim.alloc("residual + attn", &[1, c, h], dt, RESIDUAL, act)?;
             sim.free(out);
-            if let Some(old) = hidden.replace(r) {
-                sim.free(old);
-            }
             let normed = sim.rms_norm(c, h, dt)?;
             let out = self.mlp(sim, c)?;
             sim.free(normed);
             let r = sim.alloc("residual + mlp", &[1, c, h], dt, RESIDUAL, act)?;
             sim.free(out);
+            // The layer's return frees its `residual` (the sum after attention); the model's
+            // loop rebinding `hidden_states` then frees the layer's input.
+            sim.free(mid);
             if let Some(old) = hidden.replace(r) {
                 sim.free(old);
             }
@@ -586,21 +740,29 @@ impl GenerateChunked {
         let k = sim.rms_norm(c * kvh, d, dt)?;
         sim.free(kp);
         let v = sim.alloc("v_proj(x)", &[1, c, kvh * d], dt, KV_PROJ, act)?;
-        // Partial rotary: the rotated part's products and the cat of both parts.
+        // `apply_rotary_pos_emb` (partial rotary): `q_rot * cos`, `rotate_half` (the negated
+        // half, then the cat of both halves), `* sin`, the sum, for q and then k; then the cat
+        // of each with its pass-through part; q and k rebound, freeing the normed ones.
         let rot = self.rotary_dim();
-        let rope = |sim: &mut Sim, t: H, nh: u64| -> Result<H, Box<Refused>> {
+        let rotated = |sim: &mut Sim, nh: u64| -> Result<H, Box<Refused>> {
             let a = sim.alloc("q_rot * cos", &[1, nh, c, rot], dt, ROPE, act)?;
-            let r = sim.alloc("rotate_half", &[1, nh, c, rot], dt, ROPE, act)?;
+            let neg = sim.alloc("-x2", &[1, nh, c, rot / 2], dt, ROTATE_HALF, act)?;
+            let r = sim.alloc("rotate_half", &[1, nh, c, rot], dt, ROTATE_HALF, act)?;
+            sim.free(neg);
             let b = sim.alloc("rotate_half * sin", &[1, nh, c, rot], dt, ROPE, act)?;
             sim.free(r);
             let s = sim.alloc("sum", &[1, nh, c, rot], dt, ROPE, act)?;
             sim.free_all([a, b]);
-            let out = sim.alloc("cat(rotated, pass)", &[1, nh, c, d], dt, ROPE, act)?;
-            sim.free_all([s, t]);
-            Ok(out)
+            Ok(s)
         };
-        let q = rope(sim, q, heads)?;
-        let k = rope(sim, k, kvh)?;
+        let qs = rotated(sim, heads)?;
+        let ks = rotated(sim, kvh)?;
+        let q_embed = sim.alloc("cat(q_embed, q_pass)", &[1, heads, c, d], dt, ROPE_CAT, act)?;
+        sim.free(qs);
+        let k_embed = sim.alloc("cat(k_embed, k_pass)", &[1, kvh, c, d], dt, ROPE_CAT, act)?;
+        sim.free(ks);
+        sim.free_all([q, k]);
+        let (q, k) = (q_embed, k_embed);
         // DynamicLayer.update: the new K, then the new V, each freeing the old as it is rebound.
         let kv = Category::KvCache;
         let nk = sim.alloc("keys (torch.cat)", &[1, kvh, l, d], dt, CACHE_CAT, kv)?;
@@ -619,9 +781,8 @@ impl GenerateChunked {
                 (out, Some(w))
             }
         };
-        sim.free(q);
         let out = match gate {
-            Some(g) => {
+            Some(_) => {
                 let s = sim.alloc("sigmoid(gate)", &[1, c, heads * d], dt, GATE_OUT, act)?;
                 let p = sim.alloc(
                     "attn_output * sigmoid",
@@ -630,13 +791,16 @@ impl GenerateChunked {
                     GATE_OUT,
                     act,
                 )?;
-                sim.free_all([s, g, out]);
+                sim.free_all([s, out]);
                 p
             }
             None => out,
         };
         let o = sim.alloc("o_proj", &[1, c, cfg.hidden_size], dt, O_PROJ, act)?;
         sim.free(out);
+        // The attention's return frees its locals: the rotated query and the gate.
+        sim.free(q);
+        sim.free_all(gate);
         // Eager's attention weights are returned with the output and dropped by the decoder
         // layer (`hidden_states, _ = self.self_attn(...)`).
         sim.free_all(weights);
@@ -644,21 +808,32 @@ impl GenerateChunked {
     }
 
     /// SDPA over a context of `l` (the query and the cache are live in the caller): with a mask,
-    /// K and V repeated to the query heads and the mask copied into the query dtype, held
-    /// through the kernel; the output in `[1, C, H, D]` (the kernel's own layout, so the
-    /// `transpose(1, 2).contiguous()` after it copies nothing).
+    /// K and V repeated to the query heads and the mask copied into the query dtype; the
+    /// kernel's output `[1, H, C, D]` (the mask freed once it returns), its
+    /// `transpose(1, 2).contiguous()` copy, then the kernel's output and the repeated K and V
+    /// freed on return.
     fn sdpa(&self, sim: &mut Sim, masked: bool, c: u64, l: u64) -> Result<H, Box<Refused>> {
         let cfg = &self.config;
         let (dt, act) = (cfg.dtype, Category::Activations);
-        let mut held = Vec::new();
+        let (heads, d) = (cfg.num_attention_heads, cfg.head_dim);
+        let mut repeated = Vec::new();
+        let mut mask = None;
         if masked {
-            held = self.repeat_kv(sim, l, REPEAT_KV)?;
-            held.push(sim.alloc("attn_mask (query dtype)", &[1, 1, c, l], dt, SDPA_MASK, act)?);
+            repeated = self.repeat_kv(sim, l, REPEAT_KV)?;
+            mask = Some(sim.alloc("attn_mask (query dtype)", &[1, 1, c, l], dt, SDPA_MASK, act)?);
         }
-        let shape = [1, c, cfg.num_attention_heads, cfg.head_dim];
-        let out = sim.alloc("attn_output", &shape, dt, SDPA, act)?;
-        sim.free_all(held);
-        Ok(out)
+        let out = sim.alloc("attn_output", &[1, heads, c, d], dt, SDPA, act)?;
+        sim.free_all(mask);
+        let contiguous = sim.alloc(
+            "attn_output.transpose(1, 2).contiguous()",
+            &[1, c, heads, d],
+            dt,
+            SDPA_CONTIGUOUS,
+            act,
+        )?;
+        sim.free(out);
+        sim.free_all(repeated);
+        Ok(contiguous)
     }
 
     /// `repeat_kv`: K and V `[1, H, L, D]`, copied to the query heads (none when there are as many
@@ -807,17 +982,22 @@ impl GenerateChunked {
         let sp = sim.alloc("softplus", &[1, c, hv], DType::F32, GATES, act)?;
         let g = sim.alloc("g", &[1, c, hv], DType::F32, GATES, act)?;
         sim.free_all([af, sp]);
-        let mut held = vec![mixed, beta, g, b, a];
+        // Held to the layer's end: the conv output (query, key and value are views of it) and
+        // the gates; the repeated query and key.
+        let gates = [beta, g, b, a];
+        let mut repeated = Vec::new();
         let repeat = hv > hk;
+        // Inside fla's call: its contiguous copies, freed when the call returns.
+        let mut copies = Vec::new();
         if repeat {
-            held.push(sim.alloc(
+            repeated.push(sim.alloc(
                 "query (repeat_interleave)",
                 &[1, c, hv, dk],
                 dt,
                 REPEAT_QK,
                 act,
             )?);
-            held.push(sim.alloc(
+            repeated.push(sim.alloc(
                 "key (repeat_interleave)",
                 &[1, c, hv, dk],
                 dt,
@@ -825,17 +1005,33 @@ impl GenerateChunked {
                 act,
             )?);
         } else {
-            held.push(sim.alloc("query (contiguous)", &[1, c, hk, dk], dt, FLA_COPY, act)?);
-            held.push(sim.alloc("key (contiguous)", &[1, c, hk, dk], dt, FLA_COPY, act)?);
+            copies.push(sim.alloc("query (contiguous)", &[1, c, hk, dk], dt, FLA_COPY, act)?);
+            copies.push(sim.alloc("key (contiguous)", &[1, c, hk, dk], dt, FLA_COPY, act)?);
         }
-        held.push(sim.alloc("value (contiguous)", &[1, c, hv, dv], dt, FLA_COPY, act)?);
-        // fla's kernel, in its own order; its outputs are o and the fp32 final state.
+        copies.push(sim.alloc("value (contiguous)", &[1, c, hv, dv], dt, FLA_COPY, act)?);
+        // fla's kernel, in its own order; its outputs are o and the fp32 final state. The
+        // l2-normalised q and k (and their rstd) are the autograd function's locals: freed with
+        // the contiguous copies when it returns, after the kernel's own frees.
+        let in_call = |name: &str| {
+            name.starts_with("q (l2norm)")
+                || name.starts_with("k (l2norm)")
+                || name.ends_with("rstd")
+        };
         let mut ids: Vec<Option<H>> = vec![None; kernel.len()];
+        let mut l2: Vec<H> = Vec::new();
+        let mut final_state: Option<H> = None;
         for e in events(kernel) {
             match e {
                 Event::Alloc { tensor } => {
                     let t = &kernel[tensor];
-                    ids[tensor] = Some(sim.alloc_bytes(&t.name, t.bytes, t.source, act)?);
+                    let h = sim.alloc_bytes(&t.name, t.bytes, t.source, act)?;
+                    if in_call(&t.name) {
+                        l2.push(h);
+                    } else if t.name == "final_state" {
+                        final_state = Some(h);
+                    } else {
+                        ids[tensor] = Some(h);
+                    }
                 }
                 Event::Free { tensor } => {
                     if let Some(h) = ids[tensor].take() {
@@ -844,33 +1040,56 @@ impl GenerateChunked {
                 }
             }
         }
+        sim.free_all(copies);
+        sim.free_all(l2);
         let outputs: Vec<H> = ids.into_iter().flatten().collect();
         let state_bytes = hv * dk * dv * DType::F32.size_bytes();
         if recurrent.is_none() {
             let s = sim.alloc_bytes("recurrent_states", state_bytes, STATE, Category::State)?;
             *recurrent = Some(s);
         }
-        sim.free_all(held);
-        // The gated norm in fp32 over [C·Hv, Dv], then out_proj.
+        // `Qwen3_5RMSNormGated` over [C·Hv, Dv] (its lines 225-234): the input in fp32, its
+        // squares (reduced, then freed), the product with rsqrt, cast back and times the
+        // weight, the gate in fp32, its silu, the product in fp32, cast back.
         let rows = c * hv;
-        let x32 = sim.alloc("x.float()", &[rows, dv], DType::F32, GATED_NORM, act)?;
+        let x32 = sim.alloc(
+            "hidden_states.to(float32)",
+            &[rows, dv],
+            DType::F32,
+            GATED_NORM,
+            act,
+        )?;
+        let sq = sim.alloc("pow(2)", &[rows, dv], DType::F32, GATED_NORM, act)?;
+        sim.free(sq);
         let n32 = sim.alloc(
-            "x * rsqrt * weight",
+            "* rsqrt(variance)",
             &[rows, dv],
             DType::F32,
             GATED_NORM,
             act,
         )?;
         sim.free(x32);
-        let z32 = sim.alloc("silu(z.float())", &[rows, dv], DType::F32, GATED_NORM, act)?;
-        let y32 = sim.alloc("* gate", &[rows, dv], DType::F32, GATED_NORM, act)?;
-        sim.free_all([n32, z32]);
+        let nb = sim.alloc("to(input_dtype)", &[rows, dv], dt, GATED_NORM, act)?;
+        let w = sim.alloc("weight *", &[rows, dv], dt, GATED_NORM, act)?;
+        sim.free_all([nb, n32]);
+        let z32 = sim.alloc("gate.to(float32)", &[rows, dv], DType::F32, GATED_NORM, act)?;
+        let sz = sim.alloc("silu(gate)", &[rows, dv], DType::F32, GATED_NORM, act)?;
+        sim.free(z32);
+        let y32 = sim.alloc("* silu(gate)", &[rows, dv], DType::F32, GATED_NORM, act)?;
+        sim.free_all([sz, w]);
         let y = sim.alloc("gated norm", &[rows, dv], dt, GATED_NORM, act)?;
         sim.free(y32);
+        // `core_attn_out` rebound to the norm's output frees o; the final state is a local of
+        // the layer (the cache copies it into its own, `update_recurrent_state`).
         sim.free_all(outputs);
-        sim.free(z);
         let o = sim.alloc("out_proj", &[1, c, cfg.hidden_size], dt, O_PROJ, act)?;
+        // The layer's return frees its locals.
+        sim.free(z);
+        sim.free_all(repeated);
+        sim.free(mixed);
         sim.free(y);
+        sim.free_all(final_state);
+        sim.free_all(gates);
         Ok(o)
     }
 
@@ -915,6 +1134,32 @@ impl Engine for GenerateChunked {
     }
 
     fn plan(&self, limit: &Limit, prompt_tokens: u64) -> Result<PlannedRun, ModelError> {
+        self.run(limit, prompt_tokens, None)
+    }
+}
+
+impl GenerateChunked {
+    /// The forward `seed.index` planned from the allocator's state a trace shows at its start
+    /// ([`AllocatorSeed`]), with the forwards before it planned without a limit (only the
+    /// tensors they leave live matter, each taking a traced block). The run's steps hold that
+    /// forward alone; its failure, if any, is that forward's. Default allocator only: an
+    /// expandable segment's state is not seeded.
+    pub fn plan_from(&self, limit: &Limit, seed: &AllocatorSeed) -> Result<PlannedRun, ModelError> {
+        if self.expandable_segments {
+            return Err(ModelError::Invalid(
+                "a traced allocator state is read for the default allocator only, not expandable segments".into(),
+            ));
+        }
+        let prompt = (seed.index + 1).saturating_mul(self.chunk_tokens);
+        self.run(limit, prompt, Some(seed))
+    }
+
+    fn run(
+        &self,
+        limit: &Limit,
+        prompt_tokens: u64,
+        seed: Option<&AllocatorSeed>,
+    ) -> Result<PlannedRun, ModelError> {
         let limit_bytes = self.enforced_bytes(limit)?;
         let usable = limit_bytes
             .saturating_sub(self.calibration.as_ref().map_or(0, |k| k.reserve_held_back));
@@ -926,7 +1171,7 @@ impl Engine for GenerateChunked {
         }
         let cfg = &self.config;
         let weights = weight_bytes(cfg, WeightFormat::Bf16, 1)?.bytes;
-        let mut sim = Sim::new(usable, self.expandable_segments);
+        let mut sim = Sim::new(seed.is_none().then_some(usable), self.expandable_segments);
         if self.calibration.is_some() {
             sim.basis = Basis::Calibrated;
         }
@@ -997,7 +1242,8 @@ impl Engine for GenerateChunked {
                 .map(|(_, k)| k.as_slice())
                 .unwrap_or_default();
             sim.begin_step();
-            match self.forward(&mut sim, &mut caches, k, c, past) {
+            let seeded = seed.filter(|s| s.index == index).map(|s| (s, usable));
+            match self.forward(&mut sim, &mut caches, k, c, past, seeded) {
                 Ok(logits) => {
                     // `outputs` is rebound after the forward returns.
                     if let Some(old) = previous_logits.replace(logits) {
@@ -1010,6 +1256,10 @@ impl Engine for GenerateChunked {
                 }
             }
             past += c;
+            if seed.is_some_and(|s| index < s.index) {
+                index += 1;
+                continue;
+            }
             run.steps.push(PlannedStep {
                 index,
                 chunk_tokens: c,

@@ -4,6 +4,7 @@
 //! and frontier, PyTorch's message rebuilt verbatim, the versions block.
 
 use super::*;
+use crate::report::model_view::FitsBasis;
 use crate::report::triage::VerdictClass;
 
 fn yes_no(b: Option<bool>) -> &'static str {
@@ -118,7 +119,8 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
                 out,
                 "| {} | the failing step **{}**: {} counted against {} ({}); the step before it {} |",
                 m.engine.map_or("whole-step model".to_string(), |e| format!(
-                    "{e}, predicted from the config"
+                    "{e}, {}",
+                    m.fits_basis.unwrap_or(FitsBasis::Config).words()
                 )),
                 if m.failure_fits == Some(false) {
                     "does not fit"

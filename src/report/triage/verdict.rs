@@ -7,6 +7,7 @@ use vramtrace_models::{KnownParts, Limit, StepModel, StepVariants};
 use super::refusal::Refusal;
 use super::{ModelView, TriageOptions, Verdict, VerdictClass, gib};
 use crate::categoriser::{Breakdown, Category, Evidence};
+use crate::report::model_view::FitsBasis;
 use crate::report::step::StepPosition;
 
 /// The verdict on the refusal `r`: `b` is the failure's breakdown, `step` the failing step and
@@ -188,7 +189,8 @@ pub(super) fn verdict(
             "{}: the failing step {} ({} counted against {})",
             m.engine
                 .map_or("the whole-step model".to_string(), |e| format!(
-                    "the planner of {e} (from the config)"
+                    "the planner of {e} ({})",
+                    m.fits_basis.unwrap_or(FitsBasis::Config).words()
                 )),
             if m.failure_fits == Some(false) {
                 "does not fit"

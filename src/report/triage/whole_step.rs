@@ -92,7 +92,8 @@ pub(super) fn whole_step(
             expandable_segments: opts.expandable_segments
                 || engine_view::traced_expandable_segments(trace)?,
         };
-        if let Some(v) = engine_view::transformers_view(cfg, settings, step, limit, &seen) {
+        let seeds = engine_view::StepSeeds::read(trace, step, settings.expandable_segments)?;
+        if let Some(v) = engine_view::transformers_view(cfg, settings, step, limit, &seen, &seeds) {
             return v.map_err(ModelViewError::from);
         }
     }
@@ -139,6 +140,8 @@ pub(super) fn whole_step(
         shape,
         failure_fits: Some(lc.fits),
         before_fits: before,
+        fits_basis: None,
+        failure_fits_config: None,
         headroom: lc.headroom,
         counted: lc.counted,
         known,
@@ -421,6 +424,8 @@ pub(super) fn peak_model(
         shape,
         failure_fits: None,
         before_fits: None,
+        fits_basis: None,
+        failure_fits_config: None,
         headroom: lc.headroom,
         counted: lc.counted,
         known,
