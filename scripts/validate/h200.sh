@@ -666,6 +666,25 @@ generate_chunked() {
   done
 }
 
+generate_reports() {
+  # Issue 31: the report on every traced generate run of this call (the step, the planner met
+  # with the trace's segments at the step's start, the shortfall), beside its trace.
+  local d
+  for d in "$W"/gen-trace-c*; do
+    [ -d "$d" ] || continue
+    cp "$W/models/hybrid12/config.json" "$d/config.json"
+    $VT report "$d" --model "$d/config.json" --json > "$d.report.json" 2> "$d.report.err" || cat "$d.report.err"
+    python3 - "$d.report.json" <<'PY' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+m, s = r.get("model") or {}, r.get("step") or {}
+print(sys.argv[1], "chunk", s.get("chunk_index"), "context", s.get("context_tokens"),
+      "fits", m.get("failure_fits"), "before", m.get("before_fits"), "basis", m.get("fits_basis"),
+      "config", m.get("failure_fits_config"), "headroom", m.get("headroom"), "shortfall", r.get("shortfall"))
+PY
+  done
+}
+
 generate_modes() {
   # Issue 31, item 2: the planner's expandable segments and eager attention, each case bare
   # (cap:chunk lists; the predictions were committed first: docs/validation.md, "transformers
