@@ -25,6 +25,24 @@ use vramtrace_view_model::{BreakdownEntry, Forecast, ModelAtCursor, ModelPart, M
 use crate::attribution::Observed;
 use crate::categories::{self, CATEGORIES, Category, N};
 
+/// Why the live model gives no forecast or tensor table at the cursor (shown in the live view in
+/// their place).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForecastError {
+    /// Neither `--capacity` nor the trace gives a limit.
+    #[error("no limit to forecast against: give --capacity (the trace names no device)")]
+    NoLimit,
+    /// The model refused the step (its error's message).
+    #[error("not modelled: {0}")]
+    NotModelled(String),
+}
+
+impl From<vramtrace_models::ModelError> for ForecastError {
+    fn from(e: vramtrace_models::ModelError) -> Self {
+        ForecastError::NotModelled(e.to_string())
+    }
+}
+
 /// The longest context the cliff search looks at (tokens): beyond it the cliff is "beyond".
 pub const MAX_CONTEXT: u64 = 1 << 24;
 
@@ -45,7 +63,7 @@ pub struct LiveModel {
     /// The last answer and the observed bytes, device total and enforced limit it was made for.
     last: Option<(Inputs, ModelAtCursor)>,
     /// The last tensor table, the context and the live set's key it was made for.
-    last_tensors: Option<(u64, u64, Result<ModelTensors, String>)>,
+    last_tensors: Option<(u64, u64, Result<ModelTensors, ForecastError>)>,
 }
 
 impl LiveModel {
@@ -120,7 +138,9 @@ impl LiveModel {
                 m
             }
         };
-        m.tensors = self.tensors(self.context(&bytes), live_key, live);
+        m.tensors = self
+            .tensors(self.context(&bytes), live_key, live)
+            .map_err(|e| e.to_string());
         m
     }
 
@@ -155,7 +175,7 @@ impl LiveModel {
         context: u64,
         live_key: u64,
         live: impl FnOnce() -> Vec<Observed>,
-    ) -> Result<ModelTensors, String> {
+    ) -> Result<ModelTensors, ForecastError> {
         if let Some((c, k, t)) = &self.last_tensors
             && *c == context
             && *k == live_key
@@ -167,7 +187,7 @@ impl LiveModel {
             .model
             .step(&shape)
             .map(|step| tensors::table(&step, shape.chunk_tokens, shape.context_tokens, live()))
-            .map_err(|e| format!("not modelled: {e}"));
+            .map_err(ForecastError::from);
         self.last_tensors = Some((context, live_key, t.clone()));
         t
     }
@@ -233,7 +253,9 @@ impl LiveModel {
             })
             .filter(|p| p.modelled_bytes.is_some() || p.observed_bytes > 0)
             .collect();
-        let forecast = self.forecast(&model, context, pool, device_total, enforced);
+        let forecast = self
+            .forecast(&model, context, pool, device_total, enforced)
+            .map_err(|e| e.to_string());
         ModelAtCursor {
             title: self.title.clone(),
             parts,
@@ -253,16 +275,11 @@ impl LiveModel {
         pool: Option<u64>,
         device_total: Option<u64>,
         enforced: Option<u64>,
-    ) -> Result<Forecast, String> {
+    ) -> Result<Forecast, ForecastError> {
         let (capacity, label) = match (self.capacity, device_total) {
             (Some(c), _) => (c, "--capacity"),
             (None, Some(t)) if t > 0 => (t, "the card"),
-            _ => {
-                return Err(
-                    "no limit to forecast against: give --capacity (the trace names no device)"
-                        .into(),
-                );
-            }
+            _ => return Err(ForecastError::NoLimit),
         };
         // The limit the trace shows enforced wins over the card: PyTorch's per-process fraction,
         // read from its refusal, counts only its own segments.
@@ -279,13 +296,12 @@ impl LiveModel {
         };
         let chunk = self.shape.chunk_tokens;
         let next = self.shape.with_context(context.saturating_add(chunk));
-        let checked = model.check(&next, &limit).map_err(|e| e.to_string())?;
+        let checked = model.check(&next, &limit)?;
         let counted = checked.limit.as_ref().map_or(checked.total, |l| l.counted);
         // No context past the longest sequence the model takes: a cliff beyond it is never met.
         let search_to = self.max_sequence.unwrap_or(MAX_CONTEXT);
-        let frontier = model
-            .largest_context_at(&self.shape, &limit, search_to.max(next.context_tokens))
-            .map_err(|e| e.to_string())?;
+        let frontier =
+            model.largest_context_at(&self.shape, &limit, search_to.max(next.context_tokens))?;
         Ok(Forecast {
             context_tokens: context,
             kv_bytes_per_token: self.kv_per_token,

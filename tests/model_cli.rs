@@ -246,36 +246,48 @@ const HYBRID12: &str = concat!(
 const H200_TOTAL: u64 = 150_109_880_320;
 
 /// The transformers planner's frozen predictions, as committed before the H200 run that checks
-/// them (docs/validation.md, "transformers 5.17 generate(prefill_chunk_size)"): a change to the
-/// planner that moves any of them must say so there, and be checked on a new run.
+/// them (docs/validation.md, "The step's tensors in the program's order": the table of
+/// predictions committed before the call of 2026-12-03, 18:10): a change to the planner that
+/// moves any of them must say so there, and be checked on a new run.
 #[test]
 fn the_transformers_planner_predicts_what_docs_validation_records() {
-    let table = [
-        (6u64, 2048u64, 54u64, 112_640u64),
-        (6, 4096, 19, 81_920),
-        (6, 8192, 6, 57_344),
-        (10, 2048, 104, 215_040),
-        (10, 4096, 41, 172_032),
-        (10, 8192, 13, 114_688),
+    let table: [(&[&str], u64, u64, u64, u64); 7] = [
+        (&[], 7, 3072, 40, 125_952),
+        (&[], 9, 5120, 24, 128_000),
+        (&[], 11, 6144, 24, 153_600),
+        (&["--expandable-segments"], 7, 2048, 76, 157_696),
+        (&["--expandable-segments"], 10, 6144, 29, 184_320),
+        (&["--attn-implementation", "eager"], 10, 1024, 33, 34_816),
+        (&["--attn-implementation", "eager"], 7, 768, 37, 29_184),
     ];
-    for (cap, chunk, index, context) in table {
+    for (flags, cap, chunk, index, context) in table {
         let fraction = (cap << 30) as f64 / H200_TOTAL as f64;
-        let (code, stdout, stderr) = run(&[
+        let (chunk_s, total_s, fraction_s) = (
+            chunk.to_string(),
+            H200_TOTAL.to_string(),
+            fraction.to_string(),
+        );
+        let mut args = vec![
             HYBRID12,
             "--runtime",
             "transformers",
             "--tokens",
-            &chunk.to_string(),
+            &chunk_s,
             "--limit",
-            &H200_TOTAL.to_string(),
+            &total_s,
             "--memory-fraction",
-            &fraction.to_string(),
+            &fraction_s,
             "--json",
-        ]);
+        ];
+        args.extend_from_slice(flags);
+        let (code, stdout, stderr) = run(&args);
         // Exit 1: a chunk was refused before the prompt was held.
         assert_eq!(code, 1, "{stderr}");
         let v: Value = serde_json::from_str(&stdout).unwrap();
-        assert_eq!(v["failure"]["index"], index, "{cap} GiB, chunk {chunk}");
+        assert_eq!(
+            v["failure"]["index"], index,
+            "{flags:?} {cap} GiB, chunk {chunk}"
+        );
         assert_eq!(v["failure"]["context_tokens"], context);
         assert_eq!(v["frontier"]["failing_context"], context);
         assert_eq!(v["frontier"]["context_at_chunk"], context - chunk);
@@ -403,7 +415,7 @@ fn the_transformers_planner_calibrated_from_a_trace_of_the_same_program() {
     assert!(k["per_chunk_token"].as_f64().unwrap() >= 0.0);
     assert!(k["reserve_held_back"].as_u64().unwrap() < 1 << 30, "{k}");
     assert!(k["from"].as_str().unwrap().ends_with("hf-generate-oom"));
-    assert_eq!(v["failure"]["context_tokens"], 159_744);
+    assert_eq!(v["failure"]["context_tokens"], 176_128);
     for p in v["failure"]["parts"].as_array().unwrap() {
         assert_eq!(p["basis"], "calibrated", "{p}");
     }

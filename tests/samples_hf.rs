@@ -408,3 +408,43 @@ fn calibrated_from_one_expandable_run_other_settings_land_within_one_chunk() {
         }
     }
 }
+
+/// Two held-out OOMs on the default allocator, recorded after the planner followed the step's
+/// tensors in the program's order and after the prediction below was committed
+/// (`samples/h200/hf-generate-heldout`: 9 GiB with chunks of 5,120, 11 GiB with chunks of 6,144;
+/// docs/validation.md, "The step's tensors in the program's order"). The report names the chunk
+/// and context the decoder's pre-hook counted, and the planner's own step, met with the
+/// segments the trace held when it began, is refused short by exactly PyTorch's shortfall while
+/// the step before is held.
+#[test]
+fn held_out_default_allocator_ooms_are_refused_as_pytorch_refused_them() {
+    for case in ["c5120-cap9", "c6144-cap11"] {
+        let dir = sample("hf-generate-heldout").join(case);
+        let traced = std::fs::read_to_string(dir.join("traced.txt")).unwrap();
+        let line = traced.lines().find(|l| l.starts_with("RESULT ")).unwrap();
+        let seen: serde_json::Value = serde_json::from_str(&line["RESULT ".len()..]).unwrap();
+        let o = Command::new(vramtrace())
+            .arg("report")
+            .arg(&dir)
+            .arg("--model")
+            .arg(dir.join("config.json"))
+            .arg("--json")
+            .output()
+            .unwrap();
+        let r: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", describe(&o)));
+        assert_eq!(r["step"]["chunk_index"], seen["chunk_index"], "{case}");
+        assert_eq!(r["step"]["context_tokens"], seen["context"], "{case}");
+        let m = &r["model"];
+        assert_eq!(m["planner"]["expandable_segments"], false, "{case}");
+        assert_eq!(m["fits_basis"], "traced_segments", "{case}: {m}");
+        assert_eq!(m["failure_fits"], false, "{case}");
+        assert_eq!(m["before_fits"], true, "{case}");
+        assert_eq!(
+            m["headroom"],
+            -r["shortfall"].as_i64().unwrap(),
+            "{case}: {m}"
+        );
+        assert_eq!(m["copied_percent"], 0.0);
+    }
+}

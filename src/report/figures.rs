@@ -148,6 +148,12 @@ pub fn cliff_panels(r: &Report) -> Option<crate::Result<CliffPanels>> {
             limit_bytes,
             limit_label: limit_label(&limit).to_string(),
             curve_label,
+            failure_label: match m.fits_basis {
+                Some(crate::report::model_view::FitsBasis::TracedSegments) => {
+                    "the failing step, with this run's segments at its start".to_string()
+                }
+                _ => "the failing step".to_string(),
+            },
             panels: vec![
                 CliffPanel {
                     x_desc: format!("context tokens at a chunk of {chunk}"),

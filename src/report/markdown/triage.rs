@@ -220,6 +220,10 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
             "**What to change**{}:\n",
             match (&t.model, &r.model) {
                 (Some(m), Some(mi)) => match m.engine {
+                    Some(e) if m.fits_basis == Some(FitsBasis::TracedSegments) => format!(
+                        " (each predicted from {}'s config by the planner of {e}, its allocator replayed from an empty cache: a run of its own places segments elsewhere, which on the default allocator moves a ceiling by a few chunks either way; the step above was judged with this run's segments)",
+                        mi.cfg.display_name()
+                    ),
                     Some(e) => format!(
                         " (each predicted from {}'s config by the planner of {e})",
                         mi.cfg.display_name()

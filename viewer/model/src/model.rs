@@ -394,6 +394,8 @@ pub struct CliffPanels {
     pub limit_label: String,
     /// What drew the curves, in the legend (`whole-step model`, `transformers' planner`).
     pub curve_label: String,
+    /// How the failing step's mark is said in the legend (`the failing step`).
+    pub failure_label: String,
     /// The panels, left to right.
     pub panels: Vec<CliffPanel>,
 }

@@ -39,6 +39,7 @@ fn panel<DB: DrawingBackend>(
     limit: u64,
     limit_label: &str,
     curve_label: &str,
+    failure_label: &str,
 ) -> DrawResult
 where
     DB::ErrorType: 'static,
@@ -142,7 +143,7 @@ where
                 9,
                 style::FAILURE.stroke_width(3),
             )))?
-            .label(format!("the failing step ({})", format_count(x)))
+            .label(format!("{} ({})", failure_label, format_count(x)))
             .legend(|(x, yy)| Cross::new((x + 9, yy), 6, style::FAILURE.stroke_width(3)));
     }
     chart
@@ -167,7 +168,14 @@ impl Figure for CliffPanels {
         let root = root.titled(&self.title, bold(24.0))?;
         let areas = root.split_evenly((1, self.panels.len().max(1)));
         for (a, p) in areas.iter().zip(&self.panels) {
-            panel(a, p, self.limit_bytes, &self.limit_label, &self.curve_label)?;
+            panel(
+                a,
+                p,
+                self.limit_bytes,
+                &self.limit_label,
+                &self.curve_label,
+                &self.failure_label,
+            )?;
         }
         Ok(())
     }
