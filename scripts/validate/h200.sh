@@ -17,6 +17,8 @@ VT=$BIN/vramtrace
 WL=$BIN/vramtrace-workload
 OUT=${OUT:-/tmp/vramtrace-validation}
 W=${WORK:-/tmp/vramtrace-validation/w}
+# llama.cpp's source, build and GGUFs (issue 33), outside what is packed.
+LL=${LLAMA_DIR:-/tmp/vramtrace-llama}
 mkdir -p "$W" "$OUT"
 CFG=$ROOT/samples/models/Qwen3.6-27B/config.json
 VAL=$ROOT/scripts/validate
@@ -682,6 +684,59 @@ print(sys.argv[1], "chunk", s.get("chunk_index"), "context", s.get("context_toke
       "fits", m.get("failure_fits"), "before", m.get("before_fits"), "basis", m.get("fits_basis"),
       "config", m.get("failure_fits_config"), "headroom", m.get("headroom"), "shortfall", r.get("shortfall"))
 PY
+  done
+}
+
+llama_build() {
+  # Issue 33: llama.cpp from the source prepare_llama.sh packed (llama-cpp-python 0.3.36's
+  # vendored tree), CUDA for sm_90, only the tools the runs use.
+  local L=$LL/llama.cpp
+  [ -x "$L/build/bin/llama-bench" ] && return 0
+  mkdir -p "$LL" && rm -rf "$L" && tar -C "$LL" -xJf "$ROOT/.device/llama.cpp.tar.xz" || return 1
+  nvcc --version | tail -2
+  cmake -S "$L" -B "$L/build" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    > "$W/llama-cmake.log" 2>&1 || { tail -30 "$W/llama-cmake.log"; return 1; }
+  time cmake --build "$L/build" -j "$(nproc)" --target llama-bench llama-completion \
+    llama-fit-params llama-quantize > "$W/llama-build.log" 2>&1 || { tail -40 "$W/llama-build.log"; return 1; }
+  ls -la "$L/build/bin"
+}
+
+llama_runs() {
+  # Issue 33: a random-weight llama GGUF (Llama-3.2-1B's shapes, f16, and its Q4_K_M), run by
+  # llama-bench under vramtrace at LLAMA_CASES (name:model:flags), llama-fit-params' projection
+  # beside each model; every trace, log and summary under $W/llama-*.
+  local L=$LL/llama.cpp B=$LL/llama.cpp/build/bin case name m flags d
+  [ -f "$LL/llama-f16.gguf" ] || timeout 300 python3 "$VAL/llama_gguf.py" "$L" "$LL/llama-f16.gguf" || return 1
+  [ -f "$LL/llama-q4km.gguf" ] || timeout 300 "$B/llama-quantize" "$LL/llama-f16.gguf" "$LL/llama-q4km.gguf" Q4_K_M \
+    > "$W/llama-quantize.log" 2>&1 || tail -20 "$W/llama-quantize.log"
+  python3 - "$L" "$LL/llama-f16.gguf" "$LL/llama-q4km.gguf" > "$W/llama-gguf-headers.txt" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/gguf-py")
+import gguf
+for path in sys.argv[2:]:
+    r = gguf.GGUFReader(path)
+    print("#", path)
+    for t in r.tensors:
+        print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
+PY
+  for m in f16 q4km; do
+    for c in 16384 131072; do
+      timeout 120 "$B/llama-fit-params" -m "$LL/llama-$m.gguf" -c "$c" -ngl 99 -fitp on \
+        > "$W/llama-fit-$m-c$c.txt" 2>&1; tail -5 "$W/llama-fit-$m-c$c.txt"
+    done
+  done
+  for case in ${LLAMA_CASES:-"f16-p16k-fa1-ub512:f16:-p 16384 -ub 512 -fa 1" \
+      "f16-p16k-fa0-ub512:f16:-p 16384 -ub 512 -fa 0" "f16-p64k-fa1-ub2048:f16:-p 65536 -ub 2048 -fa 1" \
+      "q4km-p32k-fa1-q40:q4km:-p 32768 -ub 512 -fa 1 -ctk q4_0 -ctv q4_0"}; do
+    name=${case%%:*} m=${case#*:} flags=${m#*:} m=${m%%:*} d=$W/llama-$name
+    rm -rf "$d"
+    echo "--- llama-bench $name: $flags"
+    # shellcheck disable=SC2086  # flags is a list
+    timeout 240 $VT run --quiet --out "$d" -- "$B/llama-bench" -m "$LL/llama-$m.gguf" -ngl 99 -n 0 -r 1 \
+      $flags -o md -v > "$d.log" 2>&1; tail -6 "$d.log"
+    $VT summary "$d" > "$d.summary.txt" 2>&1; head -30 "$d.summary.txt"
   done
 }
 
