@@ -737,6 +737,7 @@ PY
     timeout 240 $VT run --quiet --out "$d" -- "$B/llama-bench" -m "$LL/llama-$m.gguf" -ngl 99 -n 0 -r 1 \
       $flags -o md -v > "$d.log" 2>&1; tail -6 "$d.log"
     $VT summary "$d" > "$d.summary.txt" 2>&1; head -30 "$d.summary.txt"
+    $VT report "$d" > "$d.report.md" 2>&1; head -12 "$d.report.md"
   done
 }
 

@@ -441,6 +441,14 @@ pub const NATIVE_RULES: &[NativeRule] = &[
     // model's tensors (src/llama-model.cpp:llama_model::load_tensors); the compute buffers the
     // scheduler reserves (ggml/src/ggml-backend.cpp:ggml_backend_sched_reserve,
     // ggml/src/ggml-alloc.c:ggml_gallocr_reserve_n).
+    // llama.cpp's CUDA backend allocates cuBLAS's workspace itself, when a stream's handle is
+    // first made (ggml/src/ggml-cuda/common.cuh:1531-1545, ggml_backend_cuda_context::
+    // cublas_handle(): 32 MiB from Hopper on, 4 MiB before), beside the one under libcublas.
+    NativeRule {
+        what: NativeMatch::Symbol("cublas_handle"),
+        category: C::Context,
+        source: "ggml-cuda common.cuh:cublas_handle (cuBLAS workspace)",
+    },
     NativeRule {
         what: NativeMatch::Symbol("ggml_cuda_pool_"),
         category: C::Activations,
