@@ -827,6 +827,22 @@ mod tests {
             categorise(&llama("llama_memory_recurrent::llama_memory_recurrent()")).category,
             Category::State
         );
+        // ggml's own cuBLAS workspace, as the H200 symbolised it (samples/h200/llama-bench).
+        let workspace = Facts {
+            bytes: 32 * MIB,
+            native: vec![
+                NativeFrame {
+                    module: "libcudart.so.13",
+                    symbol: Some("cudaMalloc"),
+                },
+                NativeFrame {
+                    module: "libggml-cuda.so.0",
+                    symbol: Some("ggml_backend_cuda_context::cublas_handle()"),
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(categorise(&workspace).category, Category::Context);
         let unknown = categorise(&llama("my_own_function()"));
         assert_eq!(unknown.category, Category::Unnamed);
         // Grouped by the first frame that is not an allocator's.

@@ -453,9 +453,12 @@ impl Replayer {
                 self.gone(process, f);
                 if ns == Namespace::Mapping {
                     // The mappings after the first that the unmapped range covers, each
-                    // starting where the one before it ends.
+                    // starting where the one before it ends. The recorder writes the range's
+                    // length in `aux` (a release's own size is 0, filled from the first
+                    // mapping when read); a trace without it ends at the first mapping.
+                    let range = if e.aux > 0 { e.aux } else { e.size };
                     let mut covered = f.size;
-                    while covered > 0 && covered < e.size {
+                    while covered > 0 && covered < range {
                         let next = LiveKey {
                             ptr: e.ptr.saturating_add(covered),
                             ..key

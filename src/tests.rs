@@ -253,7 +253,9 @@ fn vmm_handles_and_mappings_pair_separately_from_pointers() {
 
 /// ggml's CUDA pool (llama.cpp) maps its range in pieces, 8 + 8 + 24 MiB, each `cuMemCreate` +
 /// `cuMemMap` + `cuMemRelease`, and at teardown unmaps the whole 40 MiB with one `cuMemUnmap`:
-/// every mapping inside the range ends there, none is left live.
+/// every mapping inside the range ends there, none is left live. The unmap is written as the
+/// recorder writes it (`probes/preload/src/hooks.rs` `cuMemUnmap`): size 0, like every release,
+/// and the range's length in `aux`.
 #[test]
 fn one_unmap_of_a_range_ends_every_mapping_inside_it() {
     use EventKind::*;
@@ -277,14 +279,10 @@ fn one_unmap_of_a_range_ends_every_mapping_inside_it() {
         t += 3;
         at += size;
     }
-    recs.push(Record::Event(ev(
-        t,
-        Unmap,
-        Mapping,
-        "cuMemUnmap",
-        base,
-        40 * MIB,
-    )));
+    recs.push(Record::Event(Event {
+        aux: 40 * MIB,
+        ..ev(t, Unmap, Mapping, "cuMemUnmap", base, 0)
+    }));
     recs.push(Record::Event(ev(
         t + 1,
         Free,

@@ -1,0 +1,114 @@
+//! llama.cpp on the H200 (`samples/h200/llama-bench`, issue 33): `llama-bench` with a
+//! random-weight llama GGUF (Llama-3.2-1B's shapes, f16 and Q4_K_M) under `vramtrace run`,
+//! flash attention on and off, at several `-p`/`-ub` and cache types (docs/validation.md,
+//! "llama.cpp on the H200"). Read here without the machine's libraries: the books, not the
+//! symbols (the reports made there, with them, are kept beside each trace).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn sample(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("samples/h200/llama-bench")
+        .join(name)
+}
+
+fn summary(name: &str) -> serde_json::Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .arg("summary")
+        .arg(sample(name))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// A pool by name across the process's devices.
+fn pool<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    s["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| d["other_pools"].as_array().unwrap())
+        .find(|p| p["pool"] == name)
+        .unwrap_or_else(|| panic!("no {name} pool in {s}"))
+}
+
+/// ggml's VMM pool maps its 32 GiB reservation in pieces and tears it down with one
+/// `cuMemUnmap` of the whole mapped range: every mapping ends there, and the books balance
+/// (0 B mapped at the end) on every run, as the driver's own do.
+#[test]
+fn ggml_s_vmm_pool_balances_on_every_run() {
+    for (name, peak_mapped) in [
+        ("f16-p16k-fa1-ub512", 10u64 << 20),
+        ("f16-p16k-fa0-ub512", 516 << 20),
+        ("f16-p64k-fa1-ub2048", 40 << 20),
+        ("q4km-p32k-fa1-q40", 14 << 20),
+    ] {
+        let s = summary(name);
+        let mapped = pool(&s, "mapped");
+        assert_eq!(mapped["allocations"], mapped["frees"], "{name}: {mapped}");
+        assert_eq!(mapped["live_at_end"], 0, "{name}: {mapped}");
+        assert_eq!(mapped["peak_bytes"], peak_mapped, "{name}: {mapped}");
+        let address = pool(&s, "address");
+        assert_eq!(address["peak_bytes"], 32u64 << 30, "{name}: {address}");
+        assert_eq!(address["live_at_end"], 0, "{name}");
+    }
+}
+
+/// The buffers llama.cpp logs at start are the allocations the trace shows, to the byte: the
+/// model buffer (`load_tensors: CUDA0 model buffer size`), the KV cache and the compute buffer
+/// (`sched_reserve`), each one `cudaMalloc` of that size live at the device's peak.
+#[test]
+fn the_logged_buffers_are_the_traced_allocations() {
+    for name in [
+        "f16-p16k-fa1-ub512",
+        "f16-p16k-fa0-ub512",
+        "f16-p64k-fa1-ub2048",
+        "q4km-p32k-fa1-q40",
+    ] {
+        let log = std::fs::read_to_string(sample(name).join("log-excerpt.txt")).unwrap();
+        let mib = |key: &str| -> u64 {
+            let line = log
+                .lines()
+                .find(|l| l.contains(key))
+                .unwrap_or_else(|| panic!("{name}: no {key:?}"));
+            let v: f64 = line
+                .split('=')
+                .nth(1)
+                .unwrap()
+                .trim()
+                .trim_end_matches("MiB")
+                .trim()
+                .parse()
+                .unwrap();
+            (v * 1048576.0).round() as u64
+        };
+        let s = summary(name);
+        let dev = s["processes"][0]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["peak_live"].as_array().is_some_and(|l| !l.is_empty()))
+            .unwrap();
+        let sizes: Vec<u64> = dev["peak_live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["size"].as_u64().unwrap())
+            .collect();
+        for key in [
+            "CUDA0 model buffer size",
+            "CUDA0 KV buffer size",
+            "CUDA0 compute buffer size =",
+        ] {
+            let logged = mib(key);
+            // The log prints two decimals of MiB: within 0.005 MiB.
+            assert!(
+                sizes.iter().any(|&b| b.abs_diff(logged) <= 5243),
+                "{name}: {key} {logged} B not among {sizes:?}"
+            );
+        }
+    }
+}
