@@ -843,6 +843,22 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(categorise(&workspace).category, Category::Context);
+        // ggml's VMM pool: its scratch is a pool's, apart from the compute buffer.
+        let pool = Facts {
+            bytes: 8 * MIB,
+            native: vec![
+                NativeFrame {
+                    module: "libggml-cuda.so.0",
+                    symbol: Some("ggml_cuda_pool_vmm::alloc(unsigned long, unsigned long*)"),
+                },
+                NativeFrame {
+                    module: "libggml-cuda.so.0",
+                    symbol: Some("ggml_cuda_pool_alloc<__half>::alloc(unsigned long)"),
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(categorise(&pool).category, Category::AllocatorReserve);
         let unknown = categorise(&llama("my_own_function()"));
         assert_eq!(unknown.category, Category::Unnamed);
         // Grouped by the first frame that is not an allocator's.
