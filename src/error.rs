@@ -23,6 +23,9 @@ pub enum Error {
     /// Every trace file of a directory was unreadable.
     #[error("{0} holds no readable trace file: {1}")]
     NoReadableTrace(PathBuf, String),
+    /// A trace's stored symbols (`<pid>.symbols.json`) could not be parsed.
+    #[error("{0} is not a symbols file vramtrace wrote")]
+    BadSymbols(PathBuf, #[source] serde_json::Error),
     /// A trace file with no bytes.
     #[error("the file is empty: its process ended (or was killed) before it wrote the header")]
     EmptyTraceFile,

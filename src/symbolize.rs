@@ -12,7 +12,7 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 use serde::Serialize;
 use vramtrace_format::ModuleInfo;
 
-use crate::trace::Process;
+use crate::trace::{Process, StoredFrame, StoredSymbols};
 
 /// One symbolised frame.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -137,9 +137,9 @@ impl<'p> StackSymbolizer<'p> {
                 .file_name()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or(m.path.clone());
+            let virt = lookup.wrapping_sub(m.bias);
             if self.file_matches(&m) {
                 let src = Source::Elf(Elf::new(&m.path));
-                let virt = lookup.wrapping_sub(m.bias);
                 if let Ok(Symbolized::Sym(sym)) =
                     self.blaze.symbolize_single(&src, Input::VirtOffset(virt))
                 {
@@ -161,6 +161,10 @@ impl<'p> StackSymbolizer<'p> {
                         frame.line = ci.line;
                     }
                 }
+            } else if let Some(f) = self.process.stored_symbols.get(&module_key(&m), virt) {
+                frame.function = Some(f.function.clone());
+                frame.file = f.file.clone();
+                frame.line = f.line;
             } else if !m.path.is_empty() {
                 frame.module.push_str(" (not the traced file)");
             }
@@ -231,6 +235,93 @@ impl<'p> StackSymbolizer<'p> {
         self.stacks.insert(id, frames.clone());
         frames
     }
+}
+
+/// How stored symbols name a module: its GNU build id in hex, or its path when it has none.
+fn module_key(m: &ModuleInfo) -> String {
+    if m.build_id.is_empty() {
+        m.path.clone()
+    } else {
+        m.build_id.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The native frames of every stack of `process` that this machine's files symbolise (the
+/// modules the process had loaded, same build), to keep beside its trace
+/// ([`crate::trace::StoredSymbols`]): read elsewhere, the trace still names them.
+pub fn store_symbols(process: &Process) -> StoredSymbols {
+    let mut s = StackSymbolizer::new(process);
+    let mut seen: HashMap<(String, u64), ()> = HashMap::new();
+    let mut frames = Vec::new();
+    let mut ids: Vec<u32> = process.stacks.keys().copied().collect();
+    ids.sort_unstable();
+    for id in ids {
+        for (i, &addr) in process.stacks[&id].iter().enumerate() {
+            let lookup = if i > 0 { addr.saturating_sub(1) } else { addr };
+            let Some(m) = s.module_of(lookup).cloned() else {
+                continue;
+            };
+            // The recorder's own frames are dropped from every stack: nothing to keep.
+            if m.path.ends_with(OWN_MODULE) {
+                continue;
+            }
+            let key = (module_key(&m), lookup.wrapping_sub(m.bias));
+            if seen.contains_key(&key) || !s.file_matches(&m) {
+                continue;
+            }
+            let f = s.frame(addr, i > 0);
+            seen.insert(key.clone(), ());
+            if let Some(function) = f.function {
+                frames.push(StoredFrame {
+                    module: key.0,
+                    offset: key.1,
+                    function,
+                    file: f.file.map(portable_source_path),
+                    line: f.line,
+                });
+            }
+        }
+    }
+    let mut stored = StoredSymbols {
+        frames,
+        ..StoredSymbols::default()
+    };
+    stored.index();
+    stored
+}
+
+/// A source path as it is worth keeping with a trace: a dependency's source in Cargo's cache
+/// (`…/registry/src/<index>/<crate>-<version>/src/x.rs`) from its crate on, the rest as
+/// symbolised.
+fn portable_source_path(path: String) -> String {
+    match path.find("/registry/src/") {
+        Some(i) => {
+            let rest = &path[i + "/registry/src/".len()..];
+            rest.split_once('/')
+                .map_or(rest, |(_, after)| after)
+                .to_string()
+        }
+        None => path,
+    }
+}
+
+/// Writes the stored symbols of every process of the trace directory `dir` beside its file
+/// (`<pid>.symbols.json`), returning how many frames were written.
+pub fn write_stored_symbols(dir: &Path) -> crate::Result<usize> {
+    let trace = crate::trace::Trace::open(dir)?;
+    let mut n = 0;
+    for p in &trace.processes {
+        let stored = store_symbols(p);
+        if stored.frames.is_empty() {
+            continue;
+        }
+        let path = StoredSymbols::path_for(&p.path);
+        let text = serde_json::to_string(&stored)
+            .map_err(|e| crate::Error::BadSymbols(path.clone(), e))?;
+        std::fs::write(&path, text).map_err(|e| crate::Error::Io(path.clone(), e))?;
+        n += stored.frames.len();
+    }
+    Ok(n)
 }
 
 /// The GNU build id of an ELF file, read as the recorder reads it in memory: from the notes of
@@ -313,6 +404,75 @@ mod tests {
     /// PyTorch's libc10_cuda.so on the H200: a SystemTap note (type 3, owner `stapsdt`) ahead
     /// of the GNU build id. Taking the first type-3 note made every frame of it "not the traced
     /// file" on the very machine that recorded it.
+    /// A trace read where its program's library is not (another machine, a rebuilt tree) names
+    /// its frames from the symbols stored with it, by build id and offset; with none stored it
+    /// says the file is not the traced one.
+    #[test]
+    fn a_dependency_s_source_is_kept_from_its_crate_on() {
+        assert_eq!(
+            portable_source_path(
+                "/h/.cargo/registry/src/some-index-0123/libc-0.2.1/src/unix/mod.rs".into()
+            ),
+            "libc-0.2.1/src/unix/mod.rs"
+        );
+        assert_eq!(
+            portable_source_path("/tmp/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu".into()),
+            "/tmp/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu"
+        );
+    }
+
+    #[test]
+    fn frames_of_a_missing_module_come_from_the_stored_symbols() {
+        use vramtrace_format::{Header, Record, TraceFile};
+        let module = ModuleInfo {
+            start: 0x7000_0000,
+            end: 0x7010_0000,
+            bias: 0x7000_0000,
+            path: "/gone/libggml-cuda.so.0".into(),
+            build_id: vec![0xab, 0xcd],
+        };
+        let file = TraceFile {
+            path: "/nowhere/1.vtr".into(),
+            header: Header::default(),
+            driver_version: None,
+            devices: Vec::new(),
+            records: vec![
+                Record::Module(module),
+                Record::Stack {
+                    id: 1,
+                    frames: vec![0x7000_1000, 0x7000_2005],
+                },
+            ],
+            problems: Vec::new(),
+        };
+        let mut p = Process::from_file(file);
+        let bare = StackSymbolizer::new(&p).stack(1);
+        assert_eq!(bare[1].module, "libggml-cuda.so.0 (not the traced file)");
+        assert_eq!(bare[1].function, None);
+        let mut stored = StoredSymbols {
+            frames: vec![StoredFrame {
+                module: "abcd".into(),
+                // The return address moved into its call, less the load bias.
+                offset: 0x2004,
+                function: "ggml_cuda_pool_vmm::alloc(unsigned long, unsigned long*)".into(),
+                file: Some("ggml-cuda.cu".into()),
+                line: Some(583),
+            }],
+            ..StoredSymbols::default()
+        };
+        stored.index();
+        p.stored_symbols = std::sync::Arc::new(stored);
+        let named = StackSymbolizer::new(&p).stack(1);
+        assert_eq!(named[1].module, "libggml-cuda.so.0");
+        assert_eq!(
+            named[1].function.as_deref(),
+            Some("ggml_cuda_pool_vmm::alloc(unsigned long, unsigned long*)")
+        );
+        assert_eq!(named[1].line, Some(583));
+        // The innermost frame (not a return address) has no stored name: still marked.
+        assert_eq!(named[0].module, "libggml-cuda.so.0 (not the traced file)");
+    }
+
     #[test]
     fn the_build_id_is_the_gnu_note_not_any_note_of_type_3() {
         let id: Vec<u8> = (1..=20).collect();

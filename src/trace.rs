@@ -189,7 +189,81 @@ pub struct Process {
     /// The tensor-level blocks the recorder dropped to stay within its size budget (DROPPED
     /// records): the writing thread, and the first and last times they covered.
     pub dropped: Vec<(u32, u64, u64)>,
+    /// Frames symbolised where the trace was made (`<pid>.symbols.json` beside its file,
+    /// [`StoredSymbols`]), for modules this machine does not hold.
+    pub stored_symbols: Arc<StoredSymbols>,
     source: Arc<dyn Source>,
+}
+
+/// One native frame as it was symbolised where the trace was made.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredFrame {
+    /// The module's GNU build id in hex, or its path when it has none.
+    pub module: String,
+    /// The address inside the module (the return address moved into its call, minus the
+    /// module's load bias).
+    pub offset: u64,
+    /// The function, demangled.
+    pub function: String,
+    /// The source file, if debug info had it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The source line, if debug info had it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+}
+
+/// The frames of a process symbolised where it ran (`vramtrace run` writes them when the
+/// program exits): a trace read on another machine, or after the program's libraries are
+/// gone, still names its native frames.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredSymbols {
+    /// The frames, in no particular order.
+    pub frames: Vec<StoredFrame>,
+    /// The same, by (module, offset).
+    #[serde(skip)]
+    pub by_key: HashMap<(String, u64), usize>,
+}
+
+impl StoredSymbols {
+    /// The file beside a trace file that holds its stored frames.
+    pub fn path_for(trace_file: &Path) -> PathBuf {
+        trace_file.with_extension("symbols.json")
+    }
+
+    /// Reads the stored frames of `trace_file`; none when the file is absent. A file that
+    /// cannot be read or parsed is an error: a trace must not quietly lose its names.
+    pub fn read_for(trace_file: &Path) -> Result<StoredSymbols, Error> {
+        let path = Self::path_for(trace_file);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(StoredSymbols::default());
+            }
+            Err(e) => return Err(Error::Io(path, e)),
+        };
+        let mut s: StoredSymbols =
+            serde_json::from_str(&text).map_err(|e| Error::BadSymbols(path.clone(), e))?;
+        s.index();
+        Ok(s)
+    }
+
+    /// Builds the lookup by (module, offset).
+    pub fn index(&mut self) {
+        self.by_key = self
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| ((f.module.clone(), f.offset), i))
+            .collect();
+    }
+
+    /// The stored frame of `offset` in `module`.
+    pub fn get(&self, module: &str, offset: u64) -> Option<&StoredFrame> {
+        self.by_key
+            .get(&(module.to_string(), offset))
+            .map(|&i| &self.frames[i])
+    }
 }
 
 impl Process {
@@ -211,6 +285,7 @@ impl Process {
             problems: Vec::new(),
             notes: Vec::new(),
             dropped: Vec::new(),
+            stored_symbols: Arc::default(),
             source: source.clone(),
         };
         p.problems = source.for_each_record(&mut |r| p.note(r))?;
@@ -221,7 +296,9 @@ impl Process {
     pub fn open(path: &Path) -> Result<Process, Error> {
         let reader = FileReader::open(path)?;
         let header = reader.header().clone();
-        Process::from_source(path.to_path_buf(), header, Arc::new(FileSource(reader)))
+        let mut p = Process::from_source(path.to_path_buf(), header, Arc::new(FileSource(reader)))?;
+        p.stored_symbols = Arc::new(StoredSymbols::read_for(path)?);
+        Ok(p)
     }
 
     /// A process from a file decoded whole (tests, tools); its header, devices and driver
@@ -240,6 +317,7 @@ impl Process {
             problems: source.problems.clone(),
             notes: Vec::new(),
             dropped: Vec::new(),
+            stored_symbols: Arc::default(),
             source: Arc::new(MemorySource::default()),
         };
         for r in &source.records {

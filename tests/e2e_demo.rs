@@ -40,6 +40,29 @@ fn demo_attributes_the_failed_allocation_to_a_named_tensor() {
             .extension()
             .is_some_and(|x| x == "vtr"))
     );
+    // With the native frames named while the workload's binary was here: the workload's own
+    // functions, by build id and offset.
+    let symbols = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".symbols.json"))
+        .expect("a symbols file beside the trace");
+    let stored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&symbols).unwrap()).unwrap();
+    let frames = stored["frames"].as_array().unwrap();
+    assert!(
+        frames.iter().any(|f| f["function"]
+            .as_str()
+            .is_some_and(|n| n.contains("prefill::run::allocate_persistent"))),
+        "{frames:?}"
+    );
+    assert!(
+        frames
+            .iter()
+            .all(|f| f["module"].as_str().is_some_and(|m| !m.is_empty())
+                && !f["file"].as_str().unwrap_or("").contains("/registry/src/")),
+        "{frames:?}"
+    );
 }
 
 /// A fractional capacity is one byte count for the CLI, the workload and the stand-in alike: a

@@ -116,6 +116,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         );
         return Ok(code);
     }
+    if has_trace {
+        // Name the native frames now, while the program's libraries are on this machine: the
+        // trace may be read elsewhere, or after they are gone.
+        if let Err(e) = vramtrace::symbolize::write_stored_symbols(&out) {
+            eprintln!("vramtrace: the native frames could not be stored with the trace: {e:#}");
+        }
+    }
     if has_trace && !args.quiet {
         eprintln!("vramtrace: trace written to {}", out.display());
         match Trace::open(&out).and_then(|t| summarize(&t, SummaryOptions::default())) {
