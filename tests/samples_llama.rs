@@ -112,3 +112,67 @@ fn the_logged_buffers_are_the_traced_allocations() {
         }
     }
 }
+
+fn report(name: &str) -> serde_json::Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .arg("report")
+        .arg(sample(name))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Read on a machine without llama.cpp's libraries, the report names every byte of each peak
+/// from the frames stored with the trace (`<pid>.symbols.json`, written by `vramtrace run` on the
+/// H200): the model buffer (`load_tensors`), the KV cache, the compute buffer the scheduler
+/// reserved, ggml's pool (its per-op scratch, apart from the compute buffer) and the cuBLAS
+/// workspaces; nothing unnamed.
+#[test]
+fn the_report_names_llama_cpp_s_buffers_from_the_stored_frames() {
+    for (name, weights, kv, compute) in [
+        (
+            "f16-p16k-fa1-ub512",
+            2_077_499_392u64,
+            512u64 << 20,
+            79_704_064u64,
+        ),
+        (
+            "f16-p16k-fa0-ub512",
+            2_077_499_392,
+            512 << 20,
+            1_126_178_816,
+        ),
+        (
+            "f16-p64k-fa1-ub2048",
+            2_077_499_392,
+            2048 << 20,
+            520_142_848,
+        ),
+        ("q4km-p32k-fa1-q40", 638_152_704, 288 << 20, 117_485_568),
+    ] {
+        let r = report(name);
+        let cats = r["categories"].as_array().unwrap();
+        let bytes = |c: &str| {
+            cats.iter()
+                .find(|x| x["category"] == c)
+                .map_or(0, |x| x["bytes"].as_u64().unwrap())
+        };
+        assert_eq!(bytes("weights"), weights, "{name}: {cats:?}");
+        assert_eq!(bytes("kv_cache"), kv, "{name}");
+        assert_eq!(bytes("activations"), compute, "{name}: {cats:?}");
+        assert_eq!(bytes("unnamed"), 0, "{name}: {cats:?}");
+        let pool = cats
+            .iter()
+            .find(|x| x["category"] == "allocator_reserve")
+            .unwrap_or_else(|| panic!("{name}: no pool in {cats:?}"));
+        assert!(
+            pool["evidence"][0]
+                .as_str()
+                .unwrap()
+                .contains("ggml_cuda_pool_vmm::alloc"),
+            "{pool}"
+        );
+    }
+}
