@@ -13,15 +13,20 @@ fn sample(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn summary(name: &str) -> serde_json::Value {
+/// `vramtrace COMMAND SAMPLE --json`, parsed.
+fn cli_json(command: &str, name: &str) -> serde_json::Value {
     let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-        .arg("summary")
+        .arg(command)
         .arg(sample(name))
         .arg("--json")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn summary(name: &str) -> serde_json::Value {
+    cli_json("summary", name)
 }
 
 /// A pool by name across the process's devices.
@@ -113,17 +118,6 @@ fn the_logged_buffers_are_the_traced_allocations() {
     }
 }
 
-fn report(name: &str) -> serde_json::Value {
-    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-        .arg("report")
-        .arg(sample(name))
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
 /// Read on a machine without llama.cpp's libraries, the report names every byte of each peak
 /// from the frames stored with the trace (`<pid>.symbols.json`, written by `vramtrace run` on the
 /// H200): the model buffer (`load_tensors`), the KV cache, the compute buffer the scheduler
@@ -152,7 +146,7 @@ fn the_report_names_llama_cpp_s_buffers_from_the_stored_frames() {
         ),
         ("q4km-p32k-fa1-q40", 638_152_704, 288 << 20, 117_485_568),
     ] {
-        let r = report(name);
+        let r = cli_json("report", name);
         let cats = r["categories"].as_array().unwrap();
         let bytes = |c: &str| {
             cats.iter()
