@@ -170,3 +170,59 @@ fn the_report_names_llama_cpp_s_buffers_from_the_stored_frames() {
         );
     }
 }
+
+/// llama.cpp's buffers at start, from the model's GGUF header alone (`llama-*.header.gguf`: the
+/// H200 models' metadata and tensor lists, `scripts/validate/gguf_header_only.py`), set beside
+/// the lines llama.cpp logged: the model buffer and the KV cache, to the byte of the log's two
+/// decimals of MiB.
+#[test]
+fn llama_cpp_s_start_buffers_are_predicted_from_the_gguf_header() {
+    use vramtrace_models::engine::llama_cpp::{LlamaCppContext, boot_buffers};
+    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    let f16 = ggml_type_by_name("f16").unwrap();
+    let q4_0 = ggml_type_by_name("q4_0").unwrap();
+    for (model, run, n_ctx, cache) in [
+        (
+            "llama-f16.header.gguf",
+            "f16-p16k-fa1-ub512",
+            16_384u64,
+            f16,
+        ),
+        ("llama-f16.header.gguf", "f16-p64k-fa1-ub2048", 65_536, f16),
+        ("llama-q4km.header.gguf", "q4km-p32k-fa1-q40", 32_768, q4_0),
+    ] {
+        let header = GgufHeader::read(&sample(model)).unwrap();
+        assert_eq!(header.architecture(), Some("llama"));
+        let b = boot_buffers(
+            &header,
+            &LlamaCppContext {
+                n_ctx,
+                type_k: cache,
+                type_v: cache,
+            },
+        )
+        .unwrap();
+        let log = std::fs::read_to_string(sample(run).join("log-excerpt.txt")).unwrap();
+        let logged = |key: &str| -> f64 {
+            let line = log.lines().find(|l| l.contains(key)).unwrap();
+            line.split('=')
+                .nth(1)
+                .unwrap()
+                .trim()
+                .trim_end_matches("MiB")
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let mib = |b: u64| b as f64 / 1_048_576.0;
+        assert!(
+            (mib(b.model_buffer_bytes) - logged("CUDA0 model buffer size")).abs() < 0.005,
+            "{run}: {b:?}"
+        );
+        assert!(
+            (mib(b.kv_cache_bytes) - logged("CUDA0 KV buffer size")).abs() < 0.005,
+            "{run}: {b:?}"
+        );
+        assert_eq!(b.kv_cells, n_ctx);
+    }
+}

@@ -77,6 +77,7 @@ pub mod gdn_fla_0_6_0;
 pub mod gdn_state;
 pub mod gdn_vllm_0_10_2;
 pub mod gdn_vllm_0_20_1;
+pub mod gguf;
 pub mod kv_cache;
 
 mod peak;

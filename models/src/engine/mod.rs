@@ -8,6 +8,8 @@
 //! - [`transformers_5`]: transformers 5.17 `generate(..., prefill_chunk_size=C)` with a
 //!   `DynamicCache` (Qwen3.5 hybrid and dense attention models), on PyTorch's caching allocator.
 //! - [`transformers_cb`]: transformers 5.17's continuous batching, its paged pool and batch.
+//! - [`llama_cpp`]: llama.cpp's buffers at start (the model buffer and the KV cache), from a
+//!   GGUF's header; its compute buffer and pool are not modelled yet.
 //!
 //! The whole-step model's layers ([`crate::StepModel`]: one step's layer kinds as tensor
 //! timelines, with the machinery they share in `step_layers.rs`) have a room per
@@ -18,6 +20,7 @@
 //! - `vllm_0_20_1.rs`: vLLM 0.20.1 serving a Qwen3-Next / Qwen3.5 model;
 //! - `transformers_5_layers.rs`: transformers 5.x `Qwen3_5ForCausalLM.forward` on one chunk.
 
+pub mod llama_cpp;
 pub(crate) mod torch_script;
 pub mod transformers_5;
 pub(crate) mod transformers_5_layers;
