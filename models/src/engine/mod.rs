@@ -8,6 +8,9 @@
 //! - [`transformers_5`]: transformers 5.17 `generate(..., prefill_chunk_size=C)` with a
 //!   `DynamicCache` (Qwen3.5 hybrid and dense attention models), on PyTorch's caching allocator.
 //! - [`transformers_cb`]: transformers 5.17's continuous batching, its paged pool and batch.
+//! - [`vllm_0_20_1_pool`]: vLLM 0.20.1's KV-cache pool from the bytes left for it (pages,
+//!   hybrid block alignment, groups, blocks, concurrency, the logged token count, the start-up
+//!   check); the bytes left for it are not predicted yet.
 //! - [`llama_cpp`]: llama.cpp's buffers at start (the model buffer and the KV cache), from a
 //!   GGUF's header; its compute buffer and pool are not modelled yet.
 //!
@@ -26,6 +29,7 @@ pub mod transformers_5;
 pub(crate) mod transformers_5_layers;
 pub mod transformers_cb;
 pub(crate) mod vllm_0_20_1;
+pub mod vllm_0_20_1_pool;
 pub(crate) mod workload;
 
 use serde::Serialize;
