@@ -79,7 +79,16 @@ pub(crate) fn traced_expandable_segments(trace: &Trace) -> crate::Result<bool> {
 /// The state of PyTorch's caching allocator in the trace just before `start` (the first
 /// allocation of forward `index`), in `start`'s process and device: the segments it held (the
 /// driver's allocations some tensor was placed in) and the blocks handed out, oldest first.
-pub(crate) fn allocator_seed(trace: &Trace, start: At, index: u64) -> crate::Result<AllocatorSeed> {
+/// `None` when the trace cannot give the whole state: the recorder dropped tensor events of
+/// that process, or a live block lies in no segment it saw (a trace begun mid-run).
+pub(crate) fn allocator_seed(
+    trace: &Trace,
+    start: At,
+    index: u64,
+) -> crate::Result<Option<AllocatorSeed>> {
+    if !trace.processes[start.process].dropped.is_empty() {
+        return Ok(None);
+    }
     let mut driver: BTreeMap<u64, u64> = BTreeMap::new();
     let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
     // Live blocks: by order of allocation, and that order by address.
@@ -138,11 +147,20 @@ pub(crate) fn allocator_seed(trace: &Trace, start: At, index: u64) -> crate::Res
         }
         ControlFlow::Continue(())
     })?;
-    Ok(AllocatorSeed {
+    let inside = |&(ptr, size): &(u64, u64)| {
+        segments
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(b, s)| ptr.saturating_add(size) <= b + s)
+    };
+    if segments.is_empty() || !live.values().all(inside) {
+        return Ok(None);
+    }
+    Ok(Some(AllocatorSeed {
         index,
         segments: segments.into_iter().collect(),
         blocks: live.into_values().collect(),
-    })
+    }))
 }
 
 /// The traced allocator's state at the start of the failing forward and of the one before it,
@@ -166,7 +184,7 @@ impl StepSeeds {
         let starts = &step.forward_starts;
         let at = |k: u64| -> crate::Result<Option<AllocatorSeed>> {
             match starts.get(k as usize) {
-                Some(&s) => allocator_seed(trace, s, k).map(Some),
+                Some(&s) => allocator_seed(trace, s, k),
                 None => Ok(None),
             }
         };
@@ -587,4 +605,62 @@ pub(crate) fn transformers_curves(
         }
     }
     Ok((ctx, chk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::{ev, trace_of};
+    use vramtrace_format::{Record, TensorEvent};
+
+    const MIB: u64 = 1 << 20;
+
+    fn tensor(t: u64, ptr: u64, size: u64, segment: u64) -> Record {
+        Record::Tensor(TensorEvent {
+            t_ns: t,
+            tid: 1,
+            device: 0,
+            action: TensorAction::Alloc,
+            ptr,
+            size,
+            requested: size,
+            segment,
+            ..TensorEvent::default()
+        })
+    }
+
+    /// The allocator's state is read from the trace only when the trace holds all of it: the
+    /// segments and the blocks inside them; a live block in no segment the trace saw (a
+    /// recording begun mid-run) leaves the step to the config.
+    #[test]
+    fn the_allocator_state_is_read_only_when_the_trace_holds_all_of_it() {
+        let seg = 0x7000_0000u64;
+        let base = vec![
+            Record::Event(ev(
+                1,
+                EventKind::Alloc,
+                MemKind::Device,
+                "cuMemAlloc_v2",
+                seg,
+                20 * MIB,
+            )),
+            tensor(2, seg, 2 * MIB, seg),
+            tensor(3, seg + 4 * MIB, 2 * MIB, seg),
+        ];
+        let at = |n: usize| At {
+            process: 0,
+            device: 0,
+            seq: n,
+        };
+        let whole = trace_of(1, base.clone());
+        let s = allocator_seed(&whole, at(3), 5).unwrap().unwrap();
+        assert_eq!(s.index, 5);
+        assert_eq!(s.segments, vec![(seg, 20 * MIB)]);
+        assert_eq!(s.blocks, vec![(seg, 2 * MIB), (seg + 4 * MIB, 2 * MIB)]);
+        // A block allocated before recording began: in no segment the trace saw.
+        let mut partial = base;
+        partial.push(tensor(4, 0x9000_0000, 2 * MIB, 0));
+        let t = trace_of(1, partial);
+        assert_eq!(allocator_seed(&t, at(4), 5).unwrap(), None);
+    }
 }
