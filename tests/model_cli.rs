@@ -439,3 +439,38 @@ fn the_transformers_planner_calibrated_from_a_trace_of_the_same_program() {
         "{stderr}"
     );
 }
+
+/// `--weights` reaches the whole-step model (`--context`): int4 weights of the 27B config are
+/// about a third of its bf16 ones (issue 32: it was read after the step had been computed, and
+/// the step printed bf16 whatever was asked).
+#[test]
+fn the_whole_step_model_takes_the_weight_format_asked_for() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/samples/models/Qwen3.6-27B/config.json"
+    );
+    let weights = |w: &str| -> u64 {
+        let (code, stdout, stderr) = run(&[
+            cfg,
+            "--runtime",
+            "vllm-0.20.1",
+            "--tokens",
+            "4128",
+            "--context",
+            "60000",
+            "--weights",
+            w,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        v["weights"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no weights in {v}"))
+    };
+    let (bf16, int4) = (weights("bf16"), weights("int4"));
+    assert!(
+        int4 * 5 < bf16 * 2 && int4 * 4 > bf16,
+        "bf16 {bf16}, int4 {int4}"
+    );
+}

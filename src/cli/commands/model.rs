@@ -63,9 +63,10 @@ pub struct ModelArgs {
     /// Bytes already held when the kernel runs (weights, KV pool, other activations).
     #[arg(long, requires = "capacity")]
     pub resident: Option<String>,
-    /// Weight format for the model summary: bf16, fp8, int4 or int4:GROUP.
-    #[arg(long, default_value = "bf16")]
-    pub weights: String,
+    /// Weight format: bf16, fp8, int4 or int4:GROUP (default bf16; with --context, the
+    /// runtime's own: bf16, or int4 for the reference workload).
+    #[arg(long)]
+    pub weights: Option<String>,
     /// The whole-step model (`--context`): every part of one serving step and its frontier.
     #[command(flatten)]
     pub whole: crate::commands::model_step::StepArgs,
@@ -281,9 +282,25 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
         if args.select.tokens.is_none() {
             bail!("--context needs --tokens: the chunk of new tokens the step prefills");
         }
-        return crate::commands::model_step::run(cfg, chunk, opts.tp, &args.whole, args.json);
+        let weights = match &args.weights {
+            Some(w) => Some(w.parse::<WeightFormat>().map_err(anyhow::Error::msg)?),
+            None => None,
+        };
+        return crate::commands::model_step::run(
+            cfg,
+            chunk,
+            opts.tp,
+            weights,
+            &args.whole,
+            args.json,
+        );
     }
-    let weights: WeightFormat = args.weights.parse().map_err(anyhow::Error::msg)?;
+    let weights: WeightFormat = args
+        .weights
+        .as_deref()
+        .unwrap_or("bf16")
+        .parse()
+        .map_err(anyhow::Error::msg)?;
 
     if let (Some(cap), Some(res)) = (&args.capacity, &args.resident) {
         let cap = parse_bytes(cap).context("--capacity")?;

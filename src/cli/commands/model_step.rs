@@ -144,6 +144,7 @@ pub fn run(
     cfg: ModelConfig,
     chunk: u64,
     tp: u64,
+    weights: Option<vramtrace_models::WeightFormat>,
     args: &StepArgs,
     json_out: bool,
 ) -> anyhow::Result<i32> {
@@ -172,11 +173,11 @@ pub fn run(
     if let Some(d) = &args.kv_dtype {
         shape.kv_dtype = d.parse::<DType>().map_err(anyhow::Error::msg)?;
     }
-    let model = StepModel::new(
-        cfg.clone(),
-        StepVariants::for_runtime(runtime, &cfg),
-        known_parts(&args.known)?,
-    );
+    let mut variants = StepVariants::for_runtime(runtime, &cfg);
+    if let Some(w) = weights {
+        variants.weights = w;
+    }
+    let model = StepModel::new(cfg.clone(), variants, known_parts(&args.known)?);
     let limit = limit(args)?;
     let step = match &limit {
         Some(l) => model.check(&shape, l)?,
