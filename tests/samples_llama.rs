@@ -226,3 +226,17 @@ fn llama_cpp_s_start_buffers_are_predicted_from_the_gguf_header() {
         assert_eq!(b.kv_cells, n_ctx);
     }
 }
+
+/// The report on a llama.cpp run does not ask for a config.json, which a GGUF model has not.
+#[test]
+fn the_report_on_a_llama_cpp_run_does_not_ask_for_a_config_json() {
+    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .arg("report")
+        .arg(sample("f16-p16k-fa1-ub512"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = String::from_utf8_lossy(&o.stdout);
+    assert!(md.contains("A llama.cpp run"), "{md}");
+    assert!(!md.contains("Pass `--model config.json`"), "{md}");
+}

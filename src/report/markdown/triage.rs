@@ -340,9 +340,19 @@ fn peak_top(out: &mut String, r: &Report, t: &crate::report::triage::Triage) {
             return;
         }
         (None, None) => {
+            // Some byte of the moment was named from a frame in llama.cpp's library.
+            let llama_cpp = t
+                .categories
+                .iter()
+                .any(|c| c.evidence.iter().any(|e| e.contains(" in libllama")));
             let _ = writeln!(
                 out,
-                "Pass `--model config.json` for the whole-step model's prediction of this peak, part by part, and the frontier.\n"
+                "{}\n",
+                if llama_cpp {
+                    "A llama.cpp run: its buffers are named above from llama.cpp's own frames. A model of llama.cpp's plan is not yet set beside the peak (a config.json does not describe a GGUF model)."
+                } else {
+                    "Pass `--model config.json` for the whole-step model's prediction of this peak, part by part, and the frontier."
+                }
             );
             return;
         }
