@@ -4,7 +4,7 @@
 //! preload on CPython threads) come first, innermost first, shown as `file.py:LINE function`,
 //! so the line of the program that asked for the memory leads the native frames under it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use blazesym::symbolize::source::{Elf, Source};
@@ -251,7 +251,7 @@ fn module_key(m: &ModuleInfo) -> String {
 /// ([`crate::trace::StoredSymbols`]): read elsewhere, the trace still names them.
 pub fn store_symbols(process: &Process) -> StoredSymbols {
     let mut s = StackSymbolizer::new(process);
-    let mut seen: HashMap<(String, u64), ()> = HashMap::new();
+    let mut seen: HashSet<(String, u64)> = HashSet::new();
     let mut frames = Vec::new();
     let mut ids: Vec<u32> = process.stacks.keys().copied().collect();
     ids.sort_unstable();
@@ -266,11 +266,11 @@ pub fn store_symbols(process: &Process) -> StoredSymbols {
                 continue;
             }
             let key = (module_key(&m), lookup.wrapping_sub(m.bias));
-            if seen.contains_key(&key) || !s.file_matches(&m) {
+            if seen.contains(&key) || !s.file_matches(&m) {
                 continue;
             }
             let f = s.frame(addr, i > 0);
-            seen.insert(key.clone(), ());
+            seen.insert(key.clone());
             if let Some(function) = f.function {
                 frames.push(StoredFrame {
                     module: key.0,
@@ -305,10 +305,9 @@ fn portable_source_path(path: String) -> String {
     }
 }
 
-/// Writes the stored symbols of every process of the trace directory `dir` beside its file
+/// Writes the stored symbols of every process of `trace` beside its file
 /// (`<pid>.symbols.json`), returning how many frames were written.
-pub fn write_stored_symbols(dir: &Path) -> crate::Result<usize> {
-    let trace = crate::trace::Trace::open(dir)?;
+pub fn write_stored_symbols(trace: &crate::trace::Trace) -> crate::Result<usize> {
     let mut n = 0;
     for p in &trace.processes {
         let stored = store_symbols(p);

@@ -23,6 +23,20 @@ pub(crate) fn ev(t: u64, kind: EventKind, mem: MemKind, api: &str, ptr: u64, siz
     }
 }
 
+/// A tensor allocation of `size` bytes (asked for and handed out) on device 0 at `t`.
+pub(crate) fn tensor_alloc(t: u64, ptr: u64, size: u64) -> vramtrace_format::TensorEvent {
+    vramtrace_format::TensorEvent {
+        t_ns: t,
+        tid: 1,
+        device: 0,
+        action: vramtrace_format::TensorAction::Alloc,
+        ptr,
+        size,
+        requested: size,
+        ..Default::default()
+    }
+}
+
 pub(crate) fn trace_of(pid: u32, records: Vec<Record>) -> Trace {
     let f = TraceFile {
         path: format!("{pid}.vtr").into(),
@@ -490,18 +504,7 @@ fn operator_outputs_described_after_the_peak_still_describe_its_tensors() {
     // that made the tensor peak (PyTorch's FlashAttention on the H200).
     use crate::observe::{At, observe};
     use vramtrace_format::{TensorAction, TensorEvent};
-    let alloc = |t: u64, ptr: u64, size: u64| {
-        Record::Tensor(TensorEvent {
-            t_ns: t,
-            tid: 1,
-            device: 0,
-            action: TensorAction::Alloc,
-            ptr,
-            size,
-            requested: size,
-            ..TensorEvent::default()
-        })
-    };
+    let alloc = |t: u64, ptr: u64, size: u64| Record::Tensor(tensor_alloc(t, ptr, size));
     let free = |t: u64, ptr: u64| {
         Record::Tensor(TensorEvent {
             t_ns: t,

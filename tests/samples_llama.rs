@@ -29,6 +29,23 @@ fn summary(name: &str) -> serde_json::Value {
     cli_json("summary", name)
 }
 
+/// The MiB a line of run `name`'s log gives for `key` (`… size =    512.00 MiB`).
+fn logged_mib(name: &str, key: &str) -> f64 {
+    let log = std::fs::read_to_string(sample(name).join("log-excerpt.txt")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains(key))
+        .unwrap_or_else(|| panic!("{name}: no {key:?}"));
+    line.split('=')
+        .nth(1)
+        .unwrap()
+        .trim()
+        .trim_end_matches("MiB")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// A pool by name across the process's devices.
 fn pool<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     s["processes"][0]["devices"]
@@ -73,23 +90,6 @@ fn the_logged_buffers_are_the_traced_allocations() {
         "f16-p64k-fa1-ub2048",
         "q4km-p32k-fa1-q40",
     ] {
-        let log = std::fs::read_to_string(sample(name).join("log-excerpt.txt")).unwrap();
-        let mib = |key: &str| -> u64 {
-            let line = log
-                .lines()
-                .find(|l| l.contains(key))
-                .unwrap_or_else(|| panic!("{name}: no {key:?}"));
-            let v: f64 = line
-                .split('=')
-                .nth(1)
-                .unwrap()
-                .trim()
-                .trim_end_matches("MiB")
-                .trim()
-                .parse()
-                .unwrap();
-            (v * 1048576.0).round() as u64
-        };
         let s = summary(name);
         let dev = s["processes"][0]["devices"]
             .as_array()
@@ -108,7 +108,7 @@ fn the_logged_buffers_are_the_traced_allocations() {
             "CUDA0 KV buffer size",
             "CUDA0 compute buffer size =",
         ] {
-            let logged = mib(key);
+            let logged = (logged_mib(name, key) * 1048576.0).round() as u64;
             // The log prints two decimals of MiB: within 0.005 MiB.
             assert!(
                 sizes.iter().any(|&b| b.abs_diff(logged) <= 5243),
@@ -202,18 +202,7 @@ fn llama_cpp_s_start_buffers_are_predicted_from_the_gguf_header() {
             },
         )
         .unwrap();
-        let log = std::fs::read_to_string(sample(run).join("log-excerpt.txt")).unwrap();
-        let logged = |key: &str| -> f64 {
-            let line = log.lines().find(|l| l.contains(key)).unwrap();
-            line.split('=')
-                .nth(1)
-                .unwrap()
-                .trim()
-                .trim_end_matches("MiB")
-                .trim()
-                .parse()
-                .unwrap()
-        };
+        let logged = |key: &str| logged_mib(run, key);
         let mib = |b: u64| b as f64 / 1_048_576.0;
         assert!(
             (mib(b.model_buffer_bytes) - logged("CUDA0 model buffer size")).abs() < 0.005,

@@ -22,6 +22,7 @@ def main() -> int:
     sys.path.insert(0, str(a.tree / "gguf-py"))
     import numpy as np
     import gguf
+    from llama_gguf import copy_vocabulary
 
     rows, cur = [], None
     for line in a.headers.read_text().splitlines():
@@ -51,20 +52,7 @@ def main() -> int:
     w.add_rope_freq_base(500000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(a.file_type)
-    for name, field in vocab.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            if field.types[-1] == gguf.GGUFValueType.STRING:
-                vals = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-            else:
-                vals = [field.parts[i][0].item() for i in field.data]
-            w.add_array(name, vals)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(field.parts[field.data[0]]).decode("utf-8", "replace"))
-        else:
-            w.add_key_value(name, field.parts[field.data[0]][0].item(), vtype)
+    copy_vocabulary(gguf, vocab, w)
     for name, kind, shape, nbytes in rows:
         # gguf-py takes the numpy order (outermost first) and the element dtype it stores.
         dtype = {gguf.GGMLQuantizationType.F32: np.float32,

@@ -14,6 +14,29 @@ import sys
 from pathlib import Path
 
 
+def copy_vocabulary(gguf, vocab, w) -> int:
+    """Copies every `tokenizer.*` key of the reader `vocab` into the writer `w`; returns the
+    number of tokens."""
+    n_vocab = 0
+    for name, field in vocab.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            if field.types[-1] == gguf.GGUFValueType.STRING:
+                vals = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
+            else:
+                vals = [field.parts[i][0].item() for i in field.data]
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(vals)
+            w.add_array(name, vals)
+        elif vtype == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(field.parts[field.data[0]]).decode("utf-8", "replace"))
+        else:
+            w.add_key_value(name, field.parts[field.data[0]][0].item(), vtype)
+    return n_vocab
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tree", type=Path, help="the llama.cpp source tree (its gguf-py and models/)")
@@ -42,24 +65,7 @@ def main() -> int:
     w.add_rope_freq_base(500000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    n_vocab = 0
-    for name, field in vocab.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = field.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                vals = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-            else:
-                vals = [field.parts[i][0].item() for i in field.data]
-            if name == "tokenizer.ggml.tokens":
-                n_vocab = len(vals)
-            w.add_array(name, vals)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(field.parts[field.data[0]]).decode("utf-8", "replace"))
-        else:
-            w.add_key_value(name, field.parts[field.data[0]][0].item(), vtype)
+    n_vocab = copy_vocabulary(gguf, vocab, w)
     w.add_vocab_size(n_vocab)
     rng = np.random.default_rng(0)
 

@@ -76,91 +76,121 @@ pub(crate) fn traced_expandable_segments(trace: &Trace) -> crate::Result<bool> {
     Ok(found)
 }
 
-/// The state of PyTorch's caching allocator in the trace just before `start` (the first
-/// allocation of forward `index`), in `start`'s process and device: the segments it held (the
-/// driver's allocations some tensor was placed in) and the blocks handed out, oldest first.
-/// `None` when the trace cannot give the whole state: the recorder dropped tensor events of
-/// that process, or a live block lies in no segment it saw (a trace begun mid-run).
-pub(crate) fn allocator_seed(
-    trace: &Trace,
-    start: At,
-    index: u64,
-) -> crate::Result<Option<AllocatorSeed>> {
-    if !trace.processes[start.process].dropped.is_empty() {
-        return Ok(None);
-    }
-    let mut driver: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
-    // Live blocks: by order of allocation, and that order by address.
-    let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-    let mut order_of: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-    let mut seq = 0usize;
-    let mut n = 0u64;
-    trace.for_each_item(|pi, it| {
-        if seq >= start.seq {
-            return ControlFlow::Break(());
-        }
-        seq += 1;
-        if pi != start.process {
-            return ControlFlow::Continue(());
-        }
-        match &it {
+/// PyTorch's caching allocator in one process and device, followed through a trace: the
+/// driver's allocations, those some tensor was placed in (its segments), and the blocks handed
+/// out, by order of allocation.
+#[derive(Default)]
+struct TracedAllocator {
+    driver: BTreeMap<u64, u64>,
+    segments: BTreeMap<u64, u64>,
+    live: BTreeMap<u64, (u64, u64)>,
+    order_of: std::collections::HashMap<u64, u64>,
+    next: u64,
+}
+
+impl TracedAllocator {
+    /// Follows one item of the process, on `device`.
+    fn apply(&mut self, it: &Item, device: i32) {
+        match it {
             // A free names no device (the driver call takes only the pointer).
             Item::Event(e) if e.mem == MemKind::Device => match e.kind {
-                EventKind::Alloc if e.result == 0 && e.size > 0 && e.device == start.device => {
-                    driver.insert(e.ptr, e.size);
+                EventKind::Alloc if e.result == 0 && e.size > 0 && e.device == device => {
+                    self.driver.insert(e.ptr, e.size);
                 }
                 EventKind::Free => {
-                    driver.remove(&e.ptr);
-                    segments.remove(&e.ptr);
+                    self.driver.remove(&e.ptr);
+                    self.segments.remove(&e.ptr);
                 }
                 _ => {}
             },
-            Item::Tensor(t) if t.device == start.device => match t.action {
+            Item::Tensor(t) if t.device == device => match t.action {
                 TensorAction::Alloc if t.size > 0 => {
                     let base = if t.segment != 0 {
                         Some(t.segment)
                     } else {
-                        driver
+                        self.driver
                             .range(..=t.ptr)
                             .next_back()
                             .filter(|(b, s)| t.ptr < *b + *s)
                             .map(|(b, _)| *b)
                     };
-                    if let Some(size) = base.and_then(|b| driver.get(&b)) {
-                        segments.insert(base.unwrap_or_default(), *size);
+                    if let Some((b, size)) = base.and_then(|b| Some((b, *self.driver.get(&b)?))) {
+                        self.segments.insert(b, size);
                     }
-                    if let Some(old) = order_of.insert(t.ptr, n) {
-                        live.remove(&old);
+                    if let Some(old) = self.order_of.insert(t.ptr, self.next) {
+                        self.live.remove(&old);
                     }
-                    live.insert(n, (t.ptr, t.size));
-                    n += 1;
+                    self.live.insert(self.next, (t.ptr, t.size));
+                    self.next += 1;
                 }
                 TensorAction::Free => {
-                    if let Some(o) = order_of.remove(&t.ptr) {
-                        live.remove(&o);
+                    if let Some(o) = self.order_of.remove(&t.ptr) {
+                        self.live.remove(&o);
                     }
                 }
                 _ => {}
             },
             _ => {}
         }
+    }
+
+    /// The state now, as forward `index`'s seed; `None` when a live block lies in no segment
+    /// the trace saw (a trace begun mid-run).
+    fn seed(&self, index: u64) -> Option<AllocatorSeed> {
+        let inside = |&(ptr, size): &(u64, u64)| {
+            self.segments
+                .range(..=ptr)
+                .next_back()
+                .is_some_and(|(b, s)| ptr.saturating_add(size) <= b + s)
+        };
+        if self.segments.is_empty() || !self.live.values().all(inside) {
+            return None;
+        }
+        Some(AllocatorSeed {
+            index,
+            segments: self.segments.iter().map(|(&b, &s)| (b, s)).collect(),
+            blocks: self.live.values().copied().collect(),
+        })
+    }
+}
+
+/// The state of PyTorch's caching allocator in the trace just before each of `starts` (the
+/// first allocation of a forward, with that forward's index; one process and device, in time
+/// order), read in one pass: the segments it held (the driver's allocations some tensor was
+/// placed in) and the blocks handed out, oldest first. `None` for a start where the trace
+/// cannot give the whole state: the recorder dropped tensor events of that process, or a live
+/// block lies in no segment it saw.
+pub(crate) fn allocator_seeds(
+    trace: &Trace,
+    starts: &[(At, u64)],
+) -> crate::Result<Vec<Option<AllocatorSeed>>> {
+    let Some(&(first, _)) = starts.first() else {
+        return Ok(Vec::new());
+    };
+    if !trace.processes[first.process].dropped.is_empty() {
+        return Ok(vec![None; starts.len()]);
+    }
+    let mut state = TracedAllocator::default();
+    let mut seeds = Vec::with_capacity(starts.len());
+    let mut seq = 0usize;
+    trace.for_each_item(|pi, it| {
+        while let Some(&(at, index)) = starts.get(seeds.len()).filter(|(at, _)| at.seq <= seq) {
+            seeds.push(state.seed(index).filter(|_| at.process == first.process));
+        }
+        if seeds.len() == starts.len() {
+            return ControlFlow::Break(());
+        }
+        seq += 1;
+        if pi == first.process {
+            state.apply(&it, first.device);
+        }
         ControlFlow::Continue(())
     })?;
-    let inside = |&(ptr, size): &(u64, u64)| {
-        segments
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(b, s)| ptr.saturating_add(size) <= b + s)
-    };
-    if segments.is_empty() || !live.values().all(inside) {
-        return Ok(None);
+    // Starts at the trace's end see all of it.
+    for &(at, index) in &starts[seeds.len()..] {
+        seeds.push(state.seed(index).filter(|_| at.process == first.process));
     }
-    Ok(Some(AllocatorSeed {
-        index,
-        segments: segments.into_iter().collect(),
-        blocks: live.into_values().collect(),
-    }))
+    Ok(seeds)
 }
 
 /// The traced allocator's state at the start of the failing forward and of the one before it,
@@ -181,17 +211,16 @@ impl StepSeeds {
         if expandable_segments || !step.from_engine_loop {
             return Ok(StepSeeds::default());
         }
-        let starts = &step.forward_starts;
-        let at = |k: u64| -> crate::Result<Option<AllocatorSeed>> {
-            match starts.get(k as usize) {
-                Some(&s) => allocator_seed(trace, s, k),
-                None => Ok(None),
-            }
-        };
+        // The forward before the failing one, then the failing one, in one pass.
         let i = step.chunk_index;
+        let starts: Vec<(At, u64)> = (i.saturating_sub(1)..=i)
+            .filter_map(|k| Some((*step.forward_starts.get(k as usize)?, k)))
+            .collect();
+        let mut seeds = allocator_seeds(trace, &starts)?.into_iter();
+        let before = if i > 0 { seeds.next().flatten() } else { None };
         Ok(StepSeeds {
-            failing: at(i)?,
-            before: if i > 0 { at(i - 1)? } else { None },
+            failing: seeds.next().flatten(),
+            before,
         })
     }
 }
@@ -610,22 +639,15 @@ pub(crate) fn transformers_curves(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::{ev, trace_of};
+    use crate::tests::{ev, tensor_alloc, trace_of};
     use vramtrace_format::{Record, TensorEvent};
 
     const MIB: u64 = 1 << 20;
 
     fn tensor(t: u64, ptr: u64, size: u64, segment: u64) -> Record {
         Record::Tensor(TensorEvent {
-            t_ns: t,
-            tid: 1,
-            device: 0,
-            action: TensorAction::Alloc,
-            ptr,
-            size,
-            requested: size,
             segment,
-            ..TensorEvent::default()
+            ..tensor_alloc(t, ptr, size)
         })
     }
 
@@ -653,7 +675,9 @@ mod tests {
             seq: n,
         };
         let whole = trace_of(1, base.clone());
-        let s = allocator_seed(&whole, at(3), 5).unwrap().unwrap();
+        let s = allocator_seeds(&whole, &[(at(3), 5)]).unwrap()[0]
+            .clone()
+            .unwrap();
         assert_eq!(s.index, 5);
         assert_eq!(s.segments, vec![(seg, 20 * MIB)]);
         assert_eq!(s.blocks, vec![(seg, 2 * MIB), (seg + 4 * MIB, 2 * MIB)]);
@@ -661,6 +685,10 @@ mod tests {
         let mut partial = base;
         partial.push(tensor(4, 0x9000_0000, 2 * MIB, 0));
         let t = trace_of(1, partial);
-        assert_eq!(allocator_seed(&t, at(4), 5).unwrap(), None);
+        assert_eq!(allocator_seeds(&t, &[(at(4), 5)]).unwrap(), vec![None]);
+        // Read in one pass, each start has the state before it.
+        let both = allocator_seeds(&whole, &[(at(2), 4), (at(3), 5)]).unwrap();
+        assert_eq!(both[0].as_ref().unwrap().blocks, vec![(seg, 2 * MIB)]);
+        assert_eq!(both[1], Some(s));
     }
 }

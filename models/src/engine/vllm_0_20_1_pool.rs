@@ -214,6 +214,22 @@ mod tests {
         }
     }
 
+    /// A dense model's shape: 32 layers, 8 KV heads of 128, bf16, one rank.
+    fn dense(max_model_len: u64) -> PoolShape {
+        PoolShape {
+            attention_layers: 32,
+            gdn_layers: 0,
+            kv_heads_per_rank: 8,
+            head_size: 128,
+            kv_bytes: 2,
+            gdn: None,
+            tp: 1,
+            block_size: None,
+            max_model_len,
+            num_spec: 0,
+        }
+    }
+
     #[test]
     fn a_hybrid_s_block_grows_to_hold_its_state_and_the_state_is_padded() {
         // docs/vllm-0.20.1-planner-notes.md, section 8: per TP, the state's bytes, the aligned
@@ -271,18 +287,7 @@ mod tests {
     #[test]
     fn a_dense_pool_logs_concurrency_times_max_model_len_not_blocks_times_block_size() {
         // Section 8's dense example: 32 layers, 8 KV heads of 128, bf16, blocks of 16, 60 GiB.
-        let mut s = PoolShape {
-            attention_layers: 32,
-            gdn_layers: 0,
-            kv_heads_per_rank: 8,
-            head_size: 128,
-            kv_bytes: 2,
-            gdn: None,
-            tp: 1,
-            block_size: None,
-            max_model_len: 8192,
-            num_spec: 0,
-        };
+        let mut s = dense(8192);
         let p = plan(&s, 60 << 30).unwrap();
         assert_eq!(
             (p.page_bytes, p.group_size, p.num_blocks),
@@ -299,18 +304,7 @@ mod tests {
 
     #[test]
     fn vllm_refuses_to_start_when_one_request_does_not_fit() {
-        let s = PoolShape {
-            attention_layers: 32,
-            gdn_layers: 0,
-            kv_heads_per_rank: 8,
-            head_size: 128,
-            kv_bytes: 2,
-            gdn: None,
-            tp: 1,
-            block_size: None,
-            max_model_len: 131_072,
-            num_spec: 0,
-        };
+        let s = dense(131_072);
         // 131,072 tokens × 128 KiB = 16 GiB needed.
         let e = plan(&s, 8 << 30).unwrap_err().to_string();
         assert!(

@@ -138,11 +138,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         started.elapsed().as_secs_f64()
     );
 
+    let trace = Trace::open(&out)?;
     // The workload's frames, named while its binary is here (a trace read elsewhere keeps them).
-    if let Err(e) = vramtrace::symbolize::write_stored_symbols(&out) {
+    if let Err(e) = vramtrace::symbolize::write_stored_symbols(&trace) {
         eprintln!("vramtrace demo: the native frames could not be stored with the trace: {e:#}");
     }
-    let trace = Trace::open(&out)?;
     print!(
         "{}",
         render_summary(

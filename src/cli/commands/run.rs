@@ -117,17 +117,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         return Ok(code);
     }
     if has_trace {
+        let trace = Trace::open(&out);
         // Name the native frames now, while the program's libraries are on this machine: the
         // trace may be read elsewhere, or after they are gone.
-        if let Err(e) = vramtrace::symbolize::write_stored_symbols(&out) {
+        let stored = match &trace {
+            Ok(t) => vramtrace::symbolize::write_stored_symbols(t)
+                .err()
+                .map(anyhow::Error::from),
+            Err(e) => Some(anyhow::anyhow!("{e:#}")),
+        };
+        if let Some(e) = stored {
             eprintln!("vramtrace: the native frames could not be stored with the trace: {e:#}");
         }
-    }
-    if has_trace && !args.quiet {
-        eprintln!("vramtrace: trace written to {}", out.display());
-        match Trace::open(&out).and_then(|t| summarize(&t, SummaryOptions::default())) {
-            Ok(s) => eprint!("{}", render(&s, false)),
-            Err(e) => eprintln!("vramtrace: {e:#}"),
+        if !args.quiet {
+            eprintln!("vramtrace: trace written to {}", out.display());
+            match trace.and_then(|t| summarize(&t, SummaryOptions::default())) {
+                Ok(s) => eprint!("{}", render(&s, false)),
+                Err(e) => eprintln!("vramtrace: {e:#}"),
+            }
         }
     }
     if !stopped.is_empty() {
