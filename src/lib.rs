@@ -49,6 +49,7 @@ pub mod events;
 pub mod evidence;
 pub mod export;
 pub mod forecast;
+pub mod growth;
 pub mod import;
 pub mod live;
 pub mod names;

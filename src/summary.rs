@@ -17,7 +17,8 @@ use crate::symbolize::StackSymbolizer;
 use crate::torch_replay::{
     LiveTensor, Names, Segment, TensorMoment, TensorReplay, TensorStep, TorchOom,
 };
-use crate::trace::{Item, Trace};
+use crate::growth::{Growth, GrowthFold};
+use crate::trace::{Item, Process, Trace};
 use vramtrace_format::TensorEvent;
 use vramtrace_models::units::{fmt_bytes, fmt_secs};
 
@@ -346,6 +347,8 @@ pub struct Summary {
     pub processes: Vec<ProcessSummary>,
     /// Files of the trace directory that could not be read, and why.
     pub unreadable: Vec<crate::trace::Unreadable>,
+    /// What grows over the run ([`crate::growth`]); `None` when nothing was recorded.
+    pub growth: Option<Growth>,
 }
 
 /// Options for [`summarize`].
@@ -445,11 +448,14 @@ struct Pass {
     seq: usize,
     /// Tensor records per process.
     tensor_events: Vec<u64>,
+    /// What grows over the run.
+    growth: GrowthFold,
 }
 
 impl Pass {
-    fn new(top: usize, processes: usize) -> Pass {
+    fn new(top: usize, processes: usize, t0: u64) -> Pass {
         Pass {
+            growth: GrowthFold::new(t0),
             top,
             acc: FastMap::default(),
             peaks: FastMap::default(),
@@ -467,23 +473,48 @@ impl Pass {
     /// Folds one item of process `pi`.
     fn item(&mut self, trace: &Trace, pi: usize, it: Item) {
         self.budget += 1;
+        if self.growth.tick(it.t_ns()) {
+            self.sample_reserves(trace);
+        }
         match it {
-            Item::Event(e) => self.event(pi, e),
+            Item::Event(e) => self.event(&trace.processes[pi], pi, e),
             Item::Annotate(a) => {
                 self.replay.annotate(pi, &a);
                 self.names.note(trace, pi, &a);
                 self.seq += 1;
             }
             Item::Tensor(t) => {
-                self.tensor(pi, &t);
+                self.tensor(&trace.processes[pi], pi, &t);
                 self.seq += 1;
             }
             _ => self.seq += 1,
         }
     }
 
+    /// At a new bucket of the growth grid: the largest free block of each PyTorch reserve,
+    /// within the pass's budget (the scans together cost at most the items read).
+    fn sample_reserves(&mut self, trace: &Trace) {
+        for (pi, dev) in self.growth.reserves() {
+            let cost = self.tensors.live_len() + self.replay.live_len();
+            if cost > self.budget {
+                return;
+            }
+            self.budget -= cost;
+            let m = crate::torch_replay::moment(
+                trace,
+                &self.tensors.live_set(pi, dev),
+                &crate::torch_replay::segments_of(&self.replay, pi, dev),
+                0,
+                0,
+                &self.names.0,
+            );
+            self.growth
+                .sample_free(pi, dev, m.largest_free_block, m.unallocated_bytes);
+        }
+    }
+
     /// A PyTorch tensor record: the tensor peaks and the allocator's refusals.
-    fn tensor(&mut self, pi: usize, t: &TensorEvent) {
+    fn tensor(&mut self, p: &Process, pi: usize, t: &TensorEvent) {
         if let Some(n) = self.tensor_events.get_mut(pi) {
             *n += 1;
         }
@@ -505,6 +536,7 @@ impl Pass {
         let a = self.acc.entry((pi, t.device)).or_default();
         match self.tensors.apply(pi, self.seq, t) {
             TensorStep::Allocated | TensorStep::Restated(true) => {
+                self.growth.tensor_alloc(p, pi, t);
                 if self.tensors.level(pi, t.device).peak_seq == self.seq {
                     self.tpeaks.insert((pi, t.device), TensorPeak::Now);
                 }
@@ -537,12 +569,13 @@ impl Pass {
                     });
                 }
             }
-            TensorStep::Released(_) | TensorStep::Restated(false) => {}
+            TensorStep::Released(Some(freed)) => self.growth.tensor_free(&freed, t.t_ns),
+            TensorStep::Released(None) | TensorStep::Restated(false) => {}
         }
     }
 
     /// A driver event: counts, the device peaks and the failures.
-    fn event(&mut self, pi: usize, e: Event) {
+    fn event(&mut self, p: &Process, pi: usize, e: Event) {
         if self.pending > 0
             && let Some((dev, Pool::Device)) = self.replay.would_remove(pi, &e)
             && let Some(p) = self.peaks.get_mut(&(pi, dev))
@@ -561,6 +594,7 @@ impl Pass {
         }
         match self.replay.apply(pi, self.seq, &e) {
             Step::Allocated { pool: Pool::Device } => {
+                self.growth.driver_alloc(p, pi, &e);
                 self.acc.entry((pi, e.device)).or_default().allocations += 1;
                 if self.replay.level(pi, e.device, Pool::Device).peak_seq == self.seq {
                     let p = self.peaks.entry((pi, e.device)).or_insert(PeakSet::Later);
@@ -574,6 +608,7 @@ impl Pass {
                 self.acc.entry((pi, e.device)).or_default().other[pool_index(pool)].0 += 1;
             }
             Step::Released { freed: Some(f), .. } if f.pool == Pool::Device => {
+                self.growth.driver_free(&f, e.t_ns);
                 self.acc.entry((pi, f.event.device)).or_default().frees += 1
             }
             Step::Released {
@@ -812,7 +847,7 @@ impl<'t> Shown<'t> {
 /// costly to copy in the first).
 pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> {
     let t0 = trace.start_ns();
-    let mut pass = Pass::new(opts.top, trace.processes.len());
+    let mut pass = Pass::new(opts.top, trace.processes.len(), t0);
     trace.for_each_item(|pi, it| {
         pass.item(trace, pi, it);
         ControlFlow::Continue(())
@@ -827,8 +862,12 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
         tensors,
         names,
         tensor_events,
+        growth,
         ..
     } = pass;
+    let mut growth_syms: Vec<StackSymbolizer> =
+        trace.processes.iter().map(StackSymbolizer::new).collect();
+    let growth = growth.finish(trace, &replay, &tensors, &mut growth_syms);
     let shown = Shown::new(trace, opts, &names);
     let moment = |m: &(Vec<LiveTensor>, Vec<Segment>)| shown.moment(m);
     let item = |a: &LiveAlloc| shown.item(a);
@@ -946,6 +985,7 @@ pub fn summarize(trace: &Trace, opts: SummaryOptions) -> Result<Summary, Error> 
     Ok(Summary {
         processes,
         unreadable: trace.unreadable.clone(),
+        growth,
     })
 }
 
@@ -1192,6 +1232,9 @@ pub fn render(s: &Summary, detail: bool) -> String {
                 );
             }
         }
+    }
+    if let Some(g) = &s.growth {
+        let _ = writeln!(out, "growth: {}", g.headline());
     }
     out
 }

@@ -57,7 +57,7 @@ pub(crate) struct Booked {
 
 /// True when the native stack `stack` of `p` passes through PyTorch's caching allocator
 /// (a frame in `libc10_cuda`): the allocation is one of its segments.
-fn is_segment_stack(p: &Process, stack: u32) -> bool {
+pub(crate) fn is_segment_stack(p: &Process, stack: u32) -> bool {
     p.stacks.get(&stack).is_some_and(|addrs| {
         addrs.iter().any(|&a| {
             p.modules

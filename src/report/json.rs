@@ -2,7 +2,8 @@
 //! as one JSON object. The keys a tool may rely on: `verdict.class` (one of
 //! [`crate::report::triage::VerdictClass::key`]), `categories` (`{category, bytes, evidence}` at
 //! the first failure, else the highest peak) and `model.failure_fits` (absent without a failure
-//! or a model).
+//! or a model) and `growth` (`verdict`, `rate_bytes_per_hour`, `lines`: see
+//! [`crate::growth::Growth`]).
 
 use serde_json::{Value, json};
 
@@ -34,6 +35,11 @@ pub fn render(r: &Report) -> Value {
         "versions": r.versions.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(),
     });
     let o = out.as_object_mut().expect("an object");
+    if let Some(g) = &r.summary.growth
+        && let Ok(v) = serde_json::to_value(g)
+    {
+        o.insert("growth".into(), v);
+    }
     match &r.triage {
         Some(t) => {
             if let Ok(Value::Object(m)) = serde_json::to_value(t) {

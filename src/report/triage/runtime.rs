@@ -68,7 +68,7 @@ fn is_user_frame(f: &str) -> bool {
 /// The first user or library frame of a stack: the innermost Python frame
 /// (`file.py:LINE function`), else the innermost symbolised frame past the allocation machinery
 /// ([`MACHINERY`]); `None` when neither is there.
-pub(super) fn first_user_frame(frames: &[String]) -> Option<String> {
+pub(crate) fn first_user_frame(frames: &[String]) -> Option<String> {
     frames
         .iter()
         .find(|f| f.contains(".py:"))

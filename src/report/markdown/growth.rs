@@ -1,0 +1,110 @@
+//! The growth section: the verdict over the run, the lines ranked by rate, PyTorch's reserve.
+
+use std::fmt::Write as _;
+
+use vramtrace_models::units::fmt_bytes;
+
+use super::{cell, code};
+use crate::growth::{Growth, LineVerdict};
+use crate::report::Report;
+
+fn rate(b: f64) -> String {
+    let sign = if b < 0.0 { "−" } else { "+" };
+    format!("{sign}{}/h", fmt_bytes(b.abs().round() as u64))
+}
+
+fn verdict_word(v: LineVerdict) -> &'static str {
+    match v {
+        LineVerdict::Leak => "**leak**",
+        LineVerdict::Plateau => "plateau",
+        LineVerdict::Steady => "steady",
+    }
+}
+
+/// `## Growth over the run`, when the trace was long enough to have one.
+pub(super) fn growth(out: &mut String, r: &Report) {
+    let Some(g) = &r.summary.growth else { return };
+    section(out, g);
+}
+
+fn section(out: &mut String, g: &Growth) {
+    let _ = writeln!(out, "## Growth over the run\n");
+    let _ = writeln!(
+        out,
+        "**Verdict: {}.** Over {:.1} s: start-up to {:.1} s, warm-up to {:.1} s (found by a two-line fit), then the steady state; buckets of {:.3} s. The bytes the processes hold from the driver grow {} ± {} over the steady state.\n",
+        g.verdict.key(),
+        g.duration_s,
+        g.startup_end_s,
+        g.steady_from_s,
+        g.bucket_s,
+        rate(g.rate_bytes_per_hour),
+        fmt_bytes(g.rate_uncertainty_bytes_per_hour.abs().round() as u64)
+    );
+    for e in &g.evidence {
+        let _ = writeln!(out, "- {e}");
+    }
+    let _ = writeln!(out, "\nRests on: {}.\n", g.rests_on);
+    if !g.lines.is_empty() {
+        let _ = writeln!(
+            out,
+            "| where | pid | device | level | category | rate | ± | live at end | allocations | oldest held | verdict |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|");
+        for l in &g.lines {
+            let oldest = l
+                .oldest
+                .first()
+                .map(|o| {
+                    format!(
+                        "{}{:.1} s ({})",
+                        if o.restated { "≤" } else { "" },
+                        o.t_s,
+                        fmt_bytes(o.bytes)
+                    )
+                })
+                .unwrap_or_else(|| "—".into());
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                cell(&code(&l.place)),
+                l.pid,
+                l.device,
+                l.level,
+                l.category,
+                rate(l.bytes_per_hour),
+                fmt_bytes(l.uncertainty_bytes_per_hour.abs().round() as u64),
+                fmt_bytes(l.live_bytes),
+                l.live_allocations,
+                oldest,
+                verdict_word(l.verdict)
+            );
+        }
+        let _ = writeln!(out);
+    }
+    if !g.reserve.is_empty() {
+        let _ = writeln!(
+            out,
+            "PyTorch's reserve (segments held from the driver), told apart from its tensors:\n"
+        );
+        let _ = writeln!(
+            out,
+            "| pid | device | segments | rate | tensors' rate | unallocated | largest free block | verdict |"
+        );
+        let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---|");
+        for x in &g.reserve {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                x.pid,
+                x.device,
+                fmt_bytes(x.segment_bytes),
+                rate(x.bytes_per_hour),
+                rate(x.tensor_bytes_per_hour),
+                fmt_bytes(x.unallocated_bytes),
+                fmt_bytes(x.largest_free_block),
+                x.verdict
+            );
+        }
+        let _ = writeln!(out);
+    }
+}

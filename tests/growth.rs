@@ -1,0 +1,154 @@
+//! The growth analysis end to end (issue 34): a native program on the stand-in driver, under
+//! `vramtrace run`, that leaks, fills a cache and stops, or only allocates and frees; then
+//! `report --json`'s `growth` and `summary`'s line. At 10 million events, the report stays
+//! within 256 MiB (its time beside `summary`'s is measured by `benches/readers.rs`).
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{c_program, describe, run_traced, scratch, vramtrace};
+use serde_json::Value;
+
+/// Records `soak MODE ITERATIONS` (tests/c/soak.c); the trace and the rate the program planted
+/// (bytes an hour, from its own clock), when it kept anything.
+fn soak(mode: &str, iterations: u64) -> (PathBuf, Option<f64>) {
+    let prog = c_program("soak", true);
+    let out = scratch(&format!("soak-{mode}-{iterations}")).join("trace");
+    let it = iterations.to_string();
+    let o = run_traced(
+        &out,
+        "80GiB",
+        &[prog.as_os_str(), OsStr::new(mode), OsStr::new(&it)],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let planted = stdout.lines().find_map(|l| {
+        let rest = l.strip_prefix("planted ")?;
+        let (bytes, secs) = rest.split_once(" bytes over ")?;
+        let bytes: f64 = bytes.parse().ok()?;
+        let secs: f64 = secs.strip_suffix(" s")?.parse().ok()?;
+        (secs > 0.0).then(|| bytes / secs * 3600.0)
+    });
+    (out, planted)
+}
+
+/// `report --json`'s growth object, and the child's peak resident memory (`wait4`).
+fn growth(trace: &Path) -> (Value, u64) {
+    let mut child = Command::new(vramtrace())
+        .args(["report", "--json"])
+        .arg(trace)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    use std::io::Read;
+    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    let mut status = 0;
+    // Safety: an all-zero rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, child.id() as i32, "wait4");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "report failed: {}",
+        String::from_utf8_lossy(&stderr)
+    );
+    let v: Value = serde_json::from_slice(&stdout).unwrap();
+    (v["growth"].clone(), usage.ru_maxrss as u64 * 1024)
+}
+
+fn first_where(g: &Value) -> String {
+    g["lines"][0]["where"].as_str().unwrap_or("").to_string()
+}
+
+fn rate_within(g: &Value, planted: f64, tolerance: f64) {
+    let rate = g["lines"][0]["bytes_per_hour"].as_f64().unwrap();
+    let off = (rate - planted).abs() / planted;
+    assert!(
+        off <= tolerance,
+        "the first line grows {rate:.0} B/h, the program planted {planted:.0} B/h: {:.1}% off",
+        off * 100.0
+    );
+}
+
+#[test]
+fn a_native_leak_is_a_leak_at_its_function_and_rate() {
+    let (trace, planted) = soak("leak", 300_000);
+    let (g, _) = growth(&trace);
+    assert_eq!(g["verdict"], "leak", "{g:#}");
+    assert!(first_where(&g).starts_with("leak_one"), "{}", first_where(&g));
+    assert_eq!(g["lines"][0]["verdict"], "leak");
+    rate_within(&g, planted.unwrap(), 0.10);
+    // It still holds every allocation it kept: 300,000 / 64 of 1 MiB.
+    assert_eq!(g["lines"][0]["live_bytes"], (300_000u64 / 64) << 20);
+    assert!(g["lines"][0]["oldest_t_ns"].as_u64().is_some());
+    for key in ["rate_bytes_per_hour", "steady_from_s", "duration_s"] {
+        assert!(g[key].is_number(), "{key}: {g:#}");
+    }
+    // `summary` says it in one line.
+    let o = Command::new(vramtrace())
+        .arg("summary")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text.lines().find(|l| l.starts_with("growth: ")).unwrap();
+    assert!(line.starts_with("growth: leak: leak_one"), "{line}");
+}
+
+#[test]
+fn a_native_cache_that_fills_then_stops_is_a_plateau() {
+    let (trace, _) = soak("plateau", 300_000);
+    let (g, _) = growth(&trace);
+    assert_eq!(g["verdict"], "plateau", "{g:#}");
+    let cache = g["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["where"].as_str().unwrap().starts_with("fill_cache"))
+        .unwrap();
+    assert_eq!(cache["verdict"], "plateau");
+    // The warm-up ends about where the cache stopped (30% of the run).
+    let steady = g["steady_from_s"].as_f64().unwrap() / g["duration_s"].as_f64().unwrap();
+    assert!((0.2..0.45).contains(&steady), "{steady}: {g:#}");
+}
+
+#[test]
+fn steady_native_traffic_is_none() {
+    let (trace, planted) = soak("steady", 300_000);
+    assert_eq!(planted, None);
+    let (g, _) = growth(&trace);
+    assert_eq!(g["verdict"], "none", "{g:#}");
+    assert!(
+        g["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["verdict"] == "steady"),
+        "{g:#}"
+    );
+}
+
+#[test]
+fn ten_million_events_leak_and_plateau_within_256_mib() {
+    // 5,000,000 iterations: an allocation and a release each, and the kept allocations.
+    for mode in ["leak", "plateau"] {
+        let (trace, planted) = soak(mode, 5_000_000);
+        let (g, rss) = growth(&trace);
+        assert!(rss <= 256 << 20, "{mode}: report --json took {} MiB", rss >> 20);
+        assert_eq!(g["verdict"], mode, "{g:#}");
+        if mode == "leak" {
+            assert!(first_where(&g).starts_with("leak_one"));
+            rate_within(&g, planted.unwrap(), 0.10);
+        }
+        // A bounded number of buckets whatever the length.
+        assert!(g["series"]["t_s"].as_array().unwrap().len() <= 256);
+    }
+}
