@@ -449,6 +449,18 @@ impl Table {
         ]);
     }
 
+    /// `a` over `b`, both measured in this run, against a ratio target.
+    fn ratio(&mut self, what: &str, a: Times, b: Times, target: f64) {
+        let wall = a.wall.as_secs_f64() / b.wall.as_secs_f64();
+        let cpu = a.cpu.as_secs_f64() / b.cpu.as_secs_f64();
+        self.0.push([
+            what.into(),
+            format!("{wall:.2}× (cpu {cpu:.2}×)"),
+            format!("≤ {target}×"),
+            format!("{:.2}", wall / target),
+        ]);
+    }
+
     fn memory(&mut self, what: &str, bytes: u64, target_mib: u64) {
         let mib = bytes as f64 / (1 << 20) as f64;
         self.0.push([
@@ -604,6 +616,27 @@ fn main() {
     table.time("`vramtrace summary` wall", t, 5.0);
     table.memory("`vramtrace summary` peak RSS", t.rss, 256);
     table.rate("`vramtrace summary` throughput", n_events, t, 20.0);
+    // Issue 34: `report --json` (growth included) beside `summary`, run in turns so that a
+    // machine whose speed drifts moves both alike.
+    let (mut summary_t, mut report_t) = (
+        t,
+        best_child(1, Command::new(exe).args(["report", "--json", d])),
+    );
+    for _ in 1..runs {
+        summary_t = summary_t.min(best_child(1, Command::new(exe).args(["summary", d])));
+        report_t = report_t.min(best_child(
+            1,
+            Command::new(exe).args(["report", "--json", d]),
+        ));
+    }
+    table.time("`vramtrace report --json` wall", report_t, 15.0);
+    table.memory("`vramtrace report --json` peak RSS", report_t.rss, 256);
+    table.ratio(
+        "`report --json` / `summary` (same run)",
+        report_t,
+        summary_t,
+        3.0,
+    );
     let config = root.join("samples/models/Qwen3.6-27B/config.json");
     let t = best_child(
         runs,

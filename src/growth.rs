@@ -242,7 +242,13 @@ impl Growth {
                 .lines
                 .iter()
                 .find(|l| l.verdict == LineVerdict::Plateau)
-                .map(|l| format!("{} rose and stopped at {}", l.place, bytes_text(l.live_bytes as f64)))
+                .map(|l| {
+                    format!(
+                        "{} rose and stopped at {}",
+                        l.place,
+                        bytes_text(l.live_bytes as f64)
+                    )
+                })
                 .unwrap_or_else(|| "risen during the warm-up, then held".to_string()),
             Verdict::None => "nothing grows after start-up".to_string(),
         };
@@ -299,6 +305,9 @@ pub struct GrowthFold {
     first_release_ns: Option<u64>,
     first_ns: Option<u64>,
     last_ns: u64,
+    /// Per process: the latest restatement of a live tensor (a ring's drop): its lines are
+    /// whole only after it.
+    restated_ns: FastMap<usize, u64>,
 }
 
 impl GrowthFold {
@@ -314,6 +323,7 @@ impl GrowthFold {
             first_release_ns: None,
             first_ns: None,
             last_ns: t0,
+            restated_ns: FastMap::default(),
         }
     }
 
@@ -341,10 +351,12 @@ impl GrowthFold {
     }
 
     fn books(&mut self, pi: usize, device: i32) -> &mut DeviceBooks {
-        self.books.entry((pi, device)).or_insert_with(|| DeviceBooks {
-            by_cat: vec![Series::default(); N],
-            ..Default::default()
-        })
+        self.books
+            .entry((pi, device))
+            .or_insert_with(|| DeviceBooks {
+                by_cat: vec![Series::default(); N],
+                ..Default::default()
+            })
     }
 
     fn line(&mut self, p: &Process, key: LineKey, bytes: u64, label: u32) -> usize {
@@ -423,9 +435,13 @@ impl GrowthFold {
         }
     }
 
-    /// A tensor made live (handed out, or restated after its record was dropped).
-    pub fn tensor_alloc(&mut self, p: &Process, pi: usize, t: &TensorEvent) {
+    /// A tensor made live: handed out, or `restated` after the ring dropped its record.
+    pub fn tensor_alloc(&mut self, p: &Process, pi: usize, t: &TensorEvent, restated: bool) {
         self.tick(t.t_ns);
+        if restated {
+            let r = self.restated_ns.entry(pi).or_default();
+            *r = (*r).max(t.t_ns);
+        }
         let key = LineKey {
             process: pi as u32,
             device: t.device,
@@ -519,18 +535,23 @@ struct Finisher<'t> {
 impl<'t> Finisher<'t> {
     fn new(fold: GrowthFold, trace: &'t Trace) -> Finisher<'t> {
         let n = fold.grid.len();
-        let x: Vec<f64> = (0..n)
-            .map(|i| fold.grid.start_s(i) / 3600.0)
-            .collect();
-        let first = fold.first_release_ns.or(fold.first_ns).unwrap_or(fold.grid.t0);
+        let x: Vec<f64> = (0..n).map(|i| fold.grid.start_s(i) / 3600.0).collect();
+        let first = fold
+            .first_release_ns
+            .or(fold.first_ns)
+            .unwrap_or(fold.grid.t0);
         let startup = (fold.grid.bucket(first) + 1).min(n.saturating_sub(1));
+        // A ring drops a block after its last record and restates the tensors still live in it
+        // then: detail is whole after both.
         let tensor_from = trace
             .processes
             .iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(pi, p)| {
                 p.dropped
                     .iter()
                     .map(|d| d.2)
+                    .chain(fold.restated_ns.get(&pi).copied())
                     .max()
                     .map_or(0, |to| fold.grid.bucket(to) + 1)
             })
@@ -586,8 +607,7 @@ impl<'t> Finisher<'t> {
         let tail_from = window + (self.n - window) * 2 / 3;
         let tail = fit::line((tail_from..self.n).map(|i| (self.x[i], y[i] as f64)));
         let end = y[last] as f64;
-        let continuing =
-            tail.is_none_or(|t| t.n < 3 || (t.slope >= 0.5 * f.slope && t.t() >= 3.0));
+        let continuing = tail.is_none_or(|t| t.n < 3 || (t.slope >= 0.5 * f.slope && t.t() >= 3.0));
         if f.slope > 0.0
             && f.t() >= 5.0
             && growth >= MATERIAL_BYTES
@@ -842,10 +862,9 @@ impl<'t> Finisher<'t> {
                 let (f, v) = self.judge(&segs, 0);
                 let f = f?;
                 let tensor_rate = self.fit(&b.tensors.values(n), 0).map_or(0.0, |t| t.slope);
-                let (largest, unallocated) = b.free.unwrap_or((
-                    0,
-                    b.segments.now.saturating_sub(b.tensors.now),
-                ));
+                let (largest, unallocated) = b
+                    .free
+                    .unwrap_or((0, b.segments.now.saturating_sub(b.tensors.now)));
                 Some(ReserveGrowth {
                     pid: self.trace.processes[pi].header.pid,
                     device: dev,
@@ -928,6 +947,7 @@ impl<'t> Finisher<'t> {
     }
 
     fn rests_on(&self) -> String {
+        let whole_from = |pi: usize| self.fold.grid.start_s(self.tensor_from[pi]);
         let t0 = self.fold.grid.t0;
         let mut parts = Vec::new();
         let tensor_processes = self
@@ -946,12 +966,13 @@ impl<'t> Finisher<'t> {
                 if tensor_processes.len() == 1 { "" } else { "es" }
             ));
         }
-        for p in &self.trace.processes {
-            if let Some(to) = p.dropped.iter().map(|d| d.2).max() {
+        for (pi, p) in self.trace.processes.iter().enumerate() {
+            if !p.dropped.is_empty() {
                 parts.push(format!(
-                    "process {}'s tensor detail only from {:.1} s on (the size budget dropped earlier tensor records; its live set was restated, so lines are fitted from there, driver allocations over the whole run)",
+                    "process {}'s tensor detail only from {:.1} s on (the size budget dropped earlier tensor records, the last at {:.1} s, and restated the live set; lines are fitted from there, driver allocations over the whole run)",
                     p.header.pid,
-                    to.saturating_sub(t0) as f64 / 1e9
+                    whole_from(pi),
+                    p.dropped.iter().map(|d| d.2).max().unwrap_or(0).saturating_sub(t0) as f64 / 1e9
                 ));
             }
         }
@@ -961,7 +982,10 @@ impl<'t> Finisher<'t> {
 
 /// Bytes (or bytes an hour) as a person reads them, with their sign.
 fn bytes_text(b: f64) -> String {
-    vramtrace_models::units::format_bytes(b.round() as i128, vramtrace_models::units::ByteStyle::Torch)
+    vramtrace_models::units::format_bytes(
+        b.round() as i128,
+        vramtrace_models::units::ByteStyle::Torch,
+    )
 }
 
 /// The run's verdict from its lines and reserve, with the evidence.
@@ -974,8 +998,13 @@ fn judge_run(g: &mut Growth, in_use_rise: f64, buckets: usize) {
         ));
         return;
     }
-    let leaks: Vec<&GrowthLine> = g.lines.iter().filter(|l| l.verdict == LineVerdict::Leak).collect();
-    let creeping: Vec<&ReserveGrowth> = g.reserve.iter().filter(|r| r.verdict == "creeps").collect();
+    let leaks: Vec<&GrowthLine> = g
+        .lines
+        .iter()
+        .filter(|l| l.verdict == LineVerdict::Leak)
+        .collect();
+    let creeping: Vec<&ReserveGrowth> =
+        g.reserve.iter().filter(|r| r.verdict == "creeps").collect();
     for l in &leaks {
         g.evidence.push(format!(
             "{} (pid {}, device {}) grows {}/h ± {} over the steady state and still holds {} in {} allocation(s), the oldest from {:.1} s",
@@ -1000,7 +1029,38 @@ fn judge_run(g: &mut Growth, in_use_rise: f64, buckets: usize) {
             mb(r.unallocated_bytes as f64)
         ));
     }
-    if !leaks.is_empty() || !creeping.is_empty() {
+    if leaks.is_empty() && creeping.is_empty() {
+        // Segments (driver allocations: never dropped) that grow as a leak would, with the
+        // tensors in them, where no line's detail was long enough to judge (a ring's drops).
+        let following: Vec<&ReserveGrowth> = g
+            .reserve
+            .iter()
+            .filter(|r| r.verdict == "follows its tensors")
+            .collect();
+        for r in &following {
+            let first = g.lines.first().map_or(String::new(), |l| {
+                format!(
+                    "; the fastest-growing line over the detail there is: {} ({}/h)",
+                    l.place,
+                    bytes_text(l.bytes_per_hour)
+                )
+            });
+            g.evidence.push(format!(
+                "PyTorch's segments (pid {}, device {}) grow {}/h ± {} over the steady state as a leak would, with its tensors ({}/h){first}",
+                r.pid,
+                r.device,
+                bytes_text(r.bytes_per_hour),
+                bytes_text(r.uncertainty_bytes_per_hour),
+                bytes_text(r.tensor_bytes_per_hour)
+            ));
+        }
+        if following.is_empty() {
+            // Fall through to the plateau and none checks below.
+        } else {
+            g.verdict = Verdict::Leak;
+            return;
+        }
+    } else {
         g.verdict = Verdict::Leak;
         return;
     }

@@ -121,6 +121,51 @@ pub fn timeline(
     })
 }
 
+/// The growth plot of `growth` ([`crate::growth`]): its categories stacked, the bytes held, and
+/// the steady state's line fitted to the bytes held (`title` or the trace's name).
+pub fn growth(g: &crate::growth::Growth, title: &str) -> vramtrace_view_model::GrowthPlot {
+    use crate::categoriser::Category;
+    let categories = g
+        .series
+        .by_category
+        .iter()
+        .filter_map(|(key, v)| {
+            let c = Category::ALL.iter().find(|c| c.key() == *key)?;
+            Some((c.title().to_string(), c.index(), v.clone()))
+        })
+        .collect();
+    let points = g
+        .series
+        .t_s
+        .iter()
+        .zip(&g.series.held)
+        .filter(|(t, _)| **t >= g.steady_from_s)
+        .map(|(t, b)| (*t, *b as f64));
+    let steady = crate::growth::fit::line(points).map(|f| {
+        let end = g.series.t_s.last().copied().unwrap_or(g.steady_from_s);
+        let at = |t: f64| (t, (f.intercept + f.slope * t).max(0.0));
+        (at(g.steady_from_s), at(end))
+    });
+    let sign = if g.rate_bytes_per_hour < 0.0 {
+        "−"
+    } else {
+        "+"
+    };
+    vramtrace_view_model::GrowthPlot {
+        title: format!("{title}: growth over the run ({})", g.verdict.key()),
+        subtitle: g.evidence.first().cloned().unwrap_or_default(),
+        t_s: g.series.t_s.clone(),
+        categories,
+        held: g.series.held.clone(),
+        steady,
+        steady_label: format!(
+            "steady state from {:.1} s: {sign}{}/h",
+            g.steady_from_s,
+            fmt_bytes(g.rate_bytes_per_hour.abs().round() as u64)
+        ),
+    }
+}
+
 /// The tensors live at the highest tensor peak of `trace` (the process and device whose
 /// PyTorch tensors peaked highest) grouped by Python line, most bytes first, at most `top`
 /// lines (the rest in one row); `None` when the trace has no tensor records.

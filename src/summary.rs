@@ -12,12 +12,12 @@ use serde::Serialize;
 use vramtrace_format::{Event, EventKind};
 
 use crate::error::Error;
+use crate::growth::{Growth, GrowthFold};
 use crate::replay::{Capture, FastMap, LiveAlloc, Pool, Replayer, Step, capture};
 use crate::symbolize::StackSymbolizer;
 use crate::torch_replay::{
     LiveTensor, Names, Segment, TensorMoment, TensorReplay, TensorStep, TorchOom,
 };
-use crate::growth::{Growth, GrowthFold};
 use crate::trace::{Item, Process, Trace};
 use vramtrace_format::TensorEvent;
 use vramtrace_models::units::{fmt_bytes, fmt_secs};
@@ -535,8 +535,9 @@ impl Pass {
         }
         let a = self.acc.entry((pi, t.device)).or_default();
         match self.tensors.apply(pi, self.seq, t) {
-            TensorStep::Allocated | TensorStep::Restated(true) => {
-                self.growth.tensor_alloc(p, pi, t);
+            step @ (TensorStep::Allocated | TensorStep::Restated(true)) => {
+                self.growth
+                    .tensor_alloc(p, pi, t, step == TensorStep::Restated(true));
                 if self.tensors.level(pi, t.device).peak_seq == self.seq {
                     self.tpeaks.insert((pi, t.device), TensorPeak::Now);
                 }

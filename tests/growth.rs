@@ -47,8 +47,18 @@ fn growth(trace: &Path) -> (Value, u64) {
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     use std::io::Read;
-    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
     let mut status = 0;
     // Safety: an all-zero rusage is a valid value for wait4 to fill.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -82,7 +92,11 @@ fn a_native_leak_is_a_leak_at_its_function_and_rate() {
     let (trace, planted) = soak("leak", 300_000);
     let (g, _) = growth(&trace);
     assert_eq!(g["verdict"], "leak", "{g:#}");
-    assert!(first_where(&g).starts_with("leak_one"), "{}", first_where(&g));
+    assert!(
+        first_where(&g).starts_with("leak_one"),
+        "{}",
+        first_where(&g)
+    );
     assert_eq!(g["lines"][0]["verdict"], "leak");
     rate_within(&g, planted.unwrap(), 0.10);
     // It still holds every allocation it kept: 300,000 / 64 of 1 MiB.
@@ -142,7 +156,11 @@ fn ten_million_events_leak_and_plateau_within_256_mib() {
     for mode in ["leak", "plateau"] {
         let (trace, planted) = soak(mode, 5_000_000);
         let (g, rss) = growth(&trace);
-        assert!(rss <= 256 << 20, "{mode}: report --json took {} MiB", rss >> 20);
+        assert!(
+            rss <= 256 << 20,
+            "{mode}: report --json took {} MiB",
+            rss >> 20
+        );
         assert_eq!(g["verdict"], mode, "{g:#}");
         if mode == "leak" {
             assert!(first_where(&g).starts_with("leak_one"));
@@ -150,5 +168,46 @@ fn ten_million_events_leak_and_plateau_within_256_mib() {
         }
         // A bounded number of buckets whatever the length.
         assert!(g["series"]["t_s"].as_array().unwrap().len() <= 256);
+    }
+}
+
+/// The planted rate of a kept-tensor log (`<monotonic s> <bytes>` per kept tensor): the bytes
+/// after the first over the time from the first to the last, per hour.
+fn planted_rate(log: &str) -> f64 {
+    let rows: Vec<(f64, f64)> = log
+        .lines()
+        .filter_map(|l| {
+            let (t, b) = l.split_once(' ')?;
+            Some((t.parse().ok()?, b.parse().ok()?))
+        })
+        .collect();
+    let bytes: f64 = rows[1..].iter().map(|r| r.1).sum();
+    bytes / (rows[rows.len() - 1].0 - rows[0].0) * 3600.0
+}
+
+#[test]
+fn the_h200_servers_kept_their_verdicts() {
+    // Made on the H200 (docs/validation.md, "Growth over days"); the traces themselves were
+    // too large to keep, their report --json is.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/h200/growth");
+    let growth = |name: &str| -> Value {
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap();
+        v["growth"].clone()
+    };
+    assert_eq!(growth("serve-steady.report.json")["verdict"], "plateau");
+    assert_eq!(growth("decode.report.json")["verdict"], "plateau");
+    for (report, log) in [
+        ("serve-leak.report.json", "serve-leak.kept.log"),
+        ("leak-attach.report.json", "leak-attach.kept.log"),
+    ] {
+        let g = growth(report);
+        assert_eq!(g["verdict"], "leak", "{report}");
+        assert!(
+            first_where(&g).starts_with("sitecustomize.py:29 keep_logits"),
+            "{report}"
+        );
+        let planted = planted_rate(&std::fs::read_to_string(dir.join(log)).unwrap());
+        rate_within(&g, planted, 0.10);
     }
 }

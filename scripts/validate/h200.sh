@@ -563,6 +563,20 @@ serve_cb() {
   head -60 "$d-report/report.md"
 }
 
+soak_serve() {
+  # Issue 34: growth over a run: a server with no leak, the same with a planted leak, a decode
+  # loop whose reserve settles (scripts/validate/soak_serve.sh).
+  hf_models || return 1
+  VT=$VT W=$W VAL=$VAL TF=$(hf_bin) bash "$VAL/soak_serve.sh"
+}
+
+soak_variants() {
+  # Issue 34, item 3: the planted leak recorded through a ring that drops tensor detail, and
+  # by attaching to a server already running (scripts/validate/soak_variants.sh).
+  hf_models || return 1
+  VT=$VT BIN=$BIN W=$W VAL=$VAL ROOT=$ROOT TF=$(hf_bin) bash "$VAL/soak_variants.sh"
+}
+
 attach_serve() {
   # Issue 21: vramtrace attach / detach on a transformers serve under steady requests (pause,
   # request rate before and after, the trace seeded from PyTorch's snapshot).

@@ -23,12 +23,27 @@ fn program(iterations: u64, leak_every: u64, leak: u64, cache: u64, cache_for: u
         e.stack = stack;
         r.push(Record::Event(e));
     };
-    at(1, ev(0, Alloc, Device, "cuMemAlloc_v2", 0x10_0000_0000, 64 * MIB), 4);
+    at(
+        1,
+        ev(0, Alloc, Device, "cuMemAlloc_v2", 0x10_0000_0000, 64 * MIB),
+        4,
+    );
     let mut next = 0x20_0000_0000u64;
     for i in 0..iterations {
         let t = 2 + i * step;
         let scratch = 0x1_0000_0000 + (i % 7) * 0x100_0000;
-        at(t, ev(0, Alloc, Device, "cuMemAlloc_v2", scratch, 8 * MIB + (i % 5) * MIB), 1);
+        at(
+            t,
+            ev(
+                0,
+                Alloc,
+                Device,
+                "cuMemAlloc_v2",
+                scratch,
+                8 * MIB + (i % 5) * MIB,
+            ),
+            1,
+        );
         if leak_every > 0 && i % leak_every == 0 {
             at(t + 1, ev(0, Alloc, Device, "cuMemAlloc_v2", next, leak), 2);
             next += leak;
@@ -37,7 +52,11 @@ fn program(iterations: u64, leak_every: u64, leak: u64, cache: u64, cache_for: u
             at(t + 2, ev(0, Alloc, Device, "cuMemAlloc_v2", next, cache), 3);
             next += cache;
         }
-        at(t + step / 2, ev(0, Free, Device, "cuMemFree_v2", scratch, 0), 1);
+        at(
+            t + step / 2,
+            ev(0, Free, Device, "cuMemFree_v2", scratch, 0),
+            1,
+        );
     }
     r
 }
@@ -64,7 +83,11 @@ fn a_leak_among_steady_traffic_is_a_leak_at_its_rate() {
     assert_eq!(first.oldest_t_ns, Some(3));
     assert!((g.rate_bytes_per_hour - planted).abs() / planted < 0.05);
     // The scratch line is steady.
-    assert!(g.lines.iter().all(|l| l.verdict != LineVerdict::Leak || l.live_bytes > 0));
+    assert!(
+        g.lines
+            .iter()
+            .all(|l| l.verdict != LineVerdict::Leak || l.live_bytes > 0)
+    );
 }
 
 #[test]
@@ -74,7 +97,11 @@ fn a_cache_that_fills_and_stops_is_a_plateau() {
     let cache = g.lines.iter().find(|l| l.live_bytes == 900 * MIB).unwrap();
     assert_eq!(cache.verdict, LineVerdict::Plateau);
     // The warm-up ends where the cache stopped growing (iteration 900, 9 s).
-    assert!((8.0..10.5).contains(&g.steady_from_s), "{}", g.steady_from_s);
+    assert!(
+        (8.0..10.5).contains(&g.steady_from_s),
+        "{}",
+        g.steady_from_s
+    );
     assert!(g.rate_bytes_per_hour.abs() < 0.05 * 900.0 * MIB as f64 / 9.0 * 3600.0);
 }
 
@@ -93,7 +120,14 @@ fn tensors_kept_in_cached_segments_are_the_leak_not_the_segments() {
     use MemKind::*;
     // One 2 GiB segment; a steady activation tensor comes and goes; a 1 MiB tensor is kept
     // every 10 iterations.
-    let mut r = vec![Record::Event(ev(1, Alloc, Device, "cuMemAlloc_v2", 0x7000_0000_0000, 2 << 30))];
+    let mut r = vec![Record::Event(ev(
+        1,
+        Alloc,
+        Device,
+        "cuMemAlloc_v2",
+        0x7000_0000_0000,
+        2 << 30,
+    ))];
     for i in 0..2000u64 {
         let t = 2 + i * 10 * MS;
         let mut act = tensor_alloc(t, 0x7000_0000_0000 + (1 << 30), 64 * MIB);
@@ -116,7 +150,11 @@ fn tensors_kept_in_cached_segments_are_the_leak_not_the_segments() {
     assert_eq!(g.lines[0].live_bytes, 200 * MIB);
     assert_eq!(g.lines[0].verdict, LineVerdict::Leak);
     // The activation line and the segment (no module says it is PyTorch's here) are steady.
-    assert!(g.lines[1..].iter().all(|l| l.verdict == LineVerdict::Steady));
+    assert!(
+        g.lines[1..]
+            .iter()
+            .all(|l| l.verdict == LineVerdict::Steady)
+    );
 }
 
 #[test]
@@ -124,4 +162,58 @@ fn a_trace_too_short_to_tell_says_so() {
     let g = growth_of(crate::tests::known_sequence());
     assert_eq!(g.verdict, Verdict::None);
     assert!(g.evidence[0].contains("too short"), "{:?}", g.evidence);
+}
+
+/// A tensor leak (8 MiB about every 220 ms) in a ring that dropped the tensor records of the
+/// first 85% of a 90 s run: the live set restated 4 s after the dropped block's last record.
+fn ring_leak(dropped_to_s: u64) -> Vec<Record> {
+    let mut r = vec![Record::Event(ev(
+        1,
+        EventKind::Alloc,
+        MemKind::Device,
+        "cuMemAlloc_v2",
+        0x7000_0000_0000,
+        40 << 30,
+    ))];
+    let cut = dropped_to_s * 1000 * MS;
+    let mut restated = Vec::new();
+    for i in 0..400u64 {
+        let t = 1000 * MS + i * 220 * MS;
+        let mut kept = tensor_alloc(t, 0x7000_0000_0000 + i * 8 * MIB, 8 * MIB);
+        kept.stack = 2;
+        if t < cut {
+            // Restated when its block was reused, after the block's last record.
+            kept.action = vramtrace_format::TensorAction::Live;
+            kept.t_ns = cut + 4000 * MS;
+            restated.push(Record::Tensor(kept));
+        } else {
+            r.push(Record::Tensor(kept));
+        }
+        // Traffic that lives through the whole run, so the pass has releases to see.
+        let mut act = tensor_alloc(t + 1, 0x7a00_0000_0000, 64 * MIB);
+        act.stack = 1;
+        let mut free = act.clone();
+        free.t_ns = t + 100 * MS;
+        free.action = vramtrace_format::TensorAction::Free;
+        if t >= cut {
+            r.push(Record::Tensor(act));
+            r.push(Record::Tensor(free));
+        }
+    }
+    r.extend(restated);
+    r.push(Record::Dropped {
+        t_ns: cut,
+        tid: 1,
+        from_t_ns: 1000 * MS,
+        to_t_ns: cut,
+        index: 0,
+    });
+    r
+}
+
+#[test]
+fn a_ring_that_dropped_most_tensor_detail_still_finds_the_leak() {
+    let g = growth_of(ring_leak(75));
+    assert_eq!(g.verdict, Verdict::Leak, "{:#?} {:#?}", g.evidence, g.lines);
+    assert!(g.rests_on.contains("only from 79.4 s"), "{}", g.rests_on);
 }

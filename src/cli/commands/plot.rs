@@ -22,8 +22,10 @@ pub struct PlotArgs {
     /// A trace directory or file (optional for --kind cliff).
     pub trace: Option<PathBuf>,
     /// Which plot.
-    /// (`lines`: the tensors at their peak by Python line, for a trace with PyTorch's tensors.)
-    #[arg(long, value_parser = ["timeline", "breakdown", "cliff", "lines"])]
+    /// (`lines`: the tensors at their peak by Python line, for a trace with PyTorch's tensors;
+    /// `growth`: live bytes by category over the run with the steady state's rate, as
+    /// `report`'s growth section finds it.)
+    #[arg(long, value_parser = ["timeline", "breakdown", "cliff", "lines", "growth"])]
     pub kind: String,
     /// The file to write: `.png` or `.svg`.
     #[arg(long, short)]
@@ -151,6 +153,20 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
             vramtrace::trace::warn_unreadable(&trace);
             let plot = plots::lines(&trace, args.title.as_deref(), 20)?;
             plot_breakdown(&plot, &args.output)?;
+        }
+        "growth" => {
+            let dir = needs_trace()?;
+            let trace = Trace::open(dir)?;
+            vramtrace::trace::warn_unreadable(&trace);
+            let s = vramtrace::summary::summarize(&trace, Default::default())?;
+            let g = s
+                .growth
+                .context("the trace holds no allocation: nothing to plot growth of")?;
+            let mut plot = plots::growth(&g, &trace_name(dir));
+            if let Some(t) = &args.title {
+                plot.title = t.clone();
+            }
+            vramtrace_viewer::plot::plot_growth(&plot, &args.output)?;
         }
         "cliff" => {
             let config = model("cliff")?;

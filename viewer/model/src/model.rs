@@ -424,3 +424,24 @@ pub struct CapacityBar {
     /// The refused request: its label and bytes.
     pub request: Option<CapacityPart>,
 }
+
+/// The growth plot: live bytes by category over the run, stacked, with the bytes held from the
+/// driver and the steady state's fitted rate drawn over them (`vramtrace plot --kind growth`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrowthPlot {
+    /// Title above the plot.
+    pub title: String,
+    /// One line under it: the verdict and its first piece of evidence.
+    pub subtitle: String,
+    /// Each bucket's start, seconds since the trace began.
+    pub t_s: Vec<f64>,
+    /// Per category: its title, its index in the categories' stacking order (the fill), and
+    /// its bytes at each bucket.
+    pub categories: Vec<(String, usize, Vec<u64>)>,
+    /// Bytes held from the driver at each bucket (its low-water mark).
+    pub held: Vec<u64>,
+    /// The steady state's fitted line: (seconds, bytes) at its start and at the end.
+    pub steady: Option<((f64, f64), (f64, f64))>,
+    /// The rate written beside that line.
+    pub steady_label: String,
+}

@@ -8,6 +8,7 @@
 
 mod breakdown;
 mod cliff;
+mod growth;
 mod panels;
 mod style;
 mod timeline;
@@ -20,6 +21,7 @@ use plotters::prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingA
 
 pub use breakdown::plot_breakdown;
 pub use cliff::plot_cliff;
+pub use growth::plot_growth;
 pub use panels::{plot_capacity_bar, plot_cliff_panels};
 pub use timeline::plot_timeline;
 /// The timeline plot's view model, from `vramtrace-view-model` (viewer/model/).
