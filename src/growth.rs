@@ -125,6 +125,10 @@ pub struct GrowthLine {
     pub oldest: Vec<HeldAllocation>,
     /// Leak, plateau or steady.
     pub verdict: LineVerdict,
+    /// Its live bytes at each bucket of [`GrowthSeries::t_s`] (the bucket's low-water mark):
+    /// what the Parquet and Perfetto exports carry; not in `report --json`.
+    #[serde(skip)]
+    pub live_series: Vec<u64>,
 }
 
 /// An allocation still live at the end.
@@ -503,25 +507,120 @@ impl GrowthFold {
         self.books(pi, device).free = Some((largest, unallocated));
     }
 
-    /// The growth of the trace; `None` when nothing was folded.
+    /// The growth of a whole trace, at its end; `None` when nothing was folded.
     pub fn finish(
-        self,
+        &self,
         trace: &Trace,
         replay: &Replayer,
         tensors: &TensorReplay,
         syms: &mut [StackSymbolizer<'_>],
     ) -> Option<Growth> {
+        let processes: Vec<&Process> = trace.processes.iter().collect();
+        self.growth(&processes, replay, tensors, &mut |pi, stack| {
+            syms.get_mut(pi)
+                .map(|s| s.stack(stack).iter().map(|f| f.to_string()).collect())
+                .unwrap_or_default()
+        })
+    }
+
+    /// The growth so far: `processes` by index (`None` for one not read yet), the replays the
+    /// fold was fed from, and `native` the symbolised frames (innermost first) of a process's
+    /// stack; `None` when nothing was folded. The live view asks as the run goes.
+    pub fn growth(
+        &self,
+        processes: &[&Process],
+        replay: &Replayer,
+        tensors: &TensorReplay,
+        native: &mut dyn FnMut(usize, u32) -> Vec<String>,
+    ) -> Option<Growth> {
         if !self.started {
             return None;
         }
-        Some(Finisher::new(self, trace).run(replay, tensors, syms))
+        Some(Finisher::new(self, processes).run(replay, tensors, native))
+    }
+}
+
+/// The growth of `trace` in a pass of its own (a driver and a tensor replay feeding a
+/// [`GrowthFold`]), for the readers that do not summarise: the exports and the growth plot.
+/// The same analysis as the summary's ([`crate::summary::Summary::growth`]).
+pub fn of_trace(trace: &Trace) -> crate::Result<Option<Growth>> {
+    let mut fold = GrowthFold::new(trace.start_ns());
+    let mut replay = Replayer::new();
+    let mut tensors = TensorReplay::new();
+    let mut budget = 0usize;
+    let mut seq = 0usize;
+    let names = FastMap::default();
+    trace.for_each_item(|pi, it| {
+        budget += 1;
+        if fold.tick(it.t_ns()) {
+            sample_reserves(&mut fold, trace, &replay, &tensors, &names, &mut budget);
+        }
+        let p = &trace.processes[pi];
+        match &it {
+            crate::trace::Item::Event(e) => match replay.apply(pi, seq, e) {
+                crate::replay::Step::Allocated { pool: Pool::Device } => {
+                    fold.driver_alloc(p, pi, e)
+                }
+                crate::replay::Step::Released { freed: Some(f), .. } if f.pool == Pool::Device => {
+                    fold.driver_free(&f, e.t_ns)
+                }
+                _ => {}
+            },
+            crate::trace::Item::Tensor(t) => match tensors.apply(pi, seq, t) {
+                crate::torch_replay::TensorStep::Allocated => fold.tensor_alloc(p, pi, t, false),
+                crate::torch_replay::TensorStep::Restated(true) => {
+                    fold.tensor_alloc(p, pi, t, true)
+                }
+                crate::torch_replay::TensorStep::Released(Some(freed)) => {
+                    fold.tensor_free(&freed, t.t_ns)
+                }
+                _ => {}
+            },
+            crate::trace::Item::Annotate(a) => {
+                replay.annotate(pi, a);
+            }
+            _ => {}
+        }
+        seq += 1;
+        std::ops::ControlFlow::Continue(())
+    })?;
+    replay.check_overflow()?;
+    let mut syms: Vec<StackSymbolizer> = trace.processes.iter().map(StackSymbolizer::new).collect();
+    Ok(fold.finish(trace, &replay, &tensors, &mut syms))
+}
+
+/// At a new bucket: the largest free block of each PyTorch reserve, within `budget` (the scans
+/// together cost at most the items read; what one costs is taken from it).
+pub(crate) fn sample_reserves(
+    fold: &mut GrowthFold,
+    trace: &Trace,
+    replay: &Replayer,
+    tensors: &TensorReplay,
+    names: &FastMap<(usize, u64), String>,
+    budget: &mut usize,
+) {
+    for (pi, dev) in fold.reserves() {
+        let cost = tensors.live_len() + replay.live_len();
+        if cost > *budget {
+            return;
+        }
+        *budget -= cost;
+        let m = crate::torch_replay::moment(
+            trace,
+            &tensors.live_set(pi, dev),
+            &crate::torch_replay::segments_of(replay, pi, dev),
+            0,
+            0,
+            names,
+        );
+        fold.sample_free(pi, dev, m.largest_free_block, m.unallocated_bytes);
     }
 }
 
 /// The verdict's arithmetic, once the pass is over.
 struct Finisher<'t> {
-    fold: GrowthFold,
-    trace: &'t Trace,
+    fold: &'t GrowthFold,
+    processes: &'t [&'t Process],
     n: usize,
     /// x of each bucket: its start, hours.
     x: Vec<f64>,
@@ -533,7 +632,7 @@ struct Finisher<'t> {
 }
 
 impl<'t> Finisher<'t> {
-    fn new(fold: GrowthFold, trace: &'t Trace) -> Finisher<'t> {
+    fn new(fold: &'t GrowthFold, processes: &'t [&'t Process]) -> Finisher<'t> {
         let n = fold.grid.len();
         let x: Vec<f64> = (0..n).map(|i| fold.grid.start_s(i) / 3600.0).collect();
         let first = fold
@@ -543,8 +642,7 @@ impl<'t> Finisher<'t> {
         let startup = (fold.grid.bucket(first) + 1).min(n.saturating_sub(1));
         // A ring drops a block after its last record and restates the tensors still live in it
         // then: detail is whole after both.
-        let tensor_from = trace
-            .processes
+        let tensor_from = processes
             .iter()
             .enumerate()
             .map(|(pi, p)| {
@@ -558,7 +656,7 @@ impl<'t> Finisher<'t> {
             .collect();
         Finisher {
             fold,
-            trace,
+            processes,
             n,
             x,
             startup,
@@ -635,7 +733,7 @@ impl<'t> Finisher<'t> {
         mut self,
         replay: &Replayer,
         tensors: &TensorReplay,
-        syms: &mut [StackSymbolizer<'_>],
+        native: &mut dyn FnMut(usize, u32) -> Vec<String>,
     ) -> Growth {
         let n = self.n;
         let floors: Vec<Vec<u64>> = self.fold.lines.iter().map(|l| l.floor.values(n)).collect();
@@ -677,7 +775,7 @@ impl<'t> Finisher<'t> {
         let mut at: HashMap<(u32, i32, bool, String), usize> = HashMap::new();
         for &i in &candidates {
             let key = self.fold.lines[i].key;
-            let place = self.place(&key, syms);
+            let place = self.place(&key, native);
             let k = (key.process, key.device, key.tensor, place.clone());
             match at.get(&k) {
                 Some(&j) => places[j].2.push(i),
@@ -709,7 +807,7 @@ impl<'t> Finisher<'t> {
             let first = &self.fold.lines[members[0]];
             lines.push(GrowthLine {
                 place,
-                pid: self.trace.processes[key.process as usize].header.pid,
+                pid: self.pid(key.process as usize),
                 device: key.device,
                 level: if key.tensor { "tensor" } else { "driver" },
                 category: first.category.key(),
@@ -728,6 +826,7 @@ impl<'t> Finisher<'t> {
                     })
                     .collect(),
                 verdict,
+                live_series: y,
             });
         }
         lines.sort_by(|a, b| b.bytes_per_hour.total_cmp(&a.bytes_per_hour));
@@ -761,22 +860,24 @@ impl<'t> Finisher<'t> {
 
     /// Where a line allocates: its Python line, else its first native frame past the
     /// allocation machinery.
-    fn place(&self, key: &LineKey, syms: &mut [StackSymbolizer<'_>]) -> String {
-        let p = &self.trace.processes[key.process as usize];
-        if let Some(l) = crate::torch_replay::python_locations(p, key.stack).first() {
+    fn place(&self, key: &LineKey, native: &mut dyn FnMut(usize, u32) -> Vec<String>) -> String {
+        let pi = key.process as usize;
+        if let Some(p) = self.processes.get(pi)
+            && let Some(l) = crate::torch_replay::python_locations(p, key.stack).first()
+        {
             return l.to_string();
         }
         if key.stack == 0 {
             return "(no stack recorded)".into();
         }
-        let frames: Vec<String> = syms[key.process as usize]
-            .stack(key.stack)
-            .iter()
-            .map(|f| f.to_string())
-            .collect();
+        let frames = native(pi, key.stack);
         crate::report::triage::first_user_frame(&frames)
             .or_else(|| frames.first().cloned())
             .unwrap_or_else(|| format!("stack {}", key.stack))
+    }
+
+    fn pid(&self, pi: usize) -> u32 {
+        self.processes.get(pi).map_or(0, |p| p.header.pid)
     }
 
     /// The oldest live allocations of each candidate line at the end: (made, bytes, restated).
@@ -866,7 +967,7 @@ impl<'t> Finisher<'t> {
                     .free
                     .unwrap_or((0, b.segments.now.saturating_sub(b.tensors.now)));
                 Some(ReserveGrowth {
-                    pid: self.trace.processes[pi].header.pid,
+                    pid: self.pid(pi),
                     device: dev,
                     bytes_per_hour: f.slope,
                     uncertainty_bytes_per_hour: f.se,
@@ -966,7 +1067,7 @@ impl<'t> Finisher<'t> {
                 if tensor_processes.len() == 1 { "" } else { "es" }
             ));
         }
-        for (pi, p) in self.trace.processes.iter().enumerate() {
+        for (pi, p) in self.processes.iter().enumerate() {
             if !p.dropped.is_empty() {
                 parts.push(format!(
                     "process {}'s tensor detail only from {:.1} s on (the size budget dropped earlier tensor records, the last at {:.1} s, and restated the live set; lines are fitted from there, driver allocations over the whole run)",

@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 
 use vramtrace_format::{FILE_EXTENSION, Follower, Problem, Record};
 use vramtrace_view_model::{
-    BreakdownEntry, DeviceInfo, LineGroup, LiveAllocation, LiveSnapshot, LiveSource, NvmlPanel,
-    ProcessInfo, SnapshotQuery, Update,
+    BreakdownEntry, DeviceInfo, GrowthPanel, GrowthRow, LineGroup, LiveAllocation, LiveSnapshot,
+    LiveSource, NvmlPanel, ProcessInfo, SnapshotQuery, Update,
 };
 
 use crate::attribution::Observed;
@@ -162,7 +162,14 @@ pub struct DirSource {
     said_following: bool,
     model: Option<LiveModel>,
     log: Option<PollLog>,
+    /// The growth table as last computed, and the trace time it was computed at: recomputed at
+    /// most once per [`GROWTH_EVERY_NS`] of trace time.
+    growth: Option<(u64, Option<GrowthPanel>)>,
 }
+
+/// How much trace time passes between two computations of the growth table (each is a pass
+/// over the growth fold's buckets, not over the trace).
+const GROWTH_EVERY_NS: u64 = 1_000_000_000;
 
 /// A line per read of the followed files, when `VRAMTRACE_LIVE_LOG` names a file: the wall time
 /// since the view started, the timed items read, the milliseconds spent reading and then
@@ -220,7 +227,7 @@ impl DirSource {
             options,
             files: BTreeSet::new(),
             procs: Vec::new(),
-            timeline: TimelineFold::new(),
+            timeline: TimelineFold::new().with_growth(),
             last_scan: None,
             devices: BTreeMap::new(),
             frames: HashMap::new(),
@@ -229,6 +236,7 @@ impl DirSource {
             said_following: false,
             model: None,
             log: PollLog::from_env(),
+            growth: None,
         }
     }
 
@@ -578,7 +586,53 @@ impl DirSource {
                 live_observed(book, &procs, &wanted, device)
             }));
         }
+        snap.growth = self.growth_panel(now);
         snap
+    }
+
+    /// The growth table at trace time `now` (every process, every device), recomputed when
+    /// [`GROWTH_EVERY_NS`] passed; `None` until every file's process is read.
+    fn growth_panel(&mut self, now: u64) -> Option<GrowthPanel> {
+        if let Some((at, panel)) = &self.growth
+            && now < at.saturating_add(GROWTH_EVERY_NS)
+        {
+            return panel.clone();
+        }
+        let processes: Option<Vec<&Process>> =
+            self.procs.iter().map(|l| l.process.as_ref()).collect();
+        let processes = processes?;
+        let mut symbolizers: HashMap<usize, StackSymbolizer<'_>> = HashMap::new();
+        let g = self.timeline.growth(&processes, &mut |pi, stack| {
+            symbolizers
+                .entry(pi)
+                .or_insert_with(|| StackSymbolizer::new(processes[pi]))
+                .stack(stack)
+                .iter()
+                .map(|f| f.to_string())
+                .collect()
+        });
+        let panel = g.map(|g| GrowthPanel {
+            verdict: g.verdict.key().to_string(),
+            headline: g.headline(),
+            lines: g
+                .lines
+                .iter()
+                .map(|l| GrowthRow {
+                    place: l.place.clone(),
+                    bytes_per_hour: l.bytes_per_hour,
+                    uncertainty_bytes_per_hour: l.uncertainty_bytes_per_hour,
+                    live_bytes: l.live_bytes,
+                    verdict: match l.verdict {
+                        crate::growth::LineVerdict::Leak => "leak",
+                        crate::growth::LineVerdict::Plateau => "plateau",
+                        crate::growth::LineVerdict::Steady => "steady",
+                    }
+                    .to_string(),
+                })
+                .collect(),
+        });
+        self.growth = Some((now, panel.clone()));
+        panel
     }
 
     /// The snapshot at an earlier time: the directory read again up to it.
@@ -906,6 +960,7 @@ fn build_snapshot(
         breakdown,
         by_line,
         model: None,
+        growth: None,
     }
 }
 

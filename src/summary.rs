@@ -492,25 +492,16 @@ impl Pass {
     }
 
     /// At a new bucket of the growth grid: the largest free block of each PyTorch reserve,
-    /// within the pass's budget (the scans together cost at most the items read).
+    /// within the pass's budget.
     fn sample_reserves(&mut self, trace: &Trace) {
-        for (pi, dev) in self.growth.reserves() {
-            let cost = self.tensors.live_len() + self.replay.live_len();
-            if cost > self.budget {
-                return;
-            }
-            self.budget -= cost;
-            let m = crate::torch_replay::moment(
-                trace,
-                &self.tensors.live_set(pi, dev),
-                &crate::torch_replay::segments_of(&self.replay, pi, dev),
-                0,
-                0,
-                &self.names.0,
-            );
-            self.growth
-                .sample_free(pi, dev, m.largest_free_block, m.unallocated_bytes);
-        }
+        crate::growth::sample_reserves(
+            &mut self.growth,
+            trace,
+            &self.replay,
+            &self.tensors,
+            &self.names.0,
+            &mut self.budget,
+        );
     }
 
     /// A PyTorch tensor record: the tensor peaks and the allocator's refusals.

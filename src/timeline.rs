@@ -95,6 +95,8 @@ pub(crate) struct Book {
     /// PyTorch's per-process limit (`set_per_process_memory_fraction`) by process and device, as
     /// its latest refusal recorded it: the limit the allocator actually enforces there.
     torch_limits: BTreeMap<(usize, i32), u64>,
+    /// What the latest tensor record did (read by the growth fold).
+    pub(crate) last_tensor: Option<TensorStep>,
 }
 
 fn add_to(v: &mut u64, by: u64, sign: bool) {
@@ -250,7 +252,7 @@ impl Book {
             Item::Tensor(te) => {
                 let seq = self.seq;
                 self.seq += 1;
-                self.apply_tensor(pi, seq, te, p);
+                self.last_tensor = Some(self.apply_tensor(pi, seq, te, p));
                 None
             }
             _ => None,
@@ -322,6 +324,9 @@ impl Book {
 #[derive(Default)]
 pub struct TimelineFold {
     pub(crate) book: Book,
+    /// What grows over the run, when asked for ([`TimelineFold::with_growth`]).
+    pub(crate) growth: Option<crate::growth::GrowthFold>,
+    growth_wanted: bool,
     stacked: BTreeSet<i32>,
     t0: Option<u64>,
     latest_ns: u64,
@@ -342,6 +347,13 @@ impl TimelineFold {
         let mut f = TimelineFold::default();
         f.book.categories = categories;
         f
+    }
+
+    /// Also follows what grows over the run ([`crate::growth`]), for the live view's growth
+    /// table.
+    pub fn with_growth(mut self) -> TimelineFold {
+        self.growth_wanted = true;
+        self
     }
 
     /// A process started at `t_ns` (`CLOCK_MONOTONIC`): time 0 is the earliest start seen.
@@ -414,6 +426,9 @@ impl TimelineFold {
                 continue;
             };
             let step = self.book.apply(pi, &item, process);
+            if self.growth_wanted {
+                self.feed_growth(pi, &item, step.as_ref(), process);
+            }
             if let Item::Tensor(te) = &item {
                 self.tensor_sample(t, te, process, &mut high, out);
                 continue;
@@ -456,6 +471,43 @@ impl TimelineFold {
         }
         self.flush(&mut high, end_t, out);
         self.latest_ns = self.latest_ns.max(last);
+    }
+
+    /// Feeds the growth fold what one item did.
+    fn feed_growth(&mut self, pi: usize, item: &Item, step: Option<&Step>, p: &Process) {
+        let t0 = self.t0.unwrap_or(item.t_ns());
+        let g = self
+            .growth
+            .get_or_insert_with(|| crate::growth::GrowthFold::new(t0));
+        match (item, step) {
+            (Item::Event(e), Some(Step::Allocated { pool: Pool::Device })) => {
+                g.driver_alloc(p, pi, e)
+            }
+            (Item::Event(e), Some(Step::Released { freed: Some(f), .. }))
+                if f.pool == Pool::Device =>
+            {
+                g.driver_free(f, e.t_ns)
+            }
+            (Item::Tensor(te), _) => match self.book.last_tensor.take() {
+                Some(TensorStep::Allocated) => g.tensor_alloc(p, pi, te, false),
+                Some(TensorStep::Restated(true)) => g.tensor_alloc(p, pi, te, true),
+                Some(TensorStep::Released(Some(freed))) => g.tensor_free(&freed, te.t_ns),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+
+    /// What grows over the run so far, with `processes` by index (every one read); `None`
+    /// without [`TimelineFold::with_growth`] or before anything was folded.
+    pub fn growth(
+        &self,
+        processes: &[&Process],
+        native: &mut dyn FnMut(usize, u32) -> Vec<String>,
+    ) -> Option<crate::growth::Growth> {
+        self.growth
+            .as_ref()?
+            .growth(processes, &self.book.replay, &self.book.tensors, native)
     }
 
     /// A tensor record moves its device's stack (inside cached segments the driver sees

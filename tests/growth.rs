@@ -36,6 +36,8 @@ fn soak(mode: &str, iterations: u64) -> (PathBuf, Option<f64>) {
 }
 
 /// `report --json`'s growth object, and the child's peak resident memory (`wait4`).
+// The child is reaped by wait4 (which alone gives its own peak resident memory).
+#[allow(clippy::zombie_processes)]
 fn growth(trace: &Path) -> (Value, u64) {
     let mut child = Command::new(vramtrace())
         .args(["report", "--json"])
@@ -210,4 +212,131 @@ fn the_h200_servers_kept_their_verdicts() {
         let planted = planted_rate(&std::fs::read_to_string(dir.join(log)).unwrap());
         rate_within(&g, planted, 0.10);
     }
+}
+
+#[test]
+fn the_live_view_forms_the_verdict_as_the_run_goes() {
+    use vramtrace::live::{DirSource, LiveOptions};
+    use vramtrace_view_model::{LiveSource, SnapshotQuery};
+    let (trace, _) = soak("leak", 200_000);
+    let mut src = DirSource::new(
+        &trace,
+        LiveOptions {
+            nvml: false,
+            rescan: std::time::Duration::ZERO,
+            ..LiveOptions::default()
+        },
+    );
+    // Read to the end (a poll reads within its time budget).
+    let mut quiet = 0;
+    while quiet < 3 {
+        let before = src.events();
+        src.poll();
+        quiet = if src.events() == before { quiet + 1 } else { 0 };
+    }
+    let snap = src
+        .snapshot(&SnapshotQuery {
+            device: 0,
+            pid: None,
+            time_s: src.latest_s(),
+        })
+        .unwrap();
+    let g = snap.growth.expect("a growth table at the latest moment");
+    assert_eq!(g.verdict, "leak", "{g:?}");
+    assert!(g.lines[0].place.starts_with("leak_one"), "{g:?}");
+    assert_eq!(g.lines[0].verdict, "leak");
+}
+
+/// The fleet query of `vramtrace export --format parquet`'s help: many traces' growth.parquet
+/// ranked by growth rate, in DuckDB (CI installs it; see tests/export.rs).
+#[test]
+fn duckdb_ranks_traces_by_growth_rate() {
+    let pythonpath = std::env::var_os("VRAMTRACE_TEST_PYTHONPATH").unwrap_or_default();
+    let has_duckdb = Command::new("python3")
+        .args(["-c", "import duckdb"])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_duckdb {
+        vramtrace_testkit::skip(
+            "VRAMTRACE_REQUIRE_DUCKDB",
+            "duckdb_ranks_traces_by_growth_rate: the duckdb Python package is not installed \
+             (pip install duckdb)",
+        );
+        return;
+    }
+    let exports = scratch("growth-fleet").join("exports");
+    for mode in ["steady", "leak", "plateau"] {
+        let (trace, _) = soak(mode, 150_000);
+        let o = Command::new(vramtrace())
+            .args(["export", "--format", "parquet", "-o"])
+            .arg(exports.join(mode))
+            .arg(&trace)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", describe(&o));
+    }
+    let query = format!(
+        "import duckdb; \
+         print(duckdb.sql(\"SELECT regexp_extract(filename, 'exports/([a-z]+)/', 1) AS name, \
+           any_value(run_verdict), any_value(run_bytes_per_hour) AS rate, \
+           arg_max(\\\"where\\\", bytes_per_hour) \
+           FROM read_parquet('{}/*/growth.parquet', filename = true) \
+           GROUP BY filename ORDER BY rate DESC\").fetchall())",
+        exports.display()
+    );
+    let q = Command::new("python3")
+        .args(["-c", &query])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .unwrap();
+    assert!(q.status.success(), "{}", describe(&q));
+    let text = String::from_utf8_lossy(&q.stdout);
+    let first = text.split("), (").next().unwrap();
+    assert!(
+        first.contains("'leak', 'leak'") && first.contains("leak_one"),
+        "the leaking trace ranks first: {text}"
+    );
+    assert!(text.contains("'steady', 'none'"), "{text}");
+    assert!(text.contains("'plateau', 'plateau'"), "{text}");
+}
+
+#[test]
+fn perfetto_carries_the_lines_growth() {
+    let (trace, _) = soak("leak", 100_000);
+    let out = scratch("growth-perfetto").join("trace.json");
+    let o = Command::new(vramtrace())
+        .args(["export", "--format", "perfetto", "-o"])
+        .arg(&out)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let leak: Vec<&Value> = events
+        .iter()
+        .filter(|e| {
+            e["ph"] == "C"
+                && e["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("growth: leak_one"))
+        })
+        .collect();
+    assert!(leak.len() > 8, "{}", leak.len());
+    // Its bytes rise from the first sample to the last bucket's low-water mark, close to the
+    // 1,562 MiB it holds at the end.
+    let first = leak[0]["args"]["bytes"].as_u64().unwrap();
+    let last = leak[leak.len() - 1]["args"]["bytes"].as_u64().unwrap();
+    let end = (100_000u64 / 64) << 20;
+    assert!(
+        first < last && last <= end && last * 10 >= end * 9,
+        "{first} {last}"
+    );
+    assert_eq!(leak[0]["args"]["verdict"], "leak");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "i" && e["name"] == "growth: leak")
+    );
 }

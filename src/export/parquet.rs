@@ -1,4 +1,4 @@
-//! Parquet: the trace as four tables, one file each, for DuckDB, pyarrow, polars or Spark.
+//! Parquet: the trace as six tables, one file each, for DuckDB, pyarrow, polars or Spark.
 //!
 //! [`export_parquet`] writes into a directory:
 //!
@@ -8,6 +8,7 @@
 //! | `stacks.parquet` | frame of a recorded stack | `pid`, `stack_id`, `frame` (0 = innermost), `address`, `module`, `symbol`, `file`, `line` |
 //! | `processes.parquet` | traced process | `pid`, `ppid`, `command_line`, `host`, `start_unix_ns`, `start_mono_ns`, `driver_version`, `path`, `problems` |
 //! | `devices.parquet` | device a process reported | `pid`, `ordinal`, `name`, `total_bytes` |
+//! | `growth.parquet` | line of the growth analysis and bucket ([`crate::growth`]) | `pid`, `device`, `where`, `level`, `category`, `line_verdict`, `bytes_per_hour`, `uncertainty_bytes_per_hour`, `t_s` (the bucket's start), `live_bytes` (its low-water mark), and the run's `run_verdict`, `run_bytes_per_hour`, `steady_from_s`, `duration_s` on every row |
 //! | `tensors.parquet` | tensor event of PyTorch's caching allocator, in time order | `pid`, `tid`, `t_ns`, `kind`, `device`, `ptr`, `size`, `requested`, `segment`, `category`, `line`, `file`, `line_no`, `function`, `stack_id`, `name`, `label`, `alloc_t_ns`, `free_bytes`, `allocated_bytes`, `reserved_bytes`, `unmatched` |
 //!
 //! `tensors.parquet` is the tensor level beside the driver's events (see [`crate::torch_replay`]):
@@ -27,6 +28,16 @@
 //! ```sql
 //! SELECT line, count(*) AS tensors, sum(size) AS bytes
 //! FROM 'OUT/tensors.parquet' WHERE kind = 'alloc' GROUP BY line ORDER BY bytes DESC
+//! ```
+//!
+//! `growth.parquet` is what a fleet query needs: many servers' traces ranked by growth rate,
+//! each exported to its own directory:
+//!
+//! ```sql
+//! SELECT filename, any_value(run_verdict) AS verdict, any_value(run_bytes_per_hour) AS rate,
+//!        arg_max("where", bytes_per_hour) AS fastest_line
+//! FROM read_parquet('exports/*/growth.parquet', filename = true)
+//! GROUP BY filename ORDER BY rate DESC
 //! ```
 //!
 //! Integers are INT64 (INT32 for `device`, `result`, `frame`, `ordinal`, `line`,
@@ -56,7 +67,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ::parquet::basic::Compression;
-use ::parquet::data_type::{BoolType, ByteArray, ByteArrayType, Int32Type, Int64Type};
+use ::parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, Int32Type, Int64Type};
 use ::parquet::file::properties::WriterProperties;
 use ::parquet::file::writer::SerializedFileWriter;
 use ::parquet::schema::parser::parse_message_type;
@@ -84,6 +95,8 @@ pub struct ParquetTables {
     pub devices: u64,
     /// Rows of `tensors.parquet`.
     pub tensors: u64,
+    /// Rows of `growth.parquet`.
+    pub growth: u64,
 }
 
 const EVENTS_SCHEMA: &str = "message events {
@@ -133,6 +146,23 @@ const PROCESSES_SCHEMA: &str = "message processes {
   REQUIRED INT64 problems;
 }";
 
+const GROWTH_SCHEMA: &str = "message growth {
+  REQUIRED INT64 pid;
+  REQUIRED INT32 device;
+  REQUIRED BYTE_ARRAY where (UTF8);
+  REQUIRED BYTE_ARRAY level (UTF8);
+  REQUIRED BYTE_ARRAY category (UTF8);
+  REQUIRED BYTE_ARRAY line_verdict (UTF8);
+  REQUIRED DOUBLE bytes_per_hour;
+  REQUIRED DOUBLE uncertainty_bytes_per_hour;
+  REQUIRED DOUBLE t_s;
+  REQUIRED INT64 live_bytes;
+  REQUIRED BYTE_ARRAY run_verdict (UTF8);
+  REQUIRED DOUBLE run_bytes_per_hour;
+  REQUIRED DOUBLE steady_from_s;
+  REQUIRED DOUBLE duration_s;
+}";
+
 const TENSORS_SCHEMA: &str = "message tensors {
   REQUIRED INT64 pid;
   REQUIRED INT64 tid;
@@ -165,8 +195,9 @@ const DEVICES_SCHEMA: &str = "message devices {
   REQUIRED INT64 total_bytes;
 }";
 
-/// Writes `events.parquet`, `stacks.parquet`, `processes.parquet`, `devices.parquet` and
-/// `tensors.parquet` into `dir` (created if missing; files there of those names are replaced).
+/// Writes `events.parquet`, `stacks.parquet`, `processes.parquet`, `devices.parquet`,
+/// `tensors.parquet` and `growth.parquet` into `dir` (created if missing; files there of those
+/// names are replaced).
 pub fn export_parquet(
     trace: &Trace,
     dir: &Path,
@@ -231,7 +262,44 @@ pub fn export_parquet(
     n.events = write_events(trace, &dir.join("events.parquet"), progress)?;
     progress.pass("parquet: tensors");
     n.tensors = write_tensors(trace, &dir.join("tensors.parquet"), progress)?;
+    progress.pass("parquet: growth");
+    n.growth = write_growth(trace, &dir.join("growth.parquet"))?;
     Ok(n)
+}
+
+/// `growth.parquet`: each line of the growth analysis at each bucket.
+fn write_growth(trace: &Trace, path: &Path) -> Result<u64, ExportError> {
+    let mut t = Table::create(path, GROWTH_SCHEMA)?;
+    if let Some(g) = crate::growth::of_trace(trace)? {
+        for l in &g.lines {
+            for (t_s, live) in g.series.t_s.iter().zip(&l.live_series) {
+                t.i64(0, l.pid.into());
+                t.i32(1, l.device);
+                t.str(2, Some(bytes(&l.place)));
+                t.str(3, Some(bytes(l.level)));
+                t.str(4, Some(bytes(l.category)));
+                t.str(5, Some(bytes(line_verdict(l.verdict))));
+                t.f64(6, l.bytes_per_hour);
+                t.f64(7, l.uncertainty_bytes_per_hour);
+                t.f64(8, *t_s);
+                t.i64(9, *live as i64);
+                t.str(10, Some(bytes(g.verdict.key())));
+                t.f64(11, g.rate_bytes_per_hour);
+                t.f64(12, g.steady_from_s);
+                t.f64(13, g.duration_s);
+                t.end_row()?;
+            }
+        }
+    }
+    t.close()
+}
+
+fn line_verdict(v: crate::growth::LineVerdict) -> &'static str {
+    match v {
+        crate::growth::LineVerdict::Leak => "leak",
+        crate::growth::LineVerdict::Plateau => "plateau",
+        crate::growth::LineVerdict::Steady => "steady",
+    }
 }
 
 fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, ExportError> {
@@ -547,6 +615,7 @@ enum Column {
     I32(Vec<i32>, Option<Vec<i16>>),
     Str(Vec<ByteArray>, Option<Vec<i16>>),
     Bool(Vec<bool>),
+    F64(Vec<f64>),
 }
 
 /// A Parquet file being written row by row: rows are buffered column by column and written as
@@ -571,6 +640,7 @@ impl Table {
                     ::parquet::basic::Type::INT64 => Column::I64(Vec::new(), defs()),
                     ::parquet::basic::Type::INT32 => Column::I32(Vec::new(), defs()),
                     ::parquet::basic::Type::BOOLEAN => Column::Bool(Vec::new()),
+                    ::parquet::basic::Type::DOUBLE => Column::F64(Vec::new()),
                     _ => Column::Str(Vec::new(), defs()),
                 }
             })
@@ -622,6 +692,14 @@ impl Table {
         }
     }
 
+    fn f64(&mut self, c: usize, v: f64) {
+        if let Column::F64(vals) = &mut self.columns[c] {
+            vals.push(v);
+        } else {
+            unreachable!("column {c} is not DOUBLE");
+        }
+    }
+
     fn bool(&mut self, c: usize, v: bool) {
         if let Column::Bool(vals) = &mut self.columns[c] {
             vals.push(v);
@@ -663,6 +741,10 @@ impl Table {
                 }
                 Column::Bool(v) => {
                     w.typed::<BoolType>().write_batch(v, None, None)?;
+                    v.clear();
+                }
+                Column::F64(v) => {
+                    w.typed::<DoubleType>().write_batch(v, None, None)?;
                     v.clear();
                 }
             }

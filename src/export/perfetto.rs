@@ -27,6 +27,11 @@
 //! - **Failures** (`"ph": "i"`, process scope): `alloc failed: 1.00 GiB` with the request, the
 //!   free and total memory the driver reported, the driver function and result.
 //! - **Ranges and marks** on the threads that pushed them (`"B"`/`"E"`, `"i"`).
+//! - **Growth** ([`crate::growth`], a pass of its own after the others): a counter track per
+//!   line of the growth analysis, `growth: <where> (device 0)`, whose `bytes` are the line's
+//!   live bytes at each bucket's start (its low-water mark), with `bytes_per_hour` and the
+//!   line's verdict in the first sample's args; and an instant `growth: leak` (or `plateau`,
+//!   `none`) at the steady state's start with the run's rate and evidence.
 //! - **Names** (`"ph": "M"`): `process_name` and `thread_name` metadata.
 //!
 //! Events are written as the trace streams, not sorted (the format does not ask for it);
@@ -57,6 +62,8 @@ pub struct PerfettoCounts {
     pub tensor_counters: u64,
     /// Tensor lifetime slices.
     pub tensor_slices: u64,
+    /// Growth counter samples (one per line of the growth analysis and bucket).
+    pub growth_counters: u64,
 }
 
 /// A live tensor as the export follows it.
@@ -365,8 +372,41 @@ pub fn export_perfetto(
             }
         }
     }
+    progress.pass("perfetto: growth");
+    if let Some(g) = crate::growth::of_trace(trace)? {
+        n.growth_counters = growth_counters(&mut w, &g)?;
+    }
     w.out.write_all(b"\n]}\n")?;
     w.out.flush()?;
+    Ok(n)
+}
+
+/// The growth analysis's lines as counter tracks and its verdict as an instant.
+fn growth_counters(w: &mut Writer<'_>, g: &crate::growth::Growth) -> Result<u64, ExportError> {
+    let mut n = 0;
+    for l in &g.lines {
+        let name = format!("growth: {} (device {})", l.place, l.device);
+        for (i, (t_s, bytes)) in g.series.t_s.iter().zip(&l.live_series).enumerate() {
+            let mut args = json!({"bytes": bytes});
+            if i == 0 {
+                args["bytes_per_hour"] = l.bytes_per_hour.into();
+                args["verdict"] = serde_json::to_value(l.verdict).unwrap_or(Value::Null);
+            }
+            w.event(
+                &json!({"ph": "C", "name": name, "pid": l.pid, "ts": t_s * 1e6,
+                            "args": args}),
+            )?;
+            n += 1;
+        }
+    }
+    if let Some(pid) = g.lines.first().map(|l| l.pid) {
+        w.event(
+            &json!({"ph": "i", "s": "p", "name": format!("growth: {}", g.verdict.key()),
+                        "pid": pid, "tid": 0, "ts": g.steady_from_s * 1e6,
+                        "args": {"rate_bytes_per_hour": g.rate_bytes_per_hour,
+                                 "evidence": g.evidence}}),
+        )?;
+    }
     Ok(n)
 }
 

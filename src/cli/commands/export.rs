@@ -40,7 +40,7 @@ pub enum WeightArg {
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Formats, and what opens them:
-  parquet     OUT is a directory (created if missing) that gets five files: events.parquet (one
+  parquet     OUT is a directory (created if missing) that gets six files: events.parquet (one
               row per driver event: pid, tid, t_ns, kind, api, mem, pool, device, ptr, size,
               result, stream, aux, free_bytes, total_bytes, stack_id, label, name, dtype,
               unmatched), tensors.parquet (one row per tensor PyTorch's allocator handed out,
@@ -49,12 +49,17 @@ Formats, and what opens them:
               free_bytes, allocated_bytes, reserved_bytes, unmatched; empty without PyTorch's
               tensors), stacks.parquet (pid, stack_id, frame 0 = innermost, address, module,
               symbol, file, line), processes.parquet (pid, ppid, command_line, host,
-              start_unix_ns, start_mono_ns, driver_version, path, problems) and devices.parquet
-              (pid, ordinal, name, total_bytes). Integers are INT64/INT32, text UTF8, times INT64
+              start_unix_ns, start_mono_ns, driver_version, path, problems), devices.parquet
+              (pid, ordinal, name, total_bytes) and growth.parquet (the growth analysis of
+              `report`: one row per line and time bucket: pid, device, where, level, category,
+              line_verdict, bytes_per_hour, uncertainty_bytes_per_hour, t_s, live_bytes, and the
+              run's run_verdict, run_bytes_per_hour, steady_from_s, duration_s). Integers are INT64/INT32, text UTF8, times INT64
               nanoseconds (t_ns is CLOCK_MONOTONIC, like start_mono_ns). Opens in DuckDB,
               pyarrow, polars:
                 duckdb -c \"SELECT kind, count(*), sum(size) FROM 'OUT/events.parquet' GROUP BY kind\"
                 duckdb -c \"SELECT line, sum(size) FROM 'OUT/tensors.parquet' WHERE kind = 'alloc' GROUP BY line\"
+              Many servers' traces, each exported to exports/NAME, ranked by growth rate:
+                duckdb -c \"SELECT filename, any_value(run_verdict), any_value(run_bytes_per_hour) AS rate FROM read_parquet('exports/*/growth.parquet', filename = true) GROUP BY filename ORDER BY rate DESC\"
   pytorch     OUT is the pickled dict torch.cuda.memory._snapshot() returns. With PyTorch's
               tensors recorded (the PyTorch probe, or an imported snapshot), segments are split
               into the tensors' blocks and the free gaps, and the device trace has alloc,
@@ -90,7 +95,7 @@ pub struct ExportArgs {
     /// Where to write: a file, or for parquet a directory.
     #[arg(long, short = 'o', value_name = "OUT")]
     pub output: PathBuf,
-    /// Replace OUT (for parquet: the five table files in it) if it exists.
+    /// Replace OUT (for parquet: the six table files in it) if it exists.
     #[arg(long)]
     pub force: bool,
     /// pytorch: the process to snapshot (default: the one with the highest device peak).
@@ -113,12 +118,13 @@ pub struct ExportArgs {
     pub folded: bool,
 }
 
-const PARQUET_FILES: [&str; 5] = [
+const PARQUET_FILES: [&str; 6] = [
     "events.parquet",
     "tensors.parquet",
     "stacks.parquet",
     "processes.parquet",
     "devices.parquet",
+    "growth.parquet",
 ];
 
 /// Runs `vramtrace export`.
@@ -142,7 +148,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
     if args.format == Format::Parquet {
         if out.exists() && !out.is_dir() {
             bail!(
-                "{} exists and is not a directory: parquet writes five files into a directory",
+                "{} exists and is not a directory: parquet writes six files into a directory",
                 out.display()
             );
         }
@@ -164,12 +170,13 @@ pub fn run(args: ExportArgs) -> anyhow::Result<i32> {
         progress.finish();
         eprintln!(
             "vramtrace: wrote {} events, {} tensor events, {} stack frames, {} processes, {} \
-             devices into {}",
+             devices, {} growth samples into {}",
             n.events,
             n.tensors,
             n.stacks,
             n.processes,
             n.devices,
+            n.growth,
             out.display()
         );
         return Ok(0);

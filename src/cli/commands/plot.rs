@@ -158,9 +158,7 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
             let dir = needs_trace()?;
             let trace = Trace::open(dir)?;
             vramtrace::trace::warn_unreadable(&trace);
-            let s = vramtrace::summary::summarize(&trace, Default::default())?;
-            let g = s
-                .growth
+            let g = vramtrace::growth::of_trace(&trace)?
                 .context("the trace holds no allocation: nothing to plot growth of")?;
             let mut plot = plots::growth(&g, &trace_name(dir));
             if let Some(t) = &args.title {

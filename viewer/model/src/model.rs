@@ -125,6 +125,35 @@ pub struct LiveSnapshot {
     pub by_line: Vec<LineGroup>,
     /// The whole-step model at this moment, when the view was given one (`--model`).
     pub model: Option<ModelAtCursor>,
+    /// What grows over the run so far (the latest moment only; `None` in the past or before the
+    /// source can tell).
+    pub growth: Option<GrowthPanel>,
+}
+
+/// What grows over the run so far, as the live view's growth table shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrowthPanel {
+    /// `leak`, `plateau` or `none`: the verdict as it stands now.
+    pub verdict: String,
+    /// One line: the verdict, the line it rests on, the rate of the bytes held.
+    pub headline: String,
+    /// The lines, fastest growing first.
+    pub lines: Vec<GrowthRow>,
+}
+
+/// One allocating place in the growth table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrowthRow {
+    /// The Python line, else the native function.
+    pub place: String,
+    /// Growth rate over the steady state so far, bytes an hour.
+    pub bytes_per_hour: f64,
+    /// Its standard error.
+    pub uncertainty_bytes_per_hour: f64,
+    /// Bytes it holds now.
+    pub live_bytes: u64,
+    /// `leak`, `plateau` or `steady`.
+    pub verdict: String,
 }
 
 /// The live tensors allocated at one Python line.

@@ -52,6 +52,8 @@ pub enum Table {
     Model,
     /// The modelled step's tensors beside the live allocations they match (with `--model`).
     Tensors,
+    /// What grows over the run so far, by line, with the verdict as it stands.
+    Growth,
 }
 
 impl Table {
@@ -62,6 +64,7 @@ impl Table {
             Table::ByLine => "lines",
             Table::Model => "model",
             Table::Tensors => "tensors",
+            Table::Growth => "growth",
         }
     }
 }
@@ -351,7 +354,8 @@ impl App {
                     Table::Largest => Table::ByLine,
                     Table::ByLine if model => Table::Model,
                     Table::Model if model => Table::Tensors,
-                    Table::ByLine | Table::Model | Table::Tensors => Table::Largest,
+                    Table::ByLine | Table::Model | Table::Tensors => Table::Growth,
+                    Table::Growth => Table::Largest,
                 };
                 self.selected_row = 0;
             }
@@ -515,6 +519,9 @@ impl App {
             Table::Tensors => model
                 .and_then(|m| m.tensors.as_ref().ok())
                 .map_or(0, |t| t.rows.len()),
+            Table::Growth => snap
+                .and_then(|s| s.growth.as_ref())
+                .map_or(0, |g| g.lines.len()),
         }
     }
 

@@ -20,7 +20,7 @@ pub const KEYS: [(&str, &str); 16] = [
     ("Tab", "next process (then all)"),
     ("↑ ↓, k j", "select an allocation"),
     ("Enter", "show its full stack"),
-    ("t", "table: largest / lines / model / tensors"),
+    ("t", "table: largest / lines / model / tensors / growth"),
     ("/", "filter by label (Esc clears)"),
     ("?, h", "this help"),
     ("Esc", "close / clear the filter"),

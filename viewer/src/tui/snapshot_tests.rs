@@ -544,6 +544,17 @@ fn tensor_snapshot() -> LiveSnapshot {
             },
         ],
         model: None,
+        growth: Some(crate::model::GrowthPanel {
+            verdict: "leak".into(),
+            headline: "leak: app.py:12 keep grows 8.00 MiB/h".into(),
+            lines: vec![crate::model::GrowthRow {
+                place: "app.py:12 keep".into(),
+                bytes_per_hour: 8.0 * MIB as f64,
+                uncertainty_bytes_per_hour: 0.5 * MIB as f64,
+                live_bytes: 64 * MIB,
+                verdict: "leak".into(),
+            }],
+        }),
     }
 }
 
@@ -564,7 +575,18 @@ fn tensors_by_python_line() {
             "└────────────────────────────────────────────────────────────────────┘",
         ],
     );
-    // Without a model the key goes back to the largest-live table.
+    // Without a model the key goes on to the growth table, then back to the largest-live one.
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.table(), crate::tui::Table::Growth);
+    assert_lines(
+        render(70, 4, |area, buf| tables::render_growth(&app, area, buf)),
+        &[
+            "┌ Growth so far: leak: app.py:12 keep grows 8.00 MiB/h ──────────────┐",
+            "│Rate           ±             Live       Verdict  Where              │",
+            "│    +8.0 MiB/h   ± 512.0 KiB   64.0 MiB leak     app.py:12 keep     │",
+            "└────────────────────────────────────────────────────────────────────┘",
+        ],
+    );
     key(&mut app, KeyCode::Char('t'));
     assert_eq!(app.table(), crate::tui::Table::Largest);
     // A trace with no tensor records says so.
@@ -786,6 +808,8 @@ fn model_tensors_table() {
             "└────────────────────────────────────────────────────────────────────┘",
         ],
     );
+    key(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.table(), crate::tui::Table::Growth);
     key(&mut app, KeyCode::Char('t'));
     assert_eq!(app.table(), crate::tui::Table::Largest);
 }

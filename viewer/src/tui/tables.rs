@@ -70,6 +70,64 @@ pub fn render_by_line(app: &App, area: Rect, buf: &mut Buffer) {
     StatefulWidget::render(table, area, buf, &mut state);
 }
 
+/// A rate as the growth table writes it: `+8.00 MiB/h`.
+fn rate(bytes_per_hour: f64) -> String {
+    let sign = if bytes_per_hour < 0.0 { "−" } else { "+" };
+    format!(
+        "{sign}{}/h",
+        format_bytes(bytes_per_hour.abs().round() as u64)
+    )
+}
+
+/// What grows over the run so far: the verdict as it stands, then the lines by rate.
+pub fn render_growth(app: &App, area: Rect, buf: &mut Buffer) {
+    let Some(g) = app.snapshot().and_then(|s| s.growth.as_ref()) else {
+        let block = Block::bordered().title(Span::styled(" Growth ", theme::TITLE));
+        let text = match app.snapshot() {
+            None => "no snapshot from the trace yet",
+            Some(_) => "no growth yet: at the latest moment only, once something was allocated",
+        };
+        return empty(block, text, area, buf);
+    };
+    let title = format!(" Growth so far: {} ", g.headline);
+    let style = if g.verdict == "leak" {
+        theme::FAILURE
+    } else {
+        theme::TITLE
+    };
+    let block = Block::bordered().title(Span::styled(title, style));
+    let rows = g
+        .lines
+        .iter()
+        .filter(|l| app.matches_filter(&l.place))
+        .map(|l| {
+            Row::new([
+                right(rate(l.bytes_per_hour)),
+                right(format!(
+                    "± {}",
+                    format_bytes(l.uncertainty_bytes_per_hour.abs().round() as u64)
+                )),
+                right(format_bytes(l.live_bytes)),
+                Cell::from(l.verdict.clone()),
+                Cell::from(l.place.clone()),
+            ])
+        });
+    let header = Row::new(["Rate", "±", "Live", "Verdict", "Where"]).style(theme::TITLE);
+    let widths = [
+        Constraint::Length(14),
+        Constraint::Length(13),
+        Constraint::Length(10),
+        Constraint::Length(8),
+        Constraint::Fill(1),
+    ];
+    let table = Table::new(rows, widths)
+        .header(header)
+        .block(block)
+        .row_highlight_style(theme::SELECTED);
+    let mut state = TableState::default().with_selected(Some(app.selected_row()));
+    StatefulWidget::render(table, area, buf, &mut state);
+}
+
 /// The whole-step model's parts beside the observed categories at the cursor.
 pub fn render_model(app: &App, area: Rect, buf: &mut Buffer) {
     let Some(m) = app.snapshot().and_then(|s| s.model.as_ref()) else {

@@ -76,6 +76,7 @@ impl Widget for &App {
             Table::ByLine => tables::render_by_line(self, table, buf),
             Table::Model => tables::render_model(self, table, buf),
             Table::Tensors => tables::render_tensors(self, table, buf),
+            Table::Growth => tables::render_growth(self, table, buf),
         }
         breakdown::render(self, bar, buf);
         status::render(self, foot, buf);
