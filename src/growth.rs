@@ -53,6 +53,8 @@ use series::{Grid, Keep, Series};
 pub const MATERIAL_BYTES: f64 = 1_048_576.0;
 /// Lines shown, ranked by rate.
 pub const LINES_SHOWN: usize = 20;
+/// The fewest steps over the steady state for the steps to be the x axis.
+pub const MIN_STEPS: u64 = 8;
 /// Oldest live allocations kept per line.
 pub const OLDEST_SHOWN: usize = 3;
 /// Lines symbolised to find their place (the fastest growing and the largest at the end):
@@ -112,6 +114,9 @@ pub struct GrowthLine {
     pub bytes_per_hour: f64,
     /// The rate's standard error.
     pub uncertainty_bytes_per_hour: f64,
+    /// Growth per step of the engine's loop (a forward), fitted against the steps counted,
+    /// when the trace shows them ([`Growth::x_axis`] `steps`).
+    pub bytes_per_step: Option<f64>,
     /// Bytes it grew by over the steady state (rate × its length).
     pub growth_bytes: f64,
     /// Bytes it holds at the end.
@@ -199,8 +204,14 @@ pub struct Growth {
     pub rate_bytes_per_hour: f64,
     /// Its standard error.
     pub rate_uncertainty_bytes_per_hour: f64,
-    /// What the rates are per: `time` (the x axis is the trace's clock).
+    /// The x axis: `steps` when the engine's loop shows its steps (forwards, counted by their
+    /// embedding outputs: a decode loop's steps, a server's batches), then `bytes_per_step`
+    /// is fitted against them beside the hourly rates; else `time`.
     pub x_axis: &'static str,
+    /// Steps counted over the steady state (0 without any).
+    pub steady_steps: u64,
+    /// Growth of the bytes held per step over the steady state, with steps.
+    pub rate_bytes_per_step: Option<f64>,
     /// Seconds the trace covers.
     pub duration_s: f64,
     /// When start-up ended (the bucket after the first release), seconds.
@@ -282,6 +293,9 @@ struct Line {
     category: Category,
     /// A segment of PyTorch's caching allocator (a driver line).
     segment: bool,
+    /// Tensors made here are a forward's input hidden states (PyTorch's `embedding`): each one
+    /// is a step of the engine's loop.
+    step: bool,
 }
 
 /// Per process and device: the reserve and categories.
@@ -312,6 +326,9 @@ pub struct GrowthFold {
     /// Per process: the latest restatement of a live tensor (a ring's drop): its lines are
     /// whole only after it.
     restated_ns: FastMap<usize, u64>,
+    /// Steps of the engine's loop so far (forwards: embedding outputs), every process together,
+    /// at each bucket's end.
+    steps: Series,
 }
 
 impl GrowthFold {
@@ -328,6 +345,7 @@ impl GrowthFold {
             first_ns: None,
             last_ns: t0,
             restated_ns: FastMap::default(),
+            steps: Series::default(),
         }
     }
 
@@ -344,6 +362,7 @@ impl GrowthFold {
             for l in &mut self.lines {
                 l.floor.halve(Keep::Low);
             }
+            self.steps.halve(Keep::Last);
             for b in self.books.values_mut() {
                 b.held.halve(Keep::Low);
                 b.segments.halve(Keep::Low);
@@ -373,6 +392,10 @@ impl GrowthFold {
                 .entry((key.process as usize, key.stack))
                 .or_insert_with(|| crate::timeline::is_segment_stack(p, key.stack));
         let category = categorise_stack(p, key.stack, bytes, p.string(label), None).category;
+        let step = key.tensor
+            && crate::categoriser::py_frames(p, key.stack)
+                .first()
+                .is_some_and(crate::report::step::is_embedding);
         let i = self.lines.len();
         self.lines.push(Line {
             key,
@@ -380,6 +403,7 @@ impl GrowthFold {
             count: 0,
             category,
             segment,
+            step,
         });
         self.index.insert(key, i as u32);
         i
@@ -454,12 +478,15 @@ impl GrowthFold {
         };
         let i = self.line(p, key, t.size, 0);
         let b = self.grid.current;
-        let cat = {
+        let (cat, step) = {
             let l = &mut self.lines[i];
             l.floor.add(b, t.size, Keep::Low);
             l.count += 1;
-            l.category.index()
+            (l.category.index(), l.step)
         };
+        if step && !restated {
+            self.steps.add(b, 1, Keep::Last);
+        }
         let books = self.books(pi, t.device);
         books.any_tensor = true;
         books.tensors.add(b, t.size, Keep::Last);
@@ -744,7 +771,17 @@ impl<'t> Finisher<'t> {
                 *s += *v as f64;
             }
         }
-        self.steady = fit::warmup_end(&in_use, self.startup).min(n.saturating_sub(1));
+        // The warm-up on the steps when the loop shows them (a rate per step holds when the
+        // load changes speed), else on the clock.
+        let steps = self.steps_at_start();
+        let after_startup = steps[n - 1].saturating_sub(steps[self.startup]);
+        self.steady = if after_startup >= MIN_STEPS {
+            let x: Vec<f64> = steps.iter().map(|v| *v as f64).collect();
+            fit::warmup_end_at(&x, &in_use, self.startup)
+        } else {
+            fit::warmup_end(&in_use, self.startup)
+        }
+        .min(n.saturating_sub(1));
 
         // Every counted line judged; the candidates placed.
         let mut judged: Vec<(usize, fit::Fit, LineVerdict)> = Vec::new();
@@ -797,6 +834,7 @@ impl<'t> Finisher<'t> {
             }
             let (f, verdict) = self.judge(&y, self.valid_from(&key));
             let Some(f) = f else { continue };
+            let per_step = self.per_step(&y, self.valid_from(&key));
             let span = self.x[n - 1] - self.x[self.steady.min(n - 1)];
             let mut held: Vec<(u64, u64, bool)> = members
                 .iter()
@@ -813,6 +851,7 @@ impl<'t> Finisher<'t> {
                 category: first.category.key(),
                 bytes_per_hour: f.slope,
                 uncertainty_bytes_per_hour: f.se,
+                bytes_per_step: per_step,
                 growth_bytes: f.slope * span,
                 live_bytes: members.iter().map(|&i| self.fold.lines[i].floor.now).sum(),
                 live_allocations: members.iter().map(|&i| self.fold.lines[i].count).sum(),
@@ -829,6 +868,12 @@ impl<'t> Finisher<'t> {
                 live_series: y,
             });
         }
+        // A line that holds nothing at the end and neither grew nor rose says nothing.
+        lines.retain(|l| {
+            l.live_bytes > 0
+                || l.verdict != LineVerdict::Steady
+                || l.growth_bytes.abs() >= MATERIAL_BYTES
+        });
         lines.sort_by(|a, b| b.bytes_per_hour.total_cmp(&a.bytes_per_hour));
         lines.truncate(LINES_SHOWN);
 
@@ -837,11 +882,18 @@ impl<'t> Finisher<'t> {
         let rate = self.fit(&held_total, self.steady);
         let categories = self.categories();
         let series = self.series(&held_total);
+        let steady_steps = self.steady_steps();
         let mut growth = Growth {
             verdict: Verdict::None,
             rate_bytes_per_hour: rate.map_or(0.0, |f| f.slope),
             rate_uncertainty_bytes_per_hour: rate.map_or(0.0, |f| f.se),
-            x_axis: "time",
+            x_axis: if self.step_axis().is_some() {
+                "steps"
+            } else {
+                "time"
+            },
+            steady_steps,
+            rate_bytes_per_step: self.per_step(&held_total, 0),
             duration_s: self.fold.last_ns.saturating_sub(t0) as f64 / 1e9,
             startup_end_s: self.fold.grid.start_s(self.startup),
             steady_from_s: self.fold.grid.start_s(self.steady),
@@ -874,6 +926,31 @@ impl<'t> Finisher<'t> {
         crate::report::triage::first_user_frame(&frames)
             .or_else(|| frames.first().cloned())
             .unwrap_or_else(|| format!("stack {}", key.stack))
+    }
+
+    /// Steps counted before each bucket (a bucket's low-water mark is at its start).
+    fn steps_at_start(&self) -> Vec<u64> {
+        let end = self.fold.steps.values(self.n);
+        std::iter::once(0).chain(end).take(self.n).collect()
+    }
+
+    /// [`Finisher::steps_at_start`], when the steady state holds at least [`MIN_STEPS`].
+    fn step_axis(&self) -> Option<Vec<u64>> {
+        (self.steady_steps() >= MIN_STEPS).then(|| self.steps_at_start())
+    }
+
+    fn steady_steps(&self) -> u64 {
+        let v = self.fold.steps.values(self.n);
+        let before = self.steady.checked_sub(1).map_or(0, |i| v[i]);
+        v[self.n - 1].saturating_sub(before)
+    }
+
+    /// The growth of `y` per step over the steady state (from `from`), fitted against the steps
+    /// counted before each bucket; `None` without a step axis.
+    fn per_step(&self, y: &[u64], from: usize) -> Option<f64> {
+        let steps = self.step_axis()?;
+        let window = from.max(self.steady).min(self.n - 1);
+        fit::line((window..self.n).map(|i| (steps[i] as f64, y[i] as f64))).map(|f| f.slope)
     }
 
     fn pid(&self, pi: usize) -> u32 {

@@ -108,7 +108,14 @@ pub fn line(points: impl IntoIterator<Item = (f64, f64)>) -> Option<Fit> {
 /// stays has its breakpoint where it stopped rising. The second line keeps at least a quarter
 /// of the buckets from `from` (and three).
 pub fn warmup_end(y: &[f64], from: usize) -> usize {
-    let n = y.len();
+    let x: Vec<f64> = (0..y.len()).map(|i| i as f64).collect();
+    warmup_end_at(&x, y, from)
+}
+
+/// [`warmup_end`] with the buckets at `x` (each bucket's place on the x axis, in order: the
+/// steps counted by its end when the engine's loop shows them).
+pub fn warmup_end_at(x: &[f64], y: &[f64], from: usize) -> usize {
+    let n = y.len().min(x.len());
     if from >= n {
         return n;
     }
@@ -118,8 +125,8 @@ pub fn warmup_end(y: &[f64], from: usize) -> usize {
         return from;
     }
     // Prefix sums from `from`, centred and scaled for a well-conditioned arithmetic.
-    let mean = y[from..].iter().sum::<f64>() / span as f64;
-    let scale = y[from..]
+    let mean = y[from..n].iter().sum::<f64>() / span as f64;
+    let scale = y[from..n]
         .iter()
         .map(|v| (v - mean).abs())
         .fold(0.0, f64::max)
@@ -127,8 +134,10 @@ pub fn warmup_end(y: &[f64], from: usize) -> usize {
     let mut prefix = Vec::with_capacity(span + 1);
     let mut s = Sums::default();
     prefix.push(s);
-    for (i, v) in y[from..].iter().enumerate() {
-        s.push(i as f64, (v - mean) / scale);
+    let x0 = x[from];
+    let x_scale = (x[n - 1] - x0).abs().max(1.0);
+    for (i, v) in y[from..n].iter().enumerate() {
+        s.push((x[from + i] - x0) / x_scale, (v - mean) / scale);
         prefix.push(s);
     }
     let sse = |a: usize, b: usize| prefix[b].minus(&prefix[a]).line().map_or(0.0, |(_, e)| e);

@@ -217,3 +217,64 @@ fn a_ring_that_dropped_most_tensor_detail_still_finds_the_leak() {
     assert_eq!(g.verdict, Verdict::Leak, "{:#?} {:#?}", g.evidence, g.lines);
     assert!(g.rests_on.contains("only from 79.4 s"), "{}", g.rests_on);
 }
+
+/// A decode loop whose forwards show (an embedding output each) and which keeps 1 MiB every
+/// 4th step at its own line: the x axis is the steps, and the line grows 256 KiB a step.
+#[test]
+fn a_loop_that_shows_its_steps_has_them_as_its_x_axis() {
+    let py = |stack: u32, file: u32, function: u32, line: u32| Record::PyStack {
+        stack,
+        frames: vec![vramtrace_format::PyFrame {
+            file,
+            function,
+            line,
+        }],
+    };
+    let text = |id: u32, text: &str| Record::String {
+        id,
+        text: text.into(),
+    };
+    let mut r = vec![
+        text(10, "/usr/lib/python3/site-packages/torch/nn/functional.py"),
+        text(11, "embedding"),
+        text(12, "/app/loop.py"),
+        text(13, "keep"),
+        py(1, 10, 11, 2551),
+        py(2, 12, 13, 7),
+    ];
+    for i in 0..2000u64 {
+        // Steps come faster later (every 10 ms, then every 5 ms): per step, not per hour,
+        // is what stays constant.
+        let t = 1 + if i < 1000 {
+            i * 10 * MS
+        } else {
+            10_000 * MS + (i - 1000) * 5 * MS
+        };
+        let mut h = tensor_alloc(t, 0x7000_0000_0000, 8 * MIB);
+        h.stack = 1;
+        r.push(Record::Tensor(h.clone()));
+        if i % 4 == 0 {
+            let mut kept = tensor_alloc(t + 1, 0x7100_0000_0000 + i * MIB, MIB);
+            kept.stack = 2;
+            r.push(Record::Tensor(kept));
+        }
+        h.t_ns = t + MS;
+        h.action = vramtrace_format::TensorAction::Free;
+        h.size = 0;
+        r.push(Record::Tensor(h));
+    }
+    let g = growth_of(r);
+    assert_eq!(g.x_axis, "steps");
+    assert!(g.steady_steps > 1500, "{}", g.steady_steps);
+    let kept = g
+        .lines
+        .iter()
+        .find(|l| l.place == "loop.py:7 keep")
+        .unwrap();
+    assert_eq!(kept.verdict, LineVerdict::Leak);
+    let per_step = kept.bytes_per_step.unwrap();
+    assert!(
+        (per_step - MIB as f64 / 4.0).abs() < 0.03 * MIB as f64 / 4.0,
+        "{per_step}"
+    );
+}

@@ -17,7 +17,7 @@ use crate::trace::{Item, Trace};
 
 /// Whether a Python frame is PyTorch's embedding (`torch/nn/functional.py` `embedding`): the
 /// tensor it allocates is a forward's input hidden states.
-fn is_embedding(f: &categoriser::PyFrame<'_>) -> bool {
+pub(crate) fn is_embedding(f: &categoriser::PyFrame<'_>) -> bool {
     f.function == "embedding" && f.file.ends_with("functional.py")
 }
 

@@ -13,6 +13,11 @@ fn rate(b: f64) -> String {
     format!("{sign}{}/h", fmt_bytes(b.abs().round() as u64))
 }
 
+fn signed_bytes(b: f64) -> String {
+    let sign = if b < 0.0 { "−" } else { "+" };
+    format!("{sign}{}", fmt_bytes(b.abs().round() as u64))
+}
+
 fn verdict_word(v: LineVerdict) -> &'static str {
     match v {
         LineVerdict::Leak => "**leak**",
@@ -40,16 +45,30 @@ fn section(out: &mut String, g: &Growth) {
         rate(g.rate_bytes_per_hour),
         fmt_bytes(g.rate_uncertainty_bytes_per_hour.abs().round() as u64)
     );
+    if let Some(per_step) = g.rate_bytes_per_step {
+        let _ = writeln!(
+            out,
+            "The engine's loop shows its steps ({} forwards over the steady state): the bytes held grow {} a step.\n",
+            g.steady_steps,
+            signed_bytes(per_step)
+        );
+    }
     for e in &g.evidence {
         let _ = writeln!(out, "- {e}");
     }
     let _ = writeln!(out, "\nRests on: {}.\n", g.rests_on);
     if !g.lines.is_empty() {
+        let steps = g.rate_bytes_per_step.is_some();
         let _ = writeln!(
             out,
-            "| where | pid | device | level | category | rate | ± | live at end | allocations | oldest held | verdict |"
+            "| where | pid | device | level | category | rate | ± |{} live at end | allocations | oldest held | verdict |",
+            if steps { " per step |" } else { "" }
         );
-        let _ = writeln!(out, "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---|---|---:|---:|{}---:|---:|---:|---|",
+            if steps { "---:|" } else { "" }
+        );
         for l in &g.lines {
             let oldest = l
                 .oldest
@@ -63,9 +82,14 @@ fn section(out: &mut String, g: &Growth) {
                     )
                 })
                 .unwrap_or_else(|| "—".into());
+            let per_step = match (steps, l.bytes_per_step) {
+                (false, _) => String::new(),
+                (true, Some(b)) => format!(" {} |", signed_bytes(b)),
+                (true, None) => " — |".to_string(),
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |{per_step} {} | {} | {} | {} |",
                 cell(&code(&l.place)),
                 l.pid,
                 l.device,
