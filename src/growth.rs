@@ -53,6 +53,9 @@ use series::{Grid, Keep, Series};
 pub const MATERIAL_BYTES: f64 = 1_048_576.0;
 /// Lines shown, ranked by rate.
 pub const LINES_SHOWN: usize = 20;
+/// The fewest buckets a growth can be told from (fewer: the verdict says the trace is too
+/// short).
+pub const MIN_BUCKETS: usize = 8;
 /// The fewest steps over the steady state for the steps to be the x axis.
 pub const MIN_STEPS: u64 = 8;
 /// Oldest live allocations kept per line.
@@ -238,6 +241,13 @@ impl Growth {
     /// One line: the verdict, the line it rests on and the rate of the bytes held
     /// (`vramtrace summary`'s last line).
     pub fn headline(&self) -> String {
+        if self.series.t_s.len() < MIN_BUCKETS {
+            return format!(
+                "{}: {}",
+                self.verdict.key(),
+                self.evidence.first().map_or("", String::as_str)
+            );
+        }
         let what = match self.verdict {
             Verdict::Leak => self
                 .lines
@@ -1158,8 +1168,12 @@ impl<'t> Finisher<'t> {
     }
 }
 
-/// Bytes (or bytes an hour) as a person reads them, with their sign.
+/// Bytes (or bytes an hour) as a person reads them, with their sign; `—` for a figure that
+/// cannot be had (a standard error from too few points).
 fn bytes_text(b: f64) -> String {
+    if !b.is_finite() {
+        return "—".into();
+    }
     vramtrace_models::units::format_bytes(
         b.round() as i128,
         vramtrace_models::units::ByteStyle::Torch,
@@ -1169,7 +1183,7 @@ fn bytes_text(b: f64) -> String {
 /// The run's verdict from its lines and reserve, with the evidence.
 fn judge_run(g: &mut Growth, in_use_rise: f64, buckets: usize) {
     let mb = bytes_text;
-    if buckets < 8 {
+    if buckets < MIN_BUCKETS {
         g.evidence.push(format!(
             "the trace covers {buckets} bucket(s) of {:.3} s: too short to tell growth from start-up",
             g.bucket_s

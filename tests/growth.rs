@@ -101,8 +101,8 @@ fn a_native_leak_is_a_leak_at_its_function_and_rate() {
     );
     assert_eq!(g["lines"][0]["verdict"], "leak");
     rate_within(&g, planted.unwrap(), 0.10);
-    // It still holds every allocation it kept: 300,000 / 64 of 1 MiB.
-    assert_eq!(g["lines"][0]["live_bytes"], (300_000u64 / 64) << 20);
+    // It still holds every allocation it kept: 300,000 / 256 of 1 MiB.
+    assert_eq!(g["lines"][0]["live_bytes"], (300_000u64 / 256) << 20);
     assert!(g["lines"][0]["oldest_t_ns"].as_u64().is_some());
     for key in ["rate_bytes_per_hour", "steady_from_s", "duration_s"] {
         assert!(g[key].is_number(), "{key}: {g:#}");
@@ -325,10 +325,10 @@ fn perfetto_carries_the_lines_growth() {
         .collect();
     assert!(leak.len() > 8, "{}", leak.len());
     // Its bytes rise from the first sample to the last bucket's low-water mark, close to the
-    // 1,562 MiB it holds at the end.
+    // 390 MiB it holds at the end.
     let first = leak[0]["args"]["bytes"].as_u64().unwrap();
     let last = leak[leak.len() - 1]["args"]["bytes"].as_u64().unwrap();
-    let end = (100_000u64 / 64) << 20;
+    let end = (100_000u64 / 256) << 20;
     assert!(
         first < last && last <= end && last * 10 >= end * 9,
         "{first} {last}"

@@ -12,7 +12,7 @@
 #include <time.h>
 #include "cuda_decls.h" /* probes/preload/tests/c: hand-written declarations of the driver ABI */
 
-#define LEAK_EVERY 64
+#define LEAK_EVERY 256
 #define LEAK_BYTES (1u << 20)
 #define CACHE_BYTES (1u << 20)
 #define SCRATCH 4

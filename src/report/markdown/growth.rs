@@ -8,13 +8,22 @@ use super::{cell, code};
 use crate::growth::{Growth, LineVerdict};
 use crate::report::Report;
 
+/// `± 1.00 MiB`, or `—` where one cannot be had (too few buckets).
+fn plus_minus(b: f64) -> String {
+    if b.is_finite() {
+        fmt_bytes(b.abs().round() as u64)
+    } else {
+        "—".into()
+    }
+}
+
 fn rate(b: f64) -> String {
-    let sign = if b < 0.0 { "−" } else { "+" };
+    let sign = if b <= -0.5 { "−" } else { "+" };
     format!("{sign}{}/h", fmt_bytes(b.abs().round() as u64))
 }
 
 fn signed_bytes(b: f64) -> String {
-    let sign = if b < 0.0 { "−" } else { "+" };
+    let sign = if b <= -0.5 { "−" } else { "+" };
     format!("{sign}{}", fmt_bytes(b.abs().round() as u64))
 }
 
@@ -34,6 +43,14 @@ pub(super) fn growth(out: &mut String, r: &Report) {
 
 fn section(out: &mut String, g: &Growth) {
     let _ = writeln!(out, "## Growth over the run\n");
+    if g.series.t_s.len() < crate::growth::MIN_BUCKETS {
+        for e in &g.evidence {
+            let mut c = e.chars();
+            let first = c.next().map(|f| f.to_uppercase().collect::<String>());
+            let _ = writeln!(out, "{}{}.\n", first.unwrap_or_default(), c.as_str());
+        }
+        return;
+    }
     let _ = writeln!(
         out,
         "**Verdict: {}.** Over {:.1} s: start-up to {:.1} s, warm-up to {:.1} s (found by a two-line fit), then the steady state; buckets of {:.3} s. The bytes the processes hold from the driver grow {} ± {} over the steady state.\n",
@@ -43,7 +60,7 @@ fn section(out: &mut String, g: &Growth) {
         g.steady_from_s,
         g.bucket_s,
         rate(g.rate_bytes_per_hour),
-        fmt_bytes(g.rate_uncertainty_bytes_per_hour.abs().round() as u64)
+        plus_minus(g.rate_uncertainty_bytes_per_hour)
     );
     if let Some(per_step) = g.rate_bytes_per_step {
         let _ = writeln!(
@@ -96,7 +113,7 @@ fn section(out: &mut String, g: &Growth) {
                 l.level,
                 l.category,
                 rate(l.bytes_per_hour),
-                fmt_bytes(l.uncertainty_bytes_per_hour.abs().round() as u64),
+                plus_minus(l.uncertainty_bytes_per_hour),
                 fmt_bytes(l.live_bytes),
                 l.live_allocations,
                 oldest,
