@@ -412,11 +412,19 @@ fn best_child(runs: usize, cmd: &mut Command) -> Times {
 }
 
 /// Wall time, CPU time (user + system) and peak resident memory of a child process. The child is reaped by `wait4`
-/// (which alone reports that child's own `ru_maxrss`), not by `Child::wait`.
+/// (which alone reports that child's own times), not by `Child::wait`. Its peak memory is what
+/// it says itself under `VRAMTRACE_PEAK_RSS` (`VmHWM` since its exec): `ru_maxrss` would also
+/// count this bench's own memory, held by the child until its exec.
 #[allow(clippy::zombie_processes)]
 fn run_child(cmd: &mut Command) -> Times {
     let started = Instant::now();
-    let child = cmd.stdout(Stdio::null()).spawn().unwrap();
+    let err = std::env::temp_dir().join(format!("vramtrace-bench-{}.stderr", std::process::id()));
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(File::create(&err).unwrap())
+        .env("VRAMTRACE_PEAK_RSS", "1")
+        .spawn()
+        .unwrap();
     let mut status = 0;
     // Safety: an all-zero rusage is a valid value for wait4 to fill.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -429,10 +437,18 @@ fn run_child(cmd: &mut Command) -> Times {
         "{cmd:?} failed: status {status}"
     );
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let said = std::fs::read_to_string(&err).unwrap_or_default();
+    let _ = std::fs::remove_file(&err);
+    let kb: u64 = said
+        .lines()
+        .find_map(|l| l.strip_prefix("vramtrace: peak resident memory: "))
+        .and_then(|v| v.strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{cmd:?} did not say its peak memory: {said}"));
     Times {
         wall,
         cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
-        rss: usage.ru_maxrss as u64 * 1024,
+        rss: kb * 1024,
     }
 }
 

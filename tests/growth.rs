@@ -35,44 +35,26 @@ fn soak(mode: &str, iterations: u64) -> (PathBuf, Option<f64>) {
     (out, planted)
 }
 
-/// `report --json`'s growth object, and the child's peak resident memory (`wait4`).
-// The child is reaped by wait4 (which alone gives its own peak resident memory).
-#[allow(clippy::zombie_processes)]
+/// `report --json`'s growth object, and its own peak resident memory (`VmHWM`, which the CLI
+/// says on stderr under `VRAMTRACE_PEAK_RSS`: a child's `ru_maxrss` would count this test
+/// process's memory too, held until the exec).
 fn growth(trace: &Path) -> (Value, u64) {
-    let mut child = Command::new(vramtrace())
+    let o = Command::new(vramtrace())
         .args(["report", "--json"])
         .arg(trace)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+        .env("VRAMTRACE_PEAK_RSS", "1")
+        .output()
         .unwrap();
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    use std::io::Read;
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_end(&mut stderr)
-        .unwrap();
-    let mut status = 0;
-    // Safety: an all-zero rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(r, child.id() as i32, "wait4");
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "report failed: {}",
-        String::from_utf8_lossy(&stderr)
-    );
-    let v: Value = serde_json::from_slice(&stdout).unwrap();
-    (v["growth"].clone(), usage.ru_maxrss as u64 * 1024)
+    assert!(o.status.success(), "{}", describe(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let kb: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("vramtrace: peak resident memory: "))
+        .and_then(|v| v.strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak memory said: {stderr}"));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    (v["growth"].clone(), kb * 1024)
 }
 
 fn first_where(g: &Value) -> String {

@@ -12,12 +12,32 @@ use clap::Parser;
 fn main() {
     restore_sigpipe();
     let cli = crate::args::Cli::parse();
-    match crate::args::dispatch(cli) {
-        Ok(code) => std::process::exit(code),
+    let code = match crate::args::dispatch(cli) {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("vramtrace: error: {e:#}");
-            std::process::exit(2);
+            2
         }
+    };
+    say_peak_memory();
+    std::process::exit(code);
+}
+
+/// With `VRAMTRACE_PEAK_RSS` set, says this process's own peak resident memory on stderr
+/// (`VmHWM` of /proc/self/status: the memory of this program since its exec). The benchmarks
+/// and the memory tests read it: a spawned child's `ru_maxrss` also counts the memory of the
+/// process that spawned it, held until the exec (docs/performance.md).
+fn say_peak_memory() {
+    if std::env::var_os("VRAMTRACE_PEAK_RSS").is_none() {
+        return;
+    }
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+        && let Some(line) = status.lines().find(|l| l.starts_with("VmHWM:"))
+    {
+        eprintln!(
+            "vramtrace: peak resident memory: {}",
+            line["VmHWM:".len()..].trim()
+        );
     }
 }
 
