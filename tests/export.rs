@@ -782,20 +782,11 @@ fn parquet_splits_a_long_trace_into_row_groups() {
 /// into a folder named by `VRAMTRACE_TEST_PYTHONPATH` and sets `VRAMTRACE_REQUIRE_DUCKDB=1`).
 #[test]
 fn duckdb_reads_the_parquet_export_of_an_h200_trace() {
-    let pythonpath = std::env::var_os("VRAMTRACE_TEST_PYTHONPATH").unwrap_or_default();
-    let has_duckdb = std::process::Command::new("python3")
-        .args(["-c", "import duckdb"])
-        .env("PYTHONPATH", &pythonpath)
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_duckdb {
-        vramtrace_testkit::skip(
-            "VRAMTRACE_REQUIRE_DUCKDB",
-            "duckdb_reads_the_parquet_export_of_an_h200_trace: the duckdb Python package is not \
-             installed (pip install duckdb)",
-        );
+    let Some(pythonpath) =
+        vramtrace_testkit::duckdb_or_skip("duckdb_reads_the_parquet_export_of_an_h200_trace")
+    else {
         return;
-    }
+    };
     let out = vramtrace_testkit::scratch("duckdb").join("tables");
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/h200/prefill-18gib");
     let o = export(

@@ -393,20 +393,11 @@ fn parquet_tensors_group_the_runs_bytes_by_python_line() {
 /// installs it into `VRAMTRACE_TEST_PYTHONPATH` and sets `VRAMTRACE_REQUIRE_DUCKDB=1`).
 #[test]
 fn duckdb_groups_the_runs_bytes_by_python_line() {
-    let pythonpath = std::env::var_os("VRAMTRACE_TEST_PYTHONPATH").unwrap_or_default();
-    let has_duckdb = Command::new("python3")
-        .args(["-c", "import duckdb"])
-        .env("PYTHONPATH", &pythonpath)
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_duckdb {
-        vramtrace_testkit::skip(
-            "VRAMTRACE_REQUIRE_DUCKDB",
-            "duckdb_groups_the_runs_bytes_by_python_line: the duckdb Python package is not \
-             installed (pip install duckdb)",
-        );
+    let Some(pythonpath) =
+        vramtrace_testkit::duckdb_or_skip("duckdb_groups_the_runs_bytes_by_python_line")
+    else {
         return;
-    }
+    };
     let out = scratch("export-tensors-duckdb").join("tables");
     let _ = std::fs::remove_dir_all(&out);
     ok(&[

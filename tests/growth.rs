@@ -233,20 +233,10 @@ fn the_live_view_forms_the_verdict_as_the_run_goes() {
 /// ranked by growth rate, in DuckDB (CI installs it; see tests/export.rs).
 #[test]
 fn duckdb_ranks_traces_by_growth_rate() {
-    let pythonpath = std::env::var_os("VRAMTRACE_TEST_PYTHONPATH").unwrap_or_default();
-    let has_duckdb = Command::new("python3")
-        .args(["-c", "import duckdb"])
-        .env("PYTHONPATH", &pythonpath)
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_duckdb {
-        vramtrace_testkit::skip(
-            "VRAMTRACE_REQUIRE_DUCKDB",
-            "duckdb_ranks_traces_by_growth_rate: the duckdb Python package is not installed \
-             (pip install duckdb)",
-        );
+    let Some(pythonpath) = vramtrace_testkit::duckdb_or_skip("duckdb_ranks_traces_by_growth_rate")
+    else {
         return;
-    }
+    };
     let exports = scratch("growth-fleet").join("exports");
     for mode in ["steady", "leak", "plateau"] {
         let (trace, _) = soak(mode, 150_000);

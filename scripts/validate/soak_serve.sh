@@ -22,17 +22,7 @@ start_server steady 8771
 start_server leak 8772 PYTHONPATH="$VAL/leak_site${PYTHONPATH:+:$PYTHONPATH}" LEAK_LOG="$W/leak.log"
 $VT run --quiet --out "$W/soak-decode" -- python3 "$VAL/decode_soak.py" "$m" "$S" > "$W/soak-decode.stdout" 2>&1 &
 decode=$!
-load() { # PORT TAG
-  local t_end=$((SECONDS + S))
-  python3 "$VAL/serve_load.py" "$1" "$m" --requests 4 --prompt-tokens 400 --max-tokens 24 \
-    --rounds 1 --wait 240 --tag "$2" > /dev/null || true
-  local r=0
-  while [ $SECONDS -lt $t_end ]; do
-    python3 "$VAL/serve_load.py" "$1" "$m" --requests 4 --prompt-tokens 400 --max-tokens 24 \
-      --rounds 5 --wait 10 --tag $(( $2 * 1000 + r )) | tail -1
-    r=$((r + 1))
-  done
-}
+. "$VAL/soak_load.sh"
 load 8771 1 > "$W/soak-steady.load" 2>&1 &
 l1=$!
 load 8772 2 > "$W/soak-leak.load" 2>&1 &

@@ -18,16 +18,7 @@ env PYTHONPATH="$LEAKPATH" LEAK_LOG="$W/leakv-ring.log" $VT run --quiet --max-si
 env PYTHONPATH="$LEAKPATH" LEAK_LOG="$W/leakv-attach.log" "$TF" serve "$m" --port 8782 \
   --continuous-batching --cb-max-memory-percent 0.2 > "$W/soakv-attach.stdout" 2>&1 &
 server=$!
-load() { # PORT TAG
-  local t_end=$((SECONDS + S)) r=0
-  python3 "$VAL/serve_load.py" "$1" "$m" --requests 4 --prompt-tokens 400 --max-tokens 24 \
-    --rounds 1 --wait 240 --tag "$2" > /dev/null || true
-  while [ $SECONDS -lt $t_end ]; do
-    python3 "$VAL/serve_load.py" "$1" "$m" --requests 4 --prompt-tokens 400 --max-tokens 24 \
-      --rounds 5 --wait 10 --tag $(( $2 * 1000 + r )) | tail -1
-    r=$((r + 1))
-  done
-}
+. "$VAL/soak_load.sh"
 load 8781 3 > "$W/soakv-ring.load" 2>&1 &
 l1=$!
 load 8782 4 > "$W/soakv-attach.load" 2>&1 &

@@ -163,6 +163,26 @@ pub fn python3_or_skip() -> bool {
     runs
 }
 
+/// The `PYTHONPATH` under which `python3` imports the `duckdb` package (CI installs it into a
+/// folder of its own named by `VRAMTRACE_TEST_PYTHONPATH`), or `None` after a visible [`skip`]
+/// under `VRAMTRACE_REQUIRE_DUCKDB` naming `test`: the caller returns.
+pub fn duckdb_or_skip(test: &str) -> Option<std::ffi::OsString> {
+    let pythonpath = std::env::var_os("VRAMTRACE_TEST_PYTHONPATH").unwrap_or_default();
+    let has_duckdb = Command::new("python3")
+        .args(["-c", "import duckdb"])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_duckdb {
+        skip(
+            "VRAMTRACE_REQUIRE_DUCKDB",
+            &format!("{test}: the duckdb Python package is not installed (pip install duckdb)"),
+        );
+        return None;
+    }
+    Some(pythonpath)
+}
+
 /// Whether a snapshot test should rewrite its expected file: `var` (`UPDATE_SNAPSHOTS`,
 /// `VRAMTRACE_BLESS`) is set. Under CI (`CI` set to anything but `false` or `0`) a test never
 /// rewrites what it checks against: it fails instead, so a set variable cannot make CI pass.
