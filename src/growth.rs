@@ -26,8 +26,10 @@
 //! each line gets its growth rate by least squares with the slope's standard error. A line
 //! **leaks** when it grows by at least [`MATERIAL_BYTES`], at least 5 standard errors above
 //! zero, and still grows over the last third of the steady state (at least half the rate, 3
-//! standard errors): growth without bound across the run. It is a **plateau** when it rose by
-//! at least [`MATERIAL_BYTES`] after start-up and then stopped. The run's verdict is `leak`
+//! standard errors), rising in at least [`MIN_RISES`] buckets (and one in 16): growth without
+//! bound across the run. It is a **plateau** when it rose by at least [`MATERIAL_BYTES`] after
+//! start-up and then stopped, or grew in fewer steps than a leak rises in (a larger shape met
+//! now and then). The run's verdict is `leak`
 //! when a line leaks or the reserve creeps (grows as a line that leaks would), else `plateau`
 //! when something rose and stopped, else `none`. The method, and the runs that check it, are
 //! in `docs/architecture.md` ("Growth over days") and `docs/validation.md`.
@@ -53,6 +55,9 @@ use series::{Grid, Keep, Series};
 pub const MATERIAL_BYTES: f64 = 1_048_576.0;
 /// Lines shown, ranked by rate.
 pub const LINES_SHOWN: usize = 20;
+/// The fewest buckets of the steady state a leak rises in (and at least one in 16): growth in
+/// fewer steps is a plateau that has not settled yet.
+pub const MIN_RISES: usize = 4;
 /// The fewest buckets a growth can be told from (fewer: the verdict says the trace is too
 /// short).
 pub const MIN_BUCKETS: usize = 8;
@@ -743,13 +748,21 @@ impl<'t> Finisher<'t> {
         let tail = fit::line((tail_from..self.n).map(|i| (self.x[i], y[i] as f64)));
         let end = y[last] as f64;
         let continuing = tail.is_none_or(|t| t.n < 3 || (t.slope >= 0.5 * f.slope && t.t() >= 3.0));
+        // A leak rises bucket after bucket; growth in a few steps (a larger shape met now and
+        // then, as a decode loop's reserve grows with its longest prompt so far) is a plateau
+        // that has not settled yet.
+        let rises = (window + 1..self.n).filter(|&i| y[i] > y[i - 1]).count();
+        let stepwise = rises < MIN_RISES.max((self.n - window) / 16);
         if f.slope > 0.0
             && f.t() >= 5.0
             && growth >= MATERIAL_BYTES
             && continuing
             && end >= growth / 2.0
         {
-            return (Some(f), LineVerdict::Leak);
+            if !stepwise {
+                return (Some(f), LineVerdict::Leak);
+            }
+            return (Some(f), LineVerdict::Plateau);
         }
         // A plateau: risen from start-up (or from where the detail became whole), held, and
         // not growing at the end.

@@ -184,6 +184,7 @@ fn the_h200_servers_kept_their_verdicts() {
     for (report, log) in [
         ("serve-leak.report.json", "serve-leak.kept.log"),
         ("leak-attach.report.json", "leak-attach.kept.log"),
+        ("leak-ring.report.json", "leak-ring.kept.log"),
     ] {
         let g = growth(report);
         assert_eq!(g["verdict"], "leak", "{report}");

@@ -278,3 +278,46 @@ fn a_loop_that_shows_its_steps_has_them_as_its_x_axis() {
         "{per_step}"
     );
 }
+
+/// A decode loop's reserve: tensors come and go in the same segments, and now and then a longer
+/// prompt than any before takes a new segment, the last one late in the run. Growth in a few
+/// steps is a plateau that has not settled yet, never a leak (as the H200's decode loop of
+/// 2026-12-03 23:37 was judged before this rule).
+#[test]
+fn a_reserve_that_steps_up_a_few_times_is_not_a_leak() {
+    use EventKind::*;
+    use MemKind::*;
+    let mut r = vec![Record::Event(ev(
+        1,
+        Alloc,
+        Device,
+        "cuMemAlloc_v2",
+        0x7000_0000_0000,
+        1 << 30,
+    ))];
+    let mut segment = 0x7100_0000_0000u64;
+    for i in 0..3000u64 {
+        let t = 2 + i * 10 * MS;
+        if [100, 900, 2400, 2700].contains(&i) {
+            r.push(Record::Event(ev(
+                t,
+                Alloc,
+                Device,
+                "cuMemAlloc_v2",
+                segment,
+                64 * MIB,
+            )));
+            segment += 1 << 32;
+        }
+        let mut act = tensor_alloc(t + 1, 0x7000_0000_0000, 256 * MIB);
+        act.stack = 1;
+        r.push(Record::Tensor(act.clone()));
+        act.t_ns = t + 5 * MS;
+        act.action = vramtrace_format::TensorAction::Free;
+        act.size = 0;
+        r.push(Record::Tensor(act));
+    }
+    let g = growth_of(r);
+    assert_ne!(g.verdict, Verdict::Leak, "{:#?}", g.evidence);
+    assert!(g.lines.iter().all(|l| l.verdict != LineVerdict::Leak));
+}
