@@ -229,3 +229,53 @@ fn the_report_on_a_llama_cpp_run_does_not_ask_for_a_config_json() {
     assert!(md.contains("A llama.cpp run"), "{md}");
     assert!(!md.contains("Pass `--model config.json`"), "{md}");
 }
+
+/// `vramtrace model MODEL.gguf --runtime llama.cpp -c N -ub U ... --json`, in llama.cpp's own
+/// spellings (`-ub` included), prints the buffers the H200 runs logged.
+#[test]
+fn model_takes_the_gguf_and_llama_cpp_s_flags() {
+    for (model, run, args) in [
+        (
+            "llama-f16.header.gguf",
+            "f16-p16k-fa1-ub512",
+            &["-c", "16384", "-ub", "512", "--flash-attn"][..],
+        ),
+        (
+            "llama-q4km.header.gguf",
+            "q4km-p32k-fa1-q40",
+            &[
+                "-c",
+                "32768",
+                "-ub",
+                "512",
+                "--flash-attn",
+                "--cache-type-k",
+                "q4_0",
+                "--cache-type-v",
+                "q4_0",
+            ][..],
+        ),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+            .arg("model")
+            .arg(sample(model))
+            .args(["--runtime", "llama.cpp", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mib = |k: &str| v[k].as_u64().unwrap() as f64 / 1_048_576.0;
+        assert!((mib("weights_bytes") - logged_mib(run, "CUDA0 model buffer size")).abs() < 0.005);
+        assert!((mib("kv_cache_bytes") - logged_mib(run, "CUDA0 KV buffer size")).abs() < 0.005);
+        assert_eq!(v["n_ubatch"], 512);
+    }
+    // Without -c it says what is missing.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .arg("model")
+        .arg(sample("llama-f16.header.gguf"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs -c N"));
+}

@@ -11,7 +11,9 @@ use clap::Parser;
 
 fn main() {
     restore_sigpipe();
-    let cli = crate::args::Cli::parse();
+    let cli = crate::args::Cli::parse_from(crate::commands::model_llama::spell_ubatch(
+        std::env::args_os(),
+    ));
     let code = match crate::args::dispatch(cli) {
         Ok(code) => code,
         Err(e) => {

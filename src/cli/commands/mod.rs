@@ -10,6 +10,7 @@ pub mod import;
 pub mod live;
 pub mod model;
 pub mod model_engine;
+pub mod model_llama;
 pub mod model_step;
 pub mod plot;
 pub mod replay;

@@ -43,7 +43,8 @@ decode path (one query token with GQA), which adds softmax_lse_accum and out_acc
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = VARIANTS_HELP, after_help = VARIANTS_HELP)]
 pub struct ModelArgs {
-    /// Path to the model's config.json (multimodal configs: its text_config is read).
+    /// Path to the model's config.json (multimodal configs: its text_config is read), or a GGUF
+    /// for llama.cpp (`--runtime llama.cpp`).
     pub config: PathBuf,
     /// Which kernel, variant and batch.
     #[command(flatten)]
@@ -70,6 +71,9 @@ pub struct ModelArgs {
     /// The whole-step model (`--context`): every part of one serving step and its frontier.
     #[command(flatten)]
     pub whole: crate::commands::model_step::StepArgs,
+    /// llama.cpp's flags, for a GGUF.
+    #[command(flatten)]
+    pub llama: crate::commands::model_llama::LlamaArgs,
 }
 
 /// Which kernel, variant and batch to model: shared by `vramtrace model` and `vramtrace compare`.
@@ -226,6 +230,24 @@ const DEFAULT_TOKENS: u64 = 4128;
 
 /// Runs `vramtrace model`.
 pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
+    let gguf = args
+        .config
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if gguf || args.whole.runtime == "llama.cpp" {
+        if !gguf {
+            bail!(
+                "--runtime llama.cpp reads the model from its GGUF: give MODEL.gguf, not {}",
+                args.config.display()
+            );
+        }
+        return crate::commands::model_llama::run(
+            &args.config,
+            &args.llama,
+            args.whole.limit.as_deref(),
+            args.json,
+        );
+    }
     let (cfg, variants, opts) = args.select.resolve(&args.config)?;
     let planner_limit = crate::commands::model_step::limit(&args.whole)?;
     if let Some(percent) = args.whole.cb_max_memory_percent {

@@ -1,0 +1,133 @@
+//! `vramtrace model MODEL.gguf --runtime llama.cpp`: what llama.cpp allocates on the GPU for a
+//! GGUF and its flags (`models/src/engine/llama_cpp.rs`), from the file's header alone.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use vramtrace_models::engine::llama_cpp::{LlamaCppContext, boot_buffers};
+use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+use vramtrace_models::units::{fmt_bytes, parse_bytes};
+
+/// llama.cpp's flags as `vramtrace model` takes them (its own spellings: `-c`, `-ub`, `-b`,
+/// `--cache-type-k`, `--cache-type-v`, `--flash-attn`).
+#[derive(clap::Args, Debug, Clone, Default)]
+#[command(next_help_heading = "llama.cpp (a GGUF as the model, --runtime llama.cpp)")]
+pub struct LlamaArgs {
+    /// `-c`: the context in tokens (llama.cpp's default is the model's training context; here
+    /// it must be given).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    pub ctx_size: Option<u64>,
+    /// `-ub`: the physical batch, the tokens of one pass through the model (default 512).
+    #[arg(long = "ubatch-size", value_name = "U")]
+    pub ubatch_size: Option<u64>,
+    /// `-b`: the logical batch (default 2048).
+    #[arg(short = 'b', long = "batch-size", value_name = "B")]
+    pub batch_size: Option<u64>,
+    /// The K cache's type (f16, q8_0, q4_0, ...; default f16).
+    #[arg(long = "cache-type-k", value_name = "TYPE")]
+    pub cache_type_k: Option<String>,
+    /// The V cache's type (default f16).
+    #[arg(long = "cache-type-v", value_name = "TYPE")]
+    pub cache_type_v: Option<String>,
+    /// `-fa on`: flash attention.
+    #[arg(long = "flash-attn")]
+    pub flash_attn: bool,
+}
+
+/// `-ub` is llama.cpp's spelling of the physical batch: one dash, two letters, which a command
+/// line parser reads as `-u -b`. It is taken as `--ubatch-size` before parsing.
+pub fn spell_ubatch(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| {
+        if a == "-ub" {
+            "--ubatch-size".into()
+        } else {
+            a
+        }
+    })
+    .collect()
+}
+
+fn cache_type(name: Option<&str>, flag: &str) -> anyhow::Result<u32> {
+    let name = name.unwrap_or("f16");
+    ggml_type_by_name(&name.to_ascii_lowercase()).with_context(|| {
+        format!(
+            "{flag} {name}: not a ggml type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)"
+        )
+    })
+}
+
+/// Runs `vramtrace model MODEL.gguf --runtime llama.cpp`.
+pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyhow::Result<i32> {
+    let Some(n_ctx) = a.ctx_size else {
+        bail!("a GGUF model needs -c N (--ctx-size): the context llama.cpp makes");
+    };
+    if n_ctx == 0 {
+        bail!("-c 0: llama.cpp would take the model's training context; give it as a number");
+    }
+    let header = GgufHeader::read(gguf)?;
+    let ctx = LlamaCppContext {
+        n_ctx,
+        type_k: cache_type(a.cache_type_k.as_deref(), "--cache-type-k")?,
+        type_v: cache_type(a.cache_type_v.as_deref(), "--cache-type-v")?,
+    };
+    let b = boot_buffers(&header, &ctx)?;
+    let ubatch = a.ubatch_size.unwrap_or(512);
+    let batch = a.batch_size.unwrap_or(2048);
+    let limit = limit.map(parse_bytes).transpose().context("--limit")?;
+    let boot = b.model_buffer_bytes + b.kv_cache_bytes;
+    let not_modelled = "llama.cpp's compute buffer (the scheduler's reservation of the \
+        worst-case graph) and its VMM pool's scratch are not modelled yet: no fill ceiling";
+    let out: Value = json!({
+        "runtime": "llama.cpp",
+        "model": gguf.display().to_string(),
+        "architecture": header.architecture(),
+        "n_ctx": n_ctx,
+        "n_ubatch": ubatch,
+        "n_batch": batch,
+        "flash_attn": a.flash_attn,
+        "weights_bytes": b.model_buffer_bytes,
+        "host_weights_bytes": b.host_model_bytes,
+        "kv_cache_bytes": b.kv_cache_bytes,
+        "kv_cells": b.kv_cells,
+        "compute_buffer_bytes": Value::Null,
+        "boot_bytes_known": boot,
+        "limit_bytes": limit,
+        "frontier": {"fill_tokens": Value::Null, "why": not_modelled},
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(0);
+    }
+    println!(
+        "llama.cpp, {} ({}), -c {n_ctx} -ub {ubatch}{}",
+        gguf.display(),
+        header.architecture().unwrap_or("?"),
+        if a.flash_attn { " -fa on" } else { "" }
+    );
+    println!(
+        "  model buffer (CUDA0)   {:>12}   every tensor but token_embd, each padded to 128 B",
+        fmt_bytes(b.model_buffer_bytes)
+    );
+    println!(
+        "  model on the host      {:>12}   token_embd.weight (llama.cpp keeps the input layer there)",
+        fmt_bytes(b.host_model_bytes)
+    );
+    println!(
+        "  KV cache (CUDA0)       {:>12}   {} cells (-c padded to 256)",
+        fmt_bytes(b.kv_cache_bytes),
+        b.kv_cells
+    );
+    println!("  compute buffer         not modelled yet");
+    if let Some(l) = limit {
+        let left = l as i128 - boot as i128;
+        println!(
+            "  against {}: model and KV cache leave {}{}",
+            fmt_bytes(l),
+            if left < 0 { "−" } else { "" },
+            fmt_bytes(left.unsigned_abs() as u64)
+        );
+    }
+    println!("  fill ceiling: {not_modelled}");
+    Ok(0)
+}
