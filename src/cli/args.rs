@@ -29,7 +29,7 @@ pub enum Command {
     /// Set a model's predicted tensors beside what a trace shows at a peak or a failure.
     Compare(commands::compare::CompareArgs),
     /// Predict a kernel's tensors and peak from a model's config.json.
-    Model(commands::model::ModelArgs),
+    Model(Box<commands::model::ModelArgs>),
     /// Replay a trace against a smaller card: the first allocation that would fail, and the
     /// headroom over time.
     Replay(commands::replay::ReplayArgs),
@@ -59,7 +59,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(a) => commands::run::run(a),
         Command::Events(a) => commands::events::run(a),
         Command::Summary(a) => commands::summary::run(a),
-        Command::Model(a) => commands::model::run(a),
+        Command::Model(a) => commands::model::run(*a),
         Command::Compare(a) => commands::compare::run(a),
         Command::Replay(a) => commands::replay::run(a),
         Command::Live(a) => commands::live::run(a),
