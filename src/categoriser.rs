@@ -404,6 +404,26 @@ pub fn is_torch_machinery(file: &str) -> bool {
     is_torch_file(file) && !package_path(file).contains("torch/nn/")
 }
 
+/// True when the native stack `stack` of `p` passes through PyTorch's caching allocator
+/// (a frame in `libc10_cuda`): the allocation is one of its segments.
+pub fn is_segment_stack(p: &crate::trace::Process, stack: u32) -> bool {
+    p.stacks.get(&stack).is_some_and(|addrs| {
+        addrs.iter().any(|&a| {
+            p.modules
+                .iter()
+                .rev()
+                .find(|m| m.start <= a && a < m.end)
+                .is_some_and(|m| base(&m.path).starts_with("libc10_cuda"))
+        })
+    })
+}
+
+/// Whether a Python frame is PyTorch's embedding (`torch/nn/functional.py` `embedding`): the
+/// tensor it allocates is a forward's input hidden states.
+pub fn is_embedding(f: &PyFrame<'_>) -> bool {
+    f.function == "embedding" && f.file.ends_with("functional.py")
+}
+
 /// True for a native frame of an allocator or runtime (PyTorch's caching allocator and empty
 /// tensor factories, PyTorch's libraries where no symbol was resolved, the CUDA runtime and
 /// driver, the Python interpreter, the C library): never what an unnamed allocation is grouped by.

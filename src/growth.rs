@@ -405,12 +405,12 @@ impl GrowthFold {
             && *self
                 .segment_stacks
                 .entry((key.process as usize, key.stack))
-                .or_insert_with(|| crate::timeline::is_segment_stack(p, key.stack));
+                .or_insert_with(|| crate::categoriser::is_segment_stack(p, key.stack));
         let category = categorise_stack(p, key.stack, bytes, p.string(label), None).category;
         let step = key.tensor
             && crate::categoriser::py_frames(p, key.stack)
                 .first()
-                .is_some_and(crate::report::step::is_embedding);
+                .is_some_and(crate::categoriser::is_embedding);
         let i = self.lines.len();
         self.lines.push(Line {
             key,
@@ -946,7 +946,7 @@ impl<'t> Finisher<'t> {
             return "(no stack recorded)".into();
         }
         let frames = native(pi, key.stack);
-        crate::report::triage::first_user_frame(&frames)
+        crate::symbolize::first_user_frame(&frames)
             .or_else(|| frames.first().cloned())
             .unwrap_or_else(|| format!("stack {}", key.stack))
     }

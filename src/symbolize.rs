@@ -384,6 +384,59 @@ pub fn elf_build_id(path: &Path) -> Option<Vec<u8>> {
     None
 }
 
+/// Frames of the allocation machinery a triager does not look for: the driver binding, the
+/// caching allocator, PyTorch's C++ dispatch, Rust's runtime (unwinding guards), a backend's
+/// allocation wrapper and the reference workload's tensor factory (`Session::empty`, its
+/// `torch.empty`).
+const MACHINERY: [&str; 16] = [
+    "cudarc::",
+    "cuMem",
+    "libcuda",
+    "c10::",
+    "at::",
+    "libc10",
+    "libtorch",
+    "Backend",
+    "backend::",
+    "::alloc",
+    "core::",
+    "std::",
+    "__rust",
+    "::guarded",
+    "Session::empty",
+    "__libc",
+];
+
+fn is_user_frame(f: &str) -> bool {
+    !f.contains("(not the traced file)")
+        && !f.starts_with("0x")
+        && !MACHINERY.iter().any(|m| f.contains(m))
+}
+
+/// The first user or library frame of a stack: the innermost Python frame
+/// (`file.py:LINE function`), else the innermost symbolised frame past the allocation machinery
+/// (the driver binding, the caching allocator, dispatch, runtimes); `None` when neither is there.
+pub fn first_user_frame(frames: &[String]) -> Option<String> {
+    frames
+        .iter()
+        .find(|f| f.contains(".py:"))
+        .or_else(|| frames.iter().find(|f| is_user_frame(f)))
+        .cloned()
+}
+
+/// A stack (innermost first) from its first user or library frame: the frames of the
+/// allocation machinery before it dropped, and how many were. Python frames count as the
+/// program's; a stack with no such frame is kept whole.
+pub fn user_stack(frames: &[String]) -> (usize, &[String]) {
+    match frames
+        .iter()
+        .position(|f| f.contains(".py:") || is_user_frame(f))
+    {
+        Some(i) => (i, &frames[i..]),
+        None => (0, frames),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,20 +55,6 @@ pub(crate) struct Booked {
     segment: bool,
 }
 
-/// True when the native stack `stack` of `p` passes through PyTorch's caching allocator
-/// (a frame in `libc10_cuda`): the allocation is one of its segments.
-pub(crate) fn is_segment_stack(p: &Process, stack: u32) -> bool {
-    p.stacks.get(&stack).is_some_and(|addrs| {
-        addrs.iter().any(|&a| {
-            p.modules
-                .iter()
-                .rev()
-                .find(|m| m.start <= a && a < m.end)
-                .is_some_and(|m| crate::categoriser::base(&m.path).starts_with("libc10_cuda"))
-        })
-    })
-}
-
 /// The replay plus live bytes by category per process and device.
 #[derive(Default)]
 pub(crate) struct Book {
@@ -210,7 +196,7 @@ impl Book {
                                                 .category
                                             })
                                             .index() as u8,
-                                        is_segment_stack(p, e.stack),
+                                        crate::categoriser::is_segment_stack(p, e.stack),
                                     )
                                 });
                             let b = Booked {

@@ -15,12 +15,6 @@ use crate::report::FailureReport;
 use crate::torch_replay::TensorReplay;
 use crate::trace::{Item, Trace};
 
-/// Whether a Python frame is PyTorch's embedding (`torch/nn/functional.py` `embedding`): the
-/// tensor it allocates is a forward's input hidden states.
-pub(crate) fn is_embedding(f: &categoriser::PyFrame<'_>) -> bool {
-    f.function == "embedding" && f.file.ends_with("functional.py")
-}
-
 /// The tokens an embedding output of `bytes` holds at `per_token` bytes a token (the config's
 /// hidden size × dtype); the allocator rounds blocks up to 512 bytes, so up to 511 more are
 /// allowed. `None` when the bytes are not such an output.
@@ -49,7 +43,7 @@ pub(crate) fn embedding_outputs_match(
             && *embeddings.entry(t.stack).or_insert_with(|| {
                 categoriser::py_frames(p, t.stack)
                     .first()
-                    .is_some_and(is_embedding)
+                    .is_some_and(categoriser::is_embedding)
             })
         {
             any = true;
@@ -188,7 +182,7 @@ fn loop_frame<'a, 'b>(py: &'b [categoriser::PyFrame<'a>]) -> Option<&'b categori
 }
 
 pub(crate) fn generate_forward(py: &[categoriser::PyFrame<'_>]) -> Option<GenerateForward> {
-    if !py.first().is_some_and(is_embedding) {
+    if !py.first().is_some_and(categoriser::is_embedding) {
         return None;
     }
     let f = loop_frame(py)?;
@@ -428,7 +422,7 @@ pub(crate) fn step_at_peak(
     for t in live.live_set(at.process, at.device) {
         let (size, stack) = (t.event.size, t.event.stack);
         let py = crate::categoriser::py_frames(p, stack);
-        let Some(f) = py.iter().find(|f| is_embedding(f)) else {
+        let Some(f) = py.iter().find(|f| categoriser::is_embedding(f)) else {
             continue;
         };
         let Some(tokens) = embedding_tokens(size, per_token) else {

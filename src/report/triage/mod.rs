@@ -34,12 +34,12 @@ mod torch_oom;
 mod verdict;
 mod whole_step;
 
+pub use crate::symbolize::{first_user_frame, user_stack};
 use config_check::config_contradiction;
 use levers::levers;
 use peak::{no_failure, peak_moment};
 use refusal::refusal;
-pub(crate) use runtime::first_user_frame;
-pub use runtime::{detect_runtime, user_stack};
+pub use runtime::detect_runtime;
 use torch_oom::message_at;
 pub use torch_oom::{pytorch_message, torch_format_size, torch_segment_size};
 use verdict::verdict;
