@@ -279,3 +279,55 @@ fn model_takes_the_gguf_and_llama_cpp_s_flags() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs -c N"));
 }
+
+/// The compute buffer `vramtrace model` predicts from the GGUF's header and the flags (the
+/// prompt graph as ggml's allocator places it, `models/src/engine/llama_cpp.rs`), beside the
+/// size llama.cpp's destructor logs with four decimals of MiB, on every H200 run: flash
+/// attention on and off, -ub 512 and 2048, an f16 and a q4_0 cache.
+#[test]
+fn the_compute_buffer_is_predicted_from_the_graph() {
+    for (model, run, args) in [
+        (
+            "llama-f16.header.gguf",
+            "f16-p16k-fa1-ub512",
+            "-c 16384 -ub 512 --flash-attn",
+        ),
+        (
+            "llama-f16.header.gguf",
+            "f16-p16k-fa0-ub512",
+            "-c 16384 -ub 512",
+        ),
+        (
+            "llama-f16.header.gguf",
+            "f16-p64k-fa1-ub2048",
+            "-c 65536 -ub 2048 --flash-attn",
+        ),
+        (
+            "llama-q4km.header.gguf",
+            "q4km-p32k-fa1-q40",
+            "-c 32768 -ub 512 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0",
+        ),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+            .arg("model")
+            .arg(sample(model))
+            .arg("--json")
+            .args(args.split(' '))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let predicted = v["compute_buffer_bytes"].as_u64().unwrap() as f64 / 1_048_576.0;
+        let log = std::fs::read_to_string(sample(run).join("log-excerpt.txt")).unwrap();
+        let logged: f64 = log
+            .lines()
+            .find_map(|l| l.split("CUDA0 compute buffer size is ").nth(1))
+            .and_then(|r| r.split(" MiB").next())
+            .and_then(|x| x.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{run}: no compute buffer line"));
+        assert!(
+            (predicted - logged).abs() < 0.00006,
+            "{run}: predicted {predicted} MiB, llama.cpp {logged} MiB"
+        );
+    }
+}

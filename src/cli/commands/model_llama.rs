@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use vramtrace_models::engine::llama_cpp::{LlamaCppContext, boot_buffers};
+use vramtrace_models::engine::llama_cpp::{LlamaCppContext, boot_buffers, compute_buffer};
 use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 
@@ -75,9 +75,10 @@ pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyho
     let ubatch = a.ubatch_size.unwrap_or(512);
     let batch = a.batch_size.unwrap_or(2048);
     let limit = limit.map(parse_bytes).transpose().context("--limit")?;
-    let boot = b.model_buffer_bytes + b.kv_cache_bytes;
-    let not_modelled = "llama.cpp's compute buffer (the scheduler's reservation of the \
-        worst-case graph) and its VMM pool's scratch are not modelled yet: no fill ceiling";
+    let compute = compute_buffer(&header, &ctx, ubatch.min(batch), a.flash_attn)?;
+    let boot = b.model_buffer_bytes + b.kv_cache_bytes + compute;
+    let not_modelled = "the CUDA backend's VMM pool (its per-op scratch, which grows with the \
+        context filled) is not modelled yet: no fill ceiling";
     let out: Value = json!({
         "runtime": "llama.cpp",
         "model": gguf.display().to_string(),
@@ -90,9 +91,10 @@ pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyho
         "host_weights_bytes": b.host_model_bytes,
         "kv_cache_bytes": b.kv_cache_bytes,
         "kv_cells": b.kv_cells,
-        "compute_buffer_bytes": Value::Null,
-        "boot_bytes_known": boot,
+        "compute_buffer_bytes": compute,
+        "boot_bytes": boot,
         "limit_bytes": limit,
+        "boot_fits": limit.map(|l| boot <= l),
         "frontier": {"fill_tokens": Value::Null, "why": not_modelled},
     });
     if json {
@@ -118,11 +120,16 @@ pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyho
         fmt_bytes(b.kv_cache_bytes),
         b.kv_cells
     );
-    println!("  compute buffer         not modelled yet");
+    println!(
+        "  compute buffer (CUDA0) {:>12}   the prompt graph of {} tokens as ggml's allocator places it",
+        fmt_bytes(compute),
+        ubatch.min(batch).min(b.kv_cells)
+    );
+    println!("  at start               {:>12}", fmt_bytes(boot));
     if let Some(l) = limit {
         let left = l as i128 - boot as i128;
         println!(
-            "  against {}: model and KV cache leave {}{}",
+            "  against {}: the buffers made at start leave {}{}",
             fmt_bytes(l),
             if left < 0 { "−" } else { "" },
             fmt_bytes(left.unsigned_abs() as u64)
