@@ -717,6 +717,23 @@ llama_build() {
   ls -la "$L/build/bin"
 }
 
+llama_heldout() {
+  # Issue 33: llama.cpp's compute buffer at settings no model term was checked on (predictions
+  # committed before the call, docs/validation.md): llama-bench (-n 0, so -p is the context) on
+  # the f16 GGUF, its own log line of the CUDA0 compute buffer for each.
+  local L=$LL/llama.cpp B=$LL/llama.cpp/build/bin case name flags
+  [ -f "$LL/llama-f16.gguf" ] || timeout 300 python3 "$VAL/llama_gguf.py" "$L" "$LL/llama-f16.gguf" || return 1
+  for case in "p8k-ub256-fa1:-p 8192 -ub 256 -fa 1" "p24k-ub1024-fa0:-p 24576 -ub 1024 -fa 0" \
+      "p20000-ub384-fa1-q80:-p 20000 -ub 384 -fa 1 -ctk q8_0 -ctv q8_0" \
+      "p12k-ub128-fa1-q40:-p 12288 -ub 128 -fa 1 -ctk q4_0 -ctv q4_0"; do
+    name=${case%%:*} flags=${case#*:}
+    # shellcheck disable=SC2086  # flags is a list
+    timeout 120 "$B/llama-bench" -m "$LL/llama-f16.gguf" -ngl 99 -n 0 -r 1 $flags -o md -v \
+      > "$W/llama-heldout-$name.log" 2>&1
+    echo "$name ($flags): $(grep -m1 'CUDA0 compute buffer size is' "$W/llama-heldout-$name.log")"
+  done
+}
+
 llama_runs() {
   # Issue 33: a random-weight llama GGUF (Llama-3.2-1B's shapes, f16, and its Q4_K_M), run by
   # llama-bench under vramtrace at LLAMA_CASES (name:model:flags), llama-fit-params' projection
