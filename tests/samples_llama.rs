@@ -331,3 +331,54 @@ fn the_compute_buffer_is_predicted_from_the_graph() {
         );
     }
 }
+
+/// Held out: four settings no term was checked on, predicted and committed before the H200 call
+/// that ran them (docs/validation.md, "held-out predictions of the compute buffer"); their log
+/// lines are kept under samples/h200/llama-heldout/.
+#[test]
+fn the_compute_buffer_held_out_runs_are_as_predicted() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-heldout");
+    for (run, args, predicted) in [
+        (
+            "p8k-ub256-fa1",
+            "-c 8192 -ub 256 --flash-attn",
+            35_657_728u64,
+        ),
+        ("p24k-ub1024-fa0", "-c 24576 -ub 1024", 3_359_653_888),
+        (
+            "p20000-ub384-fa1-q80",
+            "-c 20000 -ub 384 --flash-attn --cache-type-k q8_0 --cache-type-v q8_0",
+            69_575_680,
+        ),
+        (
+            "p12k-ub128-fa1-q40",
+            "-c 12288 -ub 128 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0",
+            32_541_696,
+        ),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+            .arg("model")
+            .arg(sample("llama-f16.header.gguf"))
+            .arg("--json")
+            .args(args.split(' '))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            v["compute_buffer_bytes"], predicted,
+            "{run}: the committed prediction"
+        );
+        let log = std::fs::read_to_string(dir.join(format!("{run}.log-excerpt.txt"))).unwrap();
+        let logged: f64 = log
+            .lines()
+            .find_map(|l| l.split("CUDA0 compute buffer size is ").nth(1))
+            .and_then(|r| r.split(" MiB").next())
+            .and_then(|x| x.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{run}: no compute buffer line"));
+        assert!(
+            (predicted as f64 / 1_048_576.0 - logged).abs() < 0.00006,
+            "{run}: predicted {predicted} B, llama.cpp {logged} MiB"
+        );
+    }
+}
