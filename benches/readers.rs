@@ -439,16 +439,12 @@ fn run_child(cmd: &mut Command) -> Times {
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     let said = std::fs::read_to_string(&err).unwrap_or_default();
     let _ = std::fs::remove_file(&err);
-    let kb: u64 = said
-        .lines()
-        .find_map(|l| l.strip_prefix("vramtrace: peak resident memory: "))
-        .and_then(|v| v.strip_suffix(" kB"))
-        .and_then(|v| v.trim().parse().ok())
+    let rss = vramtrace_testkit::said_peak_memory(&said)
         .unwrap_or_else(|| panic!("{cmd:?} did not say its peak memory: {said}"));
     Times {
         wall,
         cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
-        rss: kb * 1024,
+        rss,
     }
 }
 

@@ -44,9 +44,9 @@ use vramtrace_format::{Event, TensorEvent};
 
 use crate::categories::N;
 use crate::categoriser::{Category, categorise_stack};
-use crate::replay::{FastMap, LiveAlloc, Pool, Replayer};
+use crate::replay::{FastMap, LiveAlloc, Pool, Replayer, Step};
 use crate::symbolize::StackSymbolizer;
-use crate::torch_replay::{LiveTensor, TensorReplay};
+use crate::torch_replay::{LiveTensor, TensorReplay, TensorStep};
 use crate::trace::{Process, Trace};
 use series::{Grid, Keep, Series};
 
@@ -102,6 +102,17 @@ pub enum LineVerdict {
     Plateau,
     /// Neither.
     Steady,
+}
+
+impl LineVerdict {
+    /// The word `report --json`, the live view and the exports write.
+    pub fn key(self) -> &'static str {
+        match self {
+            LineVerdict::Leak => "leak",
+            LineVerdict::Plateau => "plateau",
+            LineVerdict::Steady => "steady",
+        }
+    }
 }
 
 /// One allocating place and its growth.
@@ -424,8 +435,30 @@ impl GrowthFold {
         i
     }
 
+    /// What one driver event did in the replay (`step`): a device allocation made live or
+    /// released is followed; anything else changes nothing here.
+    pub fn driver_step(&mut self, p: &Process, pi: usize, e: &Event, step: &Step) {
+        match step {
+            Step::Allocated { pool: Pool::Device } => self.driver_alloc(p, pi, e),
+            Step::Released { freed: Some(f), .. } if f.pool == Pool::Device => {
+                self.driver_free(f, e.t_ns)
+            }
+            _ => {}
+        }
+    }
+
+    /// What one tensor record did in the tensor replay (`step`).
+    pub fn tensor_step(&mut self, p: &Process, pi: usize, t: &TensorEvent, step: &TensorStep) {
+        match step {
+            TensorStep::Allocated => self.tensor_alloc(p, pi, t, false),
+            TensorStep::Restated(true) => self.tensor_alloc(p, pi, t, true),
+            TensorStep::Released(Some(freed)) => self.tensor_free(freed, t.t_ns),
+            _ => {}
+        }
+    }
+
     /// A device allocation the driver replay made live.
-    pub fn driver_alloc(&mut self, p: &Process, pi: usize, e: &Event) {
+    fn driver_alloc(&mut self, p: &Process, pi: usize, e: &Event) {
         self.tick(e.t_ns);
         let key = LineKey {
             process: pi as u32,
@@ -451,7 +484,7 @@ impl GrowthFold {
     }
 
     /// A device allocation the driver replay released.
-    pub fn driver_free(&mut self, a: &LiveAlloc, t_ns: u64) {
+    fn driver_free(&mut self, a: &LiveAlloc, t_ns: u64) {
         self.tick(t_ns);
         self.first_release_ns.get_or_insert(t_ns);
         let key = LineKey {
@@ -479,7 +512,7 @@ impl GrowthFold {
     }
 
     /// A tensor made live: handed out, or `restated` after the ring dropped its record.
-    pub fn tensor_alloc(&mut self, p: &Process, pi: usize, t: &TensorEvent, restated: bool) {
+    fn tensor_alloc(&mut self, p: &Process, pi: usize, t: &TensorEvent, restated: bool) {
         self.tick(t.t_ns);
         if restated {
             let r = self.restated_ns.entry(pi).or_default();
@@ -509,7 +542,7 @@ impl GrowthFold {
     }
 
     /// A live tensor taken back.
-    pub fn tensor_free(&mut self, lt: &LiveTensor, t_ns: u64) {
+    fn tensor_free(&mut self, lt: &LiveTensor, t_ns: u64) {
         self.tick(t_ns);
         self.first_release_ns.get_or_insert(t_ns);
         let key = LineKey {
@@ -599,25 +632,14 @@ pub fn of_trace(trace: &Trace) -> crate::Result<Option<Growth>> {
         }
         let p = &trace.processes[pi];
         match &it {
-            crate::trace::Item::Event(e) => match replay.apply(pi, seq, e) {
-                crate::replay::Step::Allocated { pool: Pool::Device } => {
-                    fold.driver_alloc(p, pi, e)
-                }
-                crate::replay::Step::Released { freed: Some(f), .. } if f.pool == Pool::Device => {
-                    fold.driver_free(&f, e.t_ns)
-                }
-                _ => {}
-            },
-            crate::trace::Item::Tensor(t) => match tensors.apply(pi, seq, t) {
-                crate::torch_replay::TensorStep::Allocated => fold.tensor_alloc(p, pi, t, false),
-                crate::torch_replay::TensorStep::Restated(true) => {
-                    fold.tensor_alloc(p, pi, t, true)
-                }
-                crate::torch_replay::TensorStep::Released(Some(freed)) => {
-                    fold.tensor_free(&freed, t.t_ns)
-                }
-                _ => {}
-            },
+            crate::trace::Item::Event(e) => {
+                let step = replay.apply(pi, seq, e);
+                fold.driver_step(p, pi, e, &step);
+            }
+            crate::trace::Item::Tensor(t) => {
+                let step = tensors.apply(pi, seq, t);
+                fold.tensor_step(p, pi, t, &step);
+            }
             crate::trace::Item::Annotate(a) => {
                 replay.annotate(pi, a);
             }

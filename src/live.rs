@@ -622,12 +622,7 @@ impl DirSource {
                     bytes_per_hour: l.bytes_per_hour,
                     uncertainty_bytes_per_hour: l.uncertainty_bytes_per_hour,
                     live_bytes: l.live_bytes,
-                    verdict: match l.verdict {
-                        crate::growth::LineVerdict::Leak => "leak",
-                        crate::growth::LineVerdict::Plateau => "plateau",
-                        crate::growth::LineVerdict::Steady => "steady",
-                    }
-                    .to_string(),
+                    verdict: l.verdict.key().to_string(),
                 })
                 .collect(),
         });

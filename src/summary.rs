@@ -525,10 +525,10 @@ impl Pass {
             };
         }
         let a = self.acc.entry((pi, t.device)).or_default();
-        match self.tensors.apply(pi, self.seq, t) {
-            step @ (TensorStep::Allocated | TensorStep::Restated(true)) => {
-                self.growth
-                    .tensor_alloc(p, pi, t, step == TensorStep::Restated(true));
+        let step = self.tensors.apply(pi, self.seq, t);
+        self.growth.tensor_step(p, pi, t, &step);
+        match step {
+            TensorStep::Allocated | TensorStep::Restated(true) => {
                 if self.tensors.level(pi, t.device).peak_seq == self.seq {
                     self.tpeaks.insert((pi, t.device), TensorPeak::Now);
                 }
@@ -561,8 +561,7 @@ impl Pass {
                     });
                 }
             }
-            TensorStep::Released(Some(freed)) => self.growth.tensor_free(&freed, t.t_ns),
-            TensorStep::Released(None) | TensorStep::Restated(false) => {}
+            TensorStep::Released(_) | TensorStep::Restated(false) => {}
         }
     }
 
@@ -584,9 +583,10 @@ impl Pass {
                 PeakSet::Later
             };
         }
-        match self.replay.apply(pi, self.seq, &e) {
+        let step = self.replay.apply(pi, self.seq, &e);
+        self.growth.driver_step(p, pi, &e, &step);
+        match step {
             Step::Allocated { pool: Pool::Device } => {
-                self.growth.driver_alloc(p, pi, &e);
                 self.acc.entry((pi, e.device)).or_default().allocations += 1;
                 if self.replay.level(pi, e.device, Pool::Device).peak_seq == self.seq {
                     let p = self.peaks.entry((pi, e.device)).or_insert(PeakSet::Later);
@@ -600,7 +600,6 @@ impl Pass {
                 self.acc.entry((pi, e.device)).or_default().other[pool_index(pool)].0 += 1;
             }
             Step::Released { freed: Some(f), .. } if f.pool == Pool::Device => {
-                self.growth.driver_free(&f, e.t_ns);
                 self.acc.entry((pi, f.event.device)).or_default().frees += 1
             }
             Step::Released {

@@ -466,20 +466,12 @@ impl TimelineFold {
             .growth
             .get_or_insert_with(|| crate::growth::GrowthFold::new(t0));
         match (item, step) {
-            (Item::Event(e), Some(Step::Allocated { pool: Pool::Device })) => {
-                g.driver_alloc(p, pi, e)
+            (Item::Event(e), Some(step)) => g.driver_step(p, pi, e, step),
+            (Item::Tensor(te), _) => {
+                if let Some(step) = self.book.last_tensor.take() {
+                    g.tensor_step(p, pi, te, &step);
+                }
             }
-            (Item::Event(e), Some(Step::Released { freed: Some(f), .. }))
-                if f.pool == Pool::Device =>
-            {
-                g.driver_free(f, e.t_ns)
-            }
-            (Item::Tensor(te), _) => match self.book.last_tensor.take() {
-                Some(TensorStep::Allocated) => g.tensor_alloc(p, pi, te, false),
-                Some(TensorStep::Restated(true)) => g.tensor_alloc(p, pi, te, true),
-                Some(TensorStep::Released(Some(freed))) => g.tensor_free(&freed, te.t_ns),
-                _ => {}
-            },
             _ => {}
         }
     }

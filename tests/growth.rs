@@ -47,14 +47,10 @@ fn growth(trace: &Path) -> (Value, u64) {
         .unwrap();
     assert!(o.status.success(), "{}", describe(&o));
     let stderr = String::from_utf8_lossy(&o.stderr);
-    let kb: u64 = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("vramtrace: peak resident memory: "))
-        .and_then(|v| v.strip_suffix(" kB"))
-        .and_then(|v| v.trim().parse().ok())
+    let rss = vramtrace_testkit::said_peak_memory(&stderr)
         .unwrap_or_else(|| panic!("no peak memory said: {stderr}"));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    (v["growth"].clone(), kb * 1024)
+    (v["growth"].clone(), rss)
 }
 
 fn first_where(g: &Value) -> String {

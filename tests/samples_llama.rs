@@ -230,6 +230,30 @@ fn the_report_on_a_llama_cpp_run_does_not_ask_for_a_config_json() {
     assert!(!md.contains("Pass `--model config.json`"), "{md}");
 }
 
+/// `vramtrace model` on the sample GGUF `model` with `args`, its JSON.
+fn model_json(model: &str, args: &[&str]) -> serde_json::Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .arg("model")
+        .arg(sample(model))
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// The CUDA0 compute buffer llama.cpp's destructor logs in `log` (four decimals of MiB).
+fn logged_compute_mib(log: &std::path::Path) -> f64 {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.split("CUDA0 compute buffer size is ").nth(1))
+        .and_then(|r| r.split(" MiB").next())
+        .and_then(|x| x.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}: no compute buffer line", log.display()))
+}
+
 /// `vramtrace model MODEL.gguf --runtime llama.cpp -c N -ub U ... --json`, in llama.cpp's own
 /// spellings (`-ub` included), prints the buffers the H200 runs logged.
 #[test]
@@ -256,22 +280,14 @@ fn model_takes_the_gguf_and_llama_cpp_s_flags() {
             ][..],
         ),
     ] {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-            .arg("model")
-            .arg(sample(model))
-            .args(["--runtime", "llama.cpp", "--json"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = model_json(model, &[&["--runtime", "llama.cpp"], args].concat());
         let mib = |k: &str| v[k].as_u64().unwrap() as f64 / 1_048_576.0;
         assert!((mib("weights_bytes") - logged_mib(run, "CUDA0 model buffer size")).abs() < 0.005);
         assert!((mib("kv_cache_bytes") - logged_mib(run, "CUDA0 KV buffer size")).abs() < 0.005);
         assert_eq!(v["n_ubatch"], 512);
     }
     // Without -c it says what is missing.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
         .arg("model")
         .arg(sample("llama-f16.header.gguf"))
         .output()
@@ -308,23 +324,9 @@ fn the_compute_buffer_is_predicted_from_the_graph() {
             "-c 32768 -ub 512 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0",
         ),
     ] {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-            .arg("model")
-            .arg(sample(model))
-            .arg("--json")
-            .args(args.split(' '))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = model_json(model, &args.split(' ').collect::<Vec<_>>());
         let predicted = v["compute_buffer_bytes"].as_u64().unwrap() as f64 / 1_048_576.0;
-        let log = std::fs::read_to_string(sample(run).join("log-excerpt.txt")).unwrap();
-        let logged: f64 = log
-            .lines()
-            .find_map(|l| l.split("CUDA0 compute buffer size is ").nth(1))
-            .and_then(|r| r.split(" MiB").next())
-            .and_then(|x| x.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{run}: no compute buffer line"));
+        let logged = logged_compute_mib(&sample(run).join("log-excerpt.txt"));
         assert!(
             (predicted - logged).abs() < 0.00006,
             "{run}: predicted {predicted} MiB, llama.cpp {logged} MiB"
@@ -356,26 +358,15 @@ fn the_compute_buffer_held_out_runs_are_as_predicted() {
             32_541_696,
         ),
     ] {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-            .arg("model")
-            .arg(sample("llama-f16.header.gguf"))
-            .arg("--json")
-            .args(args.split(' '))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = model_json(
+            "llama-f16.header.gguf",
+            &args.split(' ').collect::<Vec<_>>(),
+        );
         assert_eq!(
             v["compute_buffer_bytes"], predicted,
             "{run}: the committed prediction"
         );
-        let log = std::fs::read_to_string(dir.join(format!("{run}.log-excerpt.txt"))).unwrap();
-        let logged: f64 = log
-            .lines()
-            .find_map(|l| l.split("CUDA0 compute buffer size is ").nth(1))
-            .and_then(|r| r.split(" MiB").next())
-            .and_then(|x| x.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{run}: no compute buffer line"));
+        let logged = logged_compute_mib(&dir.join(format!("{run}.log-excerpt.txt")));
         assert!(
             (predicted as f64 / 1_048_576.0 - logged).abs() < 0.00006,
             "{run}: predicted {predicted} B, llama.cpp {logged} MiB"

@@ -278,7 +278,7 @@ fn write_growth(trace: &Trace, path: &Path) -> Result<u64, ExportError> {
                 t.str(2, Some(bytes(&l.place)));
                 t.str(3, Some(bytes(l.level)));
                 t.str(4, Some(bytes(l.category)));
-                t.str(5, Some(bytes(line_verdict(l.verdict))));
+                t.str(5, Some(bytes(l.verdict.key())));
                 t.f64(6, l.bytes_per_hour);
                 t.f64(7, l.uncertainty_bytes_per_hour);
                 t.f64(8, *t_s);
@@ -292,14 +292,6 @@ fn write_growth(trace: &Trace, path: &Path) -> Result<u64, ExportError> {
         }
     }
     t.close()
-}
-
-fn line_verdict(v: crate::growth::LineVerdict) -> &'static str {
-    match v {
-        crate::growth::LineVerdict::Leak => "leak",
-        crate::growth::LineVerdict::Plateau => "plateau",
-        crate::growth::LineVerdict::Steady => "steady",
-    }
 }
 
 fn write_events(trace: &Trace, path: &Path, progress: &Progress) -> Result<u64, ExportError> {

@@ -163,6 +163,18 @@ pub fn python3_or_skip() -> bool {
     runs
 }
 
+/// The peak resident memory, in bytes, that the `vramtrace` CLI says on stderr under
+/// `VRAMTRACE_PEAK_RSS` (its own `VmHWM` since its exec; a spawned child's `ru_maxrss` would also
+/// count the spawning process's memory, held until the exec); `None` when it said none.
+pub fn said_peak_memory(stderr: &str) -> Option<u64> {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("vramtrace: peak resident memory: "))
+        .and_then(|v| v.strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
 /// The `PYTHONPATH` under which `python3` imports the `duckdb` package (CI installs it into a
 /// folder of its own named by `VRAMTRACE_TEST_PYTHONPATH`), or `None` after a visible [`skip`]
 /// under `VRAMTRACE_REQUIRE_DUCKDB` naming `test`: the caller returns.
