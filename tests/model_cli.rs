@@ -474,3 +474,82 @@ fn the_whole_step_model_takes_the_weight_format_asked_for() {
         "bf16 {bf16}, int4 {int4}"
     );
 }
+
+/// Issue 32's command: vLLM 0.20.1's planner, every figure the issue asks for, and each lever
+/// pointing the way vLLM's planner does.
+#[test]
+fn the_vllm_planner_prints_the_pool_the_slack_and_the_step_against_the_card() {
+    let base = [
+        QWEN36,
+        "--runtime",
+        "vllm-0.20.1",
+        "--limit",
+        "23.58GiB",
+        "--max-num-batched-tokens",
+        "4128",
+        "--max-model-len",
+        "65536",
+        "--context",
+        "60000",
+        "--json",
+    ];
+    let at = |util: &str, extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(["--gpu-memory-utilization", util]);
+        if !extra.contains(&"--weights") {
+            a.extend(["--weights", "int4"]);
+        }
+        a.extend(extra);
+        json(&a)
+    };
+    let v = at("0.95", &[]);
+    let w = v["weights_bytes"].as_u64().unwrap();
+    assert_eq!(v["vllm"]["weights"]["bytes"], w);
+    let tokens = v["vllm"]["kv_cache_tokens"].as_u64().unwrap();
+    let pool = v["vllm"]["pool_bytes"].as_u64().unwrap();
+    let profiled = v["vllm"]["profiled_peak_bytes"].as_u64().unwrap();
+    let slack = v["vllm"]["slack_bytes"].as_i64().unwrap();
+    assert!(tokens > 60_000 && pool > 0 && profiled > 0, "{v}");
+    let card = v["vllm"]["card_bytes"].as_i64().unwrap();
+    assert!((card - (23.58 * (1u64 << 30) as f64) as i64).abs() <= 1);
+    let requested = v["vllm"]["requested_bytes"].as_i64().unwrap();
+    assert_eq!(slack, card - (610 << 20) - requested);
+    assert_eq!(v["step"]["fits"], true, "{v}");
+    // int4 weights are a little over a quarter of bf16's linear bytes (the embedding and the
+    // head stay bf16).
+    let bf16 = at("0.95", &["--weights", "bf16"]);
+    assert!(w * 3 < bf16["weights_bytes"].as_u64().unwrap() * 2, "{w}");
+    // fp8 KV: the same bytes hold more tokens.
+    let fp8 = at("0.95", &["--kv-dtype", "fp8"]);
+    assert!(fp8["vllm"]["kv_cache_tokens"].as_u64().unwrap() > tokens * 3 / 2);
+    // Lowering util never lowers the slack; the levers say so too.
+    let mut last = i64::MIN;
+    for u in ["0.97", "0.95", "0.93", "0.90"] {
+        let s = at(u, &[])["vllm"]["slack_bytes"].as_i64().unwrap();
+        assert!(s > last, "{u}: {s}");
+        last = s;
+    }
+    let lever = |name: &str| {
+        v["levers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lever"] == name)
+            .unwrap_or_else(|| panic!("no lever {name}: {v}"))
+            .clone()
+    };
+    let down = lever("--gpu-memory-utilization 0.93");
+    let up = lever("--gpu-memory-utilization 0.97");
+    assert!(down["slack_bytes"].as_i64() > Some(slack));
+    assert!(up["slack_bytes"].as_i64() < Some(slack));
+    // At 0.90 the pool cannot hold one request of 65,536 tokens: vLLM's start-up error.
+    let low = at("0.90", &[]);
+    assert!(low["vllm"]["kv_cache_tokens"].is_null());
+    let e = low["vllm"]["startup_error"].as_str().unwrap();
+    assert!(e.contains("max_model_len 65536"), "{e}");
+    assert_eq!(low["step"]["fits"], false);
+    // The planner's own flags need it.
+    let (code, _, stderr) = run(&[QWEN36, "--max-model-len", "4096"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--gpu-memory-utilization"), "{stderr}");
+}

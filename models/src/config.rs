@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use serde_path_to_error::Segment;
 
-use crate::{DType, ModelError};
+use crate::{DType, ModelError, WeightFormat};
 
 /// Whether a decoder layer mixes tokens with full attention or with a Gated DeltaNet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +80,66 @@ pub struct ModelConfig {
     /// `attn_output_gate` (true when absent from a hybrid config: Qwen3-Next and Qwen3.5 gate
     /// their attention output; false when absent from a dense one).
     pub attn_output_gate: bool,
+    /// The checkpoint's `quantization_config`, when it has one.
+    pub quantization: Option<Quantization>,
+}
+
+/// A checkpoint's `quantization_config`: its method and, where this crate can count it, the
+/// storage of its linear layers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Quantization {
+    /// `quant_method` as written (`gptq`, `awq`, `auto-round`, `compressed-tensors`, `fp8`, ...).
+    pub method: String,
+    /// The linear layers' format, or why it cannot be counted.
+    pub format: Result<WeightFormat, String>,
+}
+
+/// Reads a `quantization_config`: 4-bit integer methods (GPTQ, AWQ, AutoRound, and
+/// compressed-tensors' `int` weights of 4 bits) as [`WeightFormat::Int4`] with their
+/// `group_size` (channelwise, `-1`, as one group per input row: 4096), FP8 (`fp8`, and
+/// compressed-tensors' `float` weights of 8 bits) as [`WeightFormat::Fp8Block128`]; anything
+/// else is named and refused where weights are counted.
+fn quantization(v: &Value) -> Quantization {
+    let method = v
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_ascii_lowercase();
+    let int4 = |bits: Option<u64>, group: Option<i64>| match (bits, group) {
+        (Some(4), Some(g)) if g > 0 => Ok(WeightFormat::Int4 { group: g as u64 }),
+        (Some(4), Some(-1)) => Ok(WeightFormat::Int4 { group: 4096 }),
+        (Some(4), None) => Ok(WeightFormat::Int4 { group: 128 }),
+        (b, _) => Err(format!(
+            "{} bits per weight are not counted (4-bit integer and FP8 formats are)",
+            b.map_or("unknown".to_string(), |b| b.to_string())
+        )),
+    };
+    let num = |o: &Value, k: &str| o.get(k).and_then(Value::as_u64);
+    let group = |o: &Value, k: &str| o.get(k).and_then(Value::as_i64);
+    let format = match method.as_str() {
+        "gptq" | "awq" | "auto-round" | "autoround" | "gptq_marlin" | "awq_marlin" => {
+            int4(num(v, "bits"), group(v, "group_size"))
+        }
+        "fp8" => Ok(WeightFormat::Fp8Block128),
+        "compressed-tensors" => {
+            let weights = v
+                .get("config_groups")
+                .and_then(Value::as_object)
+                .and_then(|g| g.values().find_map(|c| c.get("weights")));
+            match weights {
+                Some(w)
+                    if w.get("type").and_then(Value::as_str) == Some("float")
+                        && num(w, "num_bits") == Some(8) =>
+                {
+                    Ok(WeightFormat::Fp8Block128)
+                }
+                Some(w) => int4(num(w, "num_bits"), group(w, "group_size")),
+                None => Err("no config_groups weights to read".to_string()),
+            }
+        }
+        other => Err(format!("the method {other:?} is not counted")),
+    };
+    Quantization { method, format }
 }
 
 impl ModelConfig {
@@ -215,6 +275,7 @@ impl ModelConfig {
                 .ok_or_else(|| missing("torch_dtype"))?,
             tie_word_embeddings: f.tie_word_embeddings.unwrap_or(false),
             attn_output_gate: f.attn_output_gate.unwrap_or(!dense),
+            quantization: f.quantization_config.as_ref().map(quantization),
         };
         if !cfg
             .linear_num_value_heads
@@ -311,6 +372,8 @@ struct RawFields {
     tie_word_embeddings: Option<bool>,
     #[serde(deserialize_with = "flag")]
     attn_output_gate: Option<bool>,
+    /// Kept as written: [`quantization`] reads it.
+    quantization_config: Option<Value>,
 }
 
 impl RawFields {
@@ -348,6 +411,7 @@ impl RawFields {
             dtype: self.dtype.or(other.dtype),
             tie_word_embeddings: self.tie_word_embeddings.or(other.tie_word_embeddings),
             attn_output_gate: self.attn_output_gate.or(other.attn_output_gate),
+            quantization_config: self.quantization_config.or(other.quantization_config),
         }
     }
 }

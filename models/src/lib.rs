@@ -105,7 +105,7 @@ pub use caching_allocator::{
     CachingAllocator, Oom, Pool, Rounding, SegmentEvent, SegmentReplay, replay, rounding,
 };
 pub use category::Category;
-pub use config::{LayerKind, ModelConfig, MoeConfig};
+pub use config::{LayerKind, ModelConfig, MoeConfig, Quantization};
 pub use dtype::DType;
 pub use error::ModelError;
 pub use ffn::FfnShape;

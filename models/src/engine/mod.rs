@@ -10,7 +10,10 @@
 //! - [`transformers_cb`]: transformers 5.17's continuous batching, its paged pool and batch.
 //! - [`vllm_0_20_1_pool`]: vLLM 0.20.1's KV-cache pool from the bytes left for it (pages,
 //!   hybrid block alignment, groups, blocks, concurrency, the logged token count, the start-up
-//!   check); the bytes left for it are not predicted yet.
+//!   check).
+//! - [`vllm_0_20_1_plan`]: vLLM 0.20.1's start-up budget (the weights, the profile run's peak,
+//!   the non-torch and CUDA-graph terms), the pool it makes, the slack the card keeps beyond the
+//!   budget, and a step's real peak against the card.
 //! - [`llama_cpp`]: llama.cpp's buffers at start (the model buffer and the KV cache), from a
 //!   GGUF's header; its compute buffer and pool are not modelled yet.
 //!
@@ -29,6 +32,7 @@ pub mod transformers_5;
 pub(crate) mod transformers_5_layers;
 pub mod transformers_cb;
 pub(crate) mod vllm_0_20_1;
+pub mod vllm_0_20_1_plan;
 pub mod vllm_0_20_1_pool;
 pub(crate) mod workload;
 

@@ -119,3 +119,90 @@ fn logits(d: &Dims) -> Result<Vec<Tensor>, ModelError> {
     free_all(&mut tl, [hs, rows, logits, l32]);
     tl.finish()
 }
+
+const VL_PROFILE_OUT: &str = "vllm-0.20.1 vllm/model_executor/layers/attention/attention.py:493-498 Attention.forward: output = torch.empty(num_tokens, num_heads * head_size_v), filled with 0 when attn_metadata is None (v1/attention/backends/flash_attn.py:718-720)";
+const VL_SAMPLE_RAND: &str = "vllm-0.20.1 vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run: hidden_states = torch.rand_like(hidden_states)";
+const VL_PROBS: &str = "vllm-0.20.1 vllm/v1/sample/ops/topk_topp_sampler.py forward_native: probs = logits.softmax(dim=-1, dtype=torch.float32)";
+const VL_Q: &str = "vllm-0.20.1 vllm/v1/sample/ops/topk_topp_sampler.py random_sample: q = torch.empty_like(probs)";
+
+/// The layer kinds of vLLM 0.20.1's profile run (`GPUModelRunner.profile_run`,
+/// `v1/worker/gpu_model_runner.py:5788-5861`): `_dummy_run(max_num_batched_tokens)` with
+/// `attn_metadata = None`, so the attention backends return a zeroed output without running
+/// their kernel and the GDN layer returns before its conv and chunked delta rule
+/// (`gdn_linear_attn.py:752-766`; its one-time warm-up on 64 tokens is not modelled); the MLP runs
+/// in full; then `_dummy_sampler_run` on `rows` rows (`min(max_num_batched_tokens,
+/// max_num_seqs)`, `:5615-5619`). The same scope as [`layers`], kernels left out: the step's
+/// excess over the profiled peak is what those kernels add. `st`'s shape is one sequence of
+/// `max_num_batched_tokens` tokens.
+pub(crate) fn profile_layers(st: &LayerStep, rows: u64) -> Result<Vec<LayerPeak>, ModelError> {
+    let mut out = LayerPeaks::default();
+    out.mixers(st.cfg, || profile_gdn(st), || profile_attention(st))?;
+    out.push(StepLayer::Mlp, mlp(st)?);
+    out.push(StepLayer::Logits, sampler(&st.d, rows)?);
+    Ok(out.into_vec())
+}
+
+/// [`gdn`]'s tensors up to `core_attn_out` (`gdn_linear_attn.py:530-575`, zeros at `:571-575`);
+/// the core op returns before the conv and the kernel.
+fn profile_gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let d = &st.d;
+    let (t, dt) = (d.t, d.dt);
+    let (key_dim, value_dim) = (d.hk * d.kd, d.hv * d.vd);
+    let mut tl = Timeline::new();
+    let mut ids = residual_stream(&mut tl, d);
+    ids.extend([
+        tl.alloc(
+            "projected_states_qkvz",
+            &[t, 2 * key_dim + 2 * value_dim],
+            dt,
+            VL_QKVZ,
+        ),
+        tl.alloc("projected_states_ba", &[t, 2 * d.hv], dt, VL_BA),
+        tl.alloc("b (contiguous)", &[t, d.hv], dt, VL_B_A),
+        tl.alloc("a (contiguous)", &[t, d.hv], dt, VL_B_A),
+        tl.alloc("core_attn_out", &[t, d.hv, d.vd], dt, VL_CORE),
+    ]);
+    free_all(&mut tl, ids);
+    tl.finish()
+}
+
+/// [`attention`]'s tensors with the backend's zeroed output in place of FlashAttention.
+fn profile_attention(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
+    let d = &st.d;
+    let width = (d.gate * d.heads + 2 * d.kv_heads) * d.head_dim;
+    let mut tl = Timeline::new();
+    let mut ids = residual_stream(&mut tl, d);
+    ids.push(tl.alloc("qkv", &[d.t, width], d.dt, VL_ATT_QKV));
+    ids.push(tl.alloc(
+        "attention output (zeros)",
+        &[d.t, d.heads * d.head_dim],
+        d.dt,
+        VL_PROFILE_OUT,
+    ));
+    free_all(&mut tl, ids);
+    tl.finish()
+}
+
+/// `_dummy_sampler_run` (`gpu_model_runner.py:5622-5699`) on `rows` rows: the random hidden rows,
+/// the logits, the sampler's fp32 copy (`sampler.py:91`), and with the dummy top-k/top-p the
+/// native path's probabilities and exponential draws (`topk_topp_sampler.py:112, 334`), beside
+/// the forward's hidden states.
+fn sampler(d: &Dims, rows: u64) -> Result<Vec<Tensor>, ModelError> {
+    let mut tl = Timeline::new();
+    let ids = [
+        tl.alloc("hidden_states", &[d.t, d.hidden], d.dt, VL_RES),
+        tl.alloc("sample_hidden_states", &[rows, d.hidden], d.dt, VL_LOGIT_H),
+        tl.alloc(
+            "rand_like(hidden_states)",
+            &[rows, d.hidden],
+            d.dt,
+            VL_SAMPLE_RAND,
+        ),
+        tl.alloc("logits", &[rows, d.vocab], d.dt, VL_LOGITS),
+        tl.alloc("logits (fp32)", &[rows, d.vocab], DType::F32, VL_LOGITS32),
+        tl.alloc("probs", &[rows, d.vocab], DType::F32, VL_PROBS),
+        tl.alloc("q (exponential)", &[rows, d.vocab], DType::F32, VL_Q),
+    ];
+    free_all(&mut tl, ids);
+    tl.finish()
+}

@@ -5,6 +5,8 @@
 //! docs/vllm-0.20.1-planner-notes.md, sections 4 and 5); the memory available for the pool
 //! (`determine_available_memory`) is an input here, not yet predicted.
 
+use serde::Serialize;
+
 use crate::ModelError;
 
 /// The block size vLLM uses when none is given (`config/cache.py:45`), and the alignment of
@@ -79,7 +81,7 @@ pub struct PoolShape {
 }
 
 /// The pool vLLM makes from `available` bytes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Pool {
     /// The attention block size in tokens (aligned up for a hybrid model).
     pub block_size: u64,

@@ -12,6 +12,7 @@ pub mod model;
 pub mod model_engine;
 pub mod model_llama;
 pub mod model_step;
+pub mod model_vllm;
 pub mod plot;
 pub mod replay;
 pub mod report;

@@ -290,6 +290,56 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
             args.json,
         );
     }
+    if let (Some(Limit::GpuMemoryUtilization { capacity, fraction }), "vllm-0.20.1") =
+        (planner_limit, args.whole.runtime.as_str())
+    {
+        if let Some(layers) = args.whole.layers {
+            bail!(
+                "--layers {layers} shortens the whole-step model only; vLLM's planner runs the config's layers"
+            );
+        }
+        let weights = match &args.weights {
+            Some(w) => Some(w.parse::<WeightFormat>().map_err(anyhow::Error::msg)?),
+            None => None,
+        };
+        let flags = crate::commands::model_vllm::flags(
+            &cfg,
+            capacity,
+            fraction,
+            opts.tp,
+            weights,
+            &args.whole,
+        )?;
+        let chunk = args.select.tokens.or(args.whole.max_num_batched_tokens);
+        return crate::commands::model_vllm::run(cfg, flags, chunk, args.whole.context, args.json);
+    }
+    for (flag, given) in [
+        (
+            "--max-num-batched-tokens",
+            args.whole.max_num_batched_tokens.is_some(),
+        ),
+        ("--max-model-len", args.whole.max_model_len.is_some()),
+        ("--max-num-seqs", args.whole.max_num_seqs.is_some()),
+        ("--enforce-eager", args.whole.enforce_eager),
+        ("--no-cudagraph-estimate", args.whole.no_cudagraph_estimate),
+        ("--non-torch", args.whole.non_torch.is_some()),
+    ] {
+        if given {
+            bail!(
+                "{flag} is vLLM's planner's: give --runtime vllm-0.20.1 with --limit and --gpu-memory-utilization"
+            );
+        }
+    }
+    if args.whole.context.is_none() {
+        for (flag, given) in [
+            ("--kv-dtype", args.whole.kv_dtype.is_some()),
+            ("--block-size", args.whole.block_size.is_some()),
+        ] {
+            if given {
+                bail!("{flag} shapes the whole-step model: give --context");
+            }
+        }
+    }
     if args.whole.calibrate.is_some() {
         bail!("--calibrate calibrates the transformers planner: give --runtime transformers");
     }

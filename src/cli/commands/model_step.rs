@@ -77,12 +77,32 @@ pub struct StepArgs {
     /// PyTorch's `set_per_process_memory_fraction` of the `--limit` card.
     #[arg(long, value_name = "F", requires = "limit")]
     pub memory_fraction: Option<f64>,
-    /// KV cache dtype (`bf16`, `fp8`).
-    #[arg(long, value_name = "DTYPE", requires = "context")]
+    /// KV cache dtype (`bf16`, `fp8`): vLLM's `--kv-cache-dtype`.
+    #[arg(long, value_name = "DTYPE")]
     pub kv_dtype: Option<String>,
     /// vLLM's attention block in tokens: the chunk floor in mamba align mode (hybrid models).
-    #[arg(long, value_name = "TOKENS", requires = "context")]
+    #[arg(long, value_name = "TOKENS")]
     pub block_size: Option<u64>,
+    /// vLLM's `--max-num-batched-tokens` (with `--runtime vllm-0.20.1 --gpu-memory-utilization`):
+    /// the profile run's tokens, and the step's chunk unless `--tokens` says.
+    #[arg(long, value_name = "N", requires = "gpu_memory_utilization")]
+    pub max_num_batched_tokens: Option<u64>,
+    /// vLLM's `--max-model-len` (default: the config's `max_position_embeddings`).
+    #[arg(long, value_name = "L", requires = "gpu_memory_utilization")]
+    pub max_model_len: Option<u64>,
+    /// vLLM's `--max-num-seqs` (default: vLLM's for `vllm serve`: 256 on cards under 70 GiB,
+    /// 1024 above): the sampler warm-up's rows.
+    #[arg(long, value_name = "N", requires = "gpu_memory_utilization")]
+    pub max_num_seqs: Option<u64>,
+    /// vLLM's `--enforce-eager`: no CUDA graphs, so no graph estimate.
+    #[arg(long, requires = "gpu_memory_utilization")]
+    pub enforce_eager: bool,
+    /// `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0`: the graph estimate is not subtracted.
+    #[arg(long, requires = "gpu_memory_utilization")]
+    pub no_cudagraph_estimate: bool,
+    /// vLLM's non-torch increase over its profile run, if known (default 0.35 GiB).
+    #[arg(long, value_name = "BYTES", requires = "gpu_memory_utilization")]
+    pub non_torch: Option<String>,
     /// Keep the config's first N layers (a shortened model).
     #[arg(long, value_name = "N", requires = "context")]
     pub layers: Option<usize>,
@@ -107,12 +127,27 @@ pub fn limit(args: &StepArgs) -> anyhow::Result<Option<Limit>> {
     ))
 }
 
+/// The weight format the config's `quantization_config` gives, if it has one; an error when it
+/// names a method the weights cannot be counted in.
+pub fn config_weights(cfg: &ModelConfig) -> anyhow::Result<Option<vramtrace_models::WeightFormat>> {
+    match &cfg.quantization {
+        None => Ok(None),
+        Some(q) => match &q.format {
+            Ok(w) => Ok(Some(*w)),
+            Err(e) => bail!(
+                "the config's quantization_config ({}): {e}; give --weights",
+                q.method
+            ),
+        },
+    }
+}
+
 /// The `context=` of `--known`, if given.
 pub fn known_context(list: &[String]) -> anyhow::Result<Option<u64>> {
     Ok(known_parts(list)?.context)
 }
 
-fn known_parts(list: &[String]) -> anyhow::Result<KnownParts> {
+pub fn known_parts(list: &[String]) -> anyhow::Result<KnownParts> {
     let mut k = KnownParts::default();
     for item in list {
         let (name, bytes) = item.split_once('=').with_context(|| {
@@ -174,7 +209,7 @@ pub fn run(
         shape.kv_dtype = d.parse::<DType>().map_err(anyhow::Error::msg)?;
     }
     let mut variants = StepVariants::for_runtime(runtime, &cfg);
-    if let Some(w) = weights {
+    if let Some(w) = weights.or(config_weights(&cfg)?) {
         variants.weights = w;
     }
     let model = StepModel::new(cfg.clone(), variants, known_parts(&args.known)?);
