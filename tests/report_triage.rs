@@ -467,13 +467,14 @@ fn an_unreadable_trace_is_a_json_error() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// vLLM's `--gpu-memory-utilization` as the enforced limit: 0.9 of the 18 GiB card is 16.2 GiB,
-/// less than the int4 weights and the context already hold: the shortfall is against the budget
-/// (this process's bytes inside the card + the request − the budget), and the model fits no
-/// context under it. The verdict class is the trace's own (the KV cache grew to chunk 2), the
-/// same as without the flag or a model: a model adds lines and never flips it (issue 31).
+/// vLLM's `--gpu-memory-utilization` is not a limit at run time (issue 32): vLLM spends it at
+/// start, sizing its pool to fill ⌈0.9 × 18 GiB⌉, and then only the card refuses. The shortfall
+/// is against the card, as without the flag; the report shows vLLM's slack (card − what was
+/// held outside the budget − the budget), and its utilisation lever points down, by the
+/// shortfall over the card. The verdict class is the trace's own, the same as without the flag
+/// or a model: a model adds lines and never flips it (issue 31).
 #[test]
-fn gpu_memory_utilization_is_the_enforced_limit() {
+fn gpu_memory_utilization_is_spent_at_start_and_the_card_refuses() {
     let cfg = config();
     let j = json(
         &root().join("samples/h200/prefill-18gib"),
@@ -488,15 +489,43 @@ fn gpu_memory_utilization_is_the_enforced_limit() {
         &["--capacity", "18GiB"],
     );
     assert_eq!(bare["verdict"]["class"], j["verdict"]["class"]);
-    assert_eq!(j["limit"]["limit"]["kind"], "gpu_memory_utilization");
-    assert_eq!(j["limit"]["bytes"], 17_394_617_549u64);
+    assert_eq!(j["limit"]["limit"]["kind"], "card");
+    assert_eq!(j["limit"]["bytes"], 19_327_352_832u64);
+    assert_eq!(j["shortfall"], bare["shortfall"]);
+    let short = j["shortfall"].as_u64().unwrap();
+    let v = &j["vllm"];
+    assert_eq!(v["budget_bytes"], 17_394_617_549u64);
     assert_eq!(
-        j["shortfall"],
-        19_327_352_832u64 - 76_677_120 + 102_236_160 - 17_394_617_549
+        v["slack_bytes"].as_i64().unwrap(),
+        19_327_352_832 - v["outside_bytes"].as_i64().unwrap() - 17_394_617_549
     );
-    assert_eq!(j["model"]["failure_fits"], false);
-    assert_eq!(
-        j["model"]["context_frontier"]["largest_context"],
-        Value::Null
+    // The utilisation lever: lower, by the shortfall over the card, never higher.
+    let util = j["levers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| {
+            l["change"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("--gpu-memory-utilization"))
+        })
+        .unwrap_or_else(|| panic!("no utilisation lever: {}", j["levers"]))
+        .clone();
+    let to: f64 = util["change"].as_str().unwrap()[25..30].parse().unwrap();
+    assert!(to < 0.9, "{util}");
+    assert!(
+        (0.9 - to) * 19_327_352_832.0 >= short as f64,
+        "{to}: the pool must shrink by the {short} B short"
+    );
+    // Without a model, the same lever from the trace alone.
+    let j = json(
+        &root().join("samples/h200/prefill-18gib"),
+        &["--capacity", "18GiB", "--gpu-memory-utilization", "0.9"],
+    );
+    assert!(
+        j["levers"][0]["change"]
+            .as_str()
+            .unwrap()
+            .starts_with("--gpu-memory-utilization 0.898")
     );
 }

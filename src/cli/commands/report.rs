@@ -54,8 +54,10 @@ pub struct ReportArgs {
     /// `scripts/validate/torch_prefill.py --layers N` runs it).
     #[arg(long, value_name = "N")]
     pub layers: Option<usize>,
-    /// vLLM's `--gpu-memory-utilization` the run was given: the limit is then this process's
-    /// budget, that fraction of the card (`--capacity`, else the device's total).
+    /// vLLM's `--gpu-memory-utilization` the run was given. vLLM spends it at start (its KV pool
+    /// fills that fraction of the card, `--capacity` else the device's total); at run time the
+    /// card refuses. The report shows vLLM's slack (card − held outside the budget − the budget)
+    /// and the utilisation that would have left the refused request room.
     #[arg(long, value_name = "F", value_parser = parse_fraction)]
     pub gpu_memory_utilization: Option<f64>,
     /// vLLM's attention block in tokens: the chunk floor in mamba align mode (default: the

@@ -76,6 +76,21 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
         );
     }
     let _ = writeln!(out, "| short by | **{}** |", both(shortfall));
+    if let Some(v) = &t.vllm {
+        let slack = if v.slack_bytes < 0 {
+            format!("−{}", fmt_bytes(v.slack_bytes.unsigned_abs()))
+        } else {
+            fmt_bytes(v.slack_bytes as u64)
+        };
+        let _ = writeln!(
+            out,
+            "| vLLM's slack | card {} − outside the budget {} (context, other processes) − ⌈{} × total⌉ {} = **{slack}**: what a step may add over the peak vLLM profiled at start; lower `--gpu-memory-utilization` to widen it |",
+            fmt_bytes(v.card_bytes),
+            fmt_bytes(v.outside_bytes),
+            v.utilization,
+            fmt_bytes(v.budget_bytes),
+        );
+    }
     if let Some(x) = &t.tipping {
         let _ = writeln!(
             out,

@@ -11,6 +11,28 @@ use super::{Triage, TriageOptions, VerdictClass, gib};
 use crate::report::engine_view;
 use crate::report::model_view::{Lever, ModelView};
 
+/// vLLM's utilisation lever (docs/vllm-0.20.1-planner-notes.md, section 2.9): the pool fills
+/// what the budget leaves, so lowering `--gpu-memory-utilization` by `short / card` shrinks the
+/// pool by `short` and leaves the step that much more of the card; raising it takes room away.
+fn lower_util(u: f64, short: u64, card: u64, what: &str) -> Lever {
+    let to = ((u - short as f64 / card as f64) * 1000.0).floor() / 1000.0;
+    Lever {
+        change: format!("--gpu-memory-utilization {to:.3} (lower)"),
+        fits: Some(to > 0.0),
+        ceiling: if short == 0 {
+            format!(
+                "{what} fits the card at {u}: vLLM's pool takes the budget at start, so a lower value only adds slack"
+            )
+        } else {
+            format!(
+                "vLLM sizes its KV pool at start to fill ⌈U × total⌉: {u} → {to:.3} makes the pool {} smaller, which {what} lacked on the card (fewer tokens cached); raising it would take that room away",
+                gib(short)
+            )
+        },
+        feasible: to > 0.0,
+    }
+}
+
 fn ceiling(largest: Option<u64>, chunk: u64) -> String {
     match largest {
         Some(l) => format!("contexts up to {l} tokens at a chunk of {chunk}"),
@@ -52,6 +74,11 @@ pub(super) fn levers(
         }
         // What the limit would have to be for this request, from the trace alone: everything
         // the limit counted then, the request's share included.
+        if let (Some(u), Some(short), Some(v)) = (opts.gpu_memory_utilization, t.shortfall, t.vllm)
+        {
+            out.push(lower_util(u, short, v.card_bytes, "this request"));
+            return out;
+        }
         if let (Some(limit_bytes), Some(short)) = (t.limit.as_ref().map(|l| l.bytes), t.shortfall) {
             let needed = limit_bytes + short;
             let (change, feasible) = match limit {
@@ -184,8 +211,12 @@ pub(super) fn levers(
         ceiling: ceiling(cf.largest_context, chunk),
         feasible: cf.largest_context.is_some(),
     });
-    // The limit needed for this step.
+    // The limit needed for this step; under vLLM, the utilisation that leaves it room.
     let needed = m.counted;
+    if let (Some(u), Limit::Card { capacity }) = (opts.gpu_memory_utilization, limit) {
+        let short = needed.saturating_sub(*capacity);
+        out.push(lower_util(u, short, *capacity, "this step"));
+    }
     let (change, feasible) = match limit {
         Limit::GpuMemoryUtilization { capacity, .. }
         | Limit::PerProcessFraction { capacity, .. } => {

@@ -208,6 +208,27 @@ pub struct Triage {
     /// smaller than the device, what lies past the card is a ballast or another tenant).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inside_limit: Option<InsideLimit>,
+    /// vLLM's slack, when the run was given `--gpu-memory-utilization`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vllm: Option<VllmSlack>,
+}
+
+/// vLLM's arithmetic at a runtime refusal (docs/vllm-0.20.1-planner-notes.md, section 2): at
+/// start it filled `⌈U × total⌉` with the weights, its profiled peak, the non-torch and graph
+/// terms and the KV pool; at run time only the card refuses, so a step may exceed its profiled
+/// peak by the card less what was held outside the budget and the budget itself.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct VllmSlack {
+    /// `--gpu-memory-utilization`.
+    pub utilization: f64,
+    /// The card vLLM measured (`--capacity`, else the device's total).
+    pub card_bytes: u64,
+    /// `⌈U × total⌉`.
+    pub budget_bytes: u64,
+    /// Held outside the budget at the refusal: the context and other processes on the card.
+    pub outside_bytes: u64,
+    /// `card − outside − budget`.
+    pub slack_bytes: i64,
 }
 
 /// The bytes of the categories a card smaller than the device splits.
@@ -233,8 +254,8 @@ pub struct TriageOptions {
     pub block_size: Option<u64>,
     /// `--capacity`: a card of this size (a ballast leaves it).
     pub capacity: Option<u64>,
-    /// vLLM's `--gpu-memory-utilization` the run was given: the budget of this process, a
-    /// fraction of the card (`--capacity`, else the device's total).
+    /// vLLM's `--gpu-memory-utilization` the run was given: the budget vLLM filled at start (its
+    /// KV pool takes what the rest leaves), not a limit at run time, where the card refuses.
     pub gpu_memory_utilization: Option<f64>,
     /// Whether the run's allocator had `expandable_segments:True` (`PYTORCH_CUDA_ALLOC_CONF` as
     /// `vramtrace run` recorded it).
@@ -347,6 +368,7 @@ impl Triage {
             levers: Vec::new(),
             pytorch_message: None,
             inside_limit: None,
+            vllm: None,
         }
     }
 }
@@ -376,6 +398,21 @@ fn at_failure(
     t.pytorch_message = message_at(report, f, r.total);
     t.step = failing_step(trace, opts, f, at)?;
     t.inside_limit = Some(r.inside);
+    t.vllm = opts.gpu_memory_utilization.map(|u| {
+        let card = match r.limit.limit {
+            Limit::Card { capacity } => capacity,
+            _ => r.total,
+        };
+        let budget = (card as f64 * u).ceil() as u64;
+        let outside = r.inside.context + r.inside.other_process;
+        VllmSlack {
+            utilization: u,
+            card_bytes: card,
+            budget_bytes: budget,
+            outside_bytes: outside,
+            slack_bytes: card as i64 - outside as i64 - budget as i64,
+        }
+    });
     let limit = &r.limit.limit;
     let model = match &opts.model {
         None => None,

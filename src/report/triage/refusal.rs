@@ -78,10 +78,11 @@ fn enforced(opts: &TriageOptions, torch: Option<&TorchOom>, total: u64) -> Enfor
             let fraction = opts.gpu_memory_utilization.unwrap_or(1.0);
             let capacity = c.unwrap_or(total);
             (
-                Limit::GpuMemoryUtilization { capacity, fraction },
+                Limit::Card { capacity },
                 format!(
-                    "vLLM's --gpu-memory-utilization {fraction} of {} (given): this process's budget, its context included",
-                    gib(capacity)
+                    "the card: {} — vLLM's --gpu-memory-utilization {fraction} is spent at start (its KV pool fills ⌈{fraction} × total⌉ = {}), and at run time the driver refuses past the card",
+                    gib(capacity),
+                    gib((capacity as f64 * fraction).ceil() as u64)
                 ),
             )
         }

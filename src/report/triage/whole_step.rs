@@ -323,10 +323,8 @@ pub(super) fn peak_model(
         .map(|d| d.total_bytes)
         .unwrap_or(0);
     let capacity = opts.capacity.unwrap_or(device_total);
-    let limit = match opts.gpu_memory_utilization {
-        Some(fraction) => Limit::GpuMemoryUtilization { capacity, fraction },
-        None => Limit::Card { capacity },
-    };
+    // vLLM's --gpu-memory-utilization is spent at start; at run time the card refuses.
+    let limit = Limit::Card { capacity };
     let step = model.check(&shape, &limit)?;
     let lc = step.limit.clone().ok_or_else(|| {
         vramtrace_models::ModelError::Invalid("the model was not checked against the limit".into())
