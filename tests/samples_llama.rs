@@ -373,3 +373,76 @@ fn the_compute_buffer_held_out_runs_are_as_predicted() {
         );
     }
 }
+
+/// The VMM pool's mapping, from ggml-cuda's per-op scratch (`pool_mapped` in
+/// `models/src/engine/llama_cpp.rs`, read from the code after these four runs were recorded:
+/// they built it and are its first check): the peak mapped bytes of each H200 run, to the
+/// 2 MiB piece. Without flash attention it is the f16 copy of the softmaxed scores over the
+/// filled context; with it, the weight matmuls' scratch (cuBLAS for f16 weights, MMQ for Q4_K_M).
+#[test]
+fn the_vmm_pool_s_mapping_follows_the_filled_context() {
+    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped};
+    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    let f16 = ggml_type_by_name("f16").unwrap();
+    let q4_0 = ggml_type_by_name("q4_0").unwrap();
+    for (model, run, n_ctx, ub, fa, cache) in [
+        (
+            "llama-f16.header.gguf",
+            "f16-p16k-fa0-ub512",
+            16_384u64,
+            512u64,
+            false,
+            f16,
+        ),
+        (
+            "llama-f16.header.gguf",
+            "f16-p16k-fa1-ub512",
+            16_384,
+            512,
+            true,
+            f16,
+        ),
+        (
+            "llama-f16.header.gguf",
+            "f16-p64k-fa1-ub2048",
+            65_536,
+            2048,
+            true,
+            f16,
+        ),
+        (
+            "llama-q4km.header.gguf",
+            "q4km-p32k-fa1-q40",
+            32_768,
+            512,
+            true,
+            q4_0,
+        ),
+    ] {
+        let header = GgufHeader::read(&sample(model)).unwrap();
+        let ctx = LlamaCppContext {
+            n_ctx,
+            type_k: cache,
+            type_v: cache,
+        };
+        let shape = FillShape {
+            n_ubatch: ub,
+            flash_attn: fa,
+            n_sm: 132,
+        };
+        // llama-bench -p N -n 0: the prompt is the context.
+        let predicted = pool_mapped(&header, &ctx, &shape, n_ctx).unwrap();
+        let observed = pool(&summary(run), "mapped")["peak_bytes"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(predicted, observed, "{run}");
+        // Without flash attention the pool grows with the fill: half the prompt, about half
+        // the scores.
+        let half = pool_mapped(&header, &ctx, &shape, n_ctx / 2).unwrap();
+        if fa {
+            assert_eq!(half, predicted, "{run}");
+        } else {
+            assert_eq!(half, 260 << 20, "{run}");
+        }
+    }
+}

@@ -772,6 +772,39 @@ PY
   done
 }
 
+llama_fill() {
+  # Issue 33: the fill ceiling, predicted on the card as the ballast leaves it and then
+  # observed (scripts/validate/llama_fill.py): two architectures (Llama-3.2-1B's shapes, f16 and
+  # Q4_K_M; a 24-layer, 12-head model of 128-wide heads), without flash attention (where the
+  # VMM pool grows with the fill) at three -ub, and with it over a q4_0 cache.
+  local L=$LL/llama.cpp B=$LL/llama.cpp/build/bin
+  [ -f "$LL/llama-f16.gguf" ] || timeout 300 python3 "$VAL/llama_gguf.py" "$L" "$LL/llama-f16.gguf" || return 1
+  [ -f "$LL/llama-q4km.gguf" ] || timeout 300 "$B/llama-quantize" "$LL/llama-f16.gguf" "$LL/llama-q4km.gguf" Q4_K_M \
+    > "$W/llama-quantize.log" 2>&1 || tail -20 "$W/llama-quantize.log"
+  [ -f "$LL/llama-b.gguf" ] || timeout 300 python3 "$VAL/llama_gguf.py" "$L" "$LL/llama-b.gguf" \
+    --layers 24 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2 || return 1
+  python3 - "$L" "$LL/llama-b.gguf" > "$W/llama-b-gguf-header.txt" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/gguf-py")
+import gguf
+r = gguf.GGUFReader(sys.argv[2])
+for t in r.tensors:
+    print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
+PY
+  rm -rf "$W/llama-fill"
+  timeout 560 python3 "$VAL/llama_fill.py" --vt "$VT" --bin "$B" --out "$W/llama-fill" \
+    ${LLAMA_FILL_CASES:-"a-f16-c32k-ub512:$LL/llama-f16.gguf:32768:512:off" \
+    "a-f16-c32k-ub1024:$LL/llama-f16.gguf:32768:1024:off" \
+    "a-q4km-c32k-ub512:$LL/llama-q4km.gguf:32768:512:off" \
+    "b-f16-c64k-ub512:$LL/llama-b.gguf:65536:512:off" \
+    "b-f16-c64k-ub256:$LL/llama-b.gguf:65536:256:off" \
+    "a-f16-c64k-ub512-fa-q40:$LL/llama-f16.gguf:65536:512:on:q4_0"}
+  for t in "$W"/llama-fill/*.trace; do
+    [ -d "$t" ] && $VT summary "$t" > "$t.summary.txt" 2>&1
+  done
+  ls -la "$W/llama-fill" | head -50
+}
+
 generate_modes() {
   # Issue 31, item 2: the planner's expandable segments and eager attention, each case bare
   # (cap:chunk lists; the predictions were committed first: docs/validation.md, "transformers

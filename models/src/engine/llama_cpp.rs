@@ -17,8 +17,10 @@
 //!   share of the prompt graph reserved at start, sized by ggml's graph allocator (see
 //!   [`compute_buffer`]).
 //!
-//! Not yet modelled: the VMM pool's per-op scratch (cuBLAS's conversions, without flash
-//! attention), and the fill ceiling it and the buffers set.
+//! - **The VMM pool** (`ggml_cuda_pool_vmm`): the per-op scratch, mapped in 2 MiB pieces as an
+//!   op needs more and never unmapped before the context goes (see [`pool_mapped`]); without
+//!   flash attention it grows with the context actually filled, which sets the fill ceiling
+//!   ([`fill_ceiling`]).
 
 use crate::ModelError;
 use crate::gguf::{GgufHeader, row_size};
@@ -215,4 +217,176 @@ pub fn compute_buffer(
         peak = peak.max(inputs + hidden + heads_out + a(heads_out + 4 * n * g.ekv));
     }
     Ok(peak)
+}
+
+/// The VMM pool's mapping granularity on the H200 (`cuMemGetAllocationGranularity`,
+/// `ggml-cuda.cu:286-292`; every piece recorded there is a multiple of it).
+pub const VMM_GRANULARITY: u64 = 2 << 20;
+/// ggml's own cuBLAS workspace, `cudaMalloc`ed at the first cuBLAS call on compute capability
+/// 9.0 and above (`ggml/src/ggml-cuda/common.cuh:1532-1545`).
+pub const CUBLAS_WORKSPACE: u64 = 32 << 20;
+
+/// Where a prompt's fill runs: the flags that shape the per-op scratch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FillShape {
+    /// `-ub`: tokens of one pass.
+    pub n_ubatch: u64,
+    /// `-fa on`.
+    pub flash_attn: bool,
+    /// Streaming multiprocessors (132 on an H200): MMQ's stream-k fixup.
+    pub n_sm: u64,
+}
+
+/// The largest per-op scratch of one ubatch of `t` tokens with `n_kv` cells in view, rounded as
+/// the pool rounds each request (128 bytes, `ggml-cuda.cu:565-567`). Read from ggml-cuda:
+/// - the weight matmuls: f16/bf16 weights go to cuBLAS for `t > 16`, which takes the f32
+///   activations as f16 (`K·t·2`) and an f16 output (`M·t·2`) from the pool
+///   (`ggml-cuda.cu:1437-1522`); quantized weights go to MMQ for `t > 8`, which takes a q8_1 copy
+///   of the activations (`t·pad512(K)·1.125 + 128·144`, `mmq.cu:186-190`) and, when the tiles do
+///   not fill the SMs evenly, a stream-k fixup of `n_sm·128·128·4` (`mmq.cuh:1446-1461`; counted
+///   here whenever MMQ runs, an upper bound of 8.25 MiB);
+/// - without flash attention, `KQ` runs in F32 (`llama-graph.cpp:2693`) with K converted to f32
+///   (`4·D·n_kv·Hkv`), and `KQV` in f16 with the softmaxed scores converted (`2·n_kv·t·H`), its
+///   f16 output (`2·D·t·H`) and the batched GEMM's pointer arrays (`16·H + 8·H`)
+///   (`ggml-cuda.cu:1441-1575`);
+/// - with flash attention, the kernel's own scratch (`fattn-common.cuh:1017-1216`) is below the
+///   weight matmuls' and does not depend on `n_kv`; the f16 K/V of a quantized cache live in the
+///   compute buffer ([`compute_buffer`]).
+fn op_scratch(header: &GgufHeader, g: &GraphShape, s: &FillShape, t: u64, n_kv: u64) -> u64 {
+    let a = |x: u64| x.next_multiple_of(128);
+    let quantized_weights = header
+        .tensors
+        .iter()
+        .filter(|x| x.name.starts_with("blk.") && x.dims.len() == 2)
+        .any(|x| !UNQUANTIZED.contains(&x.ggml_type));
+    // The layer's matmuls as (K, M): q, k/v, o, gate/up, down.
+    let mats = [
+        (g.e, g.h * g.d),
+        (g.e, g.ekv),
+        (g.h * g.d, g.e),
+        (g.e, g.f),
+        (g.f, g.e),
+    ];
+    let weights = if quantized_weights && t > 8 {
+        mats.iter()
+            .map(|&(k, _)| a((t * k.next_multiple_of(512) * 9).div_ceil(8) + 128 * 144))
+            .max()
+            .unwrap_or(0)
+            + a(s.n_sm * 128 * 128 * 4)
+    } else if !quantized_weights && t > 16 {
+        mats.iter()
+            .map(|&(k, m)| a(2 * k * t) + a(2 * m * t))
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    if s.flash_attn {
+        return weights;
+    }
+    let kv_heads = g.ekv / g.d.max(1);
+    let kq = a(4 * g.d * n_kv * kv_heads) + a(16 * g.h) + a(8 * g.h);
+    let kqv = a(2 * n_kv * t * g.h) + a(2 * g.d * t * g.h) + a(16 * g.h) + a(8 * g.h);
+    weights.max(kq).max(kqv)
+}
+
+/// The VMM pool's mapped bytes after a prompt of `filled` tokens (`ggml-cuda.cu:531-675`): a
+/// bump allocator whose requests are freed with their op, so the mapping is the largest op's
+/// scratch over the fill, rounded up to [`VMM_GRANULARITY`]; it never shrinks. The prompt runs
+/// in ubatches of `-ub` tokens; after each, the cells in view are the used ones padded to 256
+/// (at least 256, at most the cache; `llama-kv-cache.cpp:1260-1273`).
+pub fn pool_mapped(
+    header: &GgufHeader,
+    ctx: &LlamaCppContext,
+    s: &FillShape,
+    filled: u64,
+) -> Result<u64, ModelError> {
+    let g = graph_shape(header)?;
+    let cells = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
+    let ub = s.n_ubatch.max(1);
+    let mut peak = 0u64;
+    let mut done = 0u64;
+    while done < filled {
+        let t = ub.min(filled - done);
+        done += t;
+        let n_kv = done.next_multiple_of(CTX_PAD).clamp(CTX_PAD, cells);
+        peak = peak.max(op_scratch(header, &g, s, t, n_kv));
+    }
+    Ok(peak.next_multiple_of(VMM_GRANULARITY))
+}
+
+/// What can be filled on a card: the buffers made at start, the fixed extras, and the largest
+/// prompt whose pool still fits.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FillCeiling {
+    /// Model, KV cache and compute buffers.
+    pub boot_bytes: u64,
+    /// ggml's cuBLAS workspace when the fill calls cuBLAS (f16 weights, or no flash attention).
+    pub cublas_workspace_bytes: u64,
+    /// The bytes held outside llama.cpp's buffers (the CUDA context, cuBLAS's own handles).
+    pub outside_bytes: u64,
+    /// The pool at the largest prompt that fits (or after one ubatch when none does).
+    pub pool_bytes: u64,
+    /// The largest prompt that can be filled (0 when not even the first ubatch fits; the
+    /// context's capacity, `pad256(-c) − 4`, when the pool never outgrows the card).
+    pub fill_tokens: u64,
+    /// The longest prompt llama.cpp takes at this `-c`.
+    pub max_prompt_tokens: u64,
+    /// The context fits at start.
+    pub boots: bool,
+}
+
+/// The largest prompt `ctx` can fill on a card of `limit` bytes with `outside` held besides
+/// llama.cpp's own buffers: the largest `N` with boot + workspace + outside + pool(N) ≤ limit
+/// (the pool only grows with `N`, so a binary search over the prompt).
+pub fn fill_ceiling(
+    header: &GgufHeader,
+    ctx: &LlamaCppContext,
+    s: &FillShape,
+    n_batch: u64,
+    limit: u64,
+    outside: u64,
+) -> Result<FillCeiling, ModelError> {
+    let boot = boot_buffers(header, ctx)?;
+    let compute = compute_buffer(header, ctx, s.n_ubatch.min(n_batch.max(1)), s.flash_attn)?;
+    let boot_bytes = boot.model_buffer_bytes + boot.kv_cache_bytes + compute;
+    let quantized_weights = header
+        .tensors
+        .iter()
+        .filter(|x| x.name.starts_with("blk.") && x.dims.len() == 2)
+        .any(|x| !UNQUANTIZED.contains(&x.ggml_type));
+    let cublas = if !s.flash_attn || (!quantized_weights && s.n_ubatch > 16) {
+        CUBLAS_WORKSPACE
+    } else {
+        0
+    };
+    // `llama-completion` refuses a prompt longer than the context less 4 tokens.
+    let max_prompt = boot.kv_cells.saturating_sub(4);
+    let fixed = boot_bytes + cublas + outside;
+    let fits = |n: u64| -> Result<bool, ModelError> {
+        Ok(fixed + pool_mapped(header, ctx, s, n)? <= limit)
+    };
+    let boots = boot_bytes + outside <= limit;
+    let (mut lo, mut hi) = (0u64, max_prompt);
+    if boots && fits(max_prompt)? {
+        lo = max_prompt;
+    } else if boots {
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid)? {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+    }
+    Ok(FillCeiling {
+        boot_bytes,
+        cublas_workspace_bytes: cublas,
+        outside_bytes: outside,
+        pool_bytes: pool_mapped(header, ctx, s, lo.max(s.n_ubatch.min(max_prompt)))?,
+        fill_tokens: lo,
+        max_prompt_tokens: max_prompt,
+        boots,
+    })
 }

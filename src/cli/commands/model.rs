@@ -245,6 +245,7 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
             &args.config,
             &args.llama,
             args.whole.limit.as_deref(),
+            &args.whole.known,
             args.json,
         );
     }

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use vramtrace_models::engine::llama_cpp::{LlamaCppContext, boot_buffers, compute_buffer};
+use vramtrace_models::engine::llama_cpp::{
+    FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling, pool_mapped,
+};
 use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
 
@@ -35,6 +37,10 @@ pub struct LlamaArgs {
     pub flash_attn: bool,
 }
 
+/// What a llama.cpp process holds besides its buffers when `--known context=` does not say: the
+/// CUDA context and cuBLAS's own handles (docs/validation.md, "llama.cpp's fill ceiling").
+const DEFAULT_CONTEXT: u64 = 0;
+
 /// `-ub` is llama.cpp's spelling of the physical batch: one dash, two letters, which a command
 /// line parser reads as `-u -b`. It is taken as `--ubatch-size` before parsing.
 pub fn spell_ubatch(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
@@ -58,7 +64,13 @@ fn cache_type(name: Option<&str>, flag: &str) -> anyhow::Result<u32> {
 }
 
 /// Runs `vramtrace model MODEL.gguf --runtime llama.cpp`.
-pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyhow::Result<i32> {
+pub fn run(
+    gguf: &Path,
+    a: &LlamaArgs,
+    limit: Option<&str>,
+    known: &[String],
+    json: bool,
+) -> anyhow::Result<i32> {
     let Some(n_ctx) = a.ctx_size else {
         bail!("a GGUF model needs -c N (--ctx-size): the context llama.cpp makes");
     };
@@ -77,8 +89,19 @@ pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyho
     let limit = limit.map(parse_bytes).transpose().context("--limit")?;
     let compute = compute_buffer(&header, &ctx, ubatch.min(batch), a.flash_attn)?;
     let boot = b.model_buffer_bytes + b.kv_cache_bytes + compute;
-    let not_modelled = "the CUDA backend's VMM pool (its per-op scratch, which grows with the \
-        context filled) is not modelled yet: no fill ceiling";
+    let parts = crate::commands::model_step::known_parts(known)?;
+    let outside_given = parts.context.is_some() || parts.other_process.is_some();
+    let outside = parts.context.unwrap_or(DEFAULT_CONTEXT) + parts.other_process.unwrap_or(0);
+    let shape = FillShape {
+        n_ubatch: ubatch.min(batch),
+        flash_attn: a.flash_attn,
+        n_sm: 132,
+    };
+    let ceiling = match limit {
+        Some(l) => Some(fill_ceiling(&header, &ctx, &shape, batch, l, outside)?),
+        None => None,
+    };
+    let full_pool = pool_mapped(&header, &ctx, &shape, b.kv_cells.saturating_sub(4))?;
     let out: Value = json!({
         "runtime": "llama.cpp",
         "model": gguf.display().to_string(),
@@ -93,9 +116,21 @@ pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyho
         "kv_cells": b.kv_cells,
         "compute_buffer_bytes": compute,
         "boot_bytes": boot,
+        "pool_at_full_bytes": full_pool,
+        "outside_bytes": outside,
+        "outside_basis": if outside_given { "given" } else { "default" },
         "limit_bytes": limit,
-        "boot_fits": limit.map(|l| boot <= l),
-        "frontier": {"fill_tokens": Value::Null, "why": not_modelled},
+        "boot_fits": limit.map(|l| boot + outside <= l),
+        "frontier": match &ceiling {
+            Some(c) => json!({
+                "fill_tokens": c.fill_tokens,
+                "max_prompt_tokens": c.max_prompt_tokens,
+                "pool_bytes": c.pool_bytes,
+                "cublas_workspace_bytes": c.cublas_workspace_bytes,
+                "fills_the_context": c.fill_tokens == c.max_prompt_tokens,
+            }),
+            None => json!({"fill_tokens": Value::Null, "why": "give --limit BYTES (the card, or what is free when llama.cpp starts)"}),
+        },
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -126,15 +161,48 @@ pub fn run(gguf: &Path, a: &LlamaArgs, limit: Option<&str>, json: bool) -> anyho
         ubatch.min(batch).min(b.kv_cells)
     );
     println!("  at start               {:>12}", fmt_bytes(boot));
-    if let Some(l) = limit {
-        let left = l as i128 - boot as i128;
+    println!(
+        "  VMM pool at a full fill {:>10}   the largest op's scratch{} (2 MiB pieces, never unmapped)",
+        fmt_bytes(full_pool),
+        if a.flash_attn {
+            ": the weight matmuls', whatever the fill"
+        } else {
+            ": the f16 copy of the scores over the filled context"
+        }
+    );
+    if let (Some(l), Some(c)) = (limit, &ceiling) {
         println!(
-            "  against {}: the buffers made at start leave {}{}",
+            "  against {}, with {} held besides ({}){}:",
             fmt_bytes(l),
-            if left < 0 { "−" } else { "" },
-            fmt_bytes(left.unsigned_abs() as u64)
+            fmt_bytes(outside),
+            if outside_given {
+                "given"
+            } else {
+                "default: the CUDA context and cuBLAS's handles; give --known context=BYTES"
+            },
+            if c.cublas_workspace_bytes > 0 {
+                format!(
+                    " and ggml's cuBLAS workspace of {}",
+                    fmt_bytes(c.cublas_workspace_bytes)
+                )
+            } else {
+                String::new()
+            }
         );
+        if !c.boots {
+            println!("  llama.cpp cannot make this context: its buffers at start do not fit");
+        } else if c.fill_tokens == c.max_prompt_tokens {
+            println!(
+                "  the whole context fills: a prompt of {} tokens (-c padded less 4), the pool at {}",
+                c.fill_tokens,
+                fmt_bytes(c.pool_bytes)
+            );
+        } else {
+            println!(
+                "  it boots, but fills only {} of {} tokens: past them the pool needs more than the card has (fill ceiling)",
+                c.fill_tokens, c.max_prompt_tokens
+            );
+        }
     }
-    println!("  fill ceiling: {not_modelled}");
     Ok(0)
 }
