@@ -446,3 +446,151 @@ fn the_vmm_pool_s_mapping_follows_the_filled_context() {
         }
     }
 }
+
+/// The header a fill case ran, by its GGUF's name on the GPU machine.
+fn fill_header(gguf: &str) -> PathBuf {
+    let name = std::path::Path::new(gguf)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    match name {
+        "llama-f16.gguf" => sample("llama-f16.header.gguf"),
+        "llama-q4km.gguf" => sample("llama-q4km.header.gguf"),
+        "llama-b.gguf" => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("samples/h200/llama-fill/llama-b.header.gguf"),
+        other => panic!("no header for {other}"),
+    }
+}
+
+/// llama.cpp's fill ceiling on the H200 (docs/validation.md, "llama.cpp's fill ceiling"), two
+/// calls, the model frozen before the first: for each case the ceiling predicted on the card for
+/// the free bytes the ballast left (recomputed here from the headers, so a change to the model
+/// shows), and the rungs: the longest prompt stops at the first ubatch the prediction says does
+/// not fit, a prompt of 95% of the prediction fills, one of 105% does not; with flash attention
+/// the whole context fills. One case sat on the cliff (call 1, flash attention over q4_0: the
+/// ballast left 0.5 MiB less than the first full ubatch needs): 409 tokens predicted, none
+/// filled.
+#[test]
+fn the_fill_ceiling_is_where_llama_cpp_stopped() {
+    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, fill_ceiling};
+    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-fill");
+    let mut checked = 0;
+    for call in ["fill-call1.json", "fill-call2.json"] {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(call)).unwrap()).unwrap();
+        for c in v["cases"].as_array().unwrap() {
+            let name = c["name"].as_str().unwrap();
+            let ub = c["ubatch"].as_u64().unwrap();
+            let cache = c["cache"]
+                .as_str()
+                .map_or(ggml_type_by_name("f16").unwrap(), |t| {
+                    ggml_type_by_name(t).unwrap()
+                });
+            let header = GgufHeader::read(&fill_header(c["gguf"].as_str().unwrap())).unwrap();
+            let ctx = LlamaCppContext {
+                n_ctx: c["ctx"].as_u64().unwrap(),
+                type_k: cache,
+                type_v: cache,
+            };
+            let shape = FillShape {
+                n_ubatch: ub,
+                flash_attn: c["fa"] == "on",
+                n_sm: 132,
+            };
+            let f = fill_ceiling(
+                &header,
+                &ctx,
+                &shape,
+                ub,
+                c["free_bytes"].as_u64().unwrap(),
+                c["outside_bytes"].as_u64().unwrap(),
+            )
+            .unwrap();
+            let pred = c["prediction"]["frontier"]["fill_tokens"].as_u64().unwrap();
+            assert_eq!(
+                f.fill_tokens, pred,
+                "{call} {name}: the model's prediction moved"
+            );
+            let rung = |r: &str| &c["rungs"][r];
+            let longest = rung("longest");
+            if longest["filled"] == true {
+                assert_eq!(pred, f.max_prompt_tokens, "{call} {name}");
+                assert_eq!(rung("95pct")["filled"], true, "{call} {name}");
+                checked += 1;
+                continue;
+            }
+            // The longest prompt passed `n_past` tokens, whole ubatches, and died in the next.
+            let passed = longest["n_past"].as_u64().unwrap();
+            if passed == 0 && pred < ub {
+                assert_eq!((call, name), ("fill-call1.json", "a-f16-c64k-ub512-fa-q40"));
+                continue;
+            }
+            let (lo, hi) = (passed, passed + ub - 1);
+            assert!(
+                pred * 100 >= lo * 95 && pred * 100 <= hi * 105,
+                "{call} {name}: predicted {pred}, observed {lo}..={hi}"
+            );
+            assert_eq!(rung("95pct")["filled"], true, "{call} {name}");
+            assert_eq!(rung("105pct")["filled"], false, "{call} {name}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 10);
+}
+
+/// A second architecture no model term was read from (24 layers, 12 heads of 128, 2 KV heads):
+/// its buffers at start, predicted from its header, are llama.cpp's own log lines.
+#[test]
+fn a_second_architecture_s_buffers_are_its_log_lines() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-fill");
+    let gguf = dir.join("llama-b.header.gguf");
+    for (excerpt, args) in [
+        (
+            "call2-b-f16-c64k-ub512-fa-longest",
+            "-c 65536 -ub 512 -b 512 --flash-attn",
+        ),
+        ("call1-b-f16-c64k-ub512-longest", "-c 65536 -ub 512 -b 512"),
+        ("call1-b-f16-c64k-ub256-longest", "-c 65536 -ub 256 -b 256"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+            .args(["model", gguf.to_str().unwrap(), "--json"])
+            .args(args.split(' '))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let log = std::fs::read_to_string(dir.join(format!("{excerpt}.log-excerpt.txt"))).unwrap();
+        let logged = |key: &str| -> f64 {
+            log.lines()
+                .filter(|l| l.contains(key))
+                .filter_map(|l| l.split('=').nth(1))
+                .map(|x| {
+                    x.trim()
+                        .trim_end_matches("MiB")
+                        .trim()
+                        .parse::<f64>()
+                        .unwrap()
+                })
+                .fold(0.0, f64::max)
+        };
+        let mib = |k: &str| v[k].as_u64().unwrap() as f64 / 1_048_576.0;
+        assert!(
+            (mib("weights_bytes") - logged("CUDA0 model buffer size")).abs() < 0.005,
+            "{excerpt}"
+        );
+        assert!(
+            (mib("kv_cache_bytes") - logged("CUDA0 KV buffer size")).abs() < 0.005,
+            "{excerpt}"
+        );
+        assert!(
+            (mib("compute_buffer_bytes") - logged("CUDA0 compute buffer size")).abs() < 0.005,
+            "{excerpt}"
+        );
+    }
+}

@@ -3,7 +3,7 @@ the tensor list `h200.sh llama_runs` printed (llama-gguf-headers.txt: name, type
 GGUF order, bytes) and the metadata `llama_gguf.py` writes: a sample small enough to keep,
 which reads as the model's own header.
 
-    python3 gguf_header_only.py LLAMA_CPP_DIR HEADERS.txt MODEL_NAME OUT.gguf [--file-type N]
+    python3 gguf_header_only.py LLAMA_CPP_DIR HEADERS.txt MODEL_NAME OUT.gguf [--file-type N] [--heads H]
 """
 
 import argparse
@@ -18,6 +18,7 @@ def main() -> int:
     ap.add_argument("model", help="the '# …/NAME.gguf' section of HEADERS.txt to rebuild")
     ap.add_argument("out", type=Path)
     ap.add_argument("--file-type", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=32, help="attention heads (llama_gguf.py --heads)")
     a = ap.parse_args()
     sys.path.insert(0, str(a.tree / "gguf-py"))
     import numpy as np
@@ -46,9 +47,9 @@ def main() -> int:
     w.add_embedding_length(hidden)
     w.add_block_count(n_layers)
     w.add_feed_forward_length(dims["blk.0.ffn_gate.weight"][1])
-    w.add_head_count(32)
-    w.add_head_count_kv(kv // (hidden // 32))
-    w.add_rope_dimension_count(hidden // 32)
+    w.add_head_count(a.heads)
+    w.add_head_count_kv(kv // (hidden // a.heads))
+    w.add_rope_dimension_count(hidden // a.heads)
     w.add_rope_freq_base(500000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(a.file_type)
