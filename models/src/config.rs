@@ -82,6 +82,8 @@ pub struct ModelConfig {
     pub attn_output_gate: bool,
     /// The checkpoint's `quantization_config`, when it has one.
     pub quantization: Option<Quantization>,
+    /// `mamba_ssm_dtype` (Qwen3.5 checkpoints declare their recurrent state's dtype), when given.
+    pub mamba_ssm_dtype: Option<DType>,
 }
 
 /// A checkpoint's `quantization_config`: its method and, where this crate can count it, the
@@ -276,6 +278,7 @@ impl ModelConfig {
             tie_word_embeddings: f.tie_word_embeddings.unwrap_or(false),
             attn_output_gate: f.attn_output_gate.unwrap_or(!dense),
             quantization: f.quantization_config.as_ref().map(quantization),
+            mamba_ssm_dtype: f.mamba_ssm_dtype,
         };
         if !cfg
             .linear_num_value_heads
@@ -374,6 +377,8 @@ struct RawFields {
     attn_output_gate: Option<bool>,
     /// Kept as written: [`quantization`] reads it.
     quantization_config: Option<Value>,
+    #[serde(deserialize_with = "dtype")]
+    mamba_ssm_dtype: Option<DType>,
 }
 
 impl RawFields {
@@ -412,6 +417,7 @@ impl RawFields {
             tie_word_embeddings: self.tie_word_embeddings.or(other.tie_word_embeddings),
             attn_output_gate: self.attn_output_gate.or(other.attn_output_gate),
             quantization_config: self.quantization_config.or(other.quantization_config),
+            mamba_ssm_dtype: self.mamba_ssm_dtype.or(other.mamba_ssm_dtype),
         }
     }
 }

@@ -88,6 +88,12 @@ pub struct VllmFlags {
     pub cudagraph_estimate: Option<u64>,
     /// Streaming multiprocessors (FlashAttention's split heuristic in the step).
     pub num_sms: u64,
+    /// `--enable-prefix-caching` (a hybrid's mamba cache mode "align").
+    pub enable_prefix_caching: bool,
+    /// Speculative tokens per step (`num_speculative_tokens`; MTP's `n`).
+    pub num_speculative_tokens: u64,
+    /// `--mamba-ssm-cache-dtype` (`None`: auto, the config's `mamba_ssm_dtype` else the model's).
+    pub mamba_ssm_cache_dtype: Option<DType>,
 }
 
 impl VllmFlags {
@@ -109,6 +115,9 @@ impl VllmFlags {
             non_torch_increase: None,
             cudagraph_estimate: None,
             num_sms: 132,
+            enable_prefix_caching: false,
+            num_speculative_tokens: 0,
+            mamba_ssm_cache_dtype: None,
         }
     }
 }
@@ -525,22 +534,26 @@ fn capture_sizes(mnbt: u64, mns: u64) -> Vec<u64> {
 }
 
 /// The pool's shape for `cfg` on one rank (notes §4, §5, §6): KV heads replicated once fewer than
-/// the ranks (`config/model.py:1219-1230`), the GDN state in the model dtype with the recurrent
-/// state in [`StepVariants::for_runtime`]'s `mamba_ssm_cache_dtype`.
+/// the ranks (`config/model.py:1219-1230`), the GDN state in the model dtype, its recurrent part
+/// in the config's `mamba_ssm_dtype` when it declares one (Qwen3.5's `verify_and_update_config`,
+/// `model_executor/models/config.py:606-630`), else the model dtype (`mamba_utils.py:83-116`).
 fn pool_shape(
     cfg: &ModelConfig,
     f: &VllmFlags,
     max_model_len: u64,
 ) -> Result<PoolShape, ModelError> {
-    let v = StepVariants::for_runtime(Runtime::Vllm, cfg);
     let gdn = (cfg.num_linear_layers() > 0).then(|| GdnState {
         key_heads: cfg.linear_num_key_heads,
         value_heads: cfg.linear_num_value_heads,
         key_dim: cfg.linear_key_head_dim,
         value_dim: cfg.linear_value_head_dim,
         conv_kernel: cfg.linear_conv_kernel_dim,
-        conv_bytes: v.conv_dtype.size_bytes(),
-        ssm_bytes: v.ssm_dtype.size_bytes(),
+        conv_bytes: cfg.dtype.size_bytes(),
+        ssm_bytes: f
+            .mamba_ssm_cache_dtype
+            .or(cfg.mamba_ssm_dtype)
+            .unwrap_or(cfg.dtype)
+            .size_bytes(),
     });
     if let Some(b) = f.block_size
         && (b == 0 || b % DEFAULT_BLOCK_SIZE != 0)
@@ -559,7 +572,8 @@ fn pool_shape(
         tp: f.tp,
         block_size: f.block_size,
         max_model_len,
-        num_spec: 0,
+        num_spec: f.num_speculative_tokens,
+        prefix_caching: f.enable_prefix_caching,
     })
 }
 

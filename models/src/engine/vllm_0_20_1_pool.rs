@@ -78,6 +78,10 @@ pub struct PoolShape {
     pub max_model_len: u64,
     /// Speculative tokens (0 without speculative decoding).
     pub num_spec: u64,
+    /// `--enable-prefix-caching` on a hybrid model: mamba cache mode "align" (Qwen3-Next and
+    /// Qwen3.5 do not support "all"; `model_executor/models/config.py:351-377`), two states a
+    /// request plus the speculative ones instead of one.
+    pub prefix_caching: bool,
 }
 
 /// The pool vLLM makes from `available` bytes.
@@ -141,9 +145,11 @@ pub fn plan(shape: &PoolShape, available: i128) -> Result<Pool, ModelError> {
     };
     let groups = (a.div_ceil(group_size), m.div_ceil(group_size));
     // One request: cdiv(M, B) attention blocks per attention group, and per GDN group its
-    // state, once plus the speculative ones (mode "none": prefix caching is off for hybrids).
+    // state, once plus the speculative ones in mode "none" (prefix caching is off for hybrids by
+    // default), twice in "align" (`v1/kv_cache_interface.py:540-547`).
+    let states = if shape.prefix_caching { 2 } else { 1 };
     let blocks_per_request =
-        groups.0 * shape.max_model_len.div_ceil(block) + groups.1 * (1 + shape.num_spec);
+        groups.0 * shape.max_model_len.div_ceil(block) + groups.1 * (states + shape.num_spec);
     let needed = u128::from(group_size) * u128::from(page) * u128::from(blocks_per_request);
     let needed_bytes = crate::error::fit_bytes("one request's KV cache", needed)?;
     if available <= 0 {
@@ -213,6 +219,7 @@ mod tests {
             block_size: None,
             max_model_len: 32_768,
             num_spec: 0,
+            prefix_caching: false,
         }
     }
 
@@ -229,6 +236,7 @@ mod tests {
             block_size: None,
             max_model_len,
             num_spec: 0,
+            prefix_caching: false,
         }
     }
 

@@ -324,6 +324,15 @@ pub fn run(args: ModelArgs) -> anyhow::Result<i32> {
         ("--enforce-eager", args.whole.enforce_eager),
         ("--no-cudagraph-estimate", args.whole.no_cudagraph_estimate),
         ("--non-torch", args.whole.non_torch.is_some()),
+        ("--enable-prefix-caching", args.whole.enable_prefix_caching),
+        (
+            "--num-speculative-tokens",
+            args.whole.num_speculative_tokens.is_some(),
+        ),
+        (
+            "--mamba-ssm-cache-dtype",
+            args.whole.mamba_ssm_cache_dtype.is_some(),
+        ),
     ] {
         if given {
             bail!(

@@ -100,6 +100,18 @@ pub struct StepArgs {
     /// `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0`: the graph estimate is not subtracted.
     #[arg(long, requires = "gpu_memory_utilization")]
     pub no_cudagraph_estimate: bool,
+    /// vLLM's `--enable-prefix-caching`: a hybrid model's state cache in mode "align" (two
+    /// states a request).
+    #[arg(long, requires = "gpu_memory_utilization")]
+    pub enable_prefix_caching: bool,
+    /// vLLM's speculative tokens a step (`num_speculative_tokens`, MTP's n): more conv state
+    /// rows and state blocks a request.
+    #[arg(long, value_name = "N", requires = "gpu_memory_utilization")]
+    pub num_speculative_tokens: Option<u64>,
+    /// vLLM's `--mamba-ssm-cache-dtype` (default: the config's `mamba_ssm_dtype`, else the model
+    /// dtype).
+    #[arg(long, value_name = "DTYPE", requires = "gpu_memory_utilization")]
+    pub mamba_ssm_cache_dtype: Option<String>,
     /// vLLM's non-torch increase over its profile run, if known (default 0.35 GiB).
     #[arg(long, value_name = "BYTES", requires = "gpu_memory_utilization")]
     pub non_torch: Option<String>,

@@ -72,6 +72,14 @@ pub fn flags(
             .transpose()?,
         cudagraph_estimate: known.cuda_graphs,
         num_sms: 132,
+        enable_prefix_caching: args.enable_prefix_caching,
+        num_speculative_tokens: args.num_speculative_tokens.unwrap_or(0),
+        mamba_ssm_cache_dtype: args
+            .mamba_ssm_cache_dtype
+            .as_deref()
+            .map(|d| d.parse::<DType>().map_err(anyhow::Error::msg))
+            .transpose()
+            .context("--mamba-ssm-cache-dtype")?,
     })
 }
 
