@@ -15,7 +15,7 @@
 //! - the weights: net allocated bytes over `load_model` (§3), from the config and its
 //!   `quantization_config` ([`crate::weight_bytes`]);
 //! - the profile run's torch peak increase: `_dummy_run(max_num_batched_tokens)` with no attention
-//!   metadata, so attention and GDN kernels do not run (§2.5, [`super::vllm_0_20_1`]'s profile
+//!   metadata, so attention and GDN kernels do not run (§2.5, `engine/vllm_0_20_1.rs`'s profile
 //!   layers), then the sampler on `min(max_num_batched_tokens, max_num_seqs)` rows;
 //! - the non-torch increase (§2.7) and the CUDA-graph estimate (§2.8), which a config cannot
 //!   give: a stated default or `given` bytes, each marked as such;
