@@ -65,6 +65,24 @@ fn qwen35_gdn(value_heads: u64) -> GdnState {
     }
 }
 
+/// Qwen3.6-35B-A3B as log L11 ran it: an fp8 cache on one GPU (10 attention and 30 GDN layers,
+/// 2 KV heads of 256, 32 GDN value heads), `max_model_len` 131,072.
+fn qwen36_35b(prefix_caching: bool) -> PoolShape {
+    PoolShape {
+        attention_layers: 10,
+        gdn_layers: 30,
+        kv_heads_per_rank: 2,
+        head_size: 256,
+        kv_bytes: 1,
+        gdn: Some(qwen35_gdn(32)),
+        tp: 1,
+        block_size: None,
+        max_model_len: 131_072,
+        num_spec: 0,
+        prefix_caching,
+    }
+}
+
 #[test]
 fn the_pool_from_the_logged_available_bytes_is_the_logged_token_count() {
     let v1 = "vllm_v1_startup_logs.json";
@@ -100,24 +118,7 @@ fn the_pool_from_the_logged_available_bytes_is_the_logged_token_count() {
         ),
         // Qwen3.6-35B-A3B, fp8 cache, one GPU (10 attention and 30 GDN layers, 2 KV heads of
         // 256, 32 GDN value heads); vLLM 0.24.0.
-        (
-            v1,
-            "L11",
-            PoolShape {
-                attention_layers: 10,
-                gdn_layers: 30,
-                kv_heads_per_rank: 2,
-                head_size: 256,
-                kv_bytes: 1,
-                gdn: Some(qwen35_gdn(32)),
-                tp: 1,
-                block_size: None,
-                max_model_len: 131_072,
-                num_spec: 0,
-                prefix_caching: false,
-            },
-            5.0,
-        ),
+        (v1, "L11", qwen36_35b(false), 5.0),
     ];
     for (file, id, shape, tolerance) in cases {
         let (gib, tokens, l) = figures(file, id);
@@ -142,19 +143,7 @@ fn the_pool_from_the_logged_available_bytes_is_the_logged_token_count() {
 #[test]
 fn a_hybrid_with_prefix_caching_keeps_two_states_a_request() {
     let (gib, tokens, _) = figures("vllm_v1_startup_logs.json", "L11");
-    let shape = PoolShape {
-        attention_layers: 10,
-        gdn_layers: 30,
-        kv_heads_per_rank: 2,
-        head_size: 256,
-        kv_bytes: 1,
-        gdn: Some(qwen35_gdn(32)),
-        tp: 1,
-        block_size: None,
-        max_model_len: 131_072,
-        num_spec: 0,
-        prefix_caching: true,
-    };
+    let shape = qwen36_35b(true);
     let p = plan(&shape, (gib * (1u64 << 30) as f64) as i128).unwrap();
     assert_eq!(p.block_size, 2096);
     assert_eq!(p.blocks_per_request, 63 + 3 * 2);

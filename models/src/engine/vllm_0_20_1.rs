@@ -60,18 +60,8 @@ fn gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
     let key_dim = d.hk * d.kd;
     let value_dim = d.hv * d.vd;
     let mut tl = Timeline::new();
-    let mut ids = residual_stream(&mut tl, d);
+    let mut ids = gdn_inputs(&mut tl, d);
     ids.extend([
-        tl.alloc(
-            "projected_states_qkvz",
-            &[t, 2 * key_dim + 2 * value_dim],
-            dt,
-            VL_QKVZ,
-        ),
-        tl.alloc("projected_states_ba", &[t, 2 * d.hv], dt, VL_BA),
-        tl.alloc("b (contiguous)", &[t, d.hv], dt, VL_B_A),
-        tl.alloc("a (contiguous)", &[t, d.hv], dt, VL_B_A),
-        tl.alloc("core_attn_out", &[t, d.hv, d.vd], dt, VL_CORE),
         tl.alloc(
             "mixed_qkv (conv)",
             &[t, 2 * key_dim + value_dim],
@@ -85,6 +75,27 @@ fn gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
         tl.alloc("v", &[1, t, d.hv, d.vd], dt, VL_QKVN),
     ]);
     kernel_layer(tl, ids, &gdn_kernel(st.v.gdn, &g)?)
+}
+
+/// A GDN layer's tensors up to its output buffer: the residual stream, the `in_proj_qkvz` and
+/// `in_proj_ba` outputs, contiguous `b` and `a`, and `core_attn_out` (`gdn_linear_attn.py:530-575`).
+fn gdn_inputs(tl: &mut Timeline, d: &Dims) -> Vec<TensorId> {
+    let (t, dt) = (d.t, d.dt);
+    let (key_dim, value_dim) = (d.hk * d.kd, d.hv * d.vd);
+    let mut ids = residual_stream(tl, d);
+    ids.extend([
+        tl.alloc(
+            "projected_states_qkvz",
+            &[t, 2 * key_dim + 2 * value_dim],
+            dt,
+            VL_QKVZ,
+        ),
+        tl.alloc("projected_states_ba", &[t, 2 * d.hv], dt, VL_BA),
+        tl.alloc("b (contiguous)", &[t, d.hv], dt, VL_B_A),
+        tl.alloc("a (contiguous)", &[t, d.hv], dt, VL_B_A),
+        tl.alloc("core_attn_out", &[t, d.hv, d.vd], dt, VL_CORE),
+    ]);
+    ids
 }
 
 /// One attention layer of vLLM 0.20.1: the residual stream, the fused qkv projection (q doubled
@@ -145,23 +156,8 @@ pub(crate) fn profile_layers(st: &LayerStep, rows: u64) -> Result<Vec<LayerPeak>
 /// [`gdn`]'s tensors up to `core_attn_out` (`gdn_linear_attn.py:530-575`, zeros at `:571-575`);
 /// the core op returns before the conv and the kernel.
 fn profile_gdn(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
-    let d = &st.d;
-    let (t, dt) = (d.t, d.dt);
-    let (key_dim, value_dim) = (d.hk * d.kd, d.hv * d.vd);
     let mut tl = Timeline::new();
-    let mut ids = residual_stream(&mut tl, d);
-    ids.extend([
-        tl.alloc(
-            "projected_states_qkvz",
-            &[t, 2 * key_dim + 2 * value_dim],
-            dt,
-            VL_QKVZ,
-        ),
-        tl.alloc("projected_states_ba", &[t, 2 * d.hv], dt, VL_BA),
-        tl.alloc("b (contiguous)", &[t, d.hv], dt, VL_B_A),
-        tl.alloc("a (contiguous)", &[t, d.hv], dt, VL_B_A),
-        tl.alloc("core_attn_out", &[t, d.hv, d.vd], dt, VL_CORE),
-    ]);
+    let ids = gdn_inputs(&mut tl, &st.d);
     free_all(&mut tl, ids);
     tl.finish()
 }
