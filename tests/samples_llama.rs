@@ -594,3 +594,46 @@ fn a_second_architecture_s_buffers_are_its_log_lines() {
         );
     }
 }
+
+/// `report --model MODEL.gguf` on the llama-bench runs: the four parts predicted from the header
+/// and the flags on the traced command line, each equal to what the trace holds (the pool: its
+/// highest mapping).
+#[test]
+fn the_report_sets_llama_cpp_s_predicted_buffers_beside_the_trace() {
+    for (run, model) in [
+        ("f16-p16k-fa1-ub512", "llama-f16.header.gguf"),
+        ("f16-p16k-fa0-ub512", "llama-f16.header.gguf"),
+        ("f16-p64k-fa1-ub2048", "llama-f16.header.gguf"),
+        ("q4km-p32k-fa1-q40", "llama-q4km.header.gguf"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+            .args(["report", sample(run).to_str().unwrap(), "--json", "--model"])
+            .arg(sample(model))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows = v["llama_cpp"]["rows"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{run}: {v}"));
+        assert_eq!(rows.len(), 4);
+        for r in rows {
+            assert_eq!(r["predicted"], r["observed"], "{run}: {r}");
+        }
+    }
+    // A model the process did not run is refused in words, not a panic.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .args([
+            "report",
+            sample("f16-p16k-fa1-ub512").to_str().unwrap(),
+            "--model",
+        ])
+        .arg(sample("llama-bench/../log-excerpt.txt"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

@@ -40,6 +40,17 @@ pub fn render(r: &Report) -> Value {
     {
         o.insert("growth".into(), v);
     }
+    match &r.llama_cpp {
+        Some(Ok(v)) => {
+            if let Ok(v) = serde_json::to_value(v) {
+                o.insert("llama_cpp".into(), v);
+            }
+        }
+        Some(Err(e)) => {
+            o.insert("llama_cpp".into(), json!({ "error": e }));
+        }
+        None => {}
+    }
     match &r.triage {
         Some(t) => {
             if let Ok(Value::Object(m)) = serde_json::to_value(t) {

@@ -15,6 +15,7 @@ pub mod figures;
 pub mod html;
 pub mod json;
 pub mod levers;
+pub mod llama_view;
 pub mod markdown;
 pub mod model_view;
 pub mod step;
@@ -84,6 +85,8 @@ pub struct ReportOptions {
     /// What `vramtrace run` gathered at start (`versions.json` in the trace directory), as
     /// name and value.
     pub versions: Vec<(String, String)>,
+    /// `--model MODEL.gguf`: a llama.cpp model's header, with its path.
+    pub gguf: Option<(std::path::PathBuf, vramtrace_models::gguf::GgufHeader)>,
 }
 
 /// One group of live allocations: same category, same name and label pattern.
@@ -332,6 +335,8 @@ pub struct Report {
     pub triage_error: Option<String>,
     /// What `vramtrace run` gathered at start, as name and value.
     pub versions: Vec<(String, String)>,
+    /// With `--model MODEL.gguf`: llama.cpp's buffers predicted beside the trace, or why not.
+    pub llama_cpp: Option<Result<llama_view::LlamaCppView, String>>,
     /// Per process: whether it ran PyTorch (loaded `libc10_cuda` or recorded tensors).
     pub pytorch: Vec<bool>,
 }
@@ -478,6 +483,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
         triage: None,
         triage_error: None,
         versions: opts.versions.clone(),
+        llama_cpp: None,
         pytorch: trace
             .processes
             .iter()
@@ -488,6 +494,10 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
             })
             .collect(),
     };
+    report.llama_cpp = opts
+        .gguf
+        .as_ref()
+        .map(|(path, header)| llama_view::view(&report, path, header));
     let topts = triage::TriageOptions {
         model: opts.model.clone(),
         runtime: opts.runtime,

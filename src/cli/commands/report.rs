@@ -26,7 +26,9 @@ use vramtrace_viewer::plot::{
 pub struct ReportArgs {
     /// A trace directory or file.
     pub trace: PathBuf,
-    /// The model's config.json: the model beside each failure, and the levers.
+    /// The model's config.json: the model beside each failure, and the levers. For a llama.cpp
+    /// run, its GGUF: the buffers and the VMM pool predicted from the header and the flags on
+    /// the traced process's command line, beside what the trace holds.
     #[arg(long = "model", value_name = "CONFIG")]
     pub config: Option<PathBuf>,
     /// Which kernel, variant and batch to predict (as in `compare`).
@@ -156,8 +158,22 @@ fn trace_name(p: &Path) -> String {
 /// Runs `vramtrace report`.
 pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
     let title = trace_name(&args.trace);
+    let gguf = match &args.config {
+        Some(c)
+            if c.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf")) =>
+        {
+            Some((
+                c.clone(),
+                vramtrace_models::gguf::GgufHeader::read(c)
+                    .with_context(|| format!("--model {}", c.display()))?,
+            ))
+        }
+        _ => None,
+    };
     let model = match &args.config {
         None => None,
+        Some(_) if gguf.is_some() => None,
         Some(config) => {
             let (mut cfg, variants, opts) = args.select.resolve(config)?;
             if let Some(n) = args.layers {
@@ -214,6 +230,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             block_size: args.block_size,
             gpu_memory_utilization: args.gpu_memory_utilization,
             versions: read_versions(&args.trace),
+            gguf,
         },
     )?;
     if args.json {

@@ -184,6 +184,7 @@ pub fn render(r: &Report, images: &Images) -> String {
         what_to_do(&mut out, r, images);
     }
     triage_sections(&mut out, r);
+    llama_cpp(&mut out, r);
     failures(&mut out, r, images);
     failed_calls(&mut out, r);
     peaks(&mut out, r, images);
@@ -192,6 +193,49 @@ pub fn render(r: &Report, images: &Images) -> String {
     environment(&mut out, r);
     how_to_read(&mut out, r);
     out
+}
+
+/// `--model MODEL.gguf`: llama.cpp's buffers predicted beside the trace.
+fn llama_cpp(out: &mut String, r: &Report) {
+    let Some(v) = &r.llama_cpp else {
+        return;
+    };
+    let _ = writeln!(out, "## llama.cpp's buffers, predicted from the GGUF\n");
+    let v = match v {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = writeln!(out, "Not set beside the trace: {e}.\n");
+            return;
+        }
+    };
+    let f = &v.flags;
+    let _ = writeln!(
+        out,
+        "From `{}` and pid {}'s command line: `-c {} -ub {} -b {} -fa {} -ctk {} -ctv {}` (models/src/engine/llama_cpp.rs).\n",
+        v.gguf,
+        v.pid,
+        f.n_ctx,
+        f.n_ubatch,
+        f.n_batch,
+        if f.flash_attn { "on" } else { "off" },
+        f.cache_types.0,
+        f.cache_types.1
+    );
+    let _ = writeln!(
+        out,
+        "| buffer | predicted | in the trace | what the prediction rests on |\n| --- | ---: | ---: | --- |"
+    );
+    for row in &v.rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            row.part,
+            fmt_bytes(row.predicted),
+            row.observed.map_or("—".to_string(), fmt_bytes),
+            row.basis
+        );
+    }
+    let _ = writeln!(out);
 }
 
 fn dtype_name(d: vramtrace_models::DType) -> String {

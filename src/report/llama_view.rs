@@ -1,0 +1,203 @@
+//! `report --model MODEL.gguf` on a llama.cpp trace: the buffers llama.cpp makes and its VMM
+//! pool, predicted from the GGUF's header and the flags the traced process was started with
+//! (`models/src/engine/llama_cpp.rs`), set beside what the trace holds at the report's moment.
+
+use serde::Serialize;
+use vramtrace_models::engine::llama_cpp::{
+    FillShape, LlamaCppContext, boot_buffers, compute_buffer, pool_mapped,
+};
+use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+use vramtrace_models::{Category, ModelError};
+
+use crate::replay::Pool;
+use crate::report::Report;
+
+/// llama.cpp's flags as a process's command line gives them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LlamaFlags {
+    /// `-c` (llama-bench: `-p` + `-n`); the model's training context when absent.
+    pub n_ctx: u64,
+    /// `-ub` (default 512).
+    pub n_ubatch: u64,
+    /// `-b` (default 2048).
+    pub n_batch: u64,
+    /// `-fa` (on for `auto`: the CUDA backend takes it).
+    pub flash_attn: bool,
+    /// `-ctk`, `-ctv` by name (f16 by default).
+    pub cache_types: (String, String),
+    /// The prompt's tokens, when the command line says (llama-bench's `-p`).
+    pub prompt_tokens: Option<u64>,
+}
+
+/// One part, predicted and seen.
+#[derive(Debug, Clone, Serialize)]
+pub struct LlamaRow {
+    /// The buffer.
+    pub part: &'static str,
+    /// From the header and the flags.
+    pub predicted: u64,
+    /// In the trace, at the report's moment (the pool: its highest mapping).
+    pub observed: Option<u64>,
+    /// What the prediction rests on.
+    pub basis: String,
+}
+
+/// The view.
+#[derive(Debug, Clone, Serialize)]
+pub struct LlamaCppView {
+    /// The GGUF.
+    pub gguf: String,
+    /// The process it is set beside (its pid).
+    pub pid: u32,
+    /// The flags read from its command line.
+    pub flags: LlamaFlags,
+    /// Model buffer, KV cache, compute buffer, VMM pool.
+    pub rows: Vec<LlamaRow>,
+}
+
+/// The value of the first of `names` on `argv`.
+fn value<'a>(argv: &'a [String], names: &[&str]) -> Option<&'a str> {
+    argv.windows(2)
+        .find(|w| names.contains(&w[0].as_str()))
+        .map(|w| w[1].as_str())
+}
+
+/// Reads llama.cpp's flags from a command line (llama-cli, llama-completion, llama-server,
+/// llama-bench), with llama.cpp's defaults.
+pub fn flags(argv: &[String], header: &GgufHeader) -> Result<LlamaFlags, String> {
+    let num = |names: &[&str]| -> Result<Option<u64>, String> {
+        value(argv, names)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("{} {v:?} is not a number", names[0]))
+            })
+            .transpose()
+    };
+    let bench = argv
+        .first()
+        .is_some_and(|a| a.rsplit('/').next().is_some_and(|n| n.contains("bench")));
+    let prompt = if bench {
+        num(&["-p", "--n-prompt"])?
+    } else {
+        None
+    };
+    let n_ctx = match (num(&["-c", "--ctx-size"])?, prompt) {
+        (Some(c), _) if c > 0 => c,
+        (_, Some(p)) => p + num(&["-n", "--n-gen"])?.unwrap_or(0),
+        _ => header.arch_int("context_length").ok_or_else(|| {
+            "no -c on the command line and no context_length in the GGUF".to_string()
+        })?,
+    };
+    let fa = match value(argv, &["-fa", "--flash-attn"]) {
+        None | Some("auto" | "on" | "1" | "true") => true,
+        Some("off" | "0" | "false") => false,
+        Some(other) => return Err(format!("-fa {other:?}: not on, off or auto")),
+    };
+    let cache = |names: &[&str]| value(argv, names).unwrap_or("f16").to_ascii_lowercase();
+    Ok(LlamaFlags {
+        n_ctx,
+        n_ubatch: num(&["-ub", "--ubatch-size"])?.unwrap_or(512),
+        n_batch: num(&["-b", "--batch-size"])?.unwrap_or(2048),
+        flash_attn: fa,
+        cache_types: (
+            cache(&["-ctk", "--cache-type-k"]),
+            cache(&["-ctv", "--cache-type-v"]),
+        ),
+        prompt_tokens: prompt,
+    })
+}
+
+/// The view for `header` beside the report's process that ran llama.cpp (its command line names
+/// a `.gguf`), or why none can be made.
+pub fn view(
+    r: &Report,
+    gguf: &std::path::Path,
+    header: &GgufHeader,
+) -> Result<LlamaCppView, String> {
+    let (process, p) = r
+        .summary
+        .processes
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.command.iter().any(|a| a.ends_with(".gguf")))
+        .ok_or("no traced process was started with a .gguf on its command line")?;
+    let f = flags(&p.command, header)?;
+    let ty = |name: &str| {
+        ggml_type_by_name(name).ok_or_else(|| format!("cache type {name:?} is not a ggml type"))
+    };
+    let ctx = LlamaCppContext {
+        n_ctx: f.n_ctx,
+        type_k: ty(&f.cache_types.0)?,
+        type_v: ty(&f.cache_types.1)?,
+    };
+    let err = |e: ModelError| e.to_string();
+    let boot = boot_buffers(header, &ctx).map_err(err)?;
+    let ub = f.n_ubatch.min(f.n_batch);
+    let compute = compute_buffer(header, &ctx, ub, f.flash_attn).map_err(err)?;
+    let filled = f.prompt_tokens.unwrap_or(boot.kv_cells.saturating_sub(4));
+    let shape = FillShape {
+        n_ubatch: ub,
+        flash_attn: f.flash_attn,
+        n_sm: 132,
+    };
+    let pool = pool_mapped(header, &ctx, &shape, filled).map_err(err)?;
+    // The report's moment on this process's device, and its pool of mappings.
+    let cats = r
+        .categories()
+        .filter(|(pi, _, _)| *pi == process)
+        .map(|(_, _, c)| &c.breakdown);
+    let seen = |c: Category| cats.map(|b| b.bytes(c));
+    let mapped = p
+        .devices
+        .iter()
+        .flat_map(|d| &d.other_pools)
+        .find(|x| x.pool == Pool::Mapped)
+        .map(|x| x.peak_bytes);
+    let rows = vec![
+        LlamaRow {
+            part: "model buffer",
+            predicted: boot.model_buffer_bytes,
+            observed: seen(Category::Weights),
+            basis: "every tensor but token_embd, each padded to 128 B".into(),
+        },
+        LlamaRow {
+            part: "KV cache",
+            predicted: boot.kv_cache_bytes,
+            observed: seen(Category::KvCache),
+            basis: format!(
+                "{} cells in {}/{}",
+                boot.kv_cells, f.cache_types.0, f.cache_types.1
+            ),
+        },
+        LlamaRow {
+            part: "compute buffer",
+            predicted: compute,
+            observed: seen(Category::Activations),
+            basis: format!("the prompt graph of {ub} tokens as ggml's allocator places it"),
+        },
+        LlamaRow {
+            part: "VMM pool (highest mapping)",
+            predicted: pool,
+            observed: mapped,
+            basis: format!(
+                "the largest op's scratch over a fill of {filled} tokens{}{}",
+                if f.prompt_tokens.is_some() {
+                    " (the command line's prompt)"
+                } else {
+                    " (the whole context: the prompt is not on the command line)"
+                },
+                if r.failures.iter().any(|x| x.process == process) {
+                    "; the run stopped at a failed allocation, with what the trace shows mapped (`vramtrace model --limit` gives the fill ceiling)"
+                } else {
+                    ""
+                }
+            ),
+        },
+    ];
+    Ok(LlamaCppView {
+        gguf: gguf.display().to_string(),
+        pid: p.pid,
+        flags: f,
+        rows,
+    })
+}
