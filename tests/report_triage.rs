@@ -495,6 +495,7 @@ fn gpu_memory_utilization_is_spent_at_start_and_the_card_refuses() {
     let short = j["shortfall"].as_u64().unwrap();
     let v = &j["vllm"];
     assert_eq!(v["budget_bytes"], 17_394_617_549u64);
+    assert_eq!(v["class"], "step_over_profiled");
     assert_eq!(
         v["slack_bytes"].as_i64().unwrap(),
         19_327_352_832 - v["outside_bytes"].as_i64().unwrap() - 17_394_617_549

@@ -90,6 +90,7 @@ pub(super) fn triage_top(out: &mut String, r: &Report) -> bool {
             v.utilization,
             fmt_bytes(v.budget_bytes),
         );
+        let _ = writeln!(out, "| in vLLM's terms | {} |", cell(&v.why));
     }
     if let Some(x) = &t.tipping {
         let _ = writeln!(

@@ -74,7 +74,7 @@ pub(super) fn levers(
         }
         // What the limit would have to be for this request, from the trace alone: everything
         // the limit counted then, the request's share included.
-        if let (Some(u), Some(short), Some(v)) = (opts.gpu_memory_utilization, t.shortfall, t.vllm)
+        if let (Some(u), Some(short), Some(v)) = (opts.gpu_memory_utilization, t.shortfall, &t.vllm)
         {
             out.push(lower_util(u, short, v.card_bytes, "this request"));
             return out;

@@ -217,7 +217,7 @@ pub struct Triage {
 /// start it filled `⌈U × total⌉` with the weights, its profiled peak, the non-torch and graph
 /// terms and the KV pool; at run time only the card refuses, so a step may exceed its profiled
 /// peak by the card less what was held outside the budget and the budget itself.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct VllmSlack {
     /// `--gpu-memory-utilization`.
     pub utilization: f64,
@@ -229,6 +229,11 @@ pub struct VllmSlack {
     pub outside_bytes: u64,
     /// `card − outside − budget`.
     pub slack_bytes: i64,
+    /// The failure in vLLM's terms (`budget_over_free`, `another_process`, `cuda_graphs`,
+    /// `step_over_profiled`).
+    pub class: &'static str,
+    /// Why, in a sentence with its numbers.
+    pub why: String,
 }
 
 /// The bytes of the categories a card smaller than the device splits.
@@ -398,21 +403,9 @@ fn at_failure(
     t.pytorch_message = message_at(report, f, r.total);
     t.step = failing_step(trace, opts, f, at)?;
     t.inside_limit = Some(r.inside);
-    t.vllm = opts.gpu_memory_utilization.map(|u| {
-        let card = match r.limit.limit {
-            Limit::Card { capacity } => capacity,
-            _ => r.total,
-        };
-        let budget = (card as f64 * u).ceil() as u64;
-        let outside = r.inside.context + r.inside.other_process;
-        VllmSlack {
-            utilization: u,
-            card_bytes: card,
-            budget_bytes: budget,
-            outside_bytes: outside,
-            slack_bytes: card as i64 - outside as i64 - budget as i64,
-        }
-    });
+    t.vllm = opts
+        .gpu_memory_utilization
+        .map(|u| vllm_slack(u, &r.limit.limit, r.total, &r.inside, r.shortfall, b));
     let limit = &r.limit.limit;
     let model = match &opts.model {
         None => None,
@@ -445,6 +438,75 @@ fn at_failure(
     Ok(())
 }
 
+/// vLLM's slack at a runtime refusal and the failure in vLLM's terms: a budget over what was
+/// free at start (vLLM would not have started: the run was not vLLM's, or something took memory
+/// after its start); another process on the card holding more than the request lacked; CUDA
+/// graphs holding more than it lacked (captured after the pool was sized, beyond their
+/// estimate); else the step went over the peak vLLM profiled by more than the slack.
+fn vllm_slack(
+    u: f64,
+    limit: &Limit,
+    total: u64,
+    inside: &InsideLimit,
+    shortfall: u64,
+    b: &Breakdown,
+) -> VllmSlack {
+    let card = match *limit {
+        Limit::Card { capacity } => capacity,
+        _ => total,
+    };
+    let budget = (card as f64 * u).ceil() as u64;
+    let outside = inside.context + inside.other_process;
+    let slack = card as i64 - outside as i64 - budget as i64;
+    let graphs = b.bytes(vramtrace_models::Category::CudaGraphs);
+    let (class, why) = if slack < 0 {
+        (
+            "budget_over_free",
+            format!(
+                "the budget (⌈{u} × total⌉ = {}) is more than the card less what was held outside it ({}): vLLM refuses to start so; lower --gpu-memory-utilization",
+                gib(budget),
+                gib(card.saturating_sub(outside))
+            ),
+        )
+    } else if inside.other_process > shortfall {
+        (
+            "another_process",
+            format!(
+                "another process holds {} on the card, more than the {} the request lacked",
+                gib(inside.other_process),
+                gib(shortfall)
+            ),
+        )
+    } else if graphs > shortfall {
+        (
+            "cuda_graphs",
+            format!(
+                "CUDA graphs hold {}, more than the {} the request lacked: captured after the pool was sized, beyond what vLLM estimated",
+                gib(graphs),
+                gib(shortfall)
+            ),
+        )
+    } else {
+        (
+            "step_over_profiled",
+            format!(
+                "the step went over the peak vLLM profiled at start by more than the slack of {} (its profile run skips the attention and GDN kernels): lower --gpu-memory-utilization by at least {} of the card, or lower --max-num-batched-tokens",
+                gib(slack as u64),
+                gib(shortfall)
+            ),
+        )
+    };
+    VllmSlack {
+        utilization: u,
+        card_bytes: card,
+        budget_bytes: budget,
+        outside_bytes: outside,
+        slack_bytes: slack,
+        class,
+        why,
+    }
+}
+
 /// Where in the run the failing step was: its labels, else transformers' generate loop, else
 /// the tensors' lines.
 fn failing_step(
@@ -461,4 +523,69 @@ fn failing_step(
             None => step_from_tensors(trace, at, cfg)?,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::categoriser::Row;
+    use vramtrace_models::Category;
+
+    const GIB: u64 = 1 << 30;
+
+    fn breakdown(graphs: u64) -> Breakdown {
+        Breakdown {
+            rows: vec![Row {
+                category: Category::CudaGraphs,
+                bytes: graphs,
+                count: 1,
+                evidence: Vec::new(),
+            }],
+            total: graphs,
+            segments: Vec::new(),
+        }
+    }
+
+    fn inside(context: u64, other_process: u64) -> InsideLimit {
+        InsideLimit {
+            other_process,
+            context,
+            outside: 0,
+        }
+    }
+
+    #[test]
+    fn a_vllm_refusal_is_classed_in_vllm_s_terms() {
+        let card = Limit::Card { capacity: 24 * GIB };
+        let s = |u, ctx, other, short, graphs| {
+            vllm_slack(
+                u,
+                &card,
+                24 * GIB,
+                &inside(ctx, other),
+                short,
+                &breakdown(graphs),
+            )
+        };
+        // 0.9 of 24 GiB is 21.6 GiB; with 0.5 GiB outside it, 1.9 GiB of slack.
+        let v = s(0.9, GIB / 2, 0, 100 << 20, 0);
+        assert_eq!(
+            v.slack_bytes,
+            (24 * GIB - GIB / 2) as i64 - (24.0 * 0.9 * GIB as f64).ceil() as i64
+        );
+        assert_eq!(v.class, "step_over_profiled");
+        assert_eq!(s(0.99, GIB / 2, 0, 1 << 20, 0).class, "budget_over_free");
+        assert_eq!(s(0.9, GIB / 2, GIB, 100 << 20, 0).class, "another_process");
+        assert_eq!(
+            s(0.9, GIB / 2, 0, 100 << 20, 200 << 20).class,
+            "cuda_graphs"
+        );
+        // Lowering the utilisation never lowers the slack.
+        let mut last = i64::MIN;
+        for u in (50..=99).rev() {
+            let v = s(u as f64 / 100.0, GIB / 2, 0, 1, 0);
+            assert!(v.slack_bytes >= last);
+            last = v.slack_bytes;
+        }
+    }
 }
