@@ -637,3 +637,41 @@ fn the_report_sets_llama_cpp_s_predicted_buffers_beside_the_trace() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// llama.cpp's levers on the card the first fill case had (6,701,580,288 B free, the f16 model at
+/// `-c 32768 -ub 512` without flash attention, which fills 17,919 tokens): a smaller `-ub` fills
+/// the context (256 is the largest that does), a larger one cannot even make it (its compute
+/// buffer), and flash attention fills it whatever the cache type.
+#[test]
+fn the_levers_say_which_flags_fill_the_context() {
+    let v = model_json(
+        "llama-f16.header.gguf",
+        &[
+            "-c",
+            "32768",
+            "-ub",
+            "512",
+            "-b",
+            "512",
+            "--limit",
+            "6701580288",
+        ],
+    );
+    assert_eq!(v["frontier"]["fill_tokens"], 17_919);
+    assert_eq!(v["best_ubatch"], 256);
+    let lever = |name: &str| {
+        v["levers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lever"] == name)
+            .unwrap_or_else(|| panic!("no lever {name}: {v}"))
+            .clone()
+    };
+    assert_eq!(lever("-ub 256 -b 512")["fill_tokens"], 32_764);
+    assert_eq!(lever("-ub 1024 -b 1024")["boots"], false);
+    for l in ["-fa on", "-fa on -ctk q4_0 -ctv q4_0"] {
+        assert_eq!(lever(l)["fill_tokens"], 32_764, "{l}");
+    }
+    assert_eq!(lever("-c 16384")["fill_tokens"], 16_380);
+}

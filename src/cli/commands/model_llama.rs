@@ -6,7 +6,8 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use vramtrace_models::engine::llama_cpp::{
-    FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling, pool_mapped,
+    FillCeiling, FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling,
+    pool_mapped,
 };
 use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
@@ -42,6 +43,104 @@ pub struct LlamaArgs {
 /// H200 measured it (f16 weights, no flash attention; 623 MB with Q4_K_M and flash attention,
 /// which never call cuBLAS; docs/validation.md, "llama.cpp's fill ceiling").
 const DEFAULT_CONTEXT: u64 = 692_371_456;
+
+/// One change of the flags and its fill ceiling.
+struct Lever {
+    name: String,
+    n_ubatch: u64,
+    /// Only `-ub` changed (a candidate for the best `-ub`).
+    ubatch_only: bool,
+    fill: FillCeiling,
+}
+
+fn empty_fill(n_ctx: u64) -> FillCeiling {
+    FillCeiling {
+        boot_bytes: 0,
+        cublas_workspace_bytes: 0,
+        outside_bytes: 0,
+        pool_bytes: 0,
+        fill_tokens: 0,
+        max_prompt_tokens: n_ctx,
+        boots: false,
+    }
+}
+
+/// Each of llama.cpp's levers one step from the flags, with its fill ceiling on `limit`: `-ub`
+/// from 64 to 4096, flash attention switched, the caches in q8_0 and q4_0 (flash attention on:
+/// a quantized V cache needs it), and half the context.
+fn levers(
+    header: &GgufHeader,
+    ctx: &LlamaCppContext,
+    shape: &FillShape,
+    batch: u64,
+    limit: u64,
+    outside: u64,
+) -> anyhow::Result<Vec<Lever>> {
+    let mut out = Vec::new();
+    for ub in [64u64, 128, 256, 512, 1024, 2048, 4096] {
+        if ub == shape.n_ubatch {
+            continue;
+        }
+        let s = FillShape {
+            n_ubatch: ub,
+            ..*shape
+        };
+        out.push(Lever {
+            name: format!("-ub {ub} -b {}", batch.max(ub)),
+            n_ubatch: ub,
+            ubatch_only: true,
+            fill: fill_ceiling(header, ctx, &s, batch.max(ub), limit, outside)?,
+        });
+    }
+    let fa = FillShape {
+        flash_attn: !shape.flash_attn,
+        ..*shape
+    };
+    let quantized_v = ggml_type_by_name("f16") != Some(ctx.type_v)
+        && ggml_type_by_name("f32") != Some(ctx.type_v)
+        && ggml_type_by_name("bf16") != Some(ctx.type_v);
+    // Without flash attention llama.cpp refuses a quantized V cache.
+    if !(shape.flash_attn && quantized_v) {
+        out.push(Lever {
+            name: format!("-fa {}", if shape.flash_attn { "off" } else { "on" }),
+            n_ubatch: shape.n_ubatch,
+            ubatch_only: false,
+            fill: fill_ceiling(header, ctx, &fa, batch, limit, outside)?,
+        });
+    }
+    for t in ["q8_0", "q4_0"] {
+        let id = ggml_type_by_name(t).expect("a ggml type");
+        if ctx.type_k == id && ctx.type_v == id {
+            continue;
+        }
+        let c = LlamaCppContext {
+            type_k: id,
+            type_v: id,
+            ..ctx.clone()
+        };
+        let s = FillShape {
+            flash_attn: true,
+            ..*shape
+        };
+        out.push(Lever {
+            name: format!("-fa on -ctk {t} -ctv {t}"),
+            n_ubatch: shape.n_ubatch,
+            ubatch_only: false,
+            fill: fill_ceiling(header, &c, &s, batch, limit, outside)?,
+        });
+    }
+    let half = LlamaCppContext {
+        n_ctx: (ctx.n_ctx / 2).max(256),
+        ..ctx.clone()
+    };
+    out.push(Lever {
+        name: format!("-c {}", half.n_ctx),
+        n_ubatch: shape.n_ubatch,
+        ubatch_only: false,
+        fill: fill_ceiling(header, &half, shape, batch, limit, outside)?,
+    });
+    Ok(out)
+}
 
 /// `-ub` is llama.cpp's spelling of the physical batch: one dash, two letters, which a command
 /// line parser reads as `-u -b`. It is taken as `--ubatch-size` before parsing.
@@ -104,7 +203,23 @@ pub fn run(
         None => None,
     };
     let full_pool = pool_mapped(&header, &ctx, &shape, b.kv_cells.saturating_sub(4))?;
-    let out: Value = json!({
+    let levers = match limit {
+        Some(l) => levers(&header, &ctx, &shape, batch, l, outside)?,
+        None => Vec::new(),
+    };
+    let best_ubatch = levers
+        .iter()
+        .filter(|x| x.ubatch_only)
+        .chain(std::iter::once(&Lever {
+            name: String::new(),
+            n_ubatch: shape.n_ubatch,
+            ubatch_only: true,
+            fill: ceiling.clone().unwrap_or_else(|| empty_fill(n_ctx)),
+        }))
+        .filter(|x| x.fill.boots)
+        .max_by_key(|x| (x.fill.fill_tokens, x.n_ubatch))
+        .map(|x| x.n_ubatch);
+    let mut out: Value = json!({
         "runtime": "llama.cpp",
         "model": gguf.display().to_string(),
         "architecture": header.architecture(),
@@ -134,6 +249,21 @@ pub fn run(
             None => json!({"fill_tokens": Value::Null, "why": "give --limit BYTES (the card, or what is free when llama.cpp starts)"}),
         },
     });
+    if limit.is_some() {
+        out["best_ubatch"] = json!(best_ubatch);
+        out["levers"] = levers
+            .iter()
+            .map(|x| {
+                json!({
+                    "lever": x.name,
+                    "boots": x.fill.boots,
+                    "fill_tokens": x.fill.fill_tokens,
+                    "max_prompt_tokens": x.fill.max_prompt_tokens,
+                    "boot_bytes": x.fill.boot_bytes,
+                })
+            })
+            .collect();
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(0);
@@ -204,6 +334,27 @@ pub fn run(
                 "  it boots, but fills only {} of {} tokens: past them the pool needs more than the card has (fill ceiling)",
                 c.fill_tokens, c.max_prompt_tokens
             );
+        }
+        println!();
+        println!("  levers (one at a time):");
+        for x in &levers {
+            println!(
+                "    {:<40} {}",
+                x.name,
+                if !x.fill.boots {
+                    "cannot make the context".to_string()
+                } else if x.fill.fill_tokens == x.fill.max_prompt_tokens {
+                    format!("fills all {} tokens", x.fill.max_prompt_tokens)
+                } else {
+                    format!(
+                        "fills {} of {} tokens",
+                        x.fill.fill_tokens, x.fill.max_prompt_tokens
+                    )
+                }
+            );
+        }
+        if let Some(u) = best_ubatch {
+            println!("  the -ub that fills the most: {u} (ties to the larger, the faster prefill)");
         }
     }
     Ok(0)
