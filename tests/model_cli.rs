@@ -553,3 +553,45 @@ fn the_vllm_planner_prints_the_pool_the_slack_and_the_step_against_the_card() {
     assert_ne!(code, 0);
     assert!(stderr.contains("--gpu-memory-utilization"), "{stderr}");
 }
+
+/// A checkpoint's safetensors index gives vLLM's weights as stored (over the ranks), instead of
+/// counting them from the config; a file without `metadata.total_size` is refused in words.
+#[test]
+fn the_vllm_planner_takes_the_checkpoint_s_own_bytes() {
+    let dir = std::env::temp_dir().join(format!("vramtrace-st-index-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(
+        &index,
+        r#"{"metadata": {"total_size": 18000000000}, "weight_map": {}}"#,
+    )
+    .unwrap();
+    let args = |tp: &'static str| {
+        vec![
+            QWEN36,
+            "--runtime",
+            "vllm-0.20.1",
+            "--limit",
+            "80GiB",
+            "--gpu-memory-utilization",
+            "0.9",
+            "--max-model-len",
+            "8192",
+            "--tp",
+            tp,
+            "--json",
+        ]
+    };
+    let mut a = args("2");
+    a.extend(["--safetensors-index", index.to_str().unwrap()]);
+    let v = json(&a);
+    assert_eq!(v["weights_bytes"], 9_000_000_000u64);
+    assert_eq!(v["vllm"]["weights"]["basis"], "given");
+    std::fs::write(&index, r#"{"weight_map": {}}"#).unwrap();
+    let (code, _, stderr) = run(&a);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("no metadata.total_size"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Without it, the weights are counted from the config.
+    assert_eq!(json(&args("2"))["vllm"]["weights"]["basis"], "code");
+}

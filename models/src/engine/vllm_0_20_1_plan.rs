@@ -94,6 +94,9 @@ pub struct VllmFlags {
     pub num_speculative_tokens: u64,
     /// `--mamba-ssm-cache-dtype` (`None`: auto, the config's `mamba_ssm_dtype` else the model's).
     pub mamba_ssm_cache_dtype: Option<DType>,
+    /// The checkpoint's own bytes (`metadata.total_size` of its `model.safetensors.index.json`):
+    /// the weights are then these over the ranks, not counted from the config.
+    pub checkpoint_bytes: Option<u64>,
 }
 
 impl VllmFlags {
@@ -118,6 +121,7 @@ impl VllmFlags {
             enable_prefix_caching: false,
             num_speculative_tokens: 0,
             mamba_ssm_cache_dtype: None,
+            checkpoint_bytes: None,
         }
     }
 }
@@ -407,6 +411,19 @@ fn weights(cfg: &ModelConfig, f: &VllmFlags) -> Result<(Term, WeightFormat), Mod
         },
         (None, None) => (WeightFormat::Bf16, "the config's dtype".to_string()),
     };
+    if let Some(total) = f.checkpoint_bytes {
+        return Ok((
+            Term {
+                bytes: total.div_ceil(f.tp),
+                basis: TermBasis::Given,
+                why: format!(
+                    "the checkpoint's own tensors ({total} B in its safetensors index) over {} rank(s); vLLM keeps them as stored (a Marlin repack keeps the bytes), every tower included",
+                    f.tp
+                ),
+            },
+            format,
+        ));
+    }
     let w = weight_bytes(cfg, format, f.tp)?;
     Ok((
         Term {

@@ -112,6 +112,10 @@ pub struct StepArgs {
     /// dtype).
     #[arg(long, value_name = "DTYPE", requires = "gpu_memory_utilization")]
     pub mamba_ssm_cache_dtype: Option<String>,
+    /// The checkpoint's `model.safetensors.index.json`: its `metadata.total_size` gives the
+    /// weights' bytes (over the ranks) instead of counting them from the config.
+    #[arg(long, value_name = "PATH", requires = "gpu_memory_utilization")]
+    pub safetensors_index: Option<std::path::PathBuf>,
     /// vLLM's non-torch increase over its profile run, if known (default 0.35 GiB).
     #[arg(long, value_name = "BYTES", requires = "gpu_memory_utilization")]
     pub non_torch: Option<String>,

@@ -80,7 +80,29 @@ pub fn flags(
             .map(|d| d.parse::<DType>().map_err(anyhow::Error::msg))
             .transpose()
             .context("--mamba-ssm-cache-dtype")?,
+        checkpoint_bytes: args
+            .safetensors_index
+            .as_deref()
+            .map(checkpoint_bytes)
+            .transpose()?,
     })
+}
+
+/// `metadata.total_size` of a safetensors index.
+fn checkpoint_bytes(path: &std::path::Path) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--safetensors-index {}", path.display()))?;
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("--safetensors-index {}: not JSON", path.display()))?;
+    v["metadata"]["total_size"]
+        .as_u64()
+        .filter(|&b| b > 0)
+        .with_context(|| {
+            format!(
+                "--safetensors-index {}: no metadata.total_size (a model.safetensors.index.json has one)",
+                path.display()
+            )
+        })
 }
 
 /// One lever: the flags changed and vLLM's outcome.
