@@ -95,7 +95,10 @@ pub fn weight_bytes(
     let hv = w(cfg.linear_num_value_heads);
     let head_dim = w(cfg.head_dim);
     let q_out = w(cfg.num_attention_heads) * head_dim * if cfg.attn_output_gate { 2 } else { 1 };
-    let kv_out = w(cfg.num_key_value_heads) * head_dim;
+    // With more ranks than KV heads, vLLM replicates them: one head a rank
+    // (`model_executor/layers/linear.py:1029-1036`, `QKVParallelLinear`), so the total over the
+    // ranks is `max(kv_heads, tp)` heads.
+    let kv_out = w(cfg.num_key_value_heads.max(tp)) * head_dim;
     let mut linears: Vec<(Linear, u128)> = Vec::new();
     // `copies` identical `inp -> out` linears (gate and up, k and v, the experts).
     let mut linear =
@@ -174,6 +177,23 @@ pub fn weight_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_heads_are_replicated_past_their_count() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../samples/models/Qwen3.6-27B/config.json");
+        let four = crate::ModelConfig::from_path(p).unwrap();
+        let eight = crate::ModelConfig {
+            num_key_value_heads: 8,
+            ..four.clone()
+        };
+        let at =
+            |c: &crate::ModelConfig, tp| weight_bytes(c, WeightFormat::Bf16, tp).unwrap().bytes;
+        // At TP 8 four KV heads are replicated to one a rank: the ranks hold what eight would.
+        assert_eq!(at(&four, 8), at(&eight, 8));
+        // On one GPU the four heads are four: 16 layers × k and v × 4 × 256 × 5120 × 2 B less.
+        assert_eq!(at(&eight, 1) - at(&four, 1), 16 * 2 * 4 * 256 * 5120 * 2);
+    }
 
     #[test]
     fn formats_parse() {
