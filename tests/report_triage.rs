@@ -66,6 +66,17 @@ const CATEGORY_NAMES: [&str; 12] = [
     "unnamed",
 ];
 
+/// The report's lever whose change starts with `prefix`.
+fn lever(j: &Value, prefix: &str) -> Value {
+    j["levers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["change"].as_str().is_some_and(|c| c.starts_with(prefix)))
+        .unwrap_or_else(|| panic!("no lever {prefix}: {}", j["levers"]))
+        .clone()
+}
+
 fn categories(j: &Value) -> Vec<(String, u64)> {
     j["categories"]
         .as_array()
@@ -237,17 +248,7 @@ fn prefill_18gib_is_kv_growth_and_the_failing_step_does_not_fit() {
     assert_eq!(j["step"]["context_tokens"], 12_384);
     assert_eq!(j["inside_limit"]["other_process"], 0);
     assert_eq!(j["inside_limit"]["context"], 257_618_896);
-    let chunk = j["levers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| {
-            l["change"]
-                .as_str()
-                .unwrap()
-                .starts_with("--max-num-batched-tokens")
-        })
-        .unwrap();
+    let chunk = lever(&j, "--max-num-batched-tokens");
     assert_eq!(chunk["feasible"], false);
     // Every residual is a number with a cause, none hidden.
     for p in j["model"]["residuals"]["parts"].as_array().unwrap() {
@@ -501,17 +502,7 @@ fn gpu_memory_utilization_is_spent_at_start_and_the_card_refuses() {
         19_327_352_832 - v["outside_bytes"].as_i64().unwrap() - 17_394_617_549
     );
     // The utilisation lever: lower, by the shortfall over the card, never higher.
-    let util = j["levers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| {
-            l["change"]
-                .as_str()
-                .is_some_and(|c| c.starts_with("--gpu-memory-utilization"))
-        })
-        .unwrap_or_else(|| panic!("no utilisation lever: {}", j["levers"]))
-        .clone();
+    let util = lever(&j, "--gpu-memory-utilization");
     let to: f64 = util["change"].as_str().unwrap()[25..30].parse().unwrap();
     assert!(to < 0.9, "{util}");
     assert!(

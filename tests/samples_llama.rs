@@ -13,16 +13,25 @@ fn sample(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `vramtrace COMMAND SAMPLE --json`, parsed.
-fn cli_json(command: &str, name: &str) -> serde_json::Value {
+/// `vramtrace ARGS…`, its JSON (the command must succeed).
+fn vramtrace_json<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> serde_json::Value {
     let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-        .arg(command)
-        .arg(sample(name))
-        .arg("--json")
+        .args(args)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `vramtrace COMMAND SAMPLE --json`, parsed.
+fn cli_json(command: &str, name: &str) -> serde_json::Value {
+    vramtrace_json([
+        command.as_ref(),
+        sample(name).as_os_str(),
+        "--json".as_ref(),
+    ])
 }
 
 fn summary(name: &str) -> serde_json::Value {
@@ -232,15 +241,10 @@ fn the_report_on_a_llama_cpp_run_does_not_ask_for_a_config_json() {
 
 /// `vramtrace model` on the sample GGUF `model` with `args`, its JSON.
 fn model_json(model: &str, args: &[&str]) -> serde_json::Value {
-    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-        .arg("model")
-        .arg(sample(model))
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).unwrap()
+    let path = sample(model);
+    let mut a: Vec<&std::ffi::OsStr> = vec!["model".as_ref(), path.as_os_str(), "--json".as_ref()];
+    a.extend(args.iter().map(std::ffi::OsStr::new));
+    vramtrace_json(a)
 }
 
 /// The CUDA0 compute buffer llama.cpp's destructor logs in `log` (four decimals of MiB).
@@ -554,17 +558,11 @@ fn a_second_architecture_s_buffers_are_its_log_lines() {
         ("call1-b-f16-c64k-ub512-longest", "-c 65536 -ub 512 -b 512"),
         ("call1-b-f16-c64k-ub256-longest", "-c 65536 -ub 256 -b 256"),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-            .args(["model", gguf.to_str().unwrap(), "--json"])
-            .args(args.split(' '))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let v = vramtrace_json(
+            ["model", gguf.to_str().unwrap(), "--json"]
+                .into_iter()
+                .chain(args.split(' ')),
         );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let log = std::fs::read_to_string(dir.join(format!("{excerpt}.log-excerpt.txt"))).unwrap();
         let logged = |key: &str| -> f64 {
             log.lines()
@@ -606,17 +604,13 @@ fn the_report_sets_llama_cpp_s_predicted_buffers_beside_the_trace() {
         ("f16-p64k-fa1-ub2048", "llama-f16.header.gguf"),
         ("q4km-p32k-fa1-q40", "llama-q4km.header.gguf"),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vramtrace"))
-            .args(["report", sample(run).to_str().unwrap(), "--json", "--model"])
-            .arg(sample(model))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = vramtrace_json([
+            "report".as_ref(),
+            sample(run).as_os_str(),
+            "--json".as_ref(),
+            "--model".as_ref(),
+            sample(model).as_os_str(),
+        ]);
         let rows = v["llama_cpp"]["rows"]
             .as_array()
             .unwrap_or_else(|| panic!("{run}: {v}"));

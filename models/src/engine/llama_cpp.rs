@@ -36,6 +36,20 @@ const HOST_TENSOR: &str = "token_embd.weight";
 /// 30); any other cache type is quantized.
 const UNQUANTIZED: [u32; 3] = [0, 1, 30];
 
+/// Whether ggml type `id` is quantized (any type but f32, f16 and bf16).
+pub fn is_quantized(id: u32) -> bool {
+    !UNQUANTIZED.contains(&id)
+}
+
+/// Whether the layers' matrices are quantized (they then go to MMQ, not cuBLAS).
+fn quantized_weights(header: &GgufHeader) -> bool {
+    header
+        .tensors
+        .iter()
+        .filter(|x| x.name.starts_with("blk.") && x.dims.len() == 2)
+        .any(|x| is_quantized(x.ggml_type))
+}
+
 /// A llama.cpp context as the flags make it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LlamaCppContext {
@@ -197,7 +211,7 @@ pub fn compute_buffer(
     let a = |x: u64| x.next_multiple_of(CUDA_ALIGNMENT);
     let n = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
     let t = n.min(n_ubatch.max(1));
-    let quantized = !UNQUANTIZED.contains(&ctx.type_k) || !UNQUANTIZED.contains(&ctx.type_v);
+    let quantized = is_quantized(ctx.type_k) || is_quantized(ctx.type_v);
     let mask_elem = if flash_attn { 2 } else { 4 };
     let inputs = a(4 * g.e * t)
         + a(4 * t)
@@ -252,13 +266,10 @@ pub struct FillShape {
 /// - with flash attention, the kernel's own scratch (`fattn-common.cuh:1017-1216`) is below the
 ///   weight matmuls' and does not depend on `n_kv`; the f16 K/V of a quantized cache live in the
 ///   compute buffer ([`compute_buffer`]).
-fn op_scratch(header: &GgufHeader, g: &GraphShape, s: &FillShape, t: u64, n_kv: u64) -> u64 {
+///
+/// `quantized_weights`: the layers' matrices are quantized ([`quantized_weights`]).
+fn op_scratch(quantized_weights: bool, g: &GraphShape, s: &FillShape, t: u64, n_kv: u64) -> u64 {
     let a = |x: u64| x.next_multiple_of(128);
-    let quantized_weights = header
-        .tensors
-        .iter()
-        .filter(|x| x.name.starts_with("blk.") && x.dims.len() == 2)
-        .any(|x| !UNQUANTIZED.contains(&x.ggml_type));
     // The layer's matmuls as (K, M): q, k/v, o, gate/up, down.
     let mats = [
         (g.e, g.h * g.d),
@@ -302,6 +313,7 @@ pub fn pool_mapped(
     filled: u64,
 ) -> Result<u64, ModelError> {
     let g = graph_shape(header)?;
+    let quantized = quantized_weights(header);
     let cells = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
     let ub = s.n_ubatch.max(1);
     let mut peak = 0u64;
@@ -310,7 +322,7 @@ pub fn pool_mapped(
         let t = ub.min(filled - done);
         done += t;
         let n_kv = done.next_multiple_of(CTX_PAD).clamp(CTX_PAD, cells);
-        peak = peak.max(op_scratch(header, &g, s, t, n_kv));
+        peak = peak.max(op_scratch(quantized, &g, s, t, n_kv));
     }
     Ok(peak.next_multiple_of(VMM_GRANULARITY))
 }
@@ -350,12 +362,7 @@ pub fn fill_ceiling(
     let boot = boot_buffers(header, ctx)?;
     let compute = compute_buffer(header, ctx, s.n_ubatch.min(n_batch.max(1)), s.flash_attn)?;
     let boot_bytes = boot.model_buffer_bytes + boot.kv_cache_bytes + compute;
-    let quantized_weights = header
-        .tensors
-        .iter()
-        .filter(|x| x.name.starts_with("blk.") && x.dims.len() == 2)
-        .any(|x| !UNQUANTIZED.contains(&x.ggml_type));
-    let cublas = if !s.flash_attn || (!quantized_weights && s.n_ubatch > 16) {
+    let cublas = if !s.flash_attn || (!quantized_weights(header) && s.n_ubatch > 16) {
         CUBLAS_WORKSPACE
     } else {
         0

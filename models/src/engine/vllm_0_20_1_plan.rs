@@ -445,17 +445,26 @@ fn profile_peak(
     tokens: u64,
     rows: u64,
 ) -> Result<(u64, StepLayer), ModelError> {
-    let mut shape = ServingShape::prefill(cfg, tokens, tokens);
-    shape.tp = f.tp;
-    shape.num_sms = f.num_sms;
-    let v = StepVariants::for_runtime(Runtime::Vllm, cfg);
-    let st = LayerStep::new(cfg, &v, &shape)?;
-    let layers = profile_layers(&st, rows)?;
+    let layers = profile(cfg, f, tokens, rows)?;
     let top = layers
         .iter()
         .max_by_key(|l| l.bytes)
         .ok_or_else(|| ModelError::Invalid("the model has no layers".into()))?;
     Ok((top.bytes, top.kind))
+}
+
+/// The profile run's layer kinds for a batch of `tokens` on one rank, the sampler on `rows`.
+fn profile(
+    cfg: &ModelConfig,
+    f: &VllmFlags,
+    tokens: u64,
+    rows: u64,
+) -> Result<Vec<crate::LayerPeak>, ModelError> {
+    let mut shape = ServingShape::prefill(cfg, tokens, tokens);
+    shape.tp = f.tp;
+    shape.num_sms = f.num_sms;
+    let v = StepVariants::for_runtime(Runtime::Vllm, cfg);
+    profile_layers(&LayerStep::new(cfg, &v, &shape)?, rows)
 }
 
 /// The CUDA-graph estimate (notes §2.8): 0 with `--enforce-eager`; otherwise vLLM captures the
@@ -487,18 +496,12 @@ fn cudagraph(
     let estimate = match f.cudagraph_estimate {
         Some(b) => b,
         None => {
-            let forward = {
-                let mut shape = ServingShape::prefill(cfg, largest, largest);
-                shape.tp = f.tp;
-                let v = StepVariants::for_runtime(Runtime::Vllm, cfg);
-                let st = LayerStep::new(cfg, &v, &shape)?;
-                profile_layers(&st, 1)?
-                    .iter()
-                    .filter(|l| l.kind != StepLayer::Logits)
-                    .map(|l| l.bytes)
-                    .max()
-                    .unwrap_or(0)
-            };
+            let forward = profile(cfg, f, largest, 1)?
+                .iter()
+                .filter(|l| l.kind != StepLayer::Logits)
+                .map(|l| l.bytes)
+                .max()
+                .unwrap_or(0);
             forward
                 + PER_GRAPH_FLOOR * counts.0.saturating_sub(1)
                 + PER_GRAPH_FLOOR * counts.1.saturating_sub(1)

@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use vramtrace_models::engine::llama_cpp::{
     FillCeiling, FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling,
-    pool_mapped,
+    is_quantized, pool_mapped,
 };
 use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
 use vramtrace_models::units::{fmt_bytes, parse_bytes};
@@ -96,11 +96,8 @@ fn levers(
         flash_attn: !shape.flash_attn,
         ..*shape
     };
-    let quantized_v = ggml_type_by_name("f16") != Some(ctx.type_v)
-        && ggml_type_by_name("f32") != Some(ctx.type_v)
-        && ggml_type_by_name("bf16") != Some(ctx.type_v);
     // Without flash attention llama.cpp refuses a quantized V cache.
-    if !(shape.flash_attn && quantized_v) {
+    if !(shape.flash_attn && is_quantized(ctx.type_v)) {
         out.push(Lever {
             name: format!("-fa {}", if shape.flash_attn { "off" } else { "on" }),
             n_ubatch: shape.n_ubatch,
