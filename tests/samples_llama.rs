@@ -510,6 +510,7 @@ fn the_fill_ceiling_is_where_llama_cpp_stopped() {
                 ub,
                 c["free_bytes"].as_u64().unwrap(),
                 c["outside_bytes"].as_u64().unwrap(),
+                None,
             )
             .unwrap();
             let pred = c["prediction"]["frontier"]["fill_tokens"].as_u64().unwrap();

@@ -805,6 +805,99 @@ PY
   ls -la "$W/llama-fill" | head -50
 }
 
+llama_hybrid() {
+  # Issue 33: a hybrid GGUF (llama.cpp's qwen35: Qwen3.6-27B's shapes, 8 of its 64 layers, two
+  # of them full attention; scripts/validate/qwen35_gguf.py, f16 zeros, and its Q4_K_M): the
+  # buffers made at start at three settings against the model's predictions (committed before
+  # the call, docs/validation.md), then the fill ceiling without flash attention.
+  local L=$LL/llama.cpp B=$LL/llama.cpp/build/bin g=$LL/qwen35-h8 case name m flags
+  [ -f "$g-f16.gguf" ] || timeout 120 python3 "$VAL/qwen35_gguf.py" "$L" "$CFG" "$g-f16.gguf" --layers 8 || return 1
+  [ -f "$g-q4km.gguf" ] || { time timeout 300 "$B/llama-quantize" "$g-f16.gguf" "$g-q4km.gguf" Q4_K_M \
+    > "$W/qwen35-h8-quantize.log" 2>&1 || tail -20 "$W/qwen35-h8-quantize.log"; }
+  for m in f16 q4km; do
+    python3 - "$L" "$g-$m.gguf" > "$W/qwen35-h8-$m-header.txt" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/gguf-py")
+import gguf
+r = gguf.GGUFReader(sys.argv[2])
+for t in r.tensors:
+    print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
+PY
+  done
+  echo "hello hello hello hello hello hello hello hello" > "$W/qwen35-prompt.txt"
+  for case in "f16-c16k-ub512-fa0:f16:-c 16384 -ub 512 -b 512 -fa off" \
+      "f16-c64k-ub256-fa1-q80:f16:-c 65536 -ub 256 -b 256 -fa on -ctk q8_0 -ctv q8_0" \
+      "q4km-c32k-ub512-fa1-q40:q4km:-c 32768 -ub 512 -b 512 -fa on -ctk q4_0 -ctv q4_0"; do
+    name=${case%%:*} m=${case#*:} flags=${m#*:} m=${m%%:*}
+    # shellcheck disable=SC2086  # flags is a list
+    timeout 180 "$B/llama-completion" -m "$g-$m.gguf" -ngl 99 $flags -f "$W/qwen35-prompt.txt" \
+      -n 4 -no-cnv --temp 0 -v > "$W/qwen35-h8-$name.log" 2>&1
+    echo "$name: rc $?"
+    grep -E "CUDA0 (model|KV|RS|compute) buffer size" "$W/qwen35-h8-$name.log"
+  done
+  rm -rf "$W/qwen35-fill"
+  timeout 400 python3 "$VAL/llama_fill.py" --vt "$VT" --bin "$B" --out "$W/qwen35-fill" \
+    "h8-f16-c32k-ub512:$g-f16.gguf:32768:512:off" "h8-q4km-c32k-ub256:$g-q4km.gguf:32768:256:off"
+  for t in "$W"/qwen35-fill/*.trace; do
+    [ -d "$t" ] && $VT summary "$t" > "$t.summary.txt" 2>&1
+  done
+}
+
+llama_attach() {
+  # Issue 33: vramtrace attach on a running llama-completion (interactive, no warm-up, waiting
+  # for its first line), then a 16,000-token prompt fed to it while attached (without flash
+  # attention the VMM pool grows with it), then EOF: llama.cpp frees everything and exits
+  # while attached.
+  local B=$LL/llama.cpp/build/bin d=$W/llama-attach pid apid i
+  [ -f "$LL/llama-f16.gguf" ] || timeout 300 python3 "$VAL/llama_gguf.py" "$LL/llama.cpp" "$LL/llama-f16.gguf" || return 1
+  rm -rf "$d" "$d.trace" && mkdir -p "$d"
+  python3 -c 'print("hello" + " hello" * 15999)' > "$d/prompt.txt"
+  mkfifo "$d/in"
+  "$B/llama-completion" -m "$LL/llama-f16.gguf" -ngl 99 -c 32768 -ub 512 -b 512 -fa off -i -if \
+    --no-warmup -n 8 --temp 0 -v < "$d/in" > "$d/llama.log" 2>&1 &
+  pid=$!
+  exec 7> "$d/in"
+  for i in $(seq 90); do grep -q "Running in interactive mode" "$d/llama.log" && break; sleep 1; done
+  grep -E "CUDA0 (model|KV|compute) buffer size" "$d/llama.log"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+  $VT attach "$pid" --out "$d.trace" --duration 60s > "$d/attach.log" 2>&1 &
+  apid=$!
+  sleep 8
+  cat "$d/prompt.txt" >&7
+  for i in $(seq 60); do grep -q "n_past = 16" "$d/llama.log" && break; sleep 1; done
+  sleep 5
+  exec 7>&-
+  wait "$pid"; echo "llama-completion rc $?"
+  wait "$apid"; echo "attach rc $?"
+  cat "$d/attach.log"
+  grep -c "n_past = " "$d/llama.log"
+  $VT summary "$d.trace" > "$d.summary.txt" 2>&1; head -40 "$d.summary.txt"
+  $VT report "$d.trace" --model "$LL/llama-f16.gguf" > "$d.report.md" 2>&1; head -60 "$d.report.md"
+}
+
+llama_27b() {
+  # Issue 33: the seed's llama.cpp ladder on an emulated 24 GB card: Qwen3.6-27B's exact
+  # architecture (scripts/validate/qwen35_gguf.py, zeros) in Q4_K_M by llama-quantize, a q4_0
+  # cache, -ub 512, flash attention, the card's 25,438,126,080 B (a 3090's total) free when
+  # llama.cpp starts; the model's prediction printed before the one rung, the longest prompt.
+  local L=$LL/llama.cpp B=$LL/llama.cpp/build/bin g=$LL/qwen36-27b
+  [ -f "$g-f16.gguf" ] || timeout 120 python3 "$VAL/qwen35_gguf.py" "$L" "$CFG" "$g-f16.gguf" || return 1
+  [ -f "$g-q4km.gguf" ] || { time timeout 400 "$B/llama-quantize" "$g-f16.gguf" "$g-q4km.gguf" Q4_K_M \
+    > "$W/qwen36-27b-quantize.log" 2>&1 || { tail -20 "$W/qwen36-27b-quantize.log"; return 1; }; }
+  rm -f "$g-f16.gguf"
+  python3 - "$L" "$g-q4km.gguf" > "$W/qwen36-27b-q4km-header.txt" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/gguf-py")
+import gguf
+r = gguf.GGUFReader(sys.argv[2])
+for t in r.tensors:
+    print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
+PY
+  rm -rf "$W/qwen36-27b-fill"
+  LLAMA_FILL_TIMEOUT=${LLAMA_27B_TIMEOUT:-400} timeout 560 python3 "$VAL/llama_fill.py" --vt "$VT" --bin "$B" \
+    --out "$W/qwen36-27b-fill" ${LLAMA_27B_CASES:-"q27-c262k:$g-q4km.gguf:262144:512:on:q4_0:card=25438126080"}
+}
+
 generate_modes() {
   # Issue 31, item 2: the planner's expandable segments and eager attention, each case bare
   # (cap:chunk lists; the predictions were committed first: docs/validation.md, "transformers

@@ -2,8 +2,14 @@
 
     python3 llama_fill.py --vt VRAMTRACE --bin LLAMA_BIN_DIR --out DIR CASE...
 
-CASE is NAME:GGUF:CTX:UBATCH:FA[:CACHE[:whole]] (FA `on` or `off`; CACHE a ggml type for both
-caches, or empty; `whole`: the ballast leaves what the whole context needs and 64 MiB).
+CASE is NAME:GGUF:CTX:UBATCH:FA[:CACHE[:MODE]] (FA `on` or `off`; CACHE a ggml type for both
+caches, or empty). MODE: `whole`, the ballast leaves what the whole context needs and 64 MiB;
+`card=BYTES`, the ballast leaves BYTES free (a smaller card, emulated) and the one rung is the
+longest prompt.
+
+For a hybrid (qwen35), whose compute buffer the model does not place, llama.cpp's own figure is
+read first from a short run at the case's flags (its `CUDA0 compute buffer size is` line) and
+given to the model (`--compute-buffer`); nothing else is taken from a run.
 
 1. Calibration (its own run, never a rung): `llama-completion` on a 1,000-token prompt at
    `-c 4096` with the case's weights, -ub and kernels, nothing else on the card; the bytes the
@@ -24,6 +30,7 @@ Writes DIR/fill.json (every figure) and DIR/<case>-<rung>.log.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -45,14 +52,35 @@ def free_bytes() -> int:
     return torch.cuda.mem_get_info()[0]
 
 
+COMPUTE = {}
+
+
+def compute_line(log) -> int | None:
+    """The CUDA0 compute buffer llama.cpp logged (4 decimals of MiB with -v, else 2)."""
+    for line in Path(log).read_text(errors="replace").splitlines():
+        for key in ("CUDA0 compute buffer size is", "CUDA0 compute buffer size ="):
+            if key in line:
+                return round(float(line.split(key)[1].split()[0]) * 2**20)
+    return None
+
+
 def model_json(vt, gguf, ctx, ub, fa, cache, limit, outside):
     cmd = [vt, "model", gguf, "--runtime", "llama.cpp", "-c", str(ctx), "-ub", str(ub),
            "-b", str(ub), "--limit", str(limit), "--known", f"context={outside}", "--json"]
+    if (gguf, ctx, ub, fa, cache) in COMPUTE:
+        cmd += ["--compute-buffer", str(COMPUTE[(gguf, ctx, ub, fa, cache)])]
     if fa == "on":
         cmd.append("--flash-attn")
     if cache:
         cmd += ["--cache-type-k", cache, "--cache-type-v", cache]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def needs_compute(vt, gguf) -> bool:
+    """Whether the model refuses to place this GGUF's compute buffer (a hybrid)."""
+    r = subprocess.run([vt, "model", gguf, "--runtime", "llama.cpp", "-c", "4096", "--json"],
+                       capture_output=True, text=True)
+    return r.returncode != 0 and "--compute-buffer" in r.stderr
 
 
 def completion(bin_dir, gguf, ctx, ub, fa, cache, prompt, log, vt=None, trace=None):
@@ -76,7 +104,11 @@ def completion(bin_dir, gguf, ctx, ub, fa, cache, prompt, log, vt=None, trace=No
     w = threading.Thread(target=watch)
     w.start()
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=300).returncode
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=int(os.environ.get("LLAMA_FILL_TIMEOUT", "300"))).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
     done.set()
     w.join()
     n_past = 0
@@ -102,6 +134,12 @@ def main() -> int:
     results = {"cases": []}
 
     calibrations = {}
+    hybrids = {}
+
+    def hybrid(gguf):
+        if gguf not in hybrids:
+            hybrids[gguf] = needs_compute(a.vt, gguf)
+        return hybrids[gguf]
 
     def calibrate(gguf, ub, fa, cache):
         """What the process holds beyond the buffers the model predicts, on a 1,000-token prompt
@@ -115,6 +153,9 @@ def main() -> int:
         tag = f"calib-{len(calibrations)}"
         rc, n_past, low = completion(a.bin, gguf, 4096, ub, fa, cache, p, a.out / f"{tag}.log")
         held = before - low
+        if hybrid(gguf):
+            COMPUTE[(gguf, 4096, ub, fa, cache)] = compute_line(a.out / f"{tag}.log")
+            COMPUTE[(gguf, 1000, ub, fa, cache)] = COMPUTE[(gguf, 4096, ub, fa, cache)]
         m = model_json(a.vt, gguf, 4096, ub, fa, cache, 1 << 40, 0)
         pool = model_json(a.vt, gguf, 1000, ub, fa, cache, 1 << 40, 0)["pool_at_full_bytes"]
         buffers = m["boot_bytes"] + m["frontier"]["cublas_workspace_bytes"] + pool
@@ -129,8 +170,18 @@ def main() -> int:
         name, gguf, ctx, ub, fa, *rest = case.split(":")
         ctx, ub = int(ctx), int(ub)
         cache = rest[0] if rest and rest[0] else None
-        whole = len(rest) > 1 and rest[1] == "whole"
+        mode = rest[1] if len(rest) > 1 else ""
+        whole = mode == "whole"
+        card = int(mode.split("=")[1]) if mode.startswith("card=") else None
         outside = calibrate(gguf, ub, fa, cache)
+        if hybrid(gguf):
+            # llama.cpp's own compute buffer at these flags, from a 16-token prompt: the one
+            # figure the model takes from a run, and only for the hybrids' graph.
+            pf = prompt_file(a.out / f"prompt-{name}-boot.txt", 16)
+            completion(a.bin, gguf, ctx, ub, fa, cache, pf, a.out / f"{name}-boot.log")
+            COMPUTE[(gguf, ctx, ub, fa, cache)] = compute_line(a.out / f"{name}-boot.log")
+            print(f"COMPUTE {name}: {COMPUTE[(gguf, ctx, ub, fa, cache)]} B (llama.cpp's line)",
+                  flush=True)
         full = model_json(a.vt, gguf, ctx, ub, fa, cache, 1 << 40, outside)
         max_prompt = full["frontier"]["max_prompt_tokens"]
         # A prompt of 55% of the context; with `whole`, the whole context and 64 MiB to spare.
@@ -143,7 +194,7 @@ def main() -> int:
                 hi = mid
             else:
                 lo = mid
-        want = hi + (64 << 20 if whole else 2**20)
+        want = card if card else hi + (64 << 20 if whole else 2**20)
         ballast = None
         torch.cuda.empty_cache()
         spare = free_bytes() - want
@@ -163,8 +214,9 @@ def main() -> int:
         with open(a.out / f"{name}-fit-params.log", "w") as f:
             subprocess.run(fit, stdout=f, stderr=subprocess.STDOUT, timeout=120)
         rungs = {}
-        for rung, n in [("longest", max_prompt), ("95pct", max(2, fill * 95 // 100)),
-                        ("105pct", min(max_prompt, fill * 105 // 100))]:
+        plan = [("longest", max_prompt), ("95pct", max(2, fill * 95 // 100)),
+                ("105pct", min(max_prompt, fill * 105 // 100))]
+        for rung, n in plan[:1] if card else plan:
             if n in [r["prompt"] for r in rungs.values()]:
                 continue
             pf = prompt_file(a.out / f"prompt-{name}-{rung}.txt", n)

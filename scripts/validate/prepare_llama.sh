@@ -23,7 +23,7 @@ for d in "$T"/ggml/src/ggml-*/; do
   case $(basename "$d") in ggml-cpu|ggml-cuda) ;; *) rm -rf "$d" ;; esac
 done
 rm -rf "$T"/{docs,tests,examples,pocs,media,benches,app,ci,skills,scripts,conversion,grammars,requirements}
-find "$T/models" -type f ! -name 'ggml-vocab-llama-spm.gguf' -delete
+find "$T/models" -type f ! -name 'ggml-vocab-llama-spm.gguf' ! -name 'ggml-vocab-qwen2.gguf' -delete
 for d in "$T"/tools/*/; do
   case $(basename "$d") in llama-bench|fit-params|completion|quantize) ;; *) rm -rf "$d" ;; esac
 done

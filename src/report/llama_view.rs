@@ -34,8 +34,8 @@ pub struct LlamaFlags {
 pub struct LlamaRow {
     /// The buffer.
     pub part: &'static str,
-    /// From the header and the flags.
-    pub predicted: u64,
+    /// From the header and the flags (`None`: not modelled, the basis says why).
+    pub predicted: Option<u64>,
     /// In the trace, at the report's moment (the pool: its highest mapping).
     pub observed: Option<u64>,
     /// What the prediction rests on.
@@ -51,7 +51,7 @@ pub struct LlamaCppView {
     pub pid: u32,
     /// The flags read from its command line.
     pub flags: LlamaFlags,
-    /// Model buffer, KV cache, compute buffer, VMM pool.
+    /// Model buffer, KV cache, the recurrent state (hybrids), compute buffer, VMM pool.
     pub rows: Vec<LlamaRow>,
 }
 
@@ -133,7 +133,8 @@ pub fn view(
     let err = |e: ModelError| e.to_string();
     let boot = boot_buffers(header, &ctx).map_err(err)?;
     let ub = f.n_ubatch.min(f.n_batch);
-    let compute = compute_buffer(header, &ctx, ub, f.flash_attn).map_err(err)?;
+    // The hybrids' graph is not placed: their compute row says so.
+    let compute = compute_buffer(header, &ctx, ub, f.flash_attn);
     let filled = f.prompt_tokens.unwrap_or(boot.kv_cells.saturating_sub(4));
     let shape = FillShape {
         n_ubatch: ub,
@@ -153,31 +154,34 @@ pub fn view(
         .flat_map(|d| &d.other_pools)
         .find(|x| x.pool == Pool::Mapped)
         .map(|x| x.peak_bytes);
-    let rows = vec![
+    let mut rows = vec![
         LlamaRow {
             part: "model buffer",
-            predicted: boot.model_buffer_bytes,
+            predicted: Some(boot.model_buffer_bytes),
             observed: seen(Category::Weights),
             basis: "every tensor but token_embd, each padded to 128 B".into(),
         },
         LlamaRow {
             part: "KV cache",
-            predicted: boot.kv_cache_bytes,
+            predicted: Some(boot.kv_cache_bytes),
             observed: seen(Category::KvCache),
             basis: format!(
-                "{} cells in {}/{}",
-                boot.kv_cells, f.cache_types.0, f.cache_types.1
+                "{} cells in {}/{} over {} attention layers",
+                boot.kv_cells, f.cache_types.0, f.cache_types.1, boot.layers.attention
             ),
         },
         LlamaRow {
             part: "compute buffer",
-            predicted: compute,
             observed: seen(Category::Activations),
-            basis: format!("the prompt graph of {ub} tokens as ggml's allocator places it"),
+            basis: match &compute {
+                Ok(_) => format!("the prompt graph of {ub} tokens as ggml's allocator places it"),
+                Err(e) => e.to_string(),
+            },
+            predicted: compute.ok(),
         },
         LlamaRow {
             part: "VMM pool (highest mapping)",
-            predicted: pool,
+            predicted: Some(pool),
             observed: mapped,
             basis: format!(
                 "the largest op's scratch over a fill of {filled} tokens{}{}",
@@ -194,6 +198,20 @@ pub fn view(
             ),
         },
     ];
+    if boot.rs_bytes > 0 {
+        rows.insert(
+            2,
+            LlamaRow {
+                part: "recurrent state",
+                predicted: Some(boot.rs_bytes),
+                observed: seen(Category::State),
+                basis: format!(
+                    "the conv and SSM state of {} Gated DeltaNet layers, f32, one sequence",
+                    boot.layers.recurrent
+                ),
+            },
+        );
+    }
     Ok(LlamaCppView {
         gguf: gguf.display().to_string(),
         pid: p.pid,

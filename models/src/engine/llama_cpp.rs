@@ -11,7 +11,11 @@
 //! - **The KV cache** (`llama_kv_cache: CUDA0 KV buffer size`): per layer, K and V of
 //!   `n_embd_k_gqa` and `n_embd_v_gqa` values per cell in their cache types
 //!   (`src/llama-kv-cache.cpp:209-233`, `ggml_new_tensor_3d(ctx, type_k, n_embd_k_gqa, kv_size,
-//!   n_stream)`), over the context padded to 256 cells (`src/llama-context.cpp:290`).
+//!   n_stream)`), over the context padded to 256 cells (`src/llama-context.cpp:290`). In the
+//!   Qwen3.5/Qwen3-Next hybrids only the attention layers have one (see [`layer_kinds`]).
+//! - **The recurrent state** of those hybrids' Gated DeltaNet layers (`llama_memory_recurrent:
+//!   CUDA0 RS buffer size`): per such layer a conv state and an SSM state in f32, one row a
+//!   sequence (see [`boot_buffers`]).
 //!
 //! - **The compute buffer** (`sched_reserve: CUDA0 compute buffer size`): the CUDA backend's
 //!   share of the prompt graph reserved at start, sized by ggml's graph allocator (see
@@ -41,13 +45,70 @@ pub fn is_quantized(id: u32) -> bool {
     !UNQUANTIZED.contains(&id)
 }
 
-/// Whether the layers' matrices are quantized (they then go to MMQ, not cuBLAS).
-fn quantized_weights(header: &GgufHeader) -> bool {
-    header
-        .tensors
-        .iter()
-        .filter(|x| x.name.starts_with("blk.") && x.dims.len() == 2)
-        .any(|x| is_quantized(x.ggml_type))
+/// The architectures whose layers are Gated DeltaNet except every `full_attention_interval`-th
+/// (`src/models/qwen35.cpp:15-24`, `qwen3next.cpp:17-22`, `qwen35moe.cpp:20-25`).
+const HYBRIDS: [&str; 3] = ["qwen35", "qwen35moe", "qwen3next"];
+
+/// Whether `header`'s model is one of llama.cpp's GDN hybrids ([`HYBRIDS`]).
+pub fn is_hybrid(header: &GgufHeader) -> bool {
+    header.architecture().is_some_and(|a| HYBRIDS.contains(&a))
+}
+
+/// A model's layers by what they keep between tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LayerKinds {
+    /// Layers with a KV cache.
+    pub attention: u64,
+    /// Gated DeltaNet layers, with a recurrent state instead.
+    pub recurrent: u64,
+}
+
+/// The layers run by the main graph, by kind. `block_count` counts the MTP layers too;
+/// `n_layer()` leaves out `nextn_predict_layers` of them (`src/llama-hparams.cpp:349`). In the
+/// hybrids layer `i` is recurrent unless `(i + 1) % full_attention_interval == 0` (default 4,
+/// `src/models/qwen35.cpp:15-24`); a file listing its recurrent layers
+/// (`attention.recurrent_layers`) is refused rather than guessed.
+pub fn layer_kinds(header: &GgufHeader) -> Result<LayerKinds, ModelError> {
+    let all = header.require("block_count")?;
+    let n = all.saturating_sub(header.arch_int("nextn_predict_layers").unwrap_or(0));
+    if !is_hybrid(header) {
+        return Ok(LayerKinds {
+            attention: n,
+            recurrent: 0,
+        });
+    }
+    let arch = header.architecture().unwrap_or("?");
+    if header
+        .metadata
+        .contains_key(&format!("{arch}.attention.recurrent_layers"))
+    {
+        return Err(ModelError::Invalid(format!(
+            "{} lists its recurrent layers (`{arch}.attention.recurrent_layers`); only the interval rule is modelled",
+            header.path.display()
+        )));
+    }
+    let interval = header
+        .arch_int("full_attention_interval")
+        .unwrap_or(4)
+        .max(1);
+    let attention = (0..n).filter(|i| (i + 1) % interval == 0).count() as u64;
+    Ok(LayerKinds {
+        attention,
+        recurrent: n - attention,
+    })
+}
+
+/// The recurrent state's row sizes in values (`src/llama-hparams.cpp:226-257`): the conv state
+/// `(d_conv - 1) * (d_inner + 2 * n_group * d_state)` and the SSM state `d_state * d_inner`.
+fn recurrent_rows(header: &GgufHeader) -> Result<(u64, u64), ModelError> {
+    let d_conv = header.require("ssm.conv_kernel")?;
+    let d_inner = header.require("ssm.inner_size")?;
+    let d_state = header.require("ssm.state_size")?;
+    let n_group = header.require("ssm.group_count")?;
+    Ok((
+        d_conv.saturating_sub(1) * (d_inner + 2 * n_group * d_state),
+        d_state * d_inner,
+    ))
 }
 
 /// A llama.cpp context as the flags make it.
@@ -72,9 +133,16 @@ pub struct BootBuffers {
     pub kv_cache_bytes: u64,
     /// The cells the KV cache holds (the context, padded).
     pub kv_cells: u64,
+    /// The hybrids' recurrent state buffer (0 for other models).
+    pub rs_bytes: u64,
+    /// The layers by kind.
+    pub layers: LayerKinds,
 }
 
-/// The buffers of `header`'s model in `ctx`, all layers offloaded.
+/// The buffers of `header`'s model in `ctx`, all layers offloaded, one sequence. The recurrent
+/// state of a hybrid is, per GDN layer, its conv and SSM rows in f32 (`src/llama-model.cpp:2669-
+/// 2760`: `GGML_TYPE_F32` both, `max(1, n_seq_max)` rows, no rollback rows without speculative
+/// decoding; `src/llama-memory-recurrent.cpp:77-106`), each tensor padded to 128 bytes.
 pub fn boot_buffers(header: &GgufHeader, ctx: &LlamaCppContext) -> Result<BootBuffers, ModelError> {
     let (mut device, mut host) = (0u64, 0u64);
     for t in &header.tensors {
@@ -84,7 +152,7 @@ pub fn boot_buffers(header: &GgufHeader, ctx: &LlamaCppContext) -> Result<BootBu
             device += t.bytes.next_multiple_of(CUDA_ALIGNMENT);
         }
     }
-    let layers = header.require("block_count")?;
+    let layers = layer_kinds(header)?;
     let embd = header.require("embedding_length")?;
     let heads = header.require("attention.head_count")?;
     let kv_heads = header.arch_int("attention.head_count_kv").unwrap_or(heads);
@@ -112,18 +180,38 @@ pub fn boot_buffers(header: &GgufHeader, ctx: &LlamaCppContext) -> Result<BootBu
     let per_cell = row(ctx.type_k, k_len * kv_heads)? + row(ctx.type_v, v_len * kv_heads)?;
     let kv = crate::error::fit_bytes(
         "the KV cache",
-        u128::from(layers) * u128::from(cells) * u128::from(per_cell),
+        u128::from(layers.attention) * u128::from(cells) * u128::from(per_cell),
     )?;
+    let rs_bytes = if layers.recurrent > 0 {
+        let (r, s) = recurrent_rows(header)?;
+        layers.recurrent
+            * ((4 * r).next_multiple_of(CUDA_ALIGNMENT) + (4 * s).next_multiple_of(CUDA_ALIGNMENT))
+    } else {
+        0
+    };
     Ok(BootBuffers {
         model_buffer_bytes: device,
         host_model_bytes: host,
         kv_cache_bytes: kv,
         kv_cells: cells,
+        rs_bytes,
+        layers,
     })
 }
 
-/// The graph's shape as the compute buffer sees it.
-#[derive(Clone, Copy, Debug)]
+/// How ggml-cuda multiplies by a weight (`ggml-cuda.cu:2300-2420`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// A quantized type: MMQ.
+    Quantized,
+    /// f16 or bf16: cuBLAS, the activations converted in the pool.
+    Half,
+    /// f32: cuBLAS's SGEMM on the operands as they are.
+    Float,
+}
+
+/// The graph's shape as the compute buffer and the pool see it.
+#[derive(Clone, Debug)]
 struct GraphShape {
     /// `n_embd`.
     e: u64,
@@ -137,6 +225,10 @@ struct GraphShape {
     ekv: u64,
     /// The vocabulary (the output matrix's rows).
     v: u64,
+    /// The layers' weight matmuls as (K, M, quantized), each once: every two-dimensional
+    /// `blk.*.weight` but the conv kernels (`ssm_conv1d`, an `ssm_conv` operand, not a matmul).
+    /// Quantized weights go to MMQ, f16/bf16 ones to cuBLAS; f32 ones too, without scratch.
+    mats: Vec<(u64, u64, Kind)>,
 }
 
 fn graph_shape(header: &GgufHeader) -> Result<GraphShape, ModelError> {
@@ -156,6 +248,28 @@ fn graph_shape(header: &GgufHeader) -> Result<GraphShape, ModelError> {
                 header.path.display()
             ))
         })?;
+    let mut mats: Vec<(u64, u64, Kind)> = header
+        .tensors
+        .iter()
+        .filter(|t| {
+            t.name.starts_with("blk.")
+                && t.name.ends_with(".weight")
+                && !t.name.contains("ssm_conv1d")
+                && t.dims.len() == 2
+        })
+        .map(|t| {
+            let kind = if is_quantized(t.ggml_type) {
+                Kind::Quantized
+            } else if t.ggml_type == 0 {
+                Kind::Float
+            } else {
+                Kind::Half
+            };
+            (t.dims[0], t.dims[1], kind)
+        })
+        .collect();
+    mats.sort_unstable();
+    mats.dedup();
     Ok(GraphShape {
         e,
         f,
@@ -163,6 +277,7 @@ fn graph_shape(header: &GgufHeader) -> Result<GraphShape, ModelError> {
         d,
         ekv: kv_heads * d,
         v,
+        mats,
     })
 }
 
@@ -207,6 +322,12 @@ pub fn compute_buffer(
     n_ubatch: u64,
     flash_attn: bool,
 ) -> Result<u64, ModelError> {
+    if is_hybrid(header) {
+        return Err(ModelError::Invalid(format!(
+            "the compute buffer of {}'s hybrid graph (Gated DeltaNet layers) is not modelled; give llama.cpp's own figure (its `CUDA0 compute buffer size` line) as --compute-buffer BYTES",
+            header.architecture().unwrap_or("?")
+        )));
+    }
     let g = graph_shape(header)?;
     let a = |x: u64| x.next_multiple_of(CUDA_ALIGNMENT);
     let n = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
@@ -253,7 +374,7 @@ pub struct FillShape {
 
 /// The largest per-op scratch of one ubatch of `t` tokens with `n_kv` cells in view, rounded as
 /// the pool rounds each request (128 bytes, `ggml-cuda.cu:565-567`). Read from ggml-cuda:
-/// - the weight matmuls: f16/bf16 weights go to cuBLAS for `t > 16`, which takes the f32
+/// - the weight matmuls (each of the layers' weight shapes): f16/bf16 weights go to cuBLAS for `t > 16`, which takes the f32
 ///   activations as f16 (`K·t·2`) and an f16 output (`M·t·2`) from the pool
 ///   (`ggml-cuda.cu:1437-1522`); quantized weights go to MMQ for `t > 8`, which takes a q8_1 copy
 ///   of the activations (`t·pad512(K)·1.125 + 128·144`, `mmq.cu:186-190`) and, when the tiles do
@@ -267,31 +388,20 @@ pub struct FillShape {
 ///   weight matmuls' and does not depend on `n_kv`; the f16 K/V of a quantized cache live in the
 ///   compute buffer ([`compute_buffer`]).
 ///
-/// `quantized_weights`: the layers' matrices are quantized ([`quantized_weights`]).
-fn op_scratch(quantized_weights: bool, g: &GraphShape, s: &FillShape, t: u64, n_kv: u64) -> u64 {
+fn op_scratch(g: &GraphShape, s: &FillShape, t: u64, n_kv: u64) -> u64 {
     let a = |x: u64| x.next_multiple_of(128);
-    // The layer's matmuls as (K, M): q, k/v, o, gate/up, down.
-    let mats = [
-        (g.e, g.h * g.d),
-        (g.e, g.ekv),
-        (g.h * g.d, g.e),
-        (g.e, g.f),
-        (g.f, g.e),
-    ];
-    let weights = if quantized_weights && t > 8 {
-        mats.iter()
-            .map(|&(k, _)| a((t * k.next_multiple_of(512) * 9).div_ceil(8) + 128 * 144))
-            .max()
-            .unwrap_or(0)
-            + a(s.n_sm * 128 * 128 * 4)
-    } else if !quantized_weights && t > 16 {
-        mats.iter()
-            .map(|&(k, m)| a(2 * k * t) + a(2 * m * t))
-            .max()
-            .unwrap_or(0)
-    } else {
-        0
-    };
+    let of = |kind: Kind| g.mats.iter().filter(move |m| m.2 == kind);
+    let mmq = of(Kind::Quantized)
+        .map(|&(k, _, _)| a((t * k.next_multiple_of(512) * 9).div_ceil(8) + 128 * 144))
+        .max()
+        .filter(|_| t > 8)
+        .map_or(0, |x| x + a(s.n_sm * 128 * 128 * 4));
+    let cublas = of(Kind::Half)
+        .map(|&(k, m, _)| a(2 * k * t) + a(2 * m * t))
+        .max()
+        .filter(|_| t > 16)
+        .unwrap_or(0);
+    let weights = mmq.max(cublas);
     if s.flash_attn {
         return weights;
     }
@@ -313,7 +423,6 @@ pub fn pool_mapped(
     filled: u64,
 ) -> Result<u64, ModelError> {
     let g = graph_shape(header)?;
-    let quantized = quantized_weights(header);
     let cells = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
     let ub = s.n_ubatch.max(1);
     let mut peak = 0u64;
@@ -322,16 +431,27 @@ pub fn pool_mapped(
         let t = ub.min(filled - done);
         done += t;
         let n_kv = done.next_multiple_of(CTX_PAD).clamp(CTX_PAD, cells);
-        peak = peak.max(op_scratch(quantized, &g, s, t, n_kv));
+        peak = peak.max(op_scratch(&g, s, t, n_kv));
     }
     Ok(peak.next_multiple_of(VMM_GRANULARITY))
+}
+
+/// Whether the fill calls cuBLAS, which then `cudaMalloc`s ggml's workspace: the attention's
+/// matmuls without flash attention, or a weight in f16/bf16/f32 at more than 16 tokens a pass.
+pub fn calls_cublas(header: &GgufHeader, s: &FillShape) -> Result<bool, ModelError> {
+    Ok(!s.flash_attn
+        || (s.n_ubatch > 16
+            && graph_shape(header)?
+                .mats
+                .iter()
+                .any(|m| m.2 != Kind::Quantized)))
 }
 
 /// What can be filled on a card: the buffers made at start, the fixed extras, and the largest
 /// prompt whose pool still fits.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct FillCeiling {
-    /// Model, KV cache and compute buffers.
+    /// Model, KV cache, recurrent state and compute buffers.
     pub boot_bytes: u64,
     /// ggml's cuBLAS workspace when the fill calls cuBLAS (f16 weights, or no flash attention).
     pub cublas_workspace_bytes: u64,
@@ -350,7 +470,9 @@ pub struct FillCeiling {
 
 /// The largest prompt `ctx` can fill on a card of `limit` bytes with `outside` held besides
 /// llama.cpp's own buffers: the largest `N` with boot + workspace + outside + pool(N) ≤ limit
-/// (the pool only grows with `N`, so a binary search over the prompt).
+/// (the pool only grows with `N`, so a binary search over the prompt). `compute`: llama.cpp's
+/// own compute buffer figure, for a graph [`compute_buffer`] does not place (the hybrids');
+/// `None` predicts it.
 pub fn fill_ceiling(
     header: &GgufHeader,
     ctx: &LlamaCppContext,
@@ -358,11 +480,15 @@ pub fn fill_ceiling(
     n_batch: u64,
     limit: u64,
     outside: u64,
+    compute: Option<u64>,
 ) -> Result<FillCeiling, ModelError> {
     let boot = boot_buffers(header, ctx)?;
-    let compute = compute_buffer(header, ctx, s.n_ubatch.min(n_batch.max(1)), s.flash_attn)?;
-    let boot_bytes = boot.model_buffer_bytes + boot.kv_cache_bytes + compute;
-    let cublas = if !s.flash_attn || (!quantized_weights(header) && s.n_ubatch > 16) {
+    let compute = match compute {
+        Some(c) => c,
+        None => compute_buffer(header, ctx, s.n_ubatch.min(n_batch.max(1)), s.flash_attn)?,
+    };
+    let boot_bytes = boot.model_buffer_bytes + boot.kv_cache_bytes + boot.rs_bytes + compute;
+    let cublas = if calls_cublas(header, s)? {
         CUBLAS_WORKSPACE
     } else {
         0

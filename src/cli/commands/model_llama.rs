@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use vramtrace_models::engine::llama_cpp::{
-    FillCeiling, FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling,
+    FillCeiling, FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling, is_hybrid,
     is_quantized, pool_mapped,
 };
 use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
@@ -36,6 +36,11 @@ pub struct LlamaArgs {
     /// `-fa on`: flash attention.
     #[arg(long = "flash-attn")]
     pub flash_attn: bool,
+    /// llama.cpp's own compute buffer (its `CUDA0 compute buffer size` line, in bytes or with a
+    /// unit), for the hybrids (qwen35, qwen3next), whose graph the model does not place; the
+    /// levers, which each need it at another setting, are then left out.
+    #[arg(long = "compute-buffer", value_name = "BYTES")]
+    pub compute_buffer: Option<String>,
 }
 
 /// What a llama.cpp process holds besides its buffers when `--known context=` does not say: its
@@ -89,7 +94,7 @@ fn levers(
             name: format!("-ub {ub} -b {}", batch.max(ub)),
             n_ubatch: ub,
             ubatch_only: true,
-            fill: fill_ceiling(header, ctx, &s, batch.max(ub), limit, outside)?,
+            fill: fill_ceiling(header, ctx, &s, batch.max(ub), limit, outside, None)?,
         });
     }
     let fa = FillShape {
@@ -102,7 +107,7 @@ fn levers(
             name: format!("-fa {}", if shape.flash_attn { "off" } else { "on" }),
             n_ubatch: shape.n_ubatch,
             ubatch_only: false,
-            fill: fill_ceiling(header, ctx, &fa, batch, limit, outside)?,
+            fill: fill_ceiling(header, ctx, &fa, batch, limit, outside, None)?,
         });
     }
     for t in ["q8_0", "q4_0"] {
@@ -123,7 +128,7 @@ fn levers(
             name: format!("-fa on -ctk {t} -ctv {t}"),
             n_ubatch: shape.n_ubatch,
             ubatch_only: false,
-            fill: fill_ceiling(header, &c, &s, batch, limit, outside)?,
+            fill: fill_ceiling(header, &c, &s, batch, limit, outside, None)?,
         });
     }
     let half = LlamaCppContext {
@@ -134,7 +139,7 @@ fn levers(
         name: format!("-c {}", half.n_ctx),
         n_ubatch: shape.n_ubatch,
         ubatch_only: false,
-        fill: fill_ceiling(header, &half, shape, batch, limit, outside)?,
+        fill: fill_ceiling(header, &half, shape, batch, limit, outside, None)?,
     });
     Ok(out)
 }
@@ -185,8 +190,17 @@ pub fn run(
     let ubatch = a.ubatch_size.unwrap_or(512);
     let batch = a.batch_size.unwrap_or(2048);
     let limit = limit.map(parse_bytes).transpose().context("--limit")?;
-    let compute = compute_buffer(&header, &ctx, ubatch.min(batch), a.flash_attn)?;
-    let boot = b.model_buffer_bytes + b.kv_cache_bytes + compute;
+    let given_compute = a
+        .compute_buffer
+        .as_deref()
+        .map(parse_bytes)
+        .transpose()
+        .context("--compute-buffer")?;
+    let compute = match given_compute {
+        Some(c) => c,
+        None => compute_buffer(&header, &ctx, ubatch.min(batch), a.flash_attn)?,
+    };
+    let boot = b.model_buffer_bytes + b.kv_cache_bytes + b.rs_bytes + compute;
     let parts = crate::commands::model_step::known_parts(known)?;
     let outside_given = parts.context.is_some() || parts.other_process.is_some();
     let outside = parts.context.unwrap_or(DEFAULT_CONTEXT) + parts.other_process.unwrap_or(0);
@@ -196,13 +210,22 @@ pub fn run(
         n_sm: 132,
     };
     let ceiling = match limit {
-        Some(l) => Some(fill_ceiling(&header, &ctx, &shape, batch, l, outside)?),
+        Some(l) => Some(fill_ceiling(
+            &header,
+            &ctx,
+            &shape,
+            batch,
+            l,
+            outside,
+            given_compute,
+        )?),
         None => None,
     };
     let full_pool = pool_mapped(&header, &ctx, &shape, b.kv_cells.saturating_sub(4))?;
+    // Each lever changes the compute buffer: only where the model places the graph.
     let levers = match limit {
-        Some(l) => levers(&header, &ctx, &shape, batch, l, outside)?,
-        None => Vec::new(),
+        Some(l) if !is_hybrid(&header) => levers(&header, &ctx, &shape, batch, l, outside)?,
+        _ => Vec::new(),
     };
     let best_ubatch = levers
         .iter()
@@ -228,7 +251,10 @@ pub fn run(
         "host_weights_bytes": b.host_model_bytes,
         "kv_cache_bytes": b.kv_cache_bytes,
         "kv_cells": b.kv_cells,
+        "layers": b.layers,
+        "recurrent_state_bytes": b.rs_bytes,
         "compute_buffer_bytes": compute,
+        "compute_buffer_basis": if given_compute.is_some() { "given" } else { "predicted" },
         "boot_bytes": boot,
         "pool_at_full_bytes": full_pool,
         "outside_bytes": outside,
@@ -246,7 +272,11 @@ pub fn run(
             None => json!({"fill_tokens": Value::Null, "why": "give --limit BYTES (the card, or what is free when llama.cpp starts)"}),
         },
     });
-    if limit.is_some() {
+    if limit.is_some() && is_hybrid(&header) {
+        out["levers_why"] = json!(
+            "each lever changes the compute buffer, which is not modelled for a hybrid graph"
+        );
+    } else if limit.is_some() {
         out["best_ubatch"] = json!(best_ubatch);
         out["levers"] = levers
             .iter()
@@ -280,15 +310,30 @@ pub fn run(
         fmt_bytes(b.host_model_bytes)
     );
     println!(
-        "  KV cache (CUDA0)       {:>12}   {} cells (-c padded to 256)",
+        "  KV cache (CUDA0)       {:>12}   {} cells (-c padded to 256) over {} attention layers",
         fmt_bytes(b.kv_cache_bytes),
-        b.kv_cells
+        b.kv_cells,
+        b.layers.attention
     );
-    println!(
-        "  compute buffer (CUDA0) {:>12}   the prompt graph of {} tokens as ggml's allocator places it",
-        fmt_bytes(compute),
-        ubatch.min(batch).min(b.kv_cells)
-    );
+    if b.rs_bytes > 0 {
+        println!(
+            "  recurrent state (CUDA0) {:>11}   conv and SSM state of {} Gated DeltaNet layers (f32, one sequence)",
+            fmt_bytes(b.rs_bytes),
+            b.layers.recurrent
+        );
+    }
+    if given_compute.is_some() {
+        println!(
+            "  compute buffer (CUDA0) {:>12}   given (--compute-buffer)",
+            fmt_bytes(compute)
+        );
+    } else {
+        println!(
+            "  compute buffer (CUDA0) {:>12}   the prompt graph of {} tokens as ggml's allocator places it",
+            fmt_bytes(compute),
+            ubatch.min(batch).min(b.kv_cells)
+        );
+    }
     println!("  at start               {:>12}", fmt_bytes(boot));
     println!(
         "  VMM pool at a full fill {:>10}   the largest op's scratch{} (2 MiB pieces, never unmapped)",
@@ -333,7 +378,14 @@ pub fn run(
             );
         }
         println!();
-        println!("  levers (one at a time):");
+        if is_hybrid(&header) {
+            println!(
+                "  levers: left out (each changes the compute buffer, not modelled for a hybrid graph)"
+            );
+        }
+        if !levers.is_empty() {
+            println!("  levers (one at a time):");
+        }
         for x in &levers {
             println!(
                 "    {:<40} {}",

@@ -230,7 +230,7 @@ fn llama_cpp(out: &mut String, r: &Report) {
             out,
             "| {} | {} | {} | {} |",
             row.part,
-            fmt_bytes(row.predicted),
+            row.predicted.map_or("not modelled".to_string(), fmt_bytes),
             row.observed.map_or("—".to_string(), fmt_bytes),
             row.basis
         );
