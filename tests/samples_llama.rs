@@ -670,3 +670,201 @@ fn the_levers_say_which_flags_fill_the_context() {
     }
     assert_eq!(lever("-c 16384")["fill_tokens"], 16_380);
 }
+
+/// A hybrid GGUF (llama.cpp's `qwen35`: Qwen3.6-27B's shapes, its first 8 layers, 2 of them full
+/// attention; `samples/h200/llama-hybrid`, docs/validation.md "A hybrid GGUF"): the model
+/// buffer, the KV cache of the two attention layers and the recurrent state of the six GDN
+/// layers, predicted from the header, are llama.cpp's own log lines at three settings. The
+/// compute buffer of a hybrid graph is not modelled, and `model` says so unless given.
+#[test]
+fn a_hybrid_s_buffers_are_its_log_lines() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-hybrid");
+    for (excerpt, model, args) in [
+        ("boot-f16-c16k-ub512-fa0", "f16", "-c 16384 -ub 512"),
+        (
+            "boot-f16-c64k-ub256-fa1-q80",
+            "f16",
+            "-c 65536 -ub 256 --flash-attn --cache-type-k q8_0 --cache-type-v q8_0",
+        ),
+        (
+            "boot-q4km-c32k-ub512-fa1-q40",
+            "q4km",
+            "-c 32768 -ub 512 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0",
+        ),
+    ] {
+        let gguf = dir.join(format!("qwen35-h8-{model}.header.gguf"));
+        let log = std::fs::read_to_string(dir.join(format!("{excerpt}.log-excerpt.txt"))).unwrap();
+        let logged = |key: &str| -> f64 {
+            log.lines()
+                .filter(|l| l.contains(key))
+                .filter_map(|l| l.split('=').nth(1))
+                .map(|x| x.trim().trim_end_matches("MiB").trim().parse().unwrap())
+                .fold(0.0, f64::max)
+        };
+        let compute = (logged("CUDA0 compute buffer size") * 1_048_576.0).round() as u64;
+        let v = vramtrace_json(
+            ["model", gguf.to_str().unwrap(), "--json"]
+                .into_iter()
+                .chain(args.split(' '))
+                .chain(["--compute-buffer", &compute.to_string()]),
+        );
+        assert_eq!(v["layers"]["attention"], 2, "{excerpt}");
+        assert_eq!(v["layers"]["recurrent"], 6, "{excerpt}");
+        let mib = |k: &str| v[k].as_u64().unwrap() as f64 / 1_048_576.0;
+        for (k, line) in [
+            ("weights_bytes", "CUDA0 model buffer size"),
+            ("kv_cache_bytes", "CUDA0 KV buffer size"),
+            ("recurrent_state_bytes", "CUDA0 RS buffer size"),
+        ] {
+            assert!(
+                (mib(k) - logged(line)).abs() < 0.005,
+                "{excerpt}: {k} {} MiB, llama.cpp {} MiB",
+                mib(k),
+                logged(line)
+            );
+        }
+        assert_eq!(v["compute_buffer_basis"], "given");
+        assert!(v.get("best_ubatch").is_none() && v.get("levers").is_none());
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .args(["model"])
+        .arg(dir.join("qwen35-h8-f16.header.gguf"))
+        .args(["-c", "16384"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--compute-buffer"));
+}
+
+/// The hybrid's fill ceiling without flash attention, predicted before the rungs on the card the
+/// ballast left (llama.cpp's compute buffer given, read from a short run at the case's flags):
+/// both contexts stopped in the first ubatch past 17,408 tokens, and 95% of the prediction
+/// filled. The predictions were 2.8–5.8% and 2.9–5.3% long: at the failure the pool held what
+/// the model gives between the last whole ubatch and the failing one, and the driver refused the
+/// next piece with more than its size free (6 MiB with 7.56 MiB free; 2 MiB with 3.56 MiB).
+#[test]
+fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
+    use vramtrace_models::engine::llama_cpp::{
+        FillShape, LlamaCppContext, fill_ceiling, pool_mapped,
+    };
+    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-hybrid");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fill.json")).unwrap()).unwrap();
+    let mut checked = 0;
+    for (c, mapped_at_failure) in v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip([420u64 << 20, 208 << 20])
+    {
+        let name = c["name"].as_str().unwrap();
+        let gguf = c["gguf"].as_str().unwrap().replace(".gguf", ".header.gguf");
+        let header = GgufHeader::read(&dir.join(gguf)).unwrap();
+        let ub = c["ubatch"].as_u64().unwrap();
+        let f16 = ggml_type_by_name("f16").unwrap();
+        let ctx = LlamaCppContext {
+            n_ctx: c["ctx"].as_u64().unwrap(),
+            type_k: f16,
+            type_v: f16,
+        };
+        let shape = FillShape {
+            n_ubatch: ub,
+            flash_attn: false,
+            n_sm: 132,
+        };
+        let compute = c["prediction"]["compute_buffer_bytes"].as_u64().unwrap();
+        let f = fill_ceiling(
+            &header,
+            &ctx,
+            &shape,
+            ub,
+            c["free_bytes"].as_u64().unwrap(),
+            c["outside_bytes"].as_u64().unwrap(),
+            Some(compute),
+        )
+        .unwrap();
+        let pred = c["prediction"]["frontier"]["fill_tokens"].as_u64().unwrap();
+        assert_eq!(f.fill_tokens, pred, "{name}: the model's prediction moved");
+        let longest = &c["rungs"]["longest"];
+        let passed = longest["n_past"].as_u64().unwrap();
+        assert_eq!(longest["filled"], false, "{name}");
+        assert_eq!(passed, 17_408, "{name}");
+        let (lo, hi) = (passed, passed + ub - 1);
+        assert!(
+            pred * 100 >= lo * 95 && pred * 100 <= hi * 105,
+            "{name}: predicted {pred}, observed {lo}..={hi}"
+        );
+        assert_eq!(c["rungs"]["95pct"]["filled"], true, "{name}");
+        assert_eq!(c["rungs"]["105pct"]["filled"], false, "{name}");
+        let before = pool_mapped(&header, &ctx, &shape, passed).unwrap();
+        let after = pool_mapped(&header, &ctx, &shape, passed + ub).unwrap();
+        assert!(
+            before <= mapped_at_failure && mapped_at_failure < after,
+            "{name}: the pool {before} after {passed} tokens, {after} after the next ubatch"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+    // The trace kept of the first case: 420 MiB mapped (the scores' f16 copy of the ubatch to
+    // 17,920: 2·17,920·512·24 B), then its 6 MiB output refused with 7.56 MiB free.
+    let s = vramtrace_json([
+        "summary".as_ref(),
+        dir.join("trace-h8-f16-c32k-ub512").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(pool(&s, "mapped")["peak_bytes"], 2u64 * 17_920 * 512 * 24);
+    let failure = s["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|d| d["failures"].as_array().and_then(|f| f.first()))
+        .unwrap()
+        .clone();
+    assert_eq!(failure["api"], "cuMemCreate");
+    assert_eq!(failure["size"], 6u64 << 20);
+    assert_eq!(failure["free_bytes"], 7_929_856);
+}
+
+/// `vramtrace attach` on a running `llama-completion` (samples/h200/llama-attach): attached while
+/// it waited for its first line, it recorded the VMM pool reserved (32 GiB of addresses) and
+/// mapped piece by piece as the 16,000-token prompt filled, to the mapping the model gives for
+/// that fill, with the native frames named; the buffers made before the attach are not in it.
+#[test]
+fn attach_follows_llama_cpp_s_pool_as_a_prompt_fills() {
+    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped_after};
+    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-attach");
+    let s = vramtrace_json([
+        "summary".as_ref(),
+        dir.join("trace").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(pool(&s, "address")["peak_bytes"], 32u64 << 30);
+    let header = GgufHeader::read(&sample("llama-f16.header.gguf")).unwrap();
+    let f16 = ggml_type_by_name("f16").unwrap();
+    let ctx = LlamaCppContext {
+        n_ctx: 32_768,
+        type_k: f16,
+        type_v: f16,
+    };
+    let shape = FillShape {
+        n_ubatch: 512,
+        flash_attn: false,
+        n_sm: 132,
+    };
+    // The BOS decoded on its own before the interactive prompt, then "hello" and 15,999
+    // " hello" in ubatches of 512 from there (the log's last whole one ends at 15,873).
+    let log = std::fs::read_to_string(dir.join("llama.log-excerpt.txt")).unwrap();
+    let filled: u64 = log
+        .lines()
+        .filter_map(|l| l.split("n_past = ").nth(1))
+        .map(|x| x.trim().parse::<u64>().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(filled, 15_873);
+    assert_eq!(
+        pool(&s, "mapped")["peak_bytes"].as_u64().unwrap(),
+        pool_mapped_after(&header, &ctx, &shape, 1, 16_000).unwrap()
+    );
+}

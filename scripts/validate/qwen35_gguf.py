@@ -6,12 +6,18 @@ weights' values, and a sparse file costs no disk; llama-quantize reads the zeros
 quantized variants.
 
     python3 qwen35_gguf.py LLAMA_CPP_DIR CONFIG.json OUT.gguf [--layers N] [--context N]
+        [--types TENSORS.txt --header-only]
 
 CONFIG.json: the model's config (its `text_config` when it has one), e.g.
 samples/models/Qwen3.6-27B/config.json. The tensors are the ones `llama_model_qwen35::
 load_arch_tensors` creates (src/models/qwen35.cpp:36-110 of the tree), without the MTP layer.
 The vocabulary is the tree's Qwen2 one (models/ggml-vocab-qwen2.gguf), padded with unused
 tokens to the config's vocab_size, as convert_hf_to_gguf.py pads a checkpoint's.
+
+`--types TENSORS.txt` takes each tensor's type and bytes from a tensor list as the GPU machine
+printed it (`name TYPE [shape] bytes`, e.g. a Q4_K_M file's); `--header-only` writes the header
+alone, without the vocabulary or the data: a sample small enough to keep, which reads as the
+model's own header to `vramtrace model`.
 """
 
 import argparse
@@ -55,6 +61,9 @@ def main() -> int:
     ap.add_argument("out", type=Path, help="the GGUF to write")
     ap.add_argument("--layers", type=int, help="fewer layers than the config's")
     ap.add_argument("--context", type=int, help="the training context (default the config's)")
+    ap.add_argument("--types", type=Path, help="a tensor list giving each tensor's type and bytes")
+    ap.add_argument("--header-only", action="store_true",
+                    help="no vocabulary and no data: the header alone")
     a = ap.parse_args()
     sys.path.insert(0, str(a.tree / "gguf-py"))
     import numpy as np
@@ -98,17 +107,28 @@ def main() -> int:
     w.add_ssm_group_count(n_k)
     w.add_full_attention_interval(interval)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    vocab = gguf.GGUFReader(str(a.tree / "models" / "ggml-vocab-qwen2.gguf"))
-    had = copy_vocabulary(gguf, vocab, w, v)
+    had = 0
+    if not a.header_only:
+        vocab = gguf.GGUFReader(str(a.tree / "models" / "ggml-vocab-qwen2.gguf"))
+        had = copy_vocabulary(gguf, vocab, w, v)
     w.add_vocab_size(v)
+    types = {}
+    if a.types:
+        for line in a.types.read_text().splitlines():
+            name, kind, rest = line.split(" ", 2)
+            types[name] = (gguf.GGMLQuantizationType[kind], int(rest.rsplit(" ", 1)[1]))
 
     infos = []
 
     def tensor(name: str, ne: list, dtype) -> None:
-        """A tensor of ggml shape `ne` (innermost first)."""
+        """A tensor of ggml shape `ne` (innermost first), in the type `--types` gives."""
         shape = tuple(reversed(ne))
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        w.add_tensor_info(name, shape, np.dtype(dtype), n)
+        if name in types:
+            kind, n = types.pop(name)
+            w.add_tensor_info(name, shape, np.dtype(np.float32), n, raw_dtype=kind)
+        else:
+            w.add_tensor_info(name, shape, np.dtype(dtype), n)
         infos.append(n)
 
     f16, f32 = np.float16, np.float32
@@ -143,9 +163,15 @@ def main() -> int:
         tensor(p + "ffn_down.weight", [f, e], f16)
         tensor(p + "ffn_up.weight", [e, f], f16)
 
+    if types:
+        raise SystemExit(f"{a.types} lists tensors this architecture does not make: {sorted(types)}")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    if a.header_only:
+        w.close()
+        print(f"wrote {a.out}: the header of qwen35, {n_layer} layers")
+        return 0
     fout = w.fout[0]
     start = gguf.GGUFWriter.ggml_pad(fout.tell(), w.data_alignment)
     size = start + sum(gguf.GGUFWriter.ggml_pad(n, w.data_alignment) for n in infos)

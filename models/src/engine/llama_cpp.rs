@@ -422,11 +422,26 @@ pub fn pool_mapped(
     s: &FillShape,
     filled: u64,
 ) -> Result<u64, ModelError> {
+    pool_mapped_after(header, ctx, s, 0, filled)
+}
+
+/// [`pool_mapped`] for a prompt of `prompt` tokens decoded after `past` cells already filled
+/// (a conversation's earlier turns, or the BOS an interactive `llama-completion` decodes on its
+/// own before the first line): the ubatches then end at `past + k·ub`, which moves the cells in
+/// view of each.
+pub fn pool_mapped_after(
+    header: &GgufHeader,
+    ctx: &LlamaCppContext,
+    s: &FillShape,
+    past: u64,
+    prompt: u64,
+) -> Result<u64, ModelError> {
     let g = graph_shape(header)?;
     let cells = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
     let ub = s.n_ubatch.max(1);
     let mut peak = 0u64;
-    let mut done = 0u64;
+    let mut done = past;
+    let filled = past + prompt;
     while done < filled {
         let t = ub.min(filled - done);
         done += t;
