@@ -1,9 +1,10 @@
-//! vLLM's own start-up lines, as users posted them (tests/data/vllm_startup_logs.json and
-//! tests/data/vllm_v1_startup_logs.json, each with its source), against vLLM 0.20.1's pool
-//! (`models/src/engine/vllm_0_20_1_pool.rs`). What is checked is the pool's stage: from the
-//! "Available KV cache memory" each log prints (two decimals of GiB) and the model's shape, the
-//! "GPU KV cache size" in tokens. The available bytes themselves are the log's, not predicted
-//! here (docs/validation.md, "vLLM's start-up lines").
+//! vLLM's own start-up lines, as users posted them (tests/data/vllm_startup_logs.json,
+//! tests/data/vllm_v1_startup_logs.json and tests/data/vllm_v1_debug_logs.json, each with its
+//! source), against vLLM 0.20.1's planner (`models/src/engine/vllm_0_20_1_plan.rs`,
+//! `vllm_0_20_1_pool.rs`). Two stages are checked (docs/validation.md, "vLLM's start-up lines"):
+//! the pool's, from the "Available KV cache memory" a log prints to the "GPU KV cache size" in
+//! tokens (hybrids and TP included); and the whole chain, from the config and the command line
+//! alone to the tokens, with the log's intermediate figures set beside the predicted ones.
 
 use serde_json::Value;
 use vramtrace_models::engine::vllm_0_20_1_pool::{GdnState, PoolShape, plan};
@@ -149,4 +150,91 @@ fn a_hybrid_with_prefix_caching_keeps_two_states_a_request() {
     assert_eq!(p.blocks_per_request, 63 + 3 * 2);
     assert_eq!(p.kv_cache_tokens, tokens);
     assert_eq!(format!("{:.2}", p.max_concurrency), "4.35");
+}
+
+/// The whole chain, from the config and the command line alone, against the start-up lines of
+/// vLLM 0.19.0 on H100 80GB HBM3s (tests/data/vllm_v1_debug_logs.json, each with its source): the
+/// budget `⌈util × total⌉`, the weights, the profile run's torch peak, the non-torch increase
+/// and the pool, to the "GPU KV cache size" in tokens. In 0.19.0 the CUDA-graph estimate was
+/// computed but not subtracted (every log's available bytes are its requested bytes less the
+/// non-KV ones), as with `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0`. The card is the total
+/// vLLM printed for an H100 80GB HBM3 (79.19 GiB). One log built a default and is not counted:
+/// `llmd_llama31_8b_h100_tp2`, the non-torch increase at TP > 1 ([`DEFAULT_NON_TORCH_TP`]).
+///
+/// [`DEFAULT_NON_TORCH_TP`]: vramtrace_models::engine::vllm_0_20_1_plan::DEFAULT_NON_TORCH_TP
+#[test]
+fn the_whole_chain_from_the_config_and_the_command_line() {
+    use vramtrace_models::engine::vllm_0_20_1_plan::{VllmFlags, plan};
+    use vramtrace_models::{DType, ModelConfig, WeightFormat};
+    const GIB: f64 = (1u64 << 30) as f64;
+    let card = (79.19 * GIB).round() as u64;
+    let dir = format!("{}/tests/data", env!("CARGO_MANIFEST_DIR"));
+    let mut rows = vec![format!(
+        "{:<36} {:>15} {:>13} {:>13} {:>11} {:>15} {:>17}",
+        "log", "weights GiB", "peak GiB", "non-torch", "", "available GiB", "tokens"
+    )];
+    let mut checked = 0;
+    for l in logs("vllm_v1_debug_logs.json") {
+        if l["vllm_version"] != "0.19.0" {
+            continue;
+        }
+        let id = l["id"].as_str().unwrap();
+        let f = &l["flags"];
+        let fig = &l["figures"];
+        let cfg = ModelConfig::from_path(format!("{dir}/{}", l["config_file"].as_str().unwrap()))
+            .unwrap();
+        let mut flags = VllmFlags::serve(card);
+        flags.gpu_memory_utilization = f["gpu_memory_utilization"].as_f64().unwrap();
+        flags.max_num_batched_tokens = f["max_num_batched_tokens"].as_u64();
+        flags.max_num_seqs = f["max_num_seqs"].as_u64();
+        flags.max_model_len = f["max_model_len"].as_u64();
+        flags.tp = f["tensor_parallel_size"].as_u64().unwrap();
+        flags.estimate_cudagraphs = false;
+        if f["kv_cache_dtype"] == "fp8" {
+            flags.kv_cache_dtype = Some(DType::F8);
+        }
+        // The weights' format as the log's own engine line names the quantization (the configs
+        // kept here are the base models'): fp8 (online, or compressed-tensors fp8-dynamic),
+        // int4 (the w4a16 checkpoint vLLM runs with gptq_marlin).
+        flags.weights = match f["quantization"].as_str() {
+            None => None,
+            Some("gptq_marlin") => Some(WeightFormat::Int4 { group: 128 }),
+            Some("fp8" | "compressed-tensors") => Some(WeightFormat::Fp8Block128),
+            Some(q) => panic!("{id}: quantization {q} not mapped"),
+        };
+        let p = plan(&cfg, &flags).unwrap();
+        let tokens = p.kv_cache_tokens().unwrap();
+        let logged = fig["gpu_kv_cache_tokens"].as_u64().unwrap();
+        let off = 100.0 * (tokens as f64 - logged as f64) / logged as f64;
+        let g = |b: u64| b as f64 / GIB;
+        let pair = |a: f64, b: &serde_json::Value| format!("{a:.2}/{:.2}", b.as_f64().unwrap());
+        rows.push(format!(
+            "{id:<36} {:>15} {:>13} {:>13} {:>11} {:>15} {:>17} {off:+.2}%",
+            pair(g(p.weights.bytes), &fig["weights_memory_gib"]),
+            pair(g(p.profiled_peak.bytes), &fig["torch_peak_increase_gib"]),
+            pair(g(p.non_torch.bytes), &fig["non_torch_gib"]),
+            "",
+            pair(
+                p.available_bytes as f64 / GIB,
+                &fig["available_kv_cache_gib"]
+            ),
+            format!("{tokens}/{logged}"),
+        ));
+        if id == "llmd_llama31_8b_h100_tp2" {
+            continue;
+        }
+        assert!(
+            off.abs() <= 5.0,
+            "{id} ({}): {tokens} tokens predicted, vLLM logged {logged} ({off:+.2}%)",
+            l["source"]["url"]
+        );
+        // The budget is vLLM's own rounding of the card it printed.
+        assert!(
+            (g(p.requested_bytes) - fig["requested_gib"].as_f64().unwrap()).abs() < 0.006,
+            "{id}"
+        );
+        checked += 1;
+    }
+    eprintln!("predicted/logged\n{}", rows.join("\n"));
+    assert!(checked >= 10, "{checked} logs checked");
 }

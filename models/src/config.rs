@@ -75,7 +75,7 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     /// `torch_dtype` or `dtype`.
     pub dtype: DType,
-    /// `tie_word_embeddings` (false when absent).
+    /// `tie_word_embeddings` (when absent, transformers' default: true for Gemma, else false).
     pub tie_word_embeddings: bool,
     /// `attn_output_gate` (true when absent from a hybrid config: Qwen3-Next and Qwen3.5 gate
     /// their attention output; false when absent from a dense one).
@@ -220,15 +220,19 @@ impl ModelConfig {
                     .collect()
             }
         };
-        let moe = match f.num_experts {
+        let moe = match f.num_experts.or(f.num_local_experts) {
             Some(num_experts) => Some(MoeConfig {
                 num_experts,
                 num_experts_per_tok: f
                     .num_experts_per_tok
                     .ok_or_else(|| missing("num_experts_per_tok"))?,
-                moe_intermediate_size: f
-                    .moe_intermediate_size
-                    .ok_or_else(|| missing("moe_intermediate_size"))?,
+                moe_intermediate_size: match (f.moe_intermediate_size, f.num_local_experts) {
+                    (Some(m), _) => m,
+                    (None, Some(_)) => f
+                        .intermediate_size
+                        .ok_or_else(|| missing("intermediate_size"))?,
+                    (None, None) => return Err(missing("moe_intermediate_size")),
+                },
                 shared_expert_intermediate_size: f.shared_expert_intermediate_size.unwrap_or(0),
             }),
             None => None,
@@ -244,6 +248,13 @@ impl ModelConfig {
         let num_attention_heads = f
             .num_attention_heads
             .ok_or_else(|| missing("num_attention_heads"))?;
+        // transformers' default where the config is silent: the Gemma configs tie (their
+        // `__init__`'s `tie_word_embeddings=True`), the others do not.
+        let tied = f.tie_word_embeddings.unwrap_or_else(|| {
+            f.model_type
+                .as_deref()
+                .is_some_and(|t| t.starts_with("gemma"))
+        });
         let cfg = ModelConfig {
             path: path.to_path_buf(),
             model_type: f.model_type,
@@ -275,7 +286,7 @@ impl ModelConfig {
                 .torch_dtype
                 .or(f.dtype)
                 .ok_or_else(|| missing("torch_dtype"))?,
-            tie_word_embeddings: f.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: tied,
             attn_output_gate: f.attn_output_gate.unwrap_or(!dense),
             quantization: f.quantization_config.as_ref().map(quantization),
             mamba_ssm_dtype: f.mamba_ssm_dtype,
@@ -360,6 +371,10 @@ struct RawFields {
     max_position_embeddings: Option<u64>,
     #[serde(deserialize_with = "count")]
     num_experts: Option<u64>,
+    /// Mixtral's and gpt-oss's spelling of `num_experts`; their experts are `intermediate_size`
+    /// wide (transformers' `MixtralConfig`).
+    #[serde(deserialize_with = "count")]
+    num_local_experts: Option<u64>,
     #[serde(deserialize_with = "count")]
     num_experts_per_tok: Option<u64>,
     #[serde(deserialize_with = "count")]
@@ -407,6 +422,7 @@ impl RawFields {
                 .full_attention_interval
                 .or(other.full_attention_interval),
             num_experts: self.num_experts.or(other.num_experts),
+            num_local_experts: self.num_local_experts.or(other.num_local_experts),
             num_experts_per_tok: self.num_experts_per_tok.or(other.num_experts_per_tok),
             moe_intermediate_size: self.moe_intermediate_size.or(other.moe_intermediate_size),
             shared_expert_intermediate_size: self

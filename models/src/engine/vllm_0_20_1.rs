@@ -35,6 +35,7 @@ const VL_ATT_QKV: &str = "vllm-0.20.1 vllm/model_executor/models/qwen3_next.py Q
 const VL_LOGIT_H: &str = "vllm-0.20.1 vllm/v1/worker/gpu_model_runner.py execute_model: sample_hidden_states = hidden_states[logits_indices]";
 const VL_LOGITS: &str =
     "vllm-0.20.1 vllm/model_executor/layers/logits_processor.py: logits = lm_head(hidden_states)";
+const VL_GATHER: &str = "vllm-0.20.1 vllm/distributed/device_communicators/base_device_communicator.py all_gather: output_tensor = torch.empty(..); output_tensor.movedim(0, dim).reshape(..)";
 const VL_LOGITS32: &str =
     "vllm-0.20.1 vllm/v1/sample/sampler.py Sampler.forward: logits = logits.to(torch.float32)";
 
@@ -149,7 +150,7 @@ pub(crate) fn profile_layers(st: &LayerStep, rows: u64) -> Result<Vec<LayerPeak>
     let mut out = LayerPeaks::default();
     out.mixers(st.cfg, || profile_gdn(st), || profile_attention(st))?;
     out.push(StepLayer::Mlp, mlp(st)?);
-    out.push(StepLayer::Logits, sampler(&st.d, rows)?);
+    out.push(StepLayer::Logits, sampler(&st.d, st.cfg.vocab_size, rows)?);
     Ok(out.into_vec())
 }
 
@@ -182,10 +183,14 @@ fn profile_attention(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
 /// `_dummy_sampler_run` (`gpu_model_runner.py:5622-5699`) on `rows` rows: the random hidden rows,
 /// the logits, the sampler's fp32 copy (`sampler.py:91`), and with the dummy top-k/top-p the
 /// native path's probabilities and exponential draws (`topk_topp_sampler.py:112, 334`), beside
-/// the forward's hidden states.
-fn sampler(d: &Dims, rows: u64) -> Result<Vec<Tensor>, ModelError> {
+/// the forward's hidden states. Under tensor parallelism every rank samples over the whole
+/// vocabulary (`vocab`): the lm_head's shard of `d.vocab` columns is all-gathered
+/// (`logits_processor.py:75-87`, all-gather on every CUDA platform, `platforms/interface.py:
+/// 787-791`) into a `[tp·rows, d.vocab]` buffer, then copied to `[rows, vocab]` by the reshape
+/// after `movedim` (`device_communicators/base_device_communicator.py:184-207`).
+fn sampler(d: &Dims, vocab: u64, rows: u64) -> Result<Vec<Tensor>, ModelError> {
     let mut tl = Timeline::new();
-    let ids = [
+    let mut ids = vec![
         tl.alloc("hidden_states", &[d.t, d.hidden], d.dt, VL_RES),
         tl.alloc("sample_hidden_states", &[rows, d.hidden], d.dt, VL_LOGIT_H),
         tl.alloc(
@@ -194,11 +199,24 @@ fn sampler(d: &Dims, rows: u64) -> Result<Vec<Tensor>, ModelError> {
             d.dt,
             VL_SAMPLE_RAND,
         ),
-        tl.alloc("logits", &[rows, d.vocab], d.dt, VL_LOGITS),
-        tl.alloc("logits (fp32)", &[rows, d.vocab], DType::F32, VL_LOGITS32),
-        tl.alloc("probs", &[rows, d.vocab], DType::F32, VL_PROBS),
-        tl.alloc("q (exponential)", &[rows, d.vocab], DType::F32, VL_Q),
     ];
+    if d.vocab < vocab {
+        let shard = tl.alloc(
+            "logits (this rank's shard)",
+            &[rows, d.vocab],
+            d.dt,
+            VL_LOGITS,
+        );
+        let gathered = tl.alloc("all_gather buffer", &[rows, vocab], d.dt, VL_GATHER);
+        ids.push(tl.alloc("logits", &[rows, vocab], d.dt, VL_GATHER));
+        tl.free(gathered);
+        tl.free(shard);
+    } else {
+        ids.push(tl.alloc("logits", &[rows, vocab], d.dt, VL_LOGITS));
+    }
+    ids.push(tl.alloc("logits (fp32)", &[rows, vocab], DType::F32, VL_LOGITS32));
+    ids.push(tl.alloc("probs", &[rows, vocab], DType::F32, VL_PROBS));
+    ids.push(tl.alloc("q (exponential)", &[rows, vocab], DType::F32, VL_Q));
     free_all(&mut tl, ids);
     tl.finish()
 }

@@ -47,6 +47,14 @@ pub const DEFAULT_OUTSIDE_BUDGET: u64 = 610 << 20;
 /// default and do not check it).
 pub const DEFAULT_NON_TORCH: u64 = 375_809_638;
 
+/// The non-torch increase at TP > 1 when not given: 2.07 GiB, what vLLM 0.19.0 printed for
+/// Llama-3.1-8B at TP 2 on NVLink-connected H100 80GB HBM3s (`non_torch_increase` of its
+/// `MemoryProfilingResult`; tests/data/vllm_v1_debug_logs.json, `llmd_llama31_8b_h100_tp2`, which
+/// built this default and does not check it): the communicators' buffers made at the profile
+/// run's first collective, which the init snapshot cannot see (docs/validation.md, "vLLM's
+/// start-up lines, the whole chain"). Another interconnect differs: give `--non-torch`.
+pub const DEFAULT_NON_TORCH_TP: u64 = 2_222_634_394;
+
 /// The floor vLLM gives each further graph's memory (`gpu_model_runner.py:6008-6010`:
 /// `max(sample_1, 1 MiB)`).
 const PER_GRAPH_FLOOR: u64 = 1 << 20;
@@ -266,11 +274,19 @@ pub fn plan(cfg: &ModelConfig, f: &VllmFlags) -> Result<VllmPlan, ModelError> {
     );
     let (weights, weight_format) = weights(cfg, f)?;
     let (profiled, profiled_layer) = profile_peak(cfg, f, mnbt, mnbt.min(mns))?;
-    let non_torch = given_or(
-        f.non_torch_increase,
-        DEFAULT_NON_TORCH,
-        "the non-torch increase over the profile run (kernel modules, library handles)",
-    );
+    let non_torch = if f.tp > 1 {
+        given_or(
+            f.non_torch_increase,
+            DEFAULT_NON_TORCH_TP,
+            "the non-torch increase over the profile run at TP > 1 (the communicators' buffers, kernel modules, library handles; measured on NVLink H100s)",
+        )
+    } else {
+        given_or(
+            f.non_torch_increase,
+            DEFAULT_NON_TORCH,
+            "the non-torch increase over the profile run (kernel modules, library handles)",
+        )
+    };
     let (cudagraph, counts) = cudagraph(cfg, f, mnbt, mns)?;
     let available = i128::from(requested)
         - i128::from(weights.bytes)

@@ -178,13 +178,22 @@ fn levers(f: &VllmFlags, p: &VllmPlan, cfg: &ModelConfig) -> Vec<Lever> {
             ..f.clone()
         },
     );
-    push(
-        format!("--tensor-parallel-size {}", f.tp * 2),
-        VllmFlags {
-            tp: f.tp * 2,
-            ..f.clone()
-        },
-    );
+    // Twice the ranks, where the heads split over them (vLLM refuses an uneven split; the step
+    // model does not replicate KV heads).
+    let tp2 = f.tp * 2;
+    if cfg.num_attention_heads.is_multiple_of(tp2)
+        && cfg.num_key_value_heads.is_multiple_of(tp2)
+        && cfg.linear_num_value_heads.is_multiple_of(tp2)
+        && cfg.linear_num_key_heads.is_multiple_of(tp2)
+    {
+        push(
+            format!("--tensor-parallel-size {tp2}"),
+            VllmFlags {
+                tp: tp2,
+                ..f.clone()
+            },
+        );
+    }
     out
 }
 
