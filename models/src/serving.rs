@@ -200,6 +200,13 @@ impl StepVariants {
                 conv_dtype: cfg.dtype,
                 ssm_dtype: DType::F32,
             },
+            // vLLM's own FlashAttention fork (`_vllm_fa2_C.varlen_fwd` on compute capability
+            // 8.x): its varlen forward allocates `softmax_lse` unpadded, `[H, total_q]` fp32
+            // (vllm-project/flash-attention `csrc/flash_attn/flash_api.cpp:657, 693`, the
+            // `csrc` tree of the commits whose `cute/` vLLM 0.20.1 ships), no split-KV buffers
+            // for a prefill (`:704-711`: decode only) and nothing sized by `max_seqlen_k`;
+            // Dao-AILab 2.8.3's layout, so that variant stands for it (docs/validation.md,
+            // "vLLM's FlashAttention fork").
             Runtime::Vllm => StepVariants {
                 runtime,
                 gdn: Variant::GdnVllm0201,

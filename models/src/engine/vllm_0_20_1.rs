@@ -36,6 +36,7 @@ const VL_LOGIT_H: &str = "vllm-0.20.1 vllm/v1/worker/gpu_model_runner.py execute
 const VL_LOGITS: &str =
     "vllm-0.20.1 vllm/model_executor/layers/logits_processor.py: logits = lm_head(hidden_states)";
 const VL_GATHER: &str = "vllm-0.20.1 vllm/distributed/device_communicators/base_device_communicator.py all_gather: output_tensor = torch.empty(..); output_tensor.movedim(0, dim).reshape(..)";
+const VL_MOE_WORKSPACE: &str = "vllm-0.20.1 vllm/model_executor/layers/fused_moe/modular_kernel.py _allocate_buffers: current_workspace_manager().get_simultaneous(workspace13, workspace2)";
 const VL_LOGITS32: &str =
     "vllm-0.20.1 vllm/v1/sample/sampler.py Sampler.forward: logits = logits.to(torch.float32)";
 
@@ -145,13 +146,43 @@ const VL_Q: &str = "vllm-0.20.1 vllm/v1/sample/ops/topk_topp_sampler.py random_s
 /// in full; then `_dummy_sampler_run` on `rows` rows (`min(max_num_batched_tokens,
 /// max_num_seqs)`, `:5615-5619`). The same scope as [`layers`], kernels left out: the step's
 /// excess over the profiled peak is what those kernels add. `st`'s shape is one sequence of
-/// `max_num_batched_tokens` tokens.
+/// `max_num_batched_tokens` tokens. An MoE model's fused-experts workspace outlives its layer
+/// ([`moe_workspace`]), so the sampler runs beside it.
 pub(crate) fn profile_layers(st: &LayerStep, rows: u64) -> Result<Vec<LayerPeak>, ModelError> {
     let mut out = LayerPeaks::default();
     out.mixers(st.cfg, || profile_gdn(st), || profile_attention(st))?;
     out.push(StepLayer::Mlp, mlp(st)?);
-    out.push(StepLayer::Logits, sampler(&st.d, st.cfg.vocab_size, rows)?);
+    let workspace = moe_workspace(st)?;
+    out.push(
+        StepLayer::Logits,
+        sampler(&st.d, st.cfg.vocab_size, rows, &workspace)?,
+    );
     Ok(out.into_vec())
+}
+
+/// The fused-MoE workspace of a `t`-token forward on this rank: the Triton experts' two buffers
+/// (`fused_moe/fused_moe.py:1968-1983`: `(M, topk, max(N/2, K))`, which also holds the output,
+/// and `(M, topk, max(N, K))`, with `N` the gate-and-up width on this rank and `K` the hidden
+/// size), in the activations' dtype, taken from one buffer the `WorkspaceManager` keeps and only
+/// grows (`fused_moe/modular_kernel.py:1093-1099`, `v1/worker/workspace.py:92-140`): it outlives
+/// the layer and the forward. None for dense models. Other expert kernels (Marlin's int4,
+/// DeepGEMM) size theirs otherwise; not modelled.
+/// [`moe_workspace`]'s bytes: what stays allocated after the profile run for every later step.
+pub(crate) fn moe_workspace_bytes(st: &LayerStep) -> Result<u64, ModelError> {
+    Ok(moe_workspace(st)?
+        .iter()
+        .map(|s| s.iter().product::<u64>() * st.d.dt.size_bytes())
+        .sum())
+}
+
+fn moe_workspace(st: &LayerStep) -> Result<Vec<[u64; 3]>, ModelError> {
+    let Some(moe) = &st.cfg.moe else {
+        return Ok(Vec::new());
+    };
+    let n = 2 * crate::tp_split("moe_intermediate_size", moe.moe_intermediate_size, st.s.tp)?;
+    let k = st.cfg.hidden_size;
+    let (m, topk) = (st.d.t, moe.num_experts_per_tok);
+    Ok(vec![[m, topk, (n / 2).max(k)], [m, topk, n.max(k)]])
 }
 
 /// [`gdn`]'s tensors up to `core_attn_out` (`gdn_linear_attn.py:530-575`, zeros at `:571-575`);
@@ -188,9 +219,18 @@ fn profile_attention(st: &LayerStep) -> Result<Vec<Tensor>, ModelError> {
 /// (`logits_processor.py:75-87`, all-gather on every CUDA platform, `platforms/interface.py:
 /// 787-791`) into a `[tp·rows, d.vocab]` buffer, then copied to `[rows, vocab]` by the reshape
 /// after `movedim` (`device_communicators/base_device_communicator.py:184-207`).
-fn sampler(d: &Dims, vocab: u64, rows: u64) -> Result<Vec<Tensor>, ModelError> {
+fn sampler(
+    d: &Dims,
+    vocab: u64,
+    rows: u64,
+    moe_workspace: &[[u64; 3]],
+) -> Result<Vec<Tensor>, ModelError> {
     let mut tl = Timeline::new();
-    let mut ids = vec![
+    let mut ids: Vec<TensorId> = moe_workspace
+        .iter()
+        .map(|shape| tl.alloc("fused-MoE workspace", shape, d.dt, VL_MOE_WORKSPACE))
+        .collect();
+    ids.extend([
         tl.alloc("hidden_states", &[d.t, d.hidden], d.dt, VL_RES),
         tl.alloc("sample_hidden_states", &[rows, d.hidden], d.dt, VL_LOGIT_H),
         tl.alloc(
@@ -199,7 +239,7 @@ fn sampler(d: &Dims, vocab: u64, rows: u64) -> Result<Vec<Tensor>, ModelError> {
             d.dt,
             VL_SAMPLE_RAND,
         ),
-    ];
+    ]);
     if d.vocab < vocab {
         let shard = tl.alloc(
             "logits (this rank's shard)",

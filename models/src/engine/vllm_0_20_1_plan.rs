@@ -29,7 +29,7 @@
 
 use serde::Serialize;
 
-use super::vllm_0_20_1::profile_layers;
+use super::vllm_0_20_1::{moe_workspace_bytes, profile_layers};
 use super::vllm_0_20_1_pool::{self, DEFAULT_BLOCK_SIZE, GdnState, Pool, PoolShape};
 use crate::step_layers::{LayerStep, StepLayer};
 use crate::{
@@ -186,6 +186,9 @@ pub struct VllmPlan {
     pub non_torch: Term,
     /// The CUDA-graph estimate subtracted.
     pub cudagraph: Term,
+    /// An MoE model's fused-experts workspace, sized by the profile run and kept for every step
+    /// (0 for dense models): part of the profiled peak, and held beside each step's own peak.
+    pub moe_workspace_bytes: u64,
     /// Graphs vLLM would capture (PIECEWISE, FULL), 0 with `--enforce-eager`.
     pub cudagraph_counts: (u64, u64),
     /// What is left for the KV cache (may be negative).
@@ -232,7 +235,8 @@ pub struct VllmStep {
     pub peak_layer: StepLayer,
     /// `peak − profiled peak`: what the slack must hold.
     pub excess_bytes: i64,
-    /// Everything on the card at the peak: outside + weights + non-torch + graphs + pool + peak.
+    /// Everything on the card at the peak: outside + weights + non-torch + graphs + pool + the
+    /// MoE workspace + peak.
     pub held_bytes: u64,
     /// `card − held`.
     pub margin_bytes: i64,
@@ -288,6 +292,13 @@ pub fn plan(cfg: &ModelConfig, f: &VllmFlags) -> Result<VllmPlan, ModelError> {
         )
     };
     let (cudagraph, counts) = cudagraph(cfg, f, mnbt, mns)?;
+    let moe_workspace = {
+        let mut shape = ServingShape::prefill(cfg, mnbt, mnbt);
+        shape.tp = f.tp;
+        shape.num_sms = f.num_sms;
+        let v = StepVariants::for_runtime(Runtime::Vllm, cfg);
+        moe_workspace_bytes(&LayerStep::new(cfg, &v, &shape)?)?
+    };
     let available = i128::from(requested)
         - i128::from(weights.bytes)
         - i128::from(profiled)
@@ -318,6 +329,7 @@ pub fn plan(cfg: &ModelConfig, f: &VllmFlags) -> Result<VllmPlan, ModelError> {
         profiled_peak_layer: profiled_layer,
         non_torch,
         cudagraph,
+        moe_workspace_bytes: moe_workspace,
         cudagraph_counts: counts,
         available_bytes,
         pool,
@@ -350,6 +362,7 @@ pub fn step(
         + p.non_torch.bytes
         + p.cudagraph.bytes
         + pool_bytes
+        + p.moe_workspace_bytes
         + peak;
     let margin = i128::from(p.card_bytes) - i128::from(held);
     let refused_because = if let Some(e) = p.startup_error() {

@@ -227,6 +227,7 @@ fn plan_json(p: &VllmPlan) -> Value {
         "profiled_peak_layer": p.profiled_peak_layer,
         "non_torch": p.non_torch,
         "cudagraph": p.cudagraph,
+        "moe_workspace_bytes": p.moe_workspace_bytes,
         "cudagraph_graphs": {"piecewise": p.cudagraph_counts.0, "full": p.cudagraph_counts.1},
         "available_bytes": p.available_bytes,
         "pool_bytes": pool.map(|x| x.pool_bytes),
