@@ -591,7 +591,22 @@ fn the_vllm_planner_takes_the_checkpoint_s_own_bytes() {
     let (code, _, stderr) = run(&a);
     assert_ne!(code, 0);
     assert!(stderr.contains("no metadata.total_size"), "{stderr}");
+    // A GGUF checkpoint: its tensors' bytes as the header lists them (vLLM keeps them quantized),
+    // over the ranks; not beside a safetensors index.
+    let gguf = format!(
+        "{}/samples/h200/llama-hybrid/qwen35-h8-q4km.header.gguf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut g = args("2");
+    g.extend(["--gguf", &gguf]);
+    let v = json(&g);
+    assert_eq!(v["weights_bytes"], 3_593_245_952u64 / 2);
+    assert_eq!(v["vllm"]["weights"]["basis"], "given");
+    a.extend(["--gguf", &gguf]);
+    let (code, _, stderr) = run(&a);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
-    // Without it, the weights are counted from the config.
+    // Without either, the weights are counted from the config.
     assert_eq!(json(&args("2"))["vllm"]["weights"]["basis"], "code");
 }

@@ -446,7 +446,7 @@ fn weights(cfg: &ModelConfig, f: &VllmFlags) -> Result<(Term, WeightFormat), Mod
                 bytes: total.div_ceil(f.tp),
                 basis: TermBasis::Given,
                 why: format!(
-                    "the checkpoint's own tensors ({total} B in its safetensors index) over {} rank(s); vLLM keeps them as stored (a Marlin repack keeps the bytes), every tower included",
+                    "the checkpoint's own tensors ({total} B in its safetensors index or GGUF header) over {} rank(s); vLLM keeps them as stored (a Marlin repack keeps the bytes), every tower included",
                     f.tp
                 ),
             },

@@ -116,6 +116,15 @@ pub struct StepArgs {
     /// weights' bytes (over the ranks) instead of counting them from the config.
     #[arg(long, value_name = "PATH", requires = "gpu_memory_utilization")]
     pub safetensors_index: Option<std::path::PathBuf>,
+    /// A GGUF checkpoint vLLM serves (`vllm serve model.gguf`), or its header alone: its
+    /// tensors' bytes give the weights (over the ranks), as vLLM keeps them quantized.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "gpu_memory_utilization",
+        conflicts_with = "safetensors_index"
+    )]
+    pub gguf: Option<std::path::PathBuf>,
     /// vLLM's non-torch increase over its profile run, if known (default 0.35 GiB).
     #[arg(long, value_name = "BYTES", requires = "gpu_memory_utilization")]
     pub non_torch: Option<String>,

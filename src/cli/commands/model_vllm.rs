@@ -80,12 +80,25 @@ pub fn flags(
             .map(|d| d.parse::<DType>().map_err(anyhow::Error::msg))
             .transpose()
             .context("--mamba-ssm-cache-dtype")?,
-        checkpoint_bytes: args
-            .safetensors_index
-            .as_deref()
-            .map(checkpoint_bytes)
-            .transpose()?,
+        checkpoint_bytes: match (&args.safetensors_index, &args.gguf) {
+            (Some(p), _) => Some(checkpoint_bytes(p)?),
+            (None, Some(p)) => Some(gguf_bytes(p)?),
+            (None, None) => None,
+        },
     })
+}
+
+/// A GGUF checkpoint's tensor bytes, from its header: vLLM's GGUF loader keeps every tensor as
+/// the file stores it (`model_executor/layers/quantization/gguf.py:432-473`, the quantized
+/// blocks as `uint8` parameters of the file's size).
+fn gguf_bytes(path: &std::path::Path) -> anyhow::Result<u64> {
+    let h = vramtrace_models::gguf::GgufHeader::read(path)
+        .with_context(|| format!("--gguf {}", path.display()))?;
+    let total: u64 = h.tensors.iter().map(|t| t.bytes).sum();
+    if total == 0 {
+        anyhow::bail!("--gguf {}: the file lists no tensors", path.display());
+    }
+    Ok(total)
 }
 
 /// `metadata.total_size` of a safetensors index.
