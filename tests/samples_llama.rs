@@ -868,3 +868,43 @@ fn attach_follows_llama_cpp_s_pool_as_a_prompt_fills() {
         pool_mapped_after(&header, &ctx, &shape, 1, 16_000).unwrap()
     );
 }
+
+/// Qwen3.6-27B's exact architecture in Q4_K_M as the tree's own `llama-quantize` wrote it on the
+/// H200 (`samples/h200/llama-27b`: its header, rebuilt from the tensor list printed there): what
+/// the model reads from the header (the CUDA model buffer and the input embedding kept on the
+/// host) is llama-quantize's own "quant size" line to its two decimals of MiB.
+#[test]
+fn the_27b_q4_k_m_header_is_llama_quantize_s_size() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-27b");
+    let v = vramtrace_json([
+        "model".as_ref(),
+        dir.join("qwen36-27b-q4km.header.gguf").as_os_str(),
+        "-c".as_ref(),
+        "262144".as_ref(),
+        "--flash-attn".as_ref(),
+        "--cache-type-k".as_ref(),
+        "q4_0".as_ref(),
+        "--cache-type-v".as_ref(),
+        "q4_0".as_ref(),
+        "--compute-buffer".as_ref(),
+        "0".as_ref(),
+        "--json".as_ref(),
+    ]);
+    let log = std::fs::read_to_string(dir.join("quantize.log-excerpt.txt")).unwrap();
+    let quant: f64 = log
+        .lines()
+        .find_map(|l| l.split("quant size  =").nth(1))
+        .and_then(|x| x.split("MiB").next())
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mib = (v["weights_bytes"].as_u64().unwrap() + v["host_weights_bytes"].as_u64().unwrap())
+        as f64
+        / 1_048_576.0;
+    assert!((mib - quant).abs() < 0.005, "{mib} MiB against {quant}");
+    assert_eq!(v["layers"]["attention"], 16);
+    assert_eq!(v["layers"]["recurrent"], 48);
+    // 16 attention layers of q4_0 K and V (4 heads of 256) over 262,144 cells.
+    assert_eq!(v["kv_cache_bytes"], 16u64 * 262_144 * 2 * 1024 * 18 / 32);
+}

@@ -860,7 +860,9 @@ llama_attach() {
   for i in $(seq 90); do grep -q "Running in interactive mode" "$d/llama.log" && break; sleep 1; done
   grep -E "CUDA0 (model|KV|compute) buffer size" "$d/llama.log"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv
-  $VT attach "$pid" --out "$d.trace" --duration 45s > "$d/attach.log" 2>&1 &
+  # The attach must not inherit the FIFO's writing end (fd 7): while any writer holds it,
+  # closing ours is no EOF for llama-completion (both calls of 2026-12-04 waited on it).
+  $VT attach "$pid" --out "$d.trace" --duration 45s > "$d/attach.log" 2>&1 7>&- &
   apid=$!
   sleep 8
   cat "$d/prompt.txt" >&7

@@ -106,7 +106,7 @@ def completion(bin_dir, gguf, ctx, ub, fa, cache, prompt, log, vt=None, trace=No
     with open(log, "w") as f:
         try:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=int(os.environ.get("LLAMA_FILL_TIMEOUT", "300"))).returncode
+                                timeout=max(30, int(os.environ.get("LLAMA_FILL_TIMEOUT", "300")))).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     done.set()
