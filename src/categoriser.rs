@@ -847,6 +847,14 @@ mod tests {
             categorise(&llama("llama_memory_recurrent::llama_memory_recurrent()")).category,
             Category::State
         );
+        // A multimodal projector's weights, under mtmd's own loader (no GPU run has shown one).
+        let mmproj = categorise(&llama("clip_model_loader::load_tensors(clip_ctx&)"));
+        assert_eq!(mmproj.category, Category::Weights);
+        assert!(
+            matches!(&mmproj.evidence, Evidence::Native { rule, .. } if rule.contains("mmproj")),
+            "{:?}",
+            mmproj.evidence
+        );
         // ggml's own cuBLAS workspace, as the H200 symbolised it (samples/h200/llama-bench).
         let workspace = Facts {
             bytes: 32 * MIB,

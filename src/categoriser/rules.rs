@@ -469,6 +469,14 @@ pub const NATIVE_RULES: &[NativeRule] = &[
         category: C::State,
         source: "llama-memory-recurrent.cpp:llama_memory_recurrent::llama_memory_recurrent",
     },
+    // A multimodal projector's weights (`--mmproj`): mtmd loads them in its own loader
+    // (tools/mtmd/clip.cpp: clip_model_loader::load_tensors, ggml_backend_alloc_ctx_tensors_from_
+    // buft), apart from the language model's; named so before the rule below would take them.
+    NativeRule {
+        what: NativeMatch::Symbol("clip_model_loader"),
+        category: C::Weights,
+        source: "mtmd clip.cpp:clip_model_loader::load_tensors (the mmproj)",
+    },
     NativeRule {
         what: NativeMatch::Symbol("load_tensors"),
         category: C::Weights,
