@@ -49,7 +49,7 @@ pub fn is_quantized(id: u32) -> bool {
 /// (`src/models/qwen35.cpp:15-24`, `qwen3next.cpp:17-22`, `qwen35moe.cpp:20-25`).
 const HYBRIDS: [&str; 3] = ["qwen35", "qwen35moe", "qwen3next"];
 
-/// Whether `header`'s model is one of llama.cpp's GDN hybrids ([`HYBRIDS`]).
+/// Whether `header`'s model is one of llama.cpp's GDN hybrids (`qwen35`, `qwen35moe`, `qwen3next`).
 pub fn is_hybrid(header: &GgufHeader) -> bool {
     header.architecture().is_some_and(|a| HYBRIDS.contains(&a))
 }
