@@ -38,6 +38,11 @@ fn summary(name: &str) -> serde_json::Value {
     cli_json("summary", name)
 }
 
+/// `vramtrace summary TRACE --json` of a trace anywhere under samples/.
+fn summary_at(trace: &std::path::Path) -> serde_json::Value {
+    vramtrace_json(["summary".as_ref(), trace.as_os_str(), "--json".as_ref()])
+}
+
 /// The MiB a line of run `name`'s log gives for `key` (`… size =    512.00 MiB`).
 fn logged_mib(name: &str, key: &str) -> f64 {
     let log = std::fs::read_to_string(sample(name).join("log-excerpt.txt")).unwrap();
@@ -808,11 +813,7 @@ fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
     assert_eq!(checked, 2);
     // The trace kept of the first case: 420 MiB mapped (the scores' f16 copy of the ubatch to
     // 17,920: 2·17,920·512·24 B), then its 6 MiB output refused with 7.56 MiB free.
-    let s = vramtrace_json([
-        "summary".as_ref(),
-        dir.join("trace-h8-f16-c32k-ub512").as_os_str(),
-        "--json".as_ref(),
-    ]);
+    let s = summary_at(&dir.join("trace-h8-f16-c32k-ub512"));
     assert_eq!(pool(&s, "mapped")["peak_bytes"], 2u64 * 17_920 * 512 * 24);
     let failure = s["processes"][0]["devices"]
         .as_array()
@@ -835,11 +836,7 @@ fn attach_follows_llama_cpp_s_pool_as_a_prompt_fills() {
     use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped_after};
     use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-attach");
-    let s = vramtrace_json([
-        "summary".as_ref(),
-        dir.join("trace").as_os_str(),
-        "--json".as_ref(),
-    ]);
+    let s = summary_at(&dir.join("trace"));
     assert_eq!(pool(&s, "address")["peak_bytes"], 32u64 << 30);
     let header = GgufHeader::read(&sample("llama-f16.header.gguf")).unwrap();
     let f16 = ggml_type_by_name("f16").unwrap();
@@ -876,20 +873,19 @@ fn attach_follows_llama_cpp_s_pool_as_a_prompt_fills() {
 #[test]
 fn the_27b_q4_k_m_header_is_llama_quantize_s_size() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-27b");
-    let v = vramtrace_json([
-        "model".as_ref(),
-        dir.join("qwen36-27b-q4km.header.gguf").as_os_str(),
-        "-c".as_ref(),
-        "262144".as_ref(),
-        "--flash-attn".as_ref(),
-        "--cache-type-k".as_ref(),
-        "q4_0".as_ref(),
-        "--cache-type-v".as_ref(),
-        "q4_0".as_ref(),
-        "--compute-buffer".as_ref(),
-        "0".as_ref(),
-        "--json".as_ref(),
-    ]);
+    let gguf = dir.join("qwen36-27b-q4km.header.gguf");
+    let v = vramtrace_json(
+        [
+            "model",
+            gguf.to_str().unwrap(),
+            "-c",
+            "262144",
+            "--flash-attn",
+        ]
+        .into_iter()
+        .chain(["--cache-type-k", "q4_0", "--cache-type-v", "q4_0"])
+        .chain(["--compute-buffer", "0", "--json"]),
+    );
     let log = std::fs::read_to_string(dir.join("quantize.log-excerpt.txt")).unwrap();
     let quant: f64 = log
         .lines()

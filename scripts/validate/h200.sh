@@ -701,6 +701,22 @@ PY
   done
 }
 
+gguf_tensors() {
+  # The tensor list of each GGUF (name, type, shape, bytes), read with the tree's gguf-py
+  # (`gguf_tensors TREE FILE...`); with several files, each list under a "# FILE" line.
+  python3 - "$@" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/gguf-py")
+import gguf
+paths = sys.argv[2:]
+for path in paths:
+    if len(paths) > 1:
+        print("#", path)
+    for t in gguf.GGUFReader(path).tensors:
+        print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
+PY
+}
+
 llama_build() {
   # Issue 33: llama.cpp from the source prepare_llama.sh packed (llama-cpp-python 0.3.36's
   # vendored tree), CUDA for sm_90, only the tools the runs use.
@@ -742,16 +758,7 @@ llama_runs() {
   [ -f "$LL/llama-f16.gguf" ] || timeout 300 python3 "$VAL/llama_gguf.py" "$L" "$LL/llama-f16.gguf" || return 1
   [ -f "$LL/llama-q4km.gguf" ] || timeout 300 "$B/llama-quantize" "$LL/llama-f16.gguf" "$LL/llama-q4km.gguf" Q4_K_M \
     > "$W/llama-quantize.log" 2>&1 || tail -20 "$W/llama-quantize.log"
-  python3 - "$L" "$LL/llama-f16.gguf" "$LL/llama-q4km.gguf" > "$W/llama-gguf-headers.txt" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1] + "/gguf-py")
-import gguf
-for path in sys.argv[2:]:
-    r = gguf.GGUFReader(path)
-    print("#", path)
-    for t in r.tensors:
-        print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
-PY
+  gguf_tensors "$L" "$LL/llama-f16.gguf" "$LL/llama-q4km.gguf" > "$W/llama-gguf-headers.txt"
   for m in f16 q4km; do
     for c in 16384 131072; do
       timeout 120 "$B/llama-fit-params" -m "$LL/llama-$m.gguf" -c "$c" -ngl 99 -fitp on \
@@ -783,14 +790,7 @@ llama_fill() {
     > "$W/llama-quantize.log" 2>&1 || tail -20 "$W/llama-quantize.log"
   [ -f "$LL/llama-b.gguf" ] || timeout 300 python3 "$VAL/llama_gguf.py" "$L" "$LL/llama-b.gguf" \
     --layers 24 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2 || return 1
-  python3 - "$L" "$LL/llama-b.gguf" > "$W/llama-b-gguf-header.txt" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1] + "/gguf-py")
-import gguf
-r = gguf.GGUFReader(sys.argv[2])
-for t in r.tensors:
-    print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
-PY
+  gguf_tensors "$L" "$LL/llama-b.gguf" > "$W/llama-b-gguf-header.txt"
   rm -rf "$W/llama-fill"
   timeout 560 python3 "$VAL/llama_fill.py" --vt "$VT" --bin "$B" --out "$W/llama-fill" \
     ${LLAMA_FILL_CASES:-"a-f16-c32k-ub512:$LL/llama-f16.gguf:32768:512:off" \
@@ -815,14 +815,7 @@ llama_hybrid() {
   [ -f "$g-q4km.gguf" ] || { time timeout 300 "$B/llama-quantize" "$g-f16.gguf" "$g-q4km.gguf" Q4_K_M \
     > "$W/qwen35-h8-quantize.log" 2>&1 || tail -20 "$W/qwen35-h8-quantize.log"; }
   for m in f16 q4km; do
-    python3 - "$L" "$g-$m.gguf" > "$W/qwen35-h8-$m-header.txt" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1] + "/gguf-py")
-import gguf
-r = gguf.GGUFReader(sys.argv[2])
-for t in r.tensors:
-    print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
-PY
+    gguf_tensors "$L" "$g-$m.gguf" > "$W/qwen35-h8-$m-header.txt"
   done
   echo "hello hello hello hello hello hello hello hello" > "$W/qwen35-prompt.txt"
   for case in "f16-c16k-ub512-fa0:f16:-c 16384 -ub 512 -b 512 -fa off" \
@@ -887,14 +880,7 @@ llama_27b() {
   [ -f "$g-q4km.gguf" ] || { time timeout 400 "$B/llama-quantize" "$g-f16.gguf" "$g-q4km.gguf" Q4_K_M \
     > "$W/qwen36-27b-quantize.log" 2>&1 || { tail -20 "$W/qwen36-27b-quantize.log"; return 1; }; }
   rm -f "$g-f16.gguf"
-  python3 - "$L" "$g-q4km.gguf" > "$W/qwen36-27b-q4km-header.txt" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1] + "/gguf-py")
-import gguf
-r = gguf.GGUFReader(sys.argv[2])
-for t in r.tensors:
-    print(t.name, t.tensor_type.name, list(map(int, t.shape)), int(t.n_bytes))
-PY
+  gguf_tensors "$L" "$g-q4km.gguf" > "$W/qwen36-27b-q4km-header.txt"
   rm -rf "$W/qwen36-27b-fill"
   LLAMA_FILL_TIMEOUT=${LLAMA_27B_TIMEOUT:-400} timeout 560 python3 "$VAL/llama_fill.py" --vt "$VT" --bin "$B" \
     --out "$W/qwen36-27b-fill" ${LLAMA_27B_CASES:-"q27-c262k:$g-q4km.gguf:262144:512:on:q4_0:card=25438126080"}

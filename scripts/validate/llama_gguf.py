@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 
-def copy_vocabulary(gguf, vocab, w) -> int:
-    """Copies every `tokenizer.*` key of the reader `vocab` into the writer `w`; returns the
-    number of tokens."""
-    n_vocab = 0
+def copy_vocabulary(gguf, vocab, w, n_vocab: int | None = None) -> int:
+    """Copies every `tokenizer.*` key of the reader `vocab` into the writer `w`; with `n_vocab`,
+    pads the token list to it with `[PAD{i}]` tokens of type UNUSED, as convert_hf_to_gguf.py
+    pads a checkpoint's. Returns the number of tokens the file had."""
+    had = 0
     for name, field in vocab.fields.items():
         if not name.startswith("tokenizer."):
             continue
@@ -28,13 +29,19 @@ def copy_vocabulary(gguf, vocab, w) -> int:
             else:
                 vals = [field.parts[i][0].item() for i in field.data]
             if name == "tokenizer.ggml.tokens":
-                n_vocab = len(vals)
+                had = len(vals)
+                if n_vocab is not None:
+                    vals += [f"[PAD{i}]" for i in range(len(vals), n_vocab)]
+            elif name == "tokenizer.ggml.token_type" and n_vocab is not None:
+                vals += [int(gguf.TokenType.UNUSED)] * (n_vocab - len(vals))
             w.add_array(name, vals)
         elif vtype == gguf.GGUFValueType.STRING:
             w.add_string(name, bytes(field.parts[field.data[0]]).decode("utf-8", "replace"))
         else:
             w.add_key_value(name, field.parts[field.data[0]][0].item(), vtype)
-    return n_vocab
+    if n_vocab is not None and had > n_vocab:
+        raise SystemExit(f"the vocabulary has {had} tokens, more than vocab_size {n_vocab}")
+    return had
 
 
 def main() -> int:

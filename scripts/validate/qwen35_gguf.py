@@ -26,34 +26,6 @@ import sys
 from pathlib import Path
 
 
-def copy_vocabulary(gguf, vocab, w, n_vocab: int) -> int:
-    """Copies the `tokenizer.*` keys of `vocab` into `w`, padding the token list to `n_vocab`
-    with `[PAD{i}]` tokens of type UNUSED; returns the tokens the file had."""
-    had = 0
-    for name, field in vocab.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            if field.types[-1] == gguf.GGUFValueType.STRING:
-                vals = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-            else:
-                vals = [field.parts[i][0].item() for i in field.data]
-            if name == "tokenizer.ggml.tokens":
-                had = len(vals)
-                vals += [f"[PAD{i}]" for i in range(len(vals), n_vocab)]
-            elif name == "tokenizer.ggml.token_type":
-                vals += [int(gguf.TokenType.UNUSED)] * (n_vocab - len(vals))
-            w.add_array(name, vals)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(field.parts[field.data[0]]).decode("utf-8", "replace"))
-        else:
-            w.add_key_value(name, field.parts[field.data[0]][0].item(), vtype)
-    if had > n_vocab:
-        raise SystemExit(f"the Qwen2 vocabulary has {had} tokens, more than vocab_size {n_vocab}")
-    return had
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tree", type=Path, help="the llama.cpp source tree (its gguf-py and models/)")
@@ -68,6 +40,7 @@ def main() -> int:
     sys.path.insert(0, str(a.tree / "gguf-py"))
     import numpy as np
     import gguf
+    from llama_gguf import copy_vocabulary
 
     c = json.loads(a.config.read_text())
     c = c.get("text_config", c)
