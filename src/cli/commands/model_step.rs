@@ -125,7 +125,8 @@ pub struct StepArgs {
         conflicts_with = "safetensors_index"
     )]
     pub gguf: Option<std::path::PathBuf>,
-    /// vLLM's non-torch increase over its profile run, if known (default 0.35 GiB).
+    /// vLLM's non-torch increase over its profile run, if known (default 0.35 GiB at TP 1; 2.07
+    /// GiB at TP > 1, as vLLM printed it on NVLink-connected H100s).
     #[arg(long, value_name = "BYTES", requires = "gpu_memory_utilization")]
     pub non_torch: Option<String>,
     /// Keep the config's first N layers (a shortened model).
