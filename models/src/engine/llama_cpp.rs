@@ -323,10 +323,7 @@ pub fn compute_buffer(
     flash_attn: bool,
 ) -> Result<u64, ModelError> {
     if is_hybrid(header) {
-        return Err(ModelError::Invalid(format!(
-            "the compute buffer of {}'s hybrid graph (Gated DeltaNet layers) is not modelled; give llama.cpp's own figure (its `CUDA0 compute buffer size` line) as --compute-buffer BYTES",
-            header.architecture().unwrap_or("?")
-        )));
+        return hybrid_compute_buffer(header, ctx, n_ubatch, flash_attn);
     }
     let g = graph_shape(header)?;
     let a = |x: u64| x.next_multiple_of(CUDA_ALIGNMENT);
@@ -352,6 +349,120 @@ pub fn compute_buffer(
         peak = peak.max(inputs + hidden + heads_out + a(heads_out + 4 * n * g.ekv));
     }
     Ok(peak)
+}
+
+/// The compute buffer of the `qwen35` graph (Qwen3.5/3.6: Gated DeltaNet layers, a full-attention
+/// layer every fourth), one sequence, one GPU, every layer offloaded. Derived from the tree's
+/// code by a step-by-step simulation of the graph and of ggml's allocator
+/// (`scripts/validate/qwen35_compute_sim.py`; docs/validation.md, "The hybrid's compute buffer"),
+/// reduced to this form:
+/// - the reserved graph and the allocator are the dense one's ([`compute_buffer`]); the GDN step
+///   is one fused `GATED_DELTA_NET` node a layer (`src/llama-context.cpp:233-235`,
+///   `src/models/delta-net-base.cpp:402-420`);
+/// - the inputs copied in at the CUDA split's start: the embedding rows, the recurrent state's
+///   copy index, four positions a token (IMROPE), with a quantized cache the Hadamard rotations
+///   (K: `nrot²` f32, `nrot` the largest power of two dividing the head dim; V: 64×64;
+///   `src/llama-kv-cache.cpp:321-339`), the K and V indices (V's per value without flash
+///   attention), the KQ mask (f16 with flash attention, f32 without), the output ids;
+/// - the peak is the largest of: an attention layer's scores without flash attention
+///   (`[n_kv, T, H]` f32 beside the query and its gate, `src/models/qwen35.cpp:248-330`); with
+///   flash attention over a quantized cache, the kernel's node with its f16 K and V
+///   (`ggml-cuda/fattn.cu:722-755`); layer 0's FFN; layer 0's conv (state and input
+///   concatenated, `delta-net-base.cpp`); the logits `[V, T]` f32 above the never-freed
+///   `h_nextn` and `result_norm` outputs.
+///
+/// Where the last term was reduced from the simulation, its placement rule holds for layer
+/// counts that are multiples of 8; other counts, flash attention over an f16 cache, and mixed
+/// cache types are refused (not modelled), as is any hybrid but `qwen35`.
+fn hybrid_compute_buffer(
+    header: &GgufHeader,
+    ctx: &LlamaCppContext,
+    n_ubatch: u64,
+    flash_attn: bool,
+) -> Result<u64, ModelError> {
+    let arch = header.architecture().unwrap_or("?");
+    let layers = layer_kinds(header)?;
+    let n_layer = layers.attention + layers.recurrent;
+    let quantized_k = is_quantized(ctx.type_k);
+    let not_modelled = |why: &str| {
+        Err(ModelError::Invalid(format!(
+            "the compute buffer of {arch}'s hybrid graph is not modelled {why}; give llama.cpp's own figure (its `CUDA0 compute buffer size` line) as --compute-buffer BYTES"
+        )))
+    };
+    if arch != "qwen35" {
+        return not_modelled("(only qwen35's graph is)");
+    }
+    if n_layer < 8
+        || n_layer % 8 != 0
+        || header.arch_int("full_attention_interval").unwrap_or(4) != 4
+    {
+        return not_modelled(
+            "for a layer count that is not a multiple of 8 (or an interval other than 4)",
+        );
+    }
+    if quantized_k != is_quantized(ctx.type_v) {
+        return not_modelled("for a K and a V cache of different kinds");
+    }
+    if flash_attn && !quantized_k {
+        return not_modelled("with flash attention over an f16 cache");
+    }
+    let a = |x: u64| x.next_multiple_of(CUDA_ALIGNMENT);
+    let g_shape = graph_shape(header)?;
+    let (e, f, heads, d, v) = (g_shape.e, g_shape.f, g_shape.h, g_shape.d, g_shape.v);
+    let kv_heads = g_shape.ekv / d.max(1);
+    let d_conv = header.require("ssm.conv_kernel")?;
+    let d_inner = header.require("ssm.inner_size")?;
+    let d_state = header.require("ssm.state_size")?;
+    let n_group = header.require("ssm.group_count")?;
+    let channels = d_inner + 2 * n_group * d_state;
+    let n = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
+    let t = n.min(n_ubatch.max(1));
+    let h = a(4 * e * t);
+    let g = a(4 * d * heads * t);
+    let nrot = 1u64 << d.max(1).trailing_zeros();
+    let rotations = if quantized_k {
+        a(4 * nrot * nrot) + a(4 * 64 * 64)
+    } else {
+        0
+    };
+    let inputs = h
+        + a(4)
+        + a(16 * t)
+        + rotations
+        + a(8 * t)
+        + a(if flash_attn {
+            8 * t
+        } else {
+            8 * t * kv_heads * d
+        })
+        + a(n * t * if flash_attn { 2 } else { 4 })
+        + a(4 * t);
+    let attention = if flash_attn {
+        let kv16 = 2 * d * kv_heads * n;
+        inputs + h + a(8 * d * heads * t) + 2 * g + a(a(g) + a(kv16) + kv16)
+    } else {
+        inputs + h + a(8 * d * heads * t) + g + a(4 * n * t * heads)
+    };
+    let ffn = inputs + h + 3 * a(4 * f * t);
+    let conv = inputs
+        + h
+        + a(4 * (d_conv - 1) * channels)
+        + a(4 * channels * t)
+        + a(4 * channels * (t + d_conv - 1))
+        + a(4 * channels * t);
+    // Where the logits land: above the two outputs never freed, placed in what the freed inputs
+    // left below (reduced from the simulation; multiples of 8 layers).
+    let free = inputs - a(4 * t) - h;
+    let rest = free.saturating_sub(h + g);
+    let below = if free < h {
+        inputs + h
+    } else if free >= h + g && (h..h + g).contains(&rest) {
+        3 * h + g
+    } else {
+        2 * h
+    };
+    let logits = below + a(4 * v * t);
+    Ok(attention.max(ffn).max(conv).max(logits))
 }
 
 /// The VMM pool's mapping granularity on the H200 (`cuMemGetAllocationGranularity`,

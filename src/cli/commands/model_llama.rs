@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use vramtrace_models::engine::llama_cpp::{
-    FillCeiling, FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling, is_hybrid,
+    FillCeiling, FillShape, LlamaCppContext, boot_buffers, compute_buffer, fill_ceiling,
     is_quantized, pool_mapped,
 };
 use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
@@ -37,8 +37,8 @@ pub struct LlamaArgs {
     #[arg(long = "flash-attn")]
     pub flash_attn: bool,
     /// llama.cpp's own compute buffer (its `CUDA0 compute buffer size` line, in bytes or with a
-    /// unit), for the hybrids (qwen35, qwen3next), whose graph the model does not place; the
-    /// levers, which each need it at another setting, are then left out.
+    /// unit), for a graph the model does not place (a hybrid other than qwen35, or a qwen35
+    /// setting it refuses); the levers still predict their own.
     #[arg(long = "compute-buffer", value_name = "BYTES")]
     pub compute_buffer: Option<String>,
 }
@@ -72,7 +72,8 @@ fn empty_fill(n_ctx: u64) -> FillCeiling {
 
 /// Each of llama.cpp's levers one step from the flags, with its fill ceiling on `limit`: `-ub`
 /// from 64 to 4096, flash attention switched, the caches in q8_0 and q4_0 (flash attention on:
-/// a quantized V cache needs it), and half the context.
+/// a quantized V cache needs it), and half the context. A lever whose compute buffer the model
+/// does not place (a hybrid's, in the settings `compute_buffer` refuses) is left out.
 fn levers(
     header: &GgufHeader,
     ctx: &LlamaCppContext,
@@ -90,24 +91,28 @@ fn levers(
             n_ubatch: ub,
             ..*shape
         };
-        out.push(Lever {
-            name: format!("-ub {ub} -b {}", batch.max(ub)),
-            n_ubatch: ub,
-            ubatch_only: true,
-            fill: fill_ceiling(header, ctx, &s, batch.max(ub), limit, outside, None)?,
-        });
+        if let Ok(fill) = fill_ceiling(header, ctx, &s, batch.max(ub), limit, outside, None) {
+            out.push(Lever {
+                name: format!("-ub {ub} -b {}", batch.max(ub)),
+                n_ubatch: ub,
+                ubatch_only: true,
+                fill,
+            });
+        }
     }
     let fa = FillShape {
         flash_attn: !shape.flash_attn,
         ..*shape
     };
     // Without flash attention llama.cpp refuses a quantized V cache.
-    if !(shape.flash_attn && is_quantized(ctx.type_v)) {
+    if !(shape.flash_attn && is_quantized(ctx.type_v))
+        && let Ok(fill) = fill_ceiling(header, ctx, &fa, batch, limit, outside, None)
+    {
         out.push(Lever {
             name: format!("-fa {}", if shape.flash_attn { "off" } else { "on" }),
             n_ubatch: shape.n_ubatch,
             ubatch_only: false,
-            fill: fill_ceiling(header, ctx, &fa, batch, limit, outside, None)?,
+            fill,
         });
     }
     for t in ["q8_0", "q4_0"] {
@@ -124,23 +129,27 @@ fn levers(
             flash_attn: true,
             ..*shape
         };
-        out.push(Lever {
-            name: format!("-fa on -ctk {t} -ctv {t}"),
-            n_ubatch: shape.n_ubatch,
-            ubatch_only: false,
-            fill: fill_ceiling(header, &c, &s, batch, limit, outside, None)?,
-        });
+        if let Ok(fill) = fill_ceiling(header, &c, &s, batch, limit, outside, None) {
+            out.push(Lever {
+                name: format!("-fa on -ctk {t} -ctv {t}"),
+                n_ubatch: shape.n_ubatch,
+                ubatch_only: false,
+                fill,
+            });
+        }
     }
     let half = LlamaCppContext {
         n_ctx: (ctx.n_ctx / 2).max(256),
         ..ctx.clone()
     };
-    out.push(Lever {
-        name: format!("-c {}", half.n_ctx),
-        n_ubatch: shape.n_ubatch,
-        ubatch_only: false,
-        fill: fill_ceiling(header, &half, shape, batch, limit, outside, None)?,
-    });
+    if let Ok(fill) = fill_ceiling(header, &half, shape, batch, limit, outside, None) {
+        out.push(Lever {
+            name: format!("-c {}", half.n_ctx),
+            n_ubatch: shape.n_ubatch,
+            ubatch_only: false,
+            fill,
+        });
+    }
     Ok(out)
 }
 
@@ -222,10 +231,9 @@ pub fn run(
         None => None,
     };
     let full_pool = pool_mapped(&header, &ctx, &shape, b.kv_cells.saturating_sub(4))?;
-    // Each lever changes the compute buffer: only where the model places the graph.
     let levers = match limit {
-        Some(l) if !is_hybrid(&header) => levers(&header, &ctx, &shape, batch, l, outside)?,
-        _ => Vec::new(),
+        Some(l) => levers(&header, &ctx, &shape, batch, l, outside)?,
+        None => Vec::new(),
     };
     let best_ubatch = levers
         .iter()
@@ -272,11 +280,7 @@ pub fn run(
             None => json!({"fill_tokens": Value::Null, "why": "give --limit BYTES (the card, or what is free when llama.cpp starts)"}),
         },
     });
-    if limit.is_some() && is_hybrid(&header) {
-        out["levers_why"] = json!(
-            "each lever changes the compute buffer, which is not modelled for a hybrid graph"
-        );
-    } else if limit.is_some() {
+    if limit.is_some() {
         out["best_ubatch"] = json!(best_ubatch);
         out["levers"] = levers
             .iter()
@@ -378,11 +382,6 @@ pub fn run(
             );
         }
         println!();
-        if is_hybrid(&header) {
-            println!(
-                "  levers: left out (each changes the compute buffer, not modelled for a hybrid graph)"
-            );
-        }
         if !levers.is_empty() {
             println!("  levers (one at a time):");
         }
