@@ -281,6 +281,29 @@ fn graph_shape(header: &GgufHeader) -> Result<GraphShape, ModelError> {
     })
 }
 
+/// The Hadamard rotations a quantized cache brings into the graph's inputs
+/// (`src/llama-kv-cache.cpp:321-339, 1450-1480`): for a quantized K, `nrot²` f32 with `nrot` the
+/// largest power of two from 64 dividing the head dim; for a quantized V, 64×64 f32; none when
+/// the head dim is not a multiple of 64.
+fn rotations(head_dim: u64, ctx: &LlamaCppContext) -> u64 {
+    let a = |x: u64| x.next_multiple_of(CUDA_ALIGNMENT);
+    if head_dim == 0 || !head_dim.is_multiple_of(64) {
+        return 0;
+    }
+    let nrot = 1u64 << head_dim.trailing_zeros();
+    let k = if is_quantized(ctx.type_k) {
+        a(4 * nrot * nrot)
+    } else {
+        0
+    };
+    let v = if is_quantized(ctx.type_v) {
+        a(4 * 64 * 64)
+    } else {
+        0
+    };
+    k + v
+}
+
 /// The CUDA compute buffer llama.cpp reserves when it makes the context (`sched_reserve:
 /// CUDA0 compute buffer size`), for a dense llama-style model, every layer offloaded, one
 /// sequence, one GPU.
@@ -302,7 +325,8 @@ fn graph_shape(header: &GgufHeader) -> Result<GraphShape, ModelError> {
 ///   cache indices (V's per value without flash attention, the V cache transposed,
 ///   `llama-kv-cache.cpp:1430`), the KQ mask `[n_kv, T]` (F16 with flash attention, F32
 ///   without; `src/llama-graph.cpp:29-46`; no padding in this tree), the output ids, and with a
-///   quantized cache two 64×64 F32 rotations (`llama-kv-cache.cpp:300-341`).
+///   quantized cache its Hadamard rotations (K: `nrot²` f32, `nrot` the largest power of two
+///   from 64 dividing the head dim; V: 64×64; `llama-kv-cache.cpp:321-339, 1450-1480`).
 /// - Layer 0 then peaks at one of: the FFN (gate, up and the SwiGLU result, three `[n_ff, T]`
 ///   F32: GLU is not in place, `llama-graph.cpp:1800-1865`); without flash attention the scores
 ///   `[n_kv, T, n_head]` F32 (`llama-graph.cpp:2688`, soft_max in place); with flash attention
@@ -333,7 +357,7 @@ pub fn compute_buffer(
     let mask_elem = if flash_attn { 2 } else { 4 };
     let inputs = a(4 * g.e * t)
         + a(4 * t)
-        + if quantized { 2 * a(4 * 64 * 64) } else { 0 }
+        + rotations(g.d, ctx)
         + a(8 * t)
         + a(if flash_attn { 8 * t } else { 8 * t * g.ekv })
         + a(n * t * mask_elem)
@@ -419,16 +443,10 @@ fn hybrid_compute_buffer(
     let t = n.min(n_ubatch.max(1));
     let h = a(4 * e * t);
     let g = a(4 * d * heads * t);
-    let nrot = 1u64 << d.max(1).trailing_zeros();
-    let rotations = if quantized_k {
-        a(4 * nrot * nrot) + a(4 * 64 * 64)
-    } else {
-        0
-    };
     let inputs = h
         + a(4)
         + a(16 * t)
-        + rotations
+        + rotations(d, ctx)
         + a(8 * t)
         + a(if flash_attn {
             8 * t
