@@ -953,3 +953,37 @@ fn the_hybrid_compute_buffer_is_predicted_from_the_graph() {
         );
     }
 }
+
+/// `report --model` on the hybrid's trace (the f16 fill case, which died at its pool): the model
+/// buffer, the KV cache, the GDN state and the compute buffer predicted from the header and the
+/// traced command line are each what the trace holds; the pool's row is the whole context's,
+/// beside what was mapped when the run stopped.
+#[test]
+fn the_report_sets_the_hybrid_s_buffers_beside_its_trace() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-hybrid");
+    let v = vramtrace_json([
+        "report".as_ref(),
+        dir.join("trace-h8-f16-c32k-ub512").as_os_str(),
+        "--json".as_ref(),
+        "--model".as_ref(),
+        dir.join("qwen35-h8-f16.header.gguf").as_os_str(),
+    ]);
+    let rows = v["llama_cpp"]["rows"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"));
+    let parts: Vec<&str> = rows.iter().map(|r| r["part"].as_str().unwrap()).collect();
+    assert_eq!(
+        parts,
+        [
+            "model buffer",
+            "KV cache",
+            "recurrent state",
+            "compute buffer",
+            "VMM pool (highest mapping)"
+        ]
+    );
+    for r in &rows[..4] {
+        assert_eq!(r["predicted"], r["observed"], "{r}");
+    }
+    assert_eq!(rows[4]["observed"], 420u64 << 20);
+}
