@@ -253,6 +253,16 @@ fn model_json(model: &str, args: &[&str]) -> serde_json::Value {
 }
 
 /// The CUDA0 compute buffer llama.cpp's destructor logs in `log` (four decimals of MiB).
+/// The largest `KEY = X MiB` a log excerpt prints for `key` (llama.cpp prints each buffer once
+/// for the projection and once for the context); 0 when absent.
+fn logged_max_mib(log: &str, key: &str) -> f64 {
+    log.lines()
+        .filter(|l| l.contains(key))
+        .filter_map(|l| l.split('=').nth(1))
+        .map(|x| x.trim().trim_end_matches("MiB").trim().parse().unwrap())
+        .fold(0.0, f64::max)
+}
+
 fn logged_compute_mib(log: &std::path::Path) -> f64 {
     std::fs::read_to_string(log)
         .unwrap()
@@ -570,19 +580,7 @@ fn a_second_architecture_s_buffers_are_its_log_lines() {
                 .chain(args.split(' ')),
         );
         let log = std::fs::read_to_string(dir.join(format!("{excerpt}.log-excerpt.txt"))).unwrap();
-        let logged = |key: &str| -> f64 {
-            log.lines()
-                .filter(|l| l.contains(key))
-                .filter_map(|l| l.split('=').nth(1))
-                .map(|x| {
-                    x.trim()
-                        .trim_end_matches("MiB")
-                        .trim()
-                        .parse::<f64>()
-                        .unwrap()
-                })
-                .fold(0.0, f64::max)
-        };
+        let logged = |key: &str| logged_max_mib(&log, key);
         let mib = |k: &str| v[k].as_u64().unwrap() as f64 / 1_048_576.0;
         assert!(
             (mib("weights_bytes") - logged("CUDA0 model buffer size")).abs() < 0.005,
@@ -676,6 +674,21 @@ fn the_levers_say_which_flags_fill_the_context() {
     assert_eq!(lever("-c 16384")["fill_tokens"], 16_380);
 }
 
+/// The `h8` runs' start-up settings (log excerpt, GGUF, `vramtrace model` flags).
+const H8_BOOTS: [(&str, &str, &str); 3] = [
+    ("boot-f16-c16k-ub512-fa0", "f16", "-c 16384 -ub 512"),
+    (
+        "boot-f16-c64k-ub256-fa1-q80",
+        "f16",
+        "-c 65536 -ub 256 --flash-attn --cache-type-k q8_0 --cache-type-v q8_0",
+    ),
+    (
+        "boot-q4km-c32k-ub512-fa1-q40",
+        "q4km",
+        "-c 32768 -ub 512 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0",
+    ),
+];
+
 /// A hybrid GGUF (llama.cpp's `qwen35`: Qwen3.6-27B's shapes, its first 8 layers, 2 of them full
 /// attention; `samples/h200/llama-hybrid`, docs/validation.md "A hybrid GGUF"): the model
 /// buffer, the KV cache of the two attention layers and the recurrent state of the six GDN
@@ -685,28 +698,10 @@ fn the_levers_say_which_flags_fill_the_context() {
 #[test]
 fn a_hybrid_s_buffers_are_its_log_lines() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-hybrid");
-    for (excerpt, model, args) in [
-        ("boot-f16-c16k-ub512-fa0", "f16", "-c 16384 -ub 512"),
-        (
-            "boot-f16-c64k-ub256-fa1-q80",
-            "f16",
-            "-c 65536 -ub 256 --flash-attn --cache-type-k q8_0 --cache-type-v q8_0",
-        ),
-        (
-            "boot-q4km-c32k-ub512-fa1-q40",
-            "q4km",
-            "-c 32768 -ub 512 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0",
-        ),
-    ] {
+    for (excerpt, model, args) in H8_BOOTS {
         let gguf = dir.join(format!("qwen35-h8-{model}.header.gguf"));
         let log = std::fs::read_to_string(dir.join(format!("{excerpt}.log-excerpt.txt"))).unwrap();
-        let logged = |key: &str| -> f64 {
-            log.lines()
-                .filter(|l| l.contains(key))
-                .filter_map(|l| l.split('=').nth(1))
-                .map(|x| x.trim().trim_end_matches("MiB").trim().parse().unwrap())
-                .fold(0.0, f64::max)
-        };
+        let logged = |key: &str| logged_max_mib(&log, key);
         let compute = (logged("CUDA0 compute buffer size") * 1_048_576.0).round() as u64;
         let v = vramtrace_json(
             ["model", gguf.to_str().unwrap(), "--json"]
@@ -913,23 +908,13 @@ fn the_27b_q4_k_m_header_is_llama_quantize_s_size() {
 #[test]
 fn the_hybrid_compute_buffer_is_predicted_from_the_graph() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-hybrid");
-    for (excerpt, model, args) in [
-        ("boot-f16-c16k-ub512-fa0", "f16", "-c 16384 -ub 512"),
-        (
-            "boot-f16-c64k-ub256-fa1-q80",
-            "f16",
-            "-c 65536 -ub 256 --flash-attn --cache-type-k q8_0 --cache-type-v q8_0",
-        ),
-        (
-            "boot-q4km-c32k-ub512-fa1-q40",
-            "q4km",
-            "-c 32768 -ub 512 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0",
-        ),
+    let fills = [
         ("h8-f16-c32k-ub512-boot", "f16", "-c 32768 -ub 512 -b 512"),
         ("h8-q4km-c32k-ub256-boot", "q4km", "-c 32768 -ub 256 -b 256"),
         ("calib-0", "f16", "-c 4096 -ub 512 -b 512"),
         ("calib-1", "q4km", "-c 4096 -ub 256 -b 256"),
-    ] {
+    ];
+    for (excerpt, model, args) in H8_BOOTS.into_iter().chain(fills) {
         let gguf = dir.join(format!("qwen35-h8-{model}.header.gguf"));
         let v = vramtrace_json(
             ["model", gguf.to_str().unwrap(), "--json"]
@@ -937,15 +922,7 @@ fn the_hybrid_compute_buffer_is_predicted_from_the_graph() {
                 .chain(args.split(' ')),
         );
         assert_eq!(v["compute_buffer_basis"], "predicted", "{excerpt}");
-        let log = std::fs::read_to_string(dir.join(format!("{excerpt}.log-excerpt.txt"))).unwrap();
-        let logged: f64 = log
-            .lines()
-            .find_map(|l| l.split("CUDA0 compute buffer size is").nth(1))
-            .and_then(|x| x.split("MiB").next())
-            .unwrap_or_else(|| panic!("{excerpt}: no 4-decimal line"))
-            .trim()
-            .parse()
-            .unwrap();
+        let logged = logged_compute_mib(&dir.join(format!("{excerpt}.log-excerpt.txt")));
         let mib = v["compute_buffer_bytes"].as_u64().unwrap() as f64 / 1_048_576.0;
         assert!(
             (mib - logged).abs() < 0.00005,

@@ -225,7 +225,7 @@ struct GraphShape {
     ekv: u64,
     /// The vocabulary (the output matrix's rows).
     v: u64,
-    /// The layers' weight matmuls as (K, M, quantized), each once: every two-dimensional
+    /// The layers' weight matmuls as (K, M, kind), each once: every two-dimensional
     /// `blk.*.weight` but the conv kernels (`ssm_conv1d`, an `ssm_conv` operand, not a matmul).
     /// Quantized weights go to MMQ, f16/bf16 ones to cuBLAS; f32 ones too, without scratch.
     mats: Vec<(u64, u64, Kind)>,
@@ -503,8 +503,8 @@ pub struct FillShape {
 
 /// The largest per-op scratch of one ubatch of `t` tokens with `n_kv` cells in view, rounded as
 /// the pool rounds each request (128 bytes, `ggml-cuda.cu:565-567`). Read from ggml-cuda:
-/// - the weight matmuls (each of the layers' weight shapes): f16/bf16 weights go to cuBLAS for `t > 16`, which takes the f32
-///   activations as f16 (`K·t·2`) and an f16 output (`M·t·2`) from the pool
+/// - the weight matmuls (each of the layers' weight shapes): f16/bf16 weights go to cuBLAS for
+///   `t > 16`, which takes the f32 activations as f16 (`K·t·2`) and an f16 output (`M·t·2`) from the pool
 ///   (`ggml-cuda.cu:1437-1522`); quantized weights go to MMQ for `t > 8`, which takes a q8_1 copy
 ///   of the activations (`t·pad512(K)·1.125 + 128·144`, `mmq.cu:186-190`) and, when the tiles do
 ///   not fill the SMs evenly, a stream-k fixup of `n_sm·128·128·4` (`mmq.cuh:1446-1461`; counted
@@ -516,7 +516,6 @@ pub struct FillShape {
 /// - with flash attention, the kernel's own scratch (`fattn-common.cuh:1017-1216`) is below the
 ///   weight matmuls' and does not depend on `n_kv`; the f16 K/V of a quantized cache live in the
 ///   compute buffer ([`compute_buffer`]).
-///
 fn op_scratch(g: &GraphShape, s: &FillShape, t: u64, n_kv: u64) -> u64 {
     let a = |x: u64| x.next_multiple_of(128);
     let of = |kind: Kind| g.mats.iter().filter(move |m| m.2 == kind);
@@ -565,7 +564,11 @@ pub fn pool_mapped_after(
     past: u64,
     prompt: u64,
 ) -> Result<u64, ModelError> {
-    let g = graph_shape(header)?;
+    Ok(pool_of(&graph_shape(header)?, ctx, s, past, prompt))
+}
+
+/// [`pool_mapped_after`] on a graph shape already read.
+fn pool_of(g: &GraphShape, ctx: &LlamaCppContext, s: &FillShape, past: u64, prompt: u64) -> u64 {
     let cells = ctx.n_ctx.max(1).next_multiple_of(CTX_PAD);
     let ub = s.n_ubatch.max(1);
     let mut peak = 0u64;
@@ -575,20 +578,15 @@ pub fn pool_mapped_after(
         let t = ub.min(filled - done);
         done += t;
         let n_kv = done.next_multiple_of(CTX_PAD).clamp(CTX_PAD, cells);
-        peak = peak.max(op_scratch(&g, s, t, n_kv));
+        peak = peak.max(op_scratch(g, s, t, n_kv));
     }
-    Ok(peak.next_multiple_of(VMM_GRANULARITY))
+    peak.next_multiple_of(VMM_GRANULARITY)
 }
 
 /// Whether the fill calls cuBLAS, which then `cudaMalloc`s ggml's workspace: the attention's
 /// matmuls without flash attention, or a weight in f16/bf16/f32 at more than 16 tokens a pass.
-pub fn calls_cublas(header: &GgufHeader, s: &FillShape) -> Result<bool, ModelError> {
-    Ok(!s.flash_attn
-        || (s.n_ubatch > 16
-            && graph_shape(header)?
-                .mats
-                .iter()
-                .any(|m| m.2 != Kind::Quantized)))
+fn calls_cublas(g: &GraphShape, s: &FillShape) -> bool {
+    !s.flash_attn || (s.n_ubatch > 16 && g.mats.iter().any(|m| m.2 != Kind::Quantized))
 }
 
 /// What can be filled on a card: the buffers made at start, the fixed extras, and the largest
@@ -614,9 +612,9 @@ pub struct FillCeiling {
 
 /// The largest prompt `ctx` can fill on a card of `limit` bytes with `outside` held besides
 /// llama.cpp's own buffers: the largest `N` with boot + workspace + outside + pool(N) ≤ limit
-/// (the pool only grows with `N`, so a binary search over the prompt). `compute`: llama.cpp's
-/// own compute buffer figure, for a graph [`compute_buffer`] does not place (the hybrids');
-/// `None` predicts it.
+/// (the pool only grows with `N`, so a binary search over the prompt). `compute`: the compute
+/// buffer when already known (predicted, or llama.cpp's own figure for a graph
+/// [`compute_buffer`] does not place); `None` predicts it.
 pub fn fill_ceiling(
     header: &GgufHeader,
     ctx: &LlamaCppContext,
@@ -632,7 +630,8 @@ pub fn fill_ceiling(
         None => compute_buffer(header, ctx, s.n_ubatch.min(n_batch.max(1)), s.flash_attn)?,
     };
     let boot_bytes = boot.model_buffer_bytes + boot.kv_cache_bytes + boot.rs_bytes + compute;
-    let cublas = if calls_cublas(header, s)? {
+    let g = graph_shape(header)?;
+    let cublas = if calls_cublas(&g, s) {
         CUBLAS_WORKSPACE
     } else {
         0
@@ -640,17 +639,15 @@ pub fn fill_ceiling(
     // `llama-completion` refuses a prompt longer than the context less 4 tokens.
     let max_prompt = boot.kv_cells.saturating_sub(4);
     let fixed = boot_bytes + cublas + outside;
-    let fits = |n: u64| -> Result<bool, ModelError> {
-        Ok(fixed + pool_mapped(header, ctx, s, n)? <= limit)
-    };
+    let fits = |n: u64| fixed + pool_of(&g, ctx, s, 0, n) <= limit;
     let boots = boot_bytes + outside <= limit;
     let (mut lo, mut hi) = (0u64, max_prompt);
-    if boots && fits(max_prompt)? {
+    if boots && fits(max_prompt) {
         lo = max_prompt;
     } else if boots {
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
-            if fits(mid)? {
+            if fits(mid) {
                 lo = mid;
             } else {
                 hi = mid - 1;
@@ -661,7 +658,7 @@ pub fn fill_ceiling(
         boot_bytes,
         cublas_workspace_bytes: cublas,
         outside_bytes: outside,
-        pool_bytes: pool_mapped(header, ctx, s, lo.max(s.n_ubatch.min(max_prompt)))?,
+        pool_bytes: pool_of(&g, ctx, s, 0, lo.max(s.n_ubatch.min(max_prompt))),
         fill_tokens: lo,
         max_prompt_tokens: max_prompt,
         boots,

@@ -167,14 +167,6 @@ pub(crate) fn profile_layers(st: &LayerStep, rows: u64) -> Result<Vec<LayerPeak>
 /// grows (`fused_moe/modular_kernel.py:1093-1099`, `v1/worker/workspace.py:92-140`): it outlives
 /// the layer and the forward. None for dense models. Other expert kernels (Marlin's int4,
 /// DeepGEMM) size theirs otherwise; not modelled.
-/// [`moe_workspace`]'s bytes: what stays allocated after the profile run for every later step.
-pub(crate) fn moe_workspace_bytes(st: &LayerStep) -> Result<u64, ModelError> {
-    Ok(moe_workspace(st)?
-        .iter()
-        .map(|s| s.iter().product::<u64>() * st.d.dt.size_bytes())
-        .sum())
-}
-
 fn moe_workspace(st: &LayerStep) -> Result<Vec<[u64; 3]>, ModelError> {
     let Some(moe) = &st.cfg.moe else {
         return Ok(Vec::new());
@@ -183,6 +175,14 @@ fn moe_workspace(st: &LayerStep) -> Result<Vec<[u64; 3]>, ModelError> {
     let k = st.cfg.hidden_size;
     let (m, topk) = (st.d.t, moe.num_experts_per_tok);
     Ok(vec![[m, topk, (n / 2).max(k)], [m, topk, n.max(k)]])
+}
+
+/// [`moe_workspace`]'s bytes: what stays allocated after the profile run for every later step.
+pub(crate) fn moe_workspace_bytes(st: &LayerStep) -> Result<u64, ModelError> {
+    Ok(moe_workspace(st)?
+        .iter()
+        .map(|s| s.iter().product::<u64>() * st.d.dt.size_bytes())
+        .sum())
 }
 
 /// [`gdn`]'s tensors up to `core_attn_out` (`gdn_linear_attn.py:530-575`, zeros at `:571-575`);

@@ -292,13 +292,7 @@ pub fn plan(cfg: &ModelConfig, f: &VllmFlags) -> Result<VllmPlan, ModelError> {
         )
     };
     let (cudagraph, counts) = cudagraph(cfg, f, mnbt, mns)?;
-    let moe_workspace = {
-        let mut shape = ServingShape::prefill(cfg, mnbt, mnbt);
-        shape.tp = f.tp;
-        shape.num_sms = f.num_sms;
-        let v = StepVariants::for_runtime(Runtime::Vllm, cfg);
-        moe_workspace_bytes(&LayerStep::new(cfg, &v, &shape)?)?
-    };
+    let moe_workspace = on_rank(cfg, f, mnbt, moe_workspace_bytes)?;
     let available = i128::from(requested)
         - i128::from(weights.bytes)
         - i128::from(profiled)
@@ -489,11 +483,21 @@ fn profile(
     tokens: u64,
     rows: u64,
 ) -> Result<Vec<crate::LayerPeak>, ModelError> {
+    on_rank(cfg, f, tokens, |st| profile_layers(st, rows))
+}
+
+/// `run` on one sequence of `tokens` on one rank of `f`'s, vLLM's variants.
+fn on_rank<R>(
+    cfg: &ModelConfig,
+    f: &VllmFlags,
+    tokens: u64,
+    run: impl FnOnce(&LayerStep) -> Result<R, ModelError>,
+) -> Result<R, ModelError> {
     let mut shape = ServingShape::prefill(cfg, tokens, tokens);
     shape.tp = f.tp;
     shape.num_sms = f.num_sms;
     let v = StepVariants::for_runtime(Runtime::Vllm, cfg);
-    profile_layers(&LayerStep::new(cfg, &v, &shape)?, rows)
+    run(&LayerStep::new(cfg, &v, &shape)?)
 }
 
 /// The CUDA-graph estimate (notes §2.8): 0 with `--enforce-eager`; otherwise vLLM captures the

@@ -83,6 +83,17 @@ fn levers(
     outside: u64,
 ) -> anyhow::Result<Vec<Lever>> {
     let mut out = Vec::new();
+    // A lever whose fill the model cannot place (a hybrid's refused setting) is left out.
+    let mut push = |name: String, n_ubatch: u64, ubatch_only: bool, fill| {
+        if let Ok(fill) = fill {
+            out.push(Lever {
+                name,
+                n_ubatch,
+                ubatch_only,
+                fill,
+            });
+        }
+    };
     for ub in [64u64, 128, 256, 512, 1024, 2048, 4096] {
         if ub == shape.n_ubatch {
             continue;
@@ -91,29 +102,25 @@ fn levers(
             n_ubatch: ub,
             ..*shape
         };
-        if let Ok(fill) = fill_ceiling(header, ctx, &s, batch.max(ub), limit, outside, None) {
-            out.push(Lever {
-                name: format!("-ub {ub} -b {}", batch.max(ub)),
-                n_ubatch: ub,
-                ubatch_only: true,
-                fill,
-            });
-        }
+        push(
+            format!("-ub {ub} -b {}", batch.max(ub)),
+            ub,
+            true,
+            fill_ceiling(header, ctx, &s, batch.max(ub), limit, outside, None),
+        );
     }
     let fa = FillShape {
         flash_attn: !shape.flash_attn,
         ..*shape
     };
     // Without flash attention llama.cpp refuses a quantized V cache.
-    if !(shape.flash_attn && is_quantized(ctx.type_v))
-        && let Ok(fill) = fill_ceiling(header, ctx, &fa, batch, limit, outside, None)
-    {
-        out.push(Lever {
-            name: format!("-fa {}", if shape.flash_attn { "off" } else { "on" }),
-            n_ubatch: shape.n_ubatch,
-            ubatch_only: false,
-            fill,
-        });
+    if !(shape.flash_attn && is_quantized(ctx.type_v)) {
+        push(
+            format!("-fa {}", if shape.flash_attn { "off" } else { "on" }),
+            shape.n_ubatch,
+            false,
+            fill_ceiling(header, ctx, &fa, batch, limit, outside, None),
+        );
     }
     for t in ["q8_0", "q4_0"] {
         let id = ggml_type_by_name(t).expect("a ggml type");
@@ -129,27 +136,23 @@ fn levers(
             flash_attn: true,
             ..*shape
         };
-        if let Ok(fill) = fill_ceiling(header, &c, &s, batch, limit, outside, None) {
-            out.push(Lever {
-                name: format!("-fa on -ctk {t} -ctv {t}"),
-                n_ubatch: shape.n_ubatch,
-                ubatch_only: false,
-                fill,
-            });
-        }
+        push(
+            format!("-fa on -ctk {t} -ctv {t}"),
+            shape.n_ubatch,
+            false,
+            fill_ceiling(header, &c, &s, batch, limit, outside, None),
+        );
     }
     let half = LlamaCppContext {
         n_ctx: (ctx.n_ctx / 2).max(256),
         ..ctx.clone()
     };
-    if let Ok(fill) = fill_ceiling(header, &half, shape, batch, limit, outside, None) {
-        out.push(Lever {
-            name: format!("-c {}", half.n_ctx),
-            n_ubatch: shape.n_ubatch,
-            ubatch_only: false,
-            fill,
-        });
-    }
+    push(
+        format!("-c {}", half.n_ctx),
+        shape.n_ubatch,
+        false,
+        fill_ceiling(header, &half, shape, batch, limit, outside, None),
+    );
     Ok(out)
 }
 
@@ -226,7 +229,7 @@ pub fn run(
             batch,
             l,
             outside,
-            given_compute,
+            Some(compute),
         )?),
         None => None,
     };
