@@ -964,3 +964,249 @@ fn the_report_sets_the_hybrid_s_buffers_beside_its_trace() {
     }
     assert_eq!(rows[4]["observed"], 420u64 << 20);
 }
+
+/// The seed's llama.cpp ladder on an emulated 24 GB card (`samples/h200/llama-27b/c262144`,
+/// `c200000`; docs/validation.md, "The 27B on an emulated 3090"): Qwen3.6-27B's architecture in
+/// Q4_K_M, a q4_0 cache, `-ub 512`, flash attention, 25,438,126,080 B free when llama.cpp
+/// started. Every buffer was predicted from the header before the call (the compute buffer
+/// from the graph, never given), and each is llama.cpp's own line: the model buffer, the KV
+/// cache and the GDN state to two decimals of MiB, the compute buffer to its destructor's four.
+/// Both contexts fill (the model: to the end, the pool flat at 18 MiB), both did; the lowest
+/// free memory seen during the fill is the model's remainder within 4 MiB; the pool's books
+/// balance; nothing at the peak is unnamed.
+#[test]
+fn the_27b_fills_both_contexts_on_an_emulated_3090_as_predicted() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-27b");
+    let gguf = dir.join("qwen36-27b-q4km.header.gguf");
+    for ctx in [262_144u64, 200_000] {
+        let run = dir.join(format!("c{ctx}"));
+        let fill: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("fill.json")).unwrap()).unwrap();
+        let c = &fill["cases"][0];
+        let (free, outside) = (
+            c["free_bytes"].as_u64().unwrap(),
+            c["outside_bytes"].as_u64().unwrap(),
+        );
+        assert_eq!(free, 25_438_126_080 - 589_824, "{ctx}: the ballast's card");
+        let v = vramtrace_json(
+            [
+                "model",
+                gguf.to_str().unwrap(),
+                "--json",
+                "-c",
+                &ctx.to_string(),
+            ]
+            .into_iter()
+            .chain(["-ub", "512", "-b", "512", "--flash-attn"])
+            .chain(["--cache-type-k", "q4_0", "--cache-type-v", "q4_0"])
+            .chain(["--limit", &free.to_string()])
+            .chain(["--known", &format!("context={outside}")]),
+        );
+        assert_eq!(v["compute_buffer_basis"], "predicted", "{ctx}");
+        assert_eq!(
+            v["frontier"], c["prediction"]["frontier"],
+            "{ctx}: the model moved"
+        );
+        assert_eq!(v["frontier"]["fills_the_context"], true, "{ctx}");
+        let log = std::fs::read_to_string(run.join("longest.log-excerpt.txt")).unwrap();
+        let mib = |k: &str| v[k].as_u64().unwrap() as f64 / 1_048_576.0;
+        for (k, line) in [
+            ("weights_bytes", "CUDA0 model buffer size"),
+            ("kv_cache_bytes", "CUDA0 KV buffer size"),
+            ("recurrent_state_bytes", "CUDA0 RS buffer size"),
+        ] {
+            let logged = logged_max_mib(&log, line);
+            assert!(
+                (mib(k) - logged).abs() < 0.005,
+                "{ctx}: {k} {} MiB, llama.cpp {logged}",
+                mib(k)
+            );
+        }
+        let logged = logged_compute_mib(&run.join("longest.log-excerpt.txt"));
+        assert!(
+            (mib("compute_buffer_bytes") - logged).abs() < 0.00005,
+            "{ctx}: compute {} MiB, llama.cpp {logged}",
+            mib("compute_buffer_bytes")
+        );
+        let rung = &c["rungs"]["longest"];
+        assert_eq!(rung["filled"], true, "{ctx}");
+        assert_eq!(rung["prompt"], v["frontier"]["max_prompt_tokens"], "{ctx}");
+        // What the model leaves free at the end of the fill, against the lowest free figure a
+        // 10 ms poll saw while llama.cpp ran.
+        let left = free
+            - v["boot_bytes"].as_u64().unwrap()
+            - outside
+            - v["frontier"]["pool_bytes"].as_u64().unwrap();
+        let seen = rung["lowest_free"].as_u64().unwrap();
+        assert!(
+            left.abs_diff(seen) < 4 << 20,
+            "{ctx}: model {left}, seen {seen}"
+        );
+        let s = summary_at(&run.join("trace"));
+        let mapped = pool(&s, "mapped");
+        assert_eq!(mapped["peak_bytes"], v["frontier"]["pool_bytes"], "{ctx}");
+        assert_eq!(mapped["allocations"], mapped["frees"], "{ctx}");
+        assert_eq!(mapped["live_at_end"], 0, "{ctx}");
+        let r = vramtrace_json([
+            "report".as_ref(),
+            run.join("trace").as_os_str(),
+            "--json".as_ref(),
+        ]);
+        let unnamed = r["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["category"] == "unnamed")
+            .map_or(0, |x| x["bytes"].as_u64().unwrap());
+        assert_eq!(unnamed, 0, "{ctx}");
+    }
+}
+
+/// The 27B without flash attention (`samples/h200/llama-27b/c32k-fa0`: `-c 32768 -ub 512`, an
+/// f16 cache, the card the ballast left): the fill ceiling predicted before the rungs is 18,420
+/// tokens; 95% of it filled, 105% and the whole context did not. Both failing prompts died in
+/// the ubatch from 17,920 to 18,432: a whole ubatch there needs the scores' f16 copy for 18,432
+/// cells (2·18,432·512·24 B, 432 MiB and more), and the trace shows the pool at the 428 MiB the
+/// model gives after 17,920 tokens and its next 4 MiB refused with 3.56 MiB free. The
+/// prediction's own last ubatch is 500 tokens, whose scratch fits in those 428 MiB: the
+/// ceiling lies between 17,920 and 18,431 and the prediction inside it.
+#[test]
+fn the_27b_fill_ceiling_without_flash_attention_is_where_llama_cpp_stopped() {
+    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped};
+    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-27b");
+    let run = dir.join("c32k-fa0");
+    let fill: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("fill.json")).unwrap()).unwrap();
+    let c = &fill["cases"][0];
+    let free = c["free_bytes"].as_u64().unwrap();
+    let outside = c["outside_bytes"].as_u64().unwrap();
+    let gguf = dir.join("qwen36-27b-q4km.header.gguf");
+    let v = vramtrace_json(
+        [
+            "model",
+            gguf.to_str().unwrap(),
+            "--json",
+            "-c",
+            "32768",
+            "-ub",
+            "512",
+            "-b",
+            "512",
+        ]
+        .into_iter()
+        .chain(["--limit", &free.to_string()])
+        .chain(["--known", &format!("context={outside}")]),
+    );
+    assert_eq!(v["compute_buffer_basis"], "predicted");
+    assert_eq!(
+        v["frontier"], c["prediction"]["frontier"],
+        "the model moved"
+    );
+    let pred = v["frontier"]["fill_tokens"].as_u64().unwrap();
+    assert_eq!(pred, 18_420);
+    let logged = logged_compute_mib(&run.join("95pct.log-excerpt.txt"));
+    let mib = v["compute_buffer_bytes"].as_u64().unwrap() as f64 / 1_048_576.0;
+    assert!(
+        (mib - logged).abs() < 0.00005,
+        "compute {mib} MiB, llama.cpp {logged}"
+    );
+    let rungs = &c["rungs"];
+    assert_eq!(rungs["95pct"]["filled"], true);
+    for r in ["105pct", "longest"] {
+        assert_eq!(rungs[r]["filled"], false, "{r}");
+        assert_eq!(rungs[r]["n_past"], 17_920, "{r}");
+    }
+    let (lo, hi) = (17_920u64, 17_920 + 511);
+    assert!(
+        (lo..=hi).contains(&pred),
+        "predicted {pred}, observed {lo}..={hi}"
+    );
+    let header = GgufHeader::read(&gguf).unwrap();
+    let f16 = ggml_type_by_name("f16").unwrap();
+    let ctx = LlamaCppContext {
+        n_ctx: 32_768,
+        type_k: f16,
+        type_v: f16,
+    };
+    let shape = FillShape {
+        n_ubatch: 512,
+        flash_attn: false,
+        n_sm: 132,
+    };
+    let s = summary_at(&run.join("trace"));
+    assert_eq!(pool(&s, "mapped")["peak_bytes"], 428u64 << 20);
+    assert_eq!(
+        pool_mapped(&header, &ctx, &shape, 17_920).unwrap(),
+        428 << 20
+    );
+    assert_eq!(pool_mapped(&header, &ctx, &shape, pred).unwrap(), 428 << 20);
+    assert!(pool_mapped(&header, &ctx, &shape, 18_432).unwrap() > (428 << 20) + 3_735_552);
+    let failure = s["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|d| d["failures"].as_array().and_then(|f| f.first()))
+        .unwrap()
+        .clone();
+    assert_eq!(failure["api"], "cuMemCreate");
+    assert_eq!(failure["size"], 4u64 << 20);
+    assert_eq!(failure["free_bytes"], 3_735_552);
+}
+
+/// `vramtrace attach` on a `llama-completion` that then tore its pool down and exited while
+/// attached (`samples/h200/llama-attach-teardown`, the second attach on the H200): every
+/// mapping of ggml's pool ends at the one `cuMemUnmap` of the whole range, and the reservation
+/// at `cuMemAddressFree`: 0 B mapped and no addresses at the end. The highest mapping is the
+/// model's for the prompt fed while attached. `report --model` says the buffers made at start
+/// are absent because they came before the attach, beside what NVML saw the process hold then.
+#[test]
+fn attach_balances_llama_cpp_s_pool_torn_down_while_attached() {
+    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped_after};
+    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-attach-teardown");
+    let attach = std::fs::read_to_string(dir.join("attach.log")).unwrap();
+    assert!(attach.contains("exited while attached"), "{attach}");
+    let s = summary_at(&dir.join("trace"));
+    let mapped = pool(&s, "mapped");
+    assert_eq!(mapped["allocations"], 95);
+    assert_eq!(mapped["allocations"], mapped["frees"]);
+    assert_eq!(mapped["live_at_end"], 0);
+    let address = pool(&s, "address");
+    assert_eq!(address["peak_bytes"], 32u64 << 30);
+    assert_eq!(address["live_at_end"], 0);
+    let header = GgufHeader::read(&sample("llama-f16.header.gguf")).unwrap();
+    let f16 = ggml_type_by_name("f16").unwrap();
+    let ctx = LlamaCppContext {
+        n_ctx: 32_768,
+        type_k: f16,
+        type_v: f16,
+    };
+    let shape = FillShape {
+        n_ubatch: 512,
+        flash_attn: false,
+        n_sm: 132,
+    };
+    assert_eq!(
+        mapped["peak_bytes"].as_u64().unwrap(),
+        pool_mapped_after(&header, &ctx, &shape, 1, 16_000).unwrap()
+    );
+    let r = vramtrace_json([
+        "report".as_ref(),
+        dir.join("trace").as_os_str(),
+        "--json".as_ref(),
+        "--model".as_ref(),
+        sample("llama-f16.header.gguf").as_os_str(),
+    ]);
+    let view = &r["llama_cpp"];
+    for row in view["rows"].as_array().unwrap() {
+        let before = row["basis"].as_str().unwrap().contains("before the attach");
+        assert_eq!(before, row["part"] != "VMM pool (highest mapping)", "{row}");
+        assert_eq!(row["observed"].is_null(), before, "{row}");
+    }
+    let note = view["before_attach"].as_str().unwrap();
+    assert!(
+        note.contains("pid 4725") && note.contains("5.53 GiB"),
+        "{note}"
+    );
+}

@@ -872,18 +872,23 @@ llama_attach() {
 
 llama_27b() {
   # Issue 33: the seed's llama.cpp ladder on an emulated 24 GB card: Qwen3.6-27B's exact
-  # architecture (scripts/validate/qwen35_gguf.py, zeros) in Q4_K_M by llama-quantize, a q4_0
-  # cache, -ub 512, flash attention, the card's 25,438,126,080 B (a 3090's total) free when
-  # llama.cpp starts; the model's prediction printed before the one rung, the longest prompt.
-  local L=$LL/llama.cpp B=$LL/llama.cpp/build/bin g=$LL/qwen36-27b
-  [ -f "$g-f16.gguf" ] || timeout 120 python3 "$VAL/qwen35_gguf.py" "$L" "$CFG" "$g-f16.gguf" || return 1
-  [ -f "$g-q4km.gguf" ] || { time timeout 400 "$B/llama-quantize" "$g-f16.gguf" "$g-q4km.gguf" Q4_K_M \
-    > "$W/qwen36-27b-quantize.log" 2>&1 || { tail -20 "$W/qwen36-27b-quantize.log"; return 1; }; }
-  rm -f "$g-f16.gguf"
+  # architecture in Q4_K_M, a q4_0 cache, -ub 512, flash attention, the card's 25,438,126,080 B
+  # (a 3090's total) free when llama.cpp starts; the model's prediction printed before the one
+  # rung, the longest prompt. The GGUF is written sparse (zeros) at the types and sizes
+  # llama-quantize gave each tensor on 2026-12-04 (samples/h200/llama-27b/): the same bytes
+  # without 50 GiB of f16 and 109 s of quantizing. One llama_fill.py per context in
+  # LLAMA_27B_CTXS, each packed as it ends (PACK_EACH=1) so a machine taken back mid-call
+  # loses only the case it was on.
+  local L=$LL/llama.cpp B=$LL/llama.cpp/build/bin g=$LL/qwen36-27b ctx
+  [ -f "$g-q4km.gguf" ] || timeout 120 python3 "$VAL/qwen35_gguf.py" "$L" "$CFG" "$g-q4km.gguf" \
+    --types "$ROOT/samples/h200/llama-27b/qwen36-27b-q4km-header.txt" --file-type 15 || return 1
   gguf_tensors "$L" "$g-q4km.gguf" > "$W/qwen36-27b-q4km-header.txt"
-  rm -rf "$W/qwen36-27b-fill"
-  LLAMA_FILL_TIMEOUT=${LLAMA_27B_TIMEOUT:-400} timeout 560 python3 "$VAL/llama_fill.py" --vt "$VT" --bin "$B" \
-    --out "$W/qwen36-27b-fill" ${LLAMA_27B_CASES:-"q27-c262k:$g-q4km.gguf:262144:512:on:q4_0:card=25438126080"}
+  for ctx in ${LLAMA_27B_CTXS:-262144 200000}; do
+    rm -rf "$W/qwen36-27b-fill-c$ctx"
+    LLAMA_FILL_TIMEOUT=${LLAMA_27B_TIMEOUT:-400} timeout 560 python3 "$VAL/llama_fill.py" --vt "$VT" \
+      --bin "$B" --out "$W/qwen36-27b-fill-c$ctx" "q27-c$ctx:$g-q4km.gguf:$ctx:512:on:q4_0:card=25438126080"
+    [ "${PACK_EACH:-0}" = 1 ] && PACK_NAME=27b-c$ctx "$0" pack > /dev/null
+  done
 }
 
 generate_modes() {

@@ -6,7 +6,7 @@ weights' values, and a sparse file costs no disk; llama-quantize reads the zeros
 quantized variants.
 
     python3 qwen35_gguf.py LLAMA_CPP_DIR CONFIG.json OUT.gguf [--layers N] [--context N]
-        [--types TENSORS.txt --header-only]
+        [--types TENSORS.txt [--header-only]] [--file-type N]
 
 CONFIG.json: the model's config (its `text_config` when it has one), e.g.
 samples/models/Qwen3.6-27B/config.json. The tensors are the ones `llama_model_qwen35::
@@ -34,6 +34,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, help="fewer layers than the config's")
     ap.add_argument("--context", type=int, help="the training context (default the config's)")
     ap.add_argument("--types", type=Path, help="a tensor list giving each tensor's type and bytes")
+    ap.add_argument("--file-type", type=int, default=1,
+                    help="general.file_type (1 F16, 15 Q4_K_M); llama.cpp only prints it")
     ap.add_argument("--header-only", action="store_true",
                     help="no vocabulary and no data: the header alone")
     a = ap.parse_args()
@@ -79,7 +81,7 @@ def main() -> int:
     w.add_ssm_time_step_rank(n_v)
     w.add_ssm_group_count(n_k)
     w.add_full_attention_interval(interval)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(a.file_type)
     had = 0
     if not a.header_only:
         vocab = gguf.GGUFReader(str(a.tree / "models" / "ggml-vocab-qwen2.gguf"))

@@ -10,7 +10,7 @@ use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
 use vramtrace_models::{Category, ModelError};
 
 use crate::replay::Pool;
-use crate::report::Report;
+use crate::report::{Attached, Report};
 
 /// llama.cpp's flags as a process's command line gives them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -53,6 +53,9 @@ pub struct LlamaCppView {
     pub flags: LlamaFlags,
     /// Model buffer, KV cache, the recurrent state (hybrids), compute buffer, VMM pool.
     pub rows: Vec<LlamaRow>,
+    /// For a trace made by `vramtrace attach`: what was made before it, which the trace cannot
+    /// hold, set against what NVML saw the process hold at the attach.
+    pub before_attach: Option<String>,
 }
 
 /// The value of the first of `names` on `argv`.
@@ -108,11 +111,12 @@ pub fn flags(argv: &[String], header: &GgufHeader) -> Result<LlamaFlags, String>
 }
 
 /// The view for `header` beside the report's process that ran llama.cpp (its command line names
-/// a `.gguf`), or why none can be made.
+/// a `.gguf`), or why none can be made. `attached`: the trace was made by `vramtrace attach`.
 pub fn view(
     r: &Report,
     gguf: &std::path::Path,
     header: &GgufHeader,
+    attached: Option<&Attached>,
 ) -> Result<LlamaCppView, String> {
     let (process, p) = r
         .summary
@@ -212,10 +216,42 @@ pub fn view(
             },
         );
     }
+    let before_attach = attached
+        .filter(|a| a.pid == p.pid)
+        .map(|a| before_attach(&mut rows, a));
     Ok(LlamaCppView {
         gguf: gguf.display().to_string(),
         pid: p.pid,
         flags: f,
         rows,
+        before_attach,
     })
+}
+
+/// llama.cpp makes its model, cache and compute buffers at start: in a trace begun by an attach
+/// they are absent, not empty. Their rows say so, and the sentence returned sets their
+/// predicted sum against what NVML saw the process hold at the attach (the rest is the CUDA
+/// context, cuBLAS and the pool).
+fn before_attach(rows: &mut [LlamaRow], a: &Attached) -> String {
+    let mut made = 0;
+    for row in rows.iter_mut().filter(|r| !r.part.starts_with("VMM pool")) {
+        if row.observed == Some(0) {
+            row.observed = None;
+            row.basis
+                .push_str("; made before the attach, so not in the trace");
+            made += row.predicted.unwrap_or(0);
+        }
+    }
+    let held = match a.process_bytes {
+        Some(b) => format!(
+            "NVML saw it hold {} then",
+            vramtrace_models::units::fmt_bytes(b)
+        ),
+        None => "NVML did not say what it held then".to_string(),
+    };
+    format!(
+        "The trace begins at `vramtrace attach` (pid {}): {held}; the buffers predicted as made before it sum to {}.",
+        a.pid,
+        vramtrace_models::units::fmt_bytes(made)
+    )
 }

@@ -87,6 +87,19 @@ pub struct ReportOptions {
     pub versions: Vec<(String, String)>,
     /// `--model MODEL.gguf`: a llama.cpp model's header, with its path.
     pub gguf: Option<(std::path::PathBuf, vramtrace_models::gguf::GgufHeader)>,
+    /// When the trace was made by `vramtrace attach` (its `attach.json`): the process attached
+    /// to, and what it held then.
+    pub attached: Option<Attached>,
+}
+
+/// What `vramtrace attach` wrote of the process it attached to (`attach.json`): what was made
+/// before the attach is not in the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    /// The process attached to.
+    pub pid: u32,
+    /// The bytes NVML said it held on its devices just before the attach, when NVML answered.
+    pub process_bytes: Option<u64>,
 }
 
 /// One group of live allocations: same category, same name and label pattern.
@@ -497,7 +510,7 @@ pub fn build(trace: &Trace, opts: &ReportOptions) -> crate::Result<Report> {
     report.llama_cpp = opts
         .gguf
         .as_ref()
-        .map(|(path, header)| llama_view::view(&report, path, header));
+        .map(|(path, header)| llama_view::view(&report, path, header, opts.attached.as_ref()));
     let topts = triage::TriageOptions {
         model: opts.model.clone(),
         runtime: opts.runtime,

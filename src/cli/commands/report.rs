@@ -148,6 +148,30 @@ fn read_versions(trace: &Path) -> Vec<(String, String)> {
     }
 }
 
+/// What `vramtrace attach` wrote of the process it attached to (`attach.json` in the trace
+/// directory); `None` for a trace it did not make, or one whose record cannot be read (said).
+fn read_attached(trace: &Path) -> Option<report::Attached> {
+    let path = trace
+        .is_dir()
+        .then(|| trace.join(crate::commands::attach::ATTACH_RECORD))?;
+    let text = std::fs::read_to_string(&path).ok()?;
+    let v: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!(
+                "vramtrace: warning: {} is not JSON ({e}); read as a trace made by `vramtrace run`",
+                path.display()
+            );
+            return None;
+        }
+    };
+    let pid = v["pid"].as_u64().and_then(|p| u32::try_from(p).ok())?;
+    let process_bytes = v["nvml_at_attach"]["devices"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|d| d["process_bytes"].as_u64()).sum());
+    Some(report::Attached { pid, process_bytes })
+}
+
 fn trace_name(p: &Path) -> String {
     let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     p.file_name()
@@ -231,6 +255,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<i32> {
             gpu_memory_utilization: args.gpu_memory_utilization,
             versions: read_versions(&args.trace),
             gguf,
+            attached: read_attached(&args.trace),
         },
     )?;
     if args.json {

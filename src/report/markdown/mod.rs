@@ -236,6 +236,9 @@ fn llama_cpp(out: &mut String, r: &Report) {
         );
     }
     let _ = writeln!(out);
+    if let Some(s) = &v.before_attach {
+        let _ = writeln!(out, "{s}\n");
+    }
 }
 
 fn dtype_name(d: vramtrace_models::DType) -> String {
