@@ -71,6 +71,41 @@ fn pool<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
         .unwrap_or_else(|| panic!("no {name} pool in {s}"))
 }
 
+/// The first failed allocation in a summary's first process.
+fn first_failure(s: &serde_json::Value) -> serde_json::Value {
+    s["processes"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|d| d["failures"].as_array().and_then(|f| f.first()))
+        .unwrap_or_else(|| panic!("no failure in {s}"))
+        .clone()
+}
+
+/// A context of `n_ctx` cells over an f16 cache, filled in ubatches of `n_ubatch` without flash
+/// attention (the pool then grows with the fill), on the H200's 132 SMs.
+fn f16_without_fa(
+    n_ctx: u64,
+    n_ubatch: u64,
+) -> (
+    vramtrace_models::engine::llama_cpp::LlamaCppContext,
+    vramtrace_models::engine::llama_cpp::FillShape,
+) {
+    let f16 = vramtrace_models::gguf::ggml_type_by_name("f16").unwrap();
+    (
+        vramtrace_models::engine::llama_cpp::LlamaCppContext {
+            n_ctx,
+            type_k: f16,
+            type_v: f16,
+        },
+        vramtrace_models::engine::llama_cpp::FillShape {
+            n_ubatch,
+            flash_attn: false,
+            n_sm: 132,
+        },
+    )
+}
+
 /// ggml's VMM pool maps its 32 GiB reservation in pieces and tears it down with one
 /// `cuMemUnmap` of the whole mapped range: every mapping ends there, and the books balance
 /// (0 B mapped at the end) on every run, as the driver's own do.
@@ -744,10 +779,8 @@ fn a_hybrid_s_buffers_are_its_log_lines() {
 /// next piece with more than its size free (6 MiB with 7.56 MiB free; 2 MiB with 3.56 MiB).
 #[test]
 fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
-    use vramtrace_models::engine::llama_cpp::{
-        FillShape, LlamaCppContext, fill_ceiling, pool_mapped,
-    };
-    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    use vramtrace_models::engine::llama_cpp::{fill_ceiling, pool_mapped};
+    use vramtrace_models::gguf::GgufHeader;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-hybrid");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("fill.json")).unwrap()).unwrap();
@@ -762,17 +795,7 @@ fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
         let gguf = c["gguf"].as_str().unwrap().replace(".gguf", ".header.gguf");
         let header = GgufHeader::read(&dir.join(gguf)).unwrap();
         let ub = c["ubatch"].as_u64().unwrap();
-        let f16 = ggml_type_by_name("f16").unwrap();
-        let ctx = LlamaCppContext {
-            n_ctx: c["ctx"].as_u64().unwrap(),
-            type_k: f16,
-            type_v: f16,
-        };
-        let shape = FillShape {
-            n_ubatch: ub,
-            flash_attn: false,
-            n_sm: 132,
-        };
+        let (ctx, shape) = f16_without_fa(c["ctx"].as_u64().unwrap(), ub);
         let compute = c["prediction"]["compute_buffer_bytes"].as_u64().unwrap();
         let f = fill_ceiling(
             &header,
@@ -810,55 +833,45 @@ fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
     // 17,920: 2·17,920·512·24 B), then its 6 MiB output refused with 7.56 MiB free.
     let s = summary_at(&dir.join("trace-h8-f16-c32k-ub512"));
     assert_eq!(pool(&s, "mapped")["peak_bytes"], 2u64 * 17_920 * 512 * 24);
-    let failure = s["processes"][0]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find_map(|d| d["failures"].as_array().and_then(|f| f.first()))
-        .unwrap()
-        .clone();
+    let failure = first_failure(&s);
     assert_eq!(failure["api"], "cuMemCreate");
     assert_eq!(failure["size"], 6u64 << 20);
     assert_eq!(failure["free_bytes"], 7_929_856);
 }
 
-/// `vramtrace attach` on a running `llama-completion` (samples/h200/llama-attach): attached while
-/// it waited for its first line, it recorded the VMM pool reserved (32 GiB of addresses) and
-/// mapped piece by piece as the 16,000-token prompt filled, to the mapping the model gives for
-/// that fill, with the native frames named; the buffers made before the attach are not in it.
+/// `vramtrace attach` on a running `llama-completion` (samples/h200/llama-attach, and the second
+/// attach, llama-attach-teardown): attached while it waited for its first line, it recorded the
+/// VMM pool reserved (32 GiB of addresses) and mapped piece by piece as the 16,000-token prompt
+/// filled, to the mapping the model gives for that fill, with the native frames named; the
+/// buffers made before the attach are not in it.
 #[test]
 fn attach_follows_llama_cpp_s_pool_as_a_prompt_fills() {
-    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped_after};
-    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-attach");
-    let s = summary_at(&dir.join("trace"));
-    assert_eq!(pool(&s, "address")["peak_bytes"], 32u64 << 30);
+    use vramtrace_models::engine::llama_cpp::pool_mapped_after;
+    use vramtrace_models::gguf::GgufHeader;
     let header = GgufHeader::read(&sample("llama-f16.header.gguf")).unwrap();
-    let f16 = ggml_type_by_name("f16").unwrap();
-    let ctx = LlamaCppContext {
-        n_ctx: 32_768,
-        type_k: f16,
-        type_v: f16,
-    };
-    let shape = FillShape {
-        n_ubatch: 512,
-        flash_attn: false,
-        n_sm: 132,
-    };
-    // The BOS decoded on its own before the interactive prompt, then "hello" and 15,999
-    // " hello" in ubatches of 512 from there (the log's last whole one ends at 15,873).
-    let log = std::fs::read_to_string(dir.join("llama.log-excerpt.txt")).unwrap();
-    let filled: u64 = log
-        .lines()
-        .filter_map(|l| l.split("n_past = ").nth(1))
-        .map(|x| x.trim().parse::<u64>().unwrap())
-        .max()
-        .unwrap();
-    assert_eq!(filled, 15_873);
-    assert_eq!(
-        pool(&s, "mapped")["peak_bytes"].as_u64().unwrap(),
-        pool_mapped_after(&header, &ctx, &shape, 1, 16_000).unwrap()
-    );
+    let (ctx, shape) = f16_without_fa(32_768, 512);
+    for run in ["llama-attach", "llama-attach-teardown"] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("samples/h200")
+            .join(run);
+        let s = summary_at(&dir.join("trace"));
+        assert_eq!(pool(&s, "address")["peak_bytes"], 32u64 << 30, "{run}");
+        // The BOS decoded on its own before the interactive prompt, then "hello" and 15,999
+        // " hello" in ubatches of 512 from there (the log's last whole one ends at 15,873).
+        let log = std::fs::read_to_string(dir.join("llama.log-excerpt.txt")).unwrap();
+        let filled: u64 = log
+            .lines()
+            .filter_map(|l| l.split("n_past = ").nth(1))
+            .map(|x| x.trim().parse::<u64>().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(filled, 15_873, "{run}");
+        assert_eq!(
+            pool(&s, "mapped")["peak_bytes"].as_u64().unwrap(),
+            pool_mapped_after(&header, &ctx, &shape, 1, 16_000).unwrap(),
+            "{run}"
+        );
+    }
 }
 
 /// Qwen3.6-27B's exact architecture in Q4_K_M as the tree's own `llama-quantize` wrote it on the
@@ -1072,8 +1085,8 @@ fn the_27b_fills_both_contexts_on_an_emulated_3090_as_predicted() {
 /// ceiling lies between 17,920 and 18,431 and the prediction inside it.
 #[test]
 fn the_27b_fill_ceiling_without_flash_attention_is_where_llama_cpp_stopped() {
-    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped};
-    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
+    use vramtrace_models::engine::llama_cpp::pool_mapped;
+    use vramtrace_models::gguf::GgufHeader;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-27b");
     let run = dir.join("c32k-fa0");
     let fill: serde_json::Value =
@@ -1123,17 +1136,7 @@ fn the_27b_fill_ceiling_without_flash_attention_is_where_llama_cpp_stopped() {
         "predicted {pred}, observed {lo}..={hi}"
     );
     let header = GgufHeader::read(&gguf).unwrap();
-    let f16 = ggml_type_by_name("f16").unwrap();
-    let ctx = LlamaCppContext {
-        n_ctx: 32_768,
-        type_k: f16,
-        type_v: f16,
-    };
-    let shape = FillShape {
-        n_ubatch: 512,
-        flash_attn: false,
-        n_sm: 132,
-    };
+    let (ctx, shape) = f16_without_fa(32_768, 512);
     let s = summary_at(&run.join("trace"));
     assert_eq!(pool(&s, "mapped")["peak_bytes"], 428u64 << 20);
     assert_eq!(
@@ -1142,13 +1145,7 @@ fn the_27b_fill_ceiling_without_flash_attention_is_where_llama_cpp_stopped() {
     );
     assert_eq!(pool_mapped(&header, &ctx, &shape, pred).unwrap(), 428 << 20);
     assert!(pool_mapped(&header, &ctx, &shape, 18_432).unwrap() > (428 << 20) + 3_735_552);
-    let failure = s["processes"][0]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find_map(|d| d["failures"].as_array().and_then(|f| f.first()))
-        .unwrap()
-        .clone();
+    let failure = first_failure(&s);
     assert_eq!(failure["api"], "cuMemCreate");
     assert_eq!(failure["size"], 4u64 << 20);
     assert_eq!(failure["free_bytes"], 3_735_552);
@@ -1157,13 +1154,11 @@ fn the_27b_fill_ceiling_without_flash_attention_is_where_llama_cpp_stopped() {
 /// `vramtrace attach` on a `llama-completion` that then tore its pool down and exited while
 /// attached (`samples/h200/llama-attach-teardown`, the second attach on the H200): every
 /// mapping of ggml's pool ends at the one `cuMemUnmap` of the whole range, and the reservation
-/// at `cuMemAddressFree`: 0 B mapped and no addresses at the end. The highest mapping is the
-/// model's for the prompt fed while attached. `report --model` says the buffers made at start
-/// are absent because they came before the attach, beside what NVML saw the process hold then.
+/// at `cuMemAddressFree`: 0 B mapped and no addresses at the end. `report --model` says the
+/// buffers made at start are absent because they came before the attach, beside what NVML saw
+/// the process hold then.
 #[test]
 fn attach_balances_llama_cpp_s_pool_torn_down_while_attached() {
-    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, pool_mapped_after};
-    use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-attach-teardown");
     let attach = std::fs::read_to_string(dir.join("attach.log")).unwrap();
     assert!(attach.contains("exited while attached"), "{attach}");
@@ -1172,25 +1167,7 @@ fn attach_balances_llama_cpp_s_pool_torn_down_while_attached() {
     assert_eq!(mapped["allocations"], 95);
     assert_eq!(mapped["allocations"], mapped["frees"]);
     assert_eq!(mapped["live_at_end"], 0);
-    let address = pool(&s, "address");
-    assert_eq!(address["peak_bytes"], 32u64 << 30);
-    assert_eq!(address["live_at_end"], 0);
-    let header = GgufHeader::read(&sample("llama-f16.header.gguf")).unwrap();
-    let f16 = ggml_type_by_name("f16").unwrap();
-    let ctx = LlamaCppContext {
-        n_ctx: 32_768,
-        type_k: f16,
-        type_v: f16,
-    };
-    let shape = FillShape {
-        n_ubatch: 512,
-        flash_attn: false,
-        n_sm: 132,
-    };
-    assert_eq!(
-        mapped["peak_bytes"].as_u64().unwrap(),
-        pool_mapped_after(&header, &ctx, &shape, 1, 16_000).unwrap()
-    );
+    assert_eq!(pool(&s, "address")["live_at_end"], 0);
     let r = vramtrace_json([
         "report".as_ref(),
         dir.join("trace").as_os_str(),
