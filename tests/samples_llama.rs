@@ -1187,3 +1187,28 @@ fn attach_balances_llama_cpp_s_pool_torn_down_while_attached() {
         "{note}"
     );
 }
+
+/// An `attach.json` that is not JSON (a copy cut short) does not stop the report: it is said on
+/// stderr, and the trace is read as one `vramtrace run` made, its buffers as the trace holds them.
+#[test]
+fn a_torn_attach_record_is_said_and_the_report_still_made() {
+    let src =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-attach-teardown/trace");
+    let dir = vramtrace_testkit::scratch("torn-attach");
+    std::fs::copy(src.join("4725.vtr"), dir.join("4725.vtr")).unwrap();
+    std::fs::write(dir.join("attach.json"), "{\"pid\": 47").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_vramtrace"))
+        .arg("report")
+        .arg(&dir)
+        .args(["--json", "--model"])
+        .arg(sample("llama-f16.header.gguf"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", vramtrace_testkit::describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("attach.json is not JSON"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["llama_cpp"]["before_attach"].is_null(), "{v}");
+    assert_eq!(v["llama_cpp"]["rows"][0]["observed"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

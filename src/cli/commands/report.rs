@@ -151,9 +151,12 @@ fn read_versions(trace: &Path) -> Vec<(String, String)> {
 /// What `vramtrace attach` wrote of the process it attached to (`attach.json` in the trace
 /// directory); `None` for a trace it did not make, or one whose record cannot be read (said).
 fn read_attached(trace: &Path) -> Option<report::Attached> {
-    let path = trace
-        .is_dir()
-        .then(|| trace.join(crate::commands::attach::ATTACH_RECORD))?;
+    let dir = if trace.is_dir() {
+        trace
+    } else {
+        trace.parent()?
+    };
+    let path = dir.join(crate::commands::attach::ATTACH_RECORD);
     let text = std::fs::read_to_string(&path).ok()?;
     let v: serde_json::Value = match serde_json::from_str(&text) {
         Ok(v) => v,
