@@ -71,15 +71,18 @@ fn pool<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
         .unwrap_or_else(|| panic!("no {name} pool in {s}"))
 }
 
-/// The first failed allocation in a summary's first process.
-fn first_failure(s: &serde_json::Value) -> serde_json::Value {
-    s["processes"][0]["devices"]
+/// The first failed allocation in a summary's first process is ggml's pool growing by `size`
+/// (`cuMemCreate`) with `free` bytes free.
+fn assert_pool_growth_refused(s: &serde_json::Value, size: u64, free: u64) {
+    let failure = s["processes"][0]["devices"]
         .as_array()
         .unwrap()
         .iter()
         .find_map(|d| d["failures"].as_array().and_then(|f| f.first()))
-        .unwrap_or_else(|| panic!("no failure in {s}"))
-        .clone()
+        .unwrap_or_else(|| panic!("no failure in {s}"));
+    assert_eq!(failure["api"], "cuMemCreate", "{failure}");
+    assert_eq!(failure["size"], size, "{failure}");
+    assert_eq!(failure["free_bytes"], free, "{failure}");
 }
 
 /// A context of `n_ctx` cells over an f16 cache, filled in ubatches of `n_ubatch` without flash
@@ -104,6 +107,27 @@ fn f16_without_fa(
             n_sm: 132,
         },
     )
+}
+
+/// The model's fill ceiling for a case of a kept `fill.json`, on the card it had (its free and
+/// outside bytes, its `-ub` as `-b`); `compute`: the compute buffer when given.
+fn case_fill_ceiling(
+    c: &serde_json::Value,
+    header: &vramtrace_models::gguf::GgufHeader,
+    ctx: &vramtrace_models::engine::llama_cpp::LlamaCppContext,
+    shape: &vramtrace_models::engine::llama_cpp::FillShape,
+    compute: Option<u64>,
+) -> vramtrace_models::engine::llama_cpp::FillCeiling {
+    vramtrace_models::engine::llama_cpp::fill_ceiling(
+        header,
+        ctx,
+        shape,
+        c["ubatch"].as_u64().unwrap(),
+        c["free_bytes"].as_u64().unwrap(),
+        c["outside_bytes"].as_u64().unwrap(),
+        compute,
+    )
+    .unwrap()
 }
 
 /// ggml's VMM pool maps its 32 GiB reservation in pieces and tears it down with one
@@ -527,7 +551,7 @@ fn fill_header(gguf: &str) -> PathBuf {
 /// filled.
 #[test]
 fn the_fill_ceiling_is_where_llama_cpp_stopped() {
-    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext, fill_ceiling};
+    use vramtrace_models::engine::llama_cpp::{FillShape, LlamaCppContext};
     use vramtrace_models::gguf::{GgufHeader, ggml_type_by_name};
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-fill");
     let mut checked = 0;
@@ -553,16 +577,7 @@ fn the_fill_ceiling_is_where_llama_cpp_stopped() {
                 flash_attn: c["fa"] == "on",
                 n_sm: 132,
             };
-            let f = fill_ceiling(
-                &header,
-                &ctx,
-                &shape,
-                ub,
-                c["free_bytes"].as_u64().unwrap(),
-                c["outside_bytes"].as_u64().unwrap(),
-                None,
-            )
-            .unwrap();
+            let f = case_fill_ceiling(c, &header, &ctx, &shape, None);
             let pred = c["prediction"]["frontier"]["fill_tokens"].as_u64().unwrap();
             assert_eq!(
                 f.fill_tokens, pred,
@@ -779,7 +794,7 @@ fn a_hybrid_s_buffers_are_its_log_lines() {
 /// next piece with more than its size free (6 MiB with 7.56 MiB free; 2 MiB with 3.56 MiB).
 #[test]
 fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
-    use vramtrace_models::engine::llama_cpp::{fill_ceiling, pool_mapped};
+    use vramtrace_models::engine::llama_cpp::pool_mapped;
     use vramtrace_models::gguf::GgufHeader;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-hybrid");
     let v: serde_json::Value =
@@ -797,16 +812,7 @@ fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
         let ub = c["ubatch"].as_u64().unwrap();
         let (ctx, shape) = f16_without_fa(c["ctx"].as_u64().unwrap(), ub);
         let compute = c["prediction"]["compute_buffer_bytes"].as_u64().unwrap();
-        let f = fill_ceiling(
-            &header,
-            &ctx,
-            &shape,
-            ub,
-            c["free_bytes"].as_u64().unwrap(),
-            c["outside_bytes"].as_u64().unwrap(),
-            Some(compute),
-        )
-        .unwrap();
+        let f = case_fill_ceiling(c, &header, &ctx, &shape, Some(compute));
         let pred = c["prediction"]["frontier"]["fill_tokens"].as_u64().unwrap();
         assert_eq!(f.fill_tokens, pred, "{name}: the model's prediction moved");
         let longest = &c["rungs"]["longest"];
@@ -833,10 +839,7 @@ fn the_hybrid_fill_ceiling_is_where_llama_cpp_stopped() {
     // 17,920: 2·17,920·512·24 B), then its 6 MiB output refused with 7.56 MiB free.
     let s = summary_at(&dir.join("trace-h8-f16-c32k-ub512"));
     assert_eq!(pool(&s, "mapped")["peak_bytes"], 2u64 * 17_920 * 512 * 24);
-    let failure = first_failure(&s);
-    assert_eq!(failure["api"], "cuMemCreate");
-    assert_eq!(failure["size"], 6u64 << 20);
-    assert_eq!(failure["free_bytes"], 7_929_856);
+    assert_pool_growth_refused(&s, 6u64 << 20, 7_929_856);
 }
 
 /// `vramtrace attach` on a running `llama-completion` (samples/h200/llama-attach, and the second
@@ -978,6 +981,39 @@ fn the_report_sets_the_hybrid_s_buffers_beside_its_trace() {
     assert_eq!(rows[4]["observed"], 420u64 << 20);
 }
 
+/// A kept 27B run (`samples/h200/llama-27b/RUN`): its case from `fill.json`, and `vramtrace
+/// model` on the 27B's header with `flags` on the card the case had (its free and outside
+/// bytes). The compute buffer is predicted, never given, and the frontier is the one printed
+/// before the call.
+fn the_27b_case(run: &std::path::Path, flags: &str) -> (serde_json::Value, serde_json::Value) {
+    let fill: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("fill.json")).unwrap()).unwrap();
+    let c = fill["cases"][0].clone();
+    let gguf = run.parent().unwrap().join("qwen36-27b-q4km.header.gguf");
+    let limit = c["free_bytes"].as_u64().unwrap().to_string();
+    let known = format!("context={}", c["outside_bytes"].as_u64().unwrap());
+    let v = vramtrace_json(
+        [
+            "model",
+            gguf.to_str().unwrap(),
+            "--json",
+            "--limit",
+            &limit,
+            "--known",
+            &known,
+        ]
+        .into_iter()
+        .chain(flags.split(' ')),
+    );
+    let name = run.display();
+    assert_eq!(v["compute_buffer_basis"], "predicted", "{name}");
+    assert_eq!(
+        v["frontier"], c["prediction"]["frontier"],
+        "{name}: the model moved"
+    );
+    (c, v)
+}
+
 /// The seed's llama.cpp ladder on an emulated 24 GB card (`samples/h200/llama-27b/c262144`,
 /// `c200000`; docs/validation.md, "The 27B on an emulated 3090"): Qwen3.6-27B's architecture in
 /// Q4_K_M, a q4_0 cache, `-ub 512`, flash attention, 25,438,126,080 B free when llama.cpp
@@ -990,36 +1026,19 @@ fn the_report_sets_the_hybrid_s_buffers_beside_its_trace() {
 #[test]
 fn the_27b_fills_both_contexts_on_an_emulated_3090_as_predicted() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-27b");
-    let gguf = dir.join("qwen36-27b-q4km.header.gguf");
     for ctx in [262_144u64, 200_000] {
         let run = dir.join(format!("c{ctx}"));
-        let fill: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(run.join("fill.json")).unwrap()).unwrap();
-        let c = &fill["cases"][0];
+        let (c, v) = the_27b_case(
+            &run,
+            &format!(
+                "-c {ctx} -ub 512 -b 512 --flash-attn --cache-type-k q4_0 --cache-type-v q4_0"
+            ),
+        );
         let (free, outside) = (
             c["free_bytes"].as_u64().unwrap(),
             c["outside_bytes"].as_u64().unwrap(),
         );
         assert_eq!(free, 25_438_126_080 - 589_824, "{ctx}: the ballast's card");
-        let v = vramtrace_json(
-            [
-                "model",
-                gguf.to_str().unwrap(),
-                "--json",
-                "-c",
-                &ctx.to_string(),
-            ]
-            .into_iter()
-            .chain(["-ub", "512", "-b", "512", "--flash-attn"])
-            .chain(["--cache-type-k", "q4_0", "--cache-type-v", "q4_0"])
-            .chain(["--limit", &free.to_string()])
-            .chain(["--known", &format!("context={outside}")]),
-        );
-        assert_eq!(v["compute_buffer_basis"], "predicted", "{ctx}");
-        assert_eq!(
-            v["frontier"], c["prediction"]["frontier"],
-            "{ctx}: the model moved"
-        );
         assert_eq!(v["frontier"]["fills_the_context"], true, "{ctx}");
         let log = std::fs::read_to_string(run.join("longest.log-excerpt.txt")).unwrap();
         let mib = |k: &str| v[k].as_u64().unwrap() as f64 / 1_048_576.0;
@@ -1089,33 +1108,8 @@ fn the_27b_fill_ceiling_without_flash_attention_is_where_llama_cpp_stopped() {
     use vramtrace_models::gguf::GgufHeader;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("samples/h200/llama-27b");
     let run = dir.join("c32k-fa0");
-    let fill: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("fill.json")).unwrap()).unwrap();
-    let c = &fill["cases"][0];
-    let free = c["free_bytes"].as_u64().unwrap();
-    let outside = c["outside_bytes"].as_u64().unwrap();
+    let (c, v) = the_27b_case(&run, "-c 32768 -ub 512 -b 512");
     let gguf = dir.join("qwen36-27b-q4km.header.gguf");
-    let v = vramtrace_json(
-        [
-            "model",
-            gguf.to_str().unwrap(),
-            "--json",
-            "-c",
-            "32768",
-            "-ub",
-            "512",
-            "-b",
-            "512",
-        ]
-        .into_iter()
-        .chain(["--limit", &free.to_string()])
-        .chain(["--known", &format!("context={outside}")]),
-    );
-    assert_eq!(v["compute_buffer_basis"], "predicted");
-    assert_eq!(
-        v["frontier"], c["prediction"]["frontier"],
-        "the model moved"
-    );
     let pred = v["frontier"]["fill_tokens"].as_u64().unwrap();
     assert_eq!(pred, 18_420);
     let logged = logged_compute_mib(&run.join("95pct.log-excerpt.txt"));
@@ -1145,10 +1139,7 @@ fn the_27b_fill_ceiling_without_flash_attention_is_where_llama_cpp_stopped() {
     );
     assert_eq!(pool_mapped(&header, &ctx, &shape, pred).unwrap(), 428 << 20);
     assert!(pool_mapped(&header, &ctx, &shape, 18_432).unwrap() > (428 << 20) + 3_735_552);
-    let failure = first_failure(&s);
-    assert_eq!(failure["api"], "cuMemCreate");
-    assert_eq!(failure["size"], 4u64 << 20);
-    assert_eq!(failure["free_bytes"], 3_735_552);
+    assert_pool_growth_refused(&s, 4u64 << 20, 3_735_552);
 }
 
 /// `vramtrace attach` on a `llama-completion` that then tore its pool down and exited while

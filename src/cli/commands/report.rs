@@ -91,14 +91,20 @@ fn parse_runtime(s: &str) -> Result<vramtrace_models::Runtime, String> {
     })
 }
 
-/// What `vramtrace run` gathered at start (`versions.json` in the trace directory), in its
-/// order; empty when the trace has none.
-fn read_versions(trace: &Path) -> Vec<(String, String)> {
-    let dir = if trace.is_dir() {
+/// The directory a trace's side files (`versions.json`, `attach.json`) sit in: the trace itself,
+/// or the directory of a single trace file.
+fn trace_dir(trace: &Path) -> PathBuf {
+    if trace.is_dir() {
         trace.to_path_buf()
     } else {
         trace.parent().map(Path::to_path_buf).unwrap_or_default()
-    };
+    }
+}
+
+/// What `vramtrace run` gathered at start (`versions.json` in the trace directory), in its
+/// order; empty when the trace has none.
+fn read_versions(trace: &Path) -> Vec<(String, String)> {
+    let dir = trace_dir(trace);
     let Ok(text) = std::fs::read_to_string(dir.join(crate::commands::versions::VERSIONS_FILE))
     else {
         return Vec::new();
@@ -151,12 +157,7 @@ fn read_versions(trace: &Path) -> Vec<(String, String)> {
 /// What `vramtrace attach` wrote of the process it attached to (`attach.json` in the trace
 /// directory); `None` for a trace it did not make, or one whose record cannot be read (said).
 fn read_attached(trace: &Path) -> Option<report::Attached> {
-    let dir = if trace.is_dir() {
-        trace
-    } else {
-        trace.parent()?
-    };
-    let path = dir.join(crate::commands::attach::ATTACH_RECORD);
+    let path = trace_dir(trace).join(crate::commands::attach::ATTACH_RECORD);
     let text = std::fs::read_to_string(&path).ok()?;
     let v: serde_json::Value = match serde_json::from_str(&text) {
         Ok(v) => v,
