@@ -1,11 +1,12 @@
 /* A long-running native program for the growth analysis (docs/architecture.md, "Growth over
  * days"): steady allocate/free traffic (scratch_step), plus, by mode,
- *   leak:    leak_one() keeps one LEAK_BYTES allocation every LEAK_EVERY iterations;
- *   plateau: fill_cache() keeps one CACHE_BYTES allocation every LEAK_EVERY iterations for the
+ *   leak:    leak_one() keeps one KEPT_BYTES allocation every LEAK_EVERY iterations;
+ *   plateau: fill_cache() keeps one KEPT_BYTES allocation every LEAK_EVERY iterations for the
  *            first 30% of the iterations, then the cache is full;
  *   steady:  nothing more.
- * Usage: soak MODE ITERATIONS. Prints "planted B bytes over S s" (the bytes kept and the
- * CLOCK_MONOTONIC seconds from the first kept allocation to the last) and "done". */
+ * Usage: soak MODE ITERATIONS. Prints "start T" (CLOCK_MONOTONIC seconds at the top of main),
+ * "kept T" for each kept allocation (its CLOCK_MONOTONIC seconds; each is KEPT_BYTES), and
+ * "done": the rate it planted over any window, on its own clock. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,7 @@
 #include "cuda_decls.h" /* probes/preload/tests/c: hand-written declarations of the driver ABI */
 
 #define LEAK_EVERY 256
-#define LEAK_BYTES (1u << 20)
-#define CACHE_BYTES (1u << 20)
+#define KEPT_BYTES (1u << 20)
 #define SCRATCH 4
 
 static double now_s(void) {
@@ -32,12 +32,12 @@ __attribute__((noinline)) static void scratch_step(CUdeviceptr *slots, unsigned 
 
 __attribute__((noinline)) static void leak_one(void) {
     CUdeviceptr p;
-    CHECK(cuMemAlloc_v2(&p, LEAK_BYTES));
+    CHECK(cuMemAlloc_v2(&p, KEPT_BYTES));
 }
 
 __attribute__((noinline)) static void fill_cache(void) {
     CUdeviceptr p;
-    CHECK(cuMemAlloc_v2(&p, CACHE_BYTES));
+    CHECK(cuMemAlloc_v2(&p, KEPT_BYTES));
 }
 
 int main(int argc, char **argv) {
@@ -45,6 +45,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: soak leak|plateau|steady ITERATIONS\n");
         return 2;
     }
+    printf("start %.9f\n", now_s());
     int mode = argv[1][0];
     unsigned long iterations = strtoul(argv[2], NULL, 10);
     CUdevice dev;
@@ -56,8 +57,6 @@ int main(int argc, char **argv) {
     CUdeviceptr weights;
     CHECK(cuMemAlloc_v2(&weights, 64u << 20));
     CUdeviceptr slots[SCRATCH] = {0};
-    unsigned long kept = 0;
-    double first = 0, last = 0;
     for (unsigned long i = 0; i < iterations; i++) {
         scratch_step(slots, i);
         if (i % LEAK_EVERY == LEAK_EVERY - 1) {
@@ -68,13 +67,10 @@ int main(int argc, char **argv) {
             } else {
                 continue;
             }
-            last = now_s();
-            if (!kept) first = last;
-            kept++;
+            printf("kept %.9f\n", now_s());
         }
     }
     for (int k = 0; k < SCRATCH; k++) CHECK(cuMemFree_v2(slots[k]));
-    printf("planted %lu bytes over %.6f s\n", kept * (unsigned long)LEAK_BYTES, last - first);
     printf("done\n");
     return 0;
 }
