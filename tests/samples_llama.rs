@@ -784,6 +784,36 @@ fn a_hybrid_s_buffers_are_its_log_lines() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--compute-buffer"));
+    // Without flash attention it is placed, and so are its levers but the one that turns flash
+    // attention on over the f16 cache: that one is left out with the reason, not dropped.
+    let gguf = dir.join("qwen35-h8-f16.header.gguf");
+    let v = vramtrace_json([
+        "model",
+        gguf.to_str().unwrap(),
+        "--json",
+        "-c",
+        "16384",
+        "--limit",
+        "24GiB",
+    ]);
+    let names: Vec<&str> = v["levers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["lever"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"-fa on -ctk q4_0 -ctv q4_0"), "{names:?}");
+    assert!(!names.contains(&"-fa on"), "{names:?}");
+    let left_out = v["levers_left_out"].as_array().unwrap();
+    assert_eq!(left_out.len(), 1, "{left_out:?}");
+    assert_eq!(left_out[0]["lever"], "-fa on");
+    assert!(
+        left_out[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("flash attention over an f16 cache"),
+        "{left_out:?}"
+    );
 }
 
 /// The hybrid's fill ceiling without flash attention, predicted before the rungs on the card the

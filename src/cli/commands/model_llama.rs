@@ -72,8 +72,9 @@ fn empty_fill(n_ctx: u64) -> FillCeiling {
 
 /// Each of llama.cpp's levers one step from the flags, with its fill ceiling on `limit`: `-ub`
 /// from 64 to 4096, flash attention switched, the caches in q8_0 and q4_0 (flash attention on:
-/// a quantized V cache needs it), and half the context. A lever whose compute buffer the model
-/// does not place (a hybrid's, in the settings `compute_buffer` refuses) is left out.
+/// a quantized V cache needs it), and half the context. A lever the model cannot place (a
+/// hybrid's compute buffer in a setting `compute_buffer` refuses) is left out, with its name and
+/// why, in the second list.
 fn levers(
     header: &GgufHeader,
     ctx: &LlamaCppContext,
@@ -81,18 +82,16 @@ fn levers(
     batch: u64,
     limit: u64,
     outside: u64,
-) -> anyhow::Result<Vec<Lever>> {
-    let mut out = Vec::new();
-    // A lever whose fill the model cannot place (a hybrid's refused setting) is left out.
-    let mut push = |name: String, n_ubatch: u64, ubatch_only: bool, fill| {
-        if let Ok(fill) = fill {
-            out.push(Lever {
-                name,
-                n_ubatch,
-                ubatch_only,
-                fill,
-            });
-        }
+) -> (Vec<Lever>, Vec<(String, String)>) {
+    let (mut out, mut left_out) = (Vec::new(), Vec::new());
+    let mut push = |name: String, n_ubatch: u64, ubatch_only: bool, fill| match fill {
+        Ok(fill) => out.push(Lever {
+            name,
+            n_ubatch,
+            ubatch_only,
+            fill,
+        }),
+        Err(e) => left_out.push((name, format!("{e}"))),
     };
     for ub in [64u64, 128, 256, 512, 1024, 2048, 4096] {
         if ub == shape.n_ubatch {
@@ -153,7 +152,7 @@ fn levers(
         false,
         fill_ceiling(header, &half, shape, batch, limit, outside, None),
     );
-    Ok(out)
+    (out, left_out)
 }
 
 /// `-ub` is llama.cpp's spelling of the physical batch: one dash, two letters, which a command
@@ -234,9 +233,9 @@ pub fn run(
         None => None,
     };
     let full_pool = pool_mapped(&header, &ctx, &shape, b.kv_cells.saturating_sub(4))?;
-    let levers = match limit {
-        Some(l) => levers(&header, &ctx, &shape, batch, l, outside)?,
-        None => Vec::new(),
+    let (levers, levers_left_out) = match limit {
+        Some(l) => levers(&header, &ctx, &shape, batch, l, outside),
+        None => (Vec::new(), Vec::new()),
     };
     let best_ubatch = levers
         .iter()
@@ -297,6 +296,12 @@ pub fn run(
                 })
             })
             .collect();
+        if !levers_left_out.is_empty() {
+            out["levers_left_out"] = levers_left_out
+                .iter()
+                .map(|(lever, why)| json!({"lever": lever, "why": why}))
+                .collect();
+        }
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -385,7 +390,7 @@ pub fn run(
             );
         }
         println!();
-        if !levers.is_empty() {
+        if !levers.is_empty() || !levers_left_out.is_empty() {
             println!("  levers (one at a time):");
         }
         for x in &levers {
@@ -403,6 +408,9 @@ pub fn run(
                     )
                 }
             );
+        }
+        for (name, why) in &levers_left_out {
+            println!("    {name:<40} left out: {why}");
         }
         if let Some(u) = best_ubatch {
             println!("  the -ub that fills the most: {u} (ties to the larger, the faster prefill)");
