@@ -43,14 +43,7 @@ impl Planted {
             .filter(|(t, _)| *t >= from_s)
             .collect();
         assert!(points.len() >= 3, "{} kept after {from_s} s", points.len());
-        let n = points.len() as f64;
-        let (mx, my) = points
-            .iter()
-            .fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
-        let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(xy, xx), p| {
-            (xy + (p.0 - mx) * (p.1 - my), xx + (p.0 - mx) * (p.0 - mx))
-        });
-        sxy / sxx * 3600.0
+        vramtrace::growth::fit::line(points).unwrap().slope * 3600.0
     }
 }
 
